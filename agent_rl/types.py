@@ -1,0 +1,112 @@
+"""The few types everything on the trainer side passes around (see docs/architecture.md).
+
+Dimension glossary used in every docstring of the package:
+    B  rows (one per turn in per-turn mode, one per episode in full-trajectory mode)
+    L  padded row length (prompt + response tokens)
+    T  response tokens (in the learner, T == L and the prompt positions carry response_mask 0)
+    G  group size (episodes of one task), V vocabulary size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Task:
+    """One task instance: env id + options that select it (split/index/goal id), and the group it belongs to."""
+
+    env_id: str
+    options: dict[str, Any] = field(default_factory=dict)
+    group_id: int = 0
+    seed: int | None = None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Generation:
+    """What an engine returns for one prompt: the sampled ids exactly as sampled, their log-probs at the sampling
+    temperature (natural log), and why generation stopped (``"stop"`` on EOS/stop string, ``"length"``)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+
+
+@dataclass
+class Turn:
+    """One agent turn: the prompt ids the engine saw, the response ids it sampled (never re-tokenised), their
+    engine log-probs, the parsed action and the env's reply."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float]
+    action: str
+    observation: str = ""
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    invalid: bool = False
+    response_truncated: bool = False
+
+
+@dataclass
+class Episode:
+    """A finished (or failed) episode of one task at one temperature."""
+
+    task: Task
+    temperature: float
+    is_high: bool
+    turns: list[Turn] = field(default_factory=list)
+    reward: float = 0.0
+    won: bool = False
+    task_type: str | None = None
+    failure: str | None = None  # reason if the episode failed (env error after retries); never trained on
+
+
+@dataclass
+class RolloutBatch:
+    """Padded tensors built from episodes by ``agent_rl.rollout.build_rollout_batch`` (one place).
+
+    Attributes (all on CPU until the learner moves them):
+        input_ids: (B, L) long, prompt + response ids, right-padded with the pad id.
+        attention_mask: (B, L) long 0/1.
+        response_mask: (B, L) float 0/1, 1 on response (action) tokens that are trained; prompt, padding and (in
+            full-trajectory mode) observation tokens are 0.
+        engine_logprobs: (B, L) float, the engine's log-probs of each response token at the row's temperature,
+            aligned with ``input_ids`` (0 where response_mask is 0).
+        temperature: (B,) float, the temperature the row was sampled at.
+        group_index: (B,) long, rows of the same group (same task) share it.
+        episode_index: (B,) long, rows of the same episode share it.
+        is_high: (B,) bool, sampled at the high temperature (TGRL).
+        turn_index: (B,) long, 0-based turn of the row in its episode (0 in full-trajectory mode).
+        num_turns: (B,) long, number of turns K of the row's episode.
+        rewards: (B,) float, the episode reward broadcast to every row of the episode.
+        episode_rewards: (E,) float, one per episode (E episodes), and ``episode_group_index`` (E,),
+            ``episode_is_high`` (E,) bool, for group statistics computed per episode rather than per row.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    engine_logprobs: torch.Tensor
+    temperature: torch.Tensor
+    group_index: torch.Tensor
+    episode_index: torch.Tensor
+    is_high: torch.Tensor
+    turn_index: torch.Tensor
+    num_turns: torch.Tensor
+    rewards: torch.Tensor
+    episode_rewards: torch.Tensor
+    episode_group_index: torch.Tensor
+    episode_is_high: torch.Tensor
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])

@@ -1,0 +1,36 @@
+"""Text environments with the gymnasium API. ``import envs`` registers the built-in ids.
+
+Every env here is a ``gymnasium.Env[str, str]``: ``reset(*, seed=None, options=None) -> (observation, info)`` and
+``step(action) -> (observation, reward, terminated, truncated, info)``. Ids are versioned and entry points are
+strings, so importing this package loads no environment code (ALFWorld, WebShop, ... import lazily in ``make``).
+This package imports nothing from ``agent_rl``.
+"""
+
+from __future__ import annotations
+
+import gymnasium
+
+# id -> (entry point, max_episode_steps). The step limit is gymnasium's TimeLimit wrapper (truncated=True),
+# not a flag inside the env; pass ``max_episode_steps=`` to ``gymnasium.make`` to change it.
+_BUILTIN: dict[str, tuple[str, int | None]] = {
+    "agent_rl/ALFWorld-v0": ("envs.alfworld:ALFWorldEnv", 50),
+    "agent_rl/WebShop-v0": ("envs.webshop:WebShopEnv", 15),
+    "agent_rl/Math-v0": ("envs.math:MathEnv", 1),
+    "agent_rl/Code-v0": ("envs.code:CodeEnv", 1),
+    "agent_rl/Calculator-v0": ("envs.examples.calculator:CalculatorEnv", 10),
+    "agent_rl/ChooseItem-v0": ("envs.examples.choose_item:ChooseItemEnv", 4),
+}
+
+
+def register_builtin() -> None:
+    """Register the built-in ids with gymnasium (idempotent)."""
+    for env_id, (entry_point, max_steps) in _BUILTIN.items():
+        if env_id not in gymnasium.registry:
+            gymnasium.register(
+                id=env_id, entry_point=entry_point, max_episode_steps=max_steps, disable_env_checker=True
+            )
+
+
+register_builtin()
+
+__all__ = ["register_builtin"]

