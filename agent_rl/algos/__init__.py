@@ -1,0 +1,140 @@
+"""agent_rl.algos: the credit math as small pure torch functions (spec: docs/algorithms.md; map: docs/algorithms_impl.md).
+
+Imports only torch and the standard library. Dims used in every docstring: B rows, T response tokens (in the learner
+T == L, prompt positions carry response_mask 0), V vocabulary, G group size, E episodes, N flattened tokens.
+
+What the learner calls, by spec section:
+    1  compute_advantages(name, rewards, group_index, episode_index=None, **kw) -> (B,)  (grpo, drgrpo, rloo,
+       reinforce_pp, gigpo);  compute_gae(...);  dapo_overlong_penalty, dapo_keep_groups
+    2  policy_loss(name, logprobs, old_logprobs, advantages, response_mask, ...) -> (loss, metrics); agg_loss;
+       kl_penalty
+    0/3 logprobs_from_logits, entropy_from_logits, js_divergence_from_logits (chunked, (N, V) -> (N,)),
+       js_divergence_rows (one chunk, torch.compile-friendly)
+    3  tgrl_advantages, tgrl_token_weights, tgrl_delta_r, tgrl_metrics
+    4  schedule_value(kind, step, total_steps, ...) -> S
+    5  apply_credit(name, CreditInputs(...), S, level) -> (advantages (B, T), loss_mask (B, T));
+       tp_mask, turn_tp_mask, forking_mask, entropy_adv, empg_advantages
+Registries (decorator registration): register_adv_estimator, register_policy_loss, register_credit_rule,
+register_schedule and get_* (see agent_rl.algos.registry).
+"""
+
+from .advantages import (
+    compute_advantages,
+    compute_gae,
+    dapo_keep_groups,
+    dapo_overlong_penalty,
+    discounted_turn_returns,
+    drgrpo_advantages,
+    gigpo_advantages,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from .credit import (
+    CreditInputs,
+    apply_credit,
+    empg_advantages,
+    entropy_adv,
+    forking_mask,
+    next_turn_values,
+    tp_mask,
+    turn_tp_mask,
+)
+from .logits import LN2, entropy_from_logits, js_divergence_from_logits, js_divergence_rows, logprobs_from_logits
+from .losses import agg_loss, gspo_loss, kl_penalty, masked_mean, policy_loss, ppo_clip_loss
+from .registry import (
+    ADV_ESTIMATORS,
+    CREDIT_RULES,
+    POLICY_LOSSES,
+    SCHEDULES,
+    AdvEstimator,
+    AdvEstimatorFn,
+    CreditLevel,
+    CreditRuleFn,
+    CreditRuleName,
+    LossAgg,
+    PolicyLossFn,
+    PolicyLossName,
+    Registry,
+    ScheduleFn,
+    ScheduleKind,
+    get_adv_estimator,
+    get_credit_rule,
+    get_policy_loss,
+    get_schedule,
+    register_adv_estimator,
+    register_credit_rule,
+    register_policy_loss,
+    register_schedule,
+)
+from .schedules import schedule_progress, schedule_value
+from .tgrl import masked_row_quantile, tgrl_advantages, tgrl_delta_r, tgrl_metrics, tgrl_token_weights
+
+__all__ = [
+    # advantages (spec 1)
+    "compute_advantages",
+    "grpo_advantages",
+    "drgrpo_advantages",
+    "rloo_advantages",
+    "reinforce_pp_advantages",
+    "gigpo_advantages",
+    "discounted_turn_returns",
+    "compute_gae",
+    "dapo_overlong_penalty",
+    "dapo_keep_groups",
+    # losses (spec 2)
+    "policy_loss",
+    "agg_loss",
+    "ppo_clip_loss",
+    "gspo_loss",
+    "kl_penalty",
+    "masked_mean",
+    # logits helpers (spec 0, 3.3)
+    "logprobs_from_logits",
+    "entropy_from_logits",
+    "js_divergence_from_logits",
+    "js_divergence_rows",
+    "LN2",
+    # TGRL (spec 3)
+    "tgrl_token_weights",
+    "tgrl_advantages",
+    "tgrl_delta_r",
+    "tgrl_metrics",
+    "masked_row_quantile",
+    # schedules (spec 4)
+    "schedule_value",
+    "schedule_progress",
+    # credit (spec 5)
+    "CreditInputs",
+    "apply_credit",
+    "tp_mask",
+    "turn_tp_mask",
+    "forking_mask",
+    "entropy_adv",
+    "empg_advantages",
+    "next_turn_values",
+    # registries
+    "Registry",
+    "ADV_ESTIMATORS",
+    "POLICY_LOSSES",
+    "CREDIT_RULES",
+    "SCHEDULES",
+    "AdvEstimator",
+    "PolicyLossName",
+    "CreditRuleName",
+    "ScheduleKind",
+    "LossAgg",
+    "CreditLevel",
+    "AdvEstimatorFn",
+    "PolicyLossFn",
+    "CreditRuleFn",
+    "ScheduleFn",
+    "register_adv_estimator",
+    "register_policy_loss",
+    "register_credit_rule",
+    "register_schedule",
+    "get_adv_estimator",
+    "get_policy_loss",
+    "get_credit_rule",
+    "get_schedule",
+]

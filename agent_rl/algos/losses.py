@@ -1,0 +1,249 @@
+"""Policy losses (spec section 2), loss aggregation and the KL penalty. Pure torch; differentiable in ``logprobs``.
+
+Dims: B rows, T response tokens (in the learner T == L: prompt, padding and observation positions carry mask 0).
+
+Metrics: every metric returned here is a **0-dim detached tensor** (no ``.item()``, so no device sync per
+micro-batch); call ``float(v)`` when logging. Keys follow spec section 6: ``actor/pg_loss``, ``actor/clipfrac``,
+``actor/approx_kl``, plus ``actor/pg_clipfrac_lower`` (dual-clip fraction) and ``actor/ratio_mean``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import torch
+from torch import Tensor
+
+from ._groups import check_2d
+from .registry import LossAgg, PolicyLossName, as_name, get_policy_loss, register_policy_loss
+
+__all__ = ["policy_loss", "agg_loss", "ppo_clip_loss", "gspo_loss", "kl_penalty", "masked_mean"]
+
+_LOG_RATIO_CLAMP = 20.0  # spec 2: exp(clamp(logp - old_logp, -20, 20))
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean of ``x`` over ``mask > 0`` (same shapes); 0 when the mask is empty. Returns a 0-dim tensor."""
+    m = mask > 0
+    return torch.where(m, x, torch.zeros_like(x)).sum() / m.sum().clamp_min(1)
+
+
+def _broadcast_adv(advantages: Tensor, like: Tensor) -> Tensor:
+    """(B,) or (B, T) advantages -> (B, T)."""
+    if advantages.dim() == 1:
+        if advantages.shape[0] != like.shape[0]:
+            raise ValueError(f"advantages (B,) has B={advantages.shape[0]}, expected {like.shape[0]}")
+        return advantages[:, None].expand_as(like)  # (B,) -> (B, T)
+    check_2d("advantages", advantages, tuple(like.shape))
+    return advantages
+
+
+def agg_loss(
+    loss_mat: Tensor,
+    response_mask: Tensor,
+    loss_agg: str | Enum = "token_mean",
+    max_len: int | None = None,
+    denominator: float | Tensor | None = None,
+) -> Tensor:
+    """Aggregate per-token losses (``algo.loss_agg``, spec section 2).
+
+    - ``token_mean``: sum of masked token losses / number of masked tokens (default).
+    - ``seq_mean_token_mean``: per-row mean over its masked tokens, then mean over rows that have >= 1 masked token.
+    - ``seq_mean_token_sum_norm`` (Dr.GRPO): per-row sum / ``max_len``, then mean over all B rows, i.e.
+      ``sum / (B * L_max)``, a constant divisor.
+
+    Args:
+        loss_mat: (B, T) per-token losses.
+        response_mask: (B, T) 0/1; masked-out entries never enter (even if non-finite).
+        loss_agg: one of the three names.
+        max_len: L_max for ``seq_mean_token_sum_norm``; None = T. In the learner T includes the prompt, so pass the
+            configured maximum *response* length.
+        denominator: replaces the normaliser (token count for ``token_mean``, row count for the ``seq_mean_*``
+            modes), e.g. the count over the whole mini-batch when a mini-batch is split into micro-batches whose
+            losses are summed.
+    Returns:
+        0-dim loss. An empty mask gives 0 (never NaN).
+    Raises:
+        ValueError: unknown ``loss_agg`` (lists the valid names).
+    """
+    check_2d("loss_mat", loss_mat)
+    check_2d("response_mask", response_mask, tuple(loss_mat.shape))
+    mode = as_name(loss_agg)
+    m = response_mask > 0
+    lm = torch.where(m, loss_mat, torch.zeros_like(loss_mat))
+    mf = m.to(lm.dtype)
+    if mode == LossAgg.TOKEN_MEAN.value:
+        den = mf.sum().clamp_min(1.0) if denominator is None else denominator
+        return lm.sum() / den
+    if mode == LossAgg.SEQ_MEAN_TOKEN_MEAN.value:
+        n_tok = mf.sum(-1)  # (B,)
+        row_mean = lm.sum(-1) / n_tok.clamp_min(1.0)
+        den = (n_tok > 0).to(lm.dtype).sum().clamp_min(1.0) if denominator is None else denominator
+        return row_mean.sum() / den
+    if mode == LossAgg.SEQ_MEAN_TOKEN_SUM_NORM.value:
+        l_max = float(max_len) if max_len is not None else float(loss_mat.shape[-1])
+        if l_max <= 0:
+            raise ValueError(f"max_len must be > 0, got {max_len}")
+        den = float(max(loss_mat.shape[0], 1)) if denominator is None else denominator
+        return (lm.sum(-1) / l_max).sum() / den
+    raise ValueError(f"unknown loss_agg {mode!r} (algo.loss_agg); valid names: {[e.value for e in LossAgg]}")
+
+
+def policy_loss(
+    name: str | Enum,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+    loss_agg: str | Enum = "token_mean",
+    max_len: int | None = None,
+    denominator: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Policy-gradient loss by registered name (``algo.policy_loss``), aggregated by ``loss_agg``.
+
+    Args:
+        name: ``ppo_clip`` | ``gspo`` | a name added with :func:`register_policy_loss`.
+        logprobs: (B, T) current-policy log-probs (with grad), at the row's temperature.
+        old_logprobs: (B, T) behaviour/old-policy log-probs (no grad), same temperature.
+        advantages: (B,) per row or (B, T) per token.
+        response_mask: (B, T) 0/1 loss mask (after credit rules).
+        clip_low, clip_high: eps_low, eps_high of the ratio clip (DAPO uses 0.2 / 0.28).
+        dual_clip: c of the dual clip for A < 0 (None disables); ``ppo_clip`` only.
+        loss_agg, max_len, denominator: see :func:`agg_loss`.
+    Returns:
+        ``(loss, metrics)``: 0-dim loss; metrics are 0-dim detached tensors: ``actor/pg_loss`` (the aggregated loss),
+        ``actor/clipfrac``, ``actor/approx_kl``, ``actor/pg_clipfrac_lower``, ``actor/ratio_mean``.
+    Raises:
+        ValueError: unknown name / aggregation, bad shapes.
+    """
+    fn = get_policy_loss(name)
+    check_2d("logprobs", logprobs)
+    check_2d("old_logprobs", old_logprobs, tuple(logprobs.shape))
+    check_2d("response_mask", response_mask, tuple(logprobs.shape))
+    adv = _broadcast_adv(advantages, logprobs)
+    pg_losses, metrics = fn(
+        logprobs, old_logprobs, adv, response_mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
+    )
+    loss = agg_loss(pg_losses, response_mask, loss_agg, max_len=max_len, denominator=denominator)
+    metrics = {"actor/pg_loss": loss.detach(), **metrics}
+    return loss, metrics
+
+
+def _kl_k3_metric(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    """approx_kl = masked mean of ``(r - 1) - log r`` (Schulman's k3 estimator of KL(old || new), >= 0), detached."""
+    lr = log_ratio.detach()
+    return masked_mean(torch.expm1(lr) - lr, mask)
+
+
+@register_policy_loss(PolicyLossName.PPO_CLIP)
+def ppo_clip_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Token-level PPO clip with dual clip (spec section 2; Schulman et al. 2017, Ye et al. 2020).
+
+    ``r = exp(clamp(logp - old_logp, -20, 20))``; ``l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))``;
+    for ``A < 0``: ``l = min(l, -A c)``.
+
+    Args:
+        logprobs, old_logprobs, advantages, response_mask: (B, T).
+    Returns:
+        ``(pg_losses (B, T), metrics)``; ``actor/clipfrac`` = fraction of masked tokens where the clipped term is
+        the larger one (the gradient is cut), ``actor/pg_clipfrac_lower`` = fraction where the dual clip binds.
+    """
+    log_ratio = (logprobs - old_logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)  # (B, T)
+    ratio = torch.exp(log_ratio)
+    pg1 = -advantages * ratio
+    pg2 = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    clipped = torch.maximum(pg1, pg2)
+    if dual_clip is not None:
+        pg3 = -advantages * dual_clip
+        dual = torch.minimum(clipped, pg3)
+        lower = (advantages < 0) & (pg3 < clipped)
+        pg_losses = torch.where(advantages < 0, dual, clipped)
+    else:
+        lower = torch.zeros_like(response_mask, dtype=torch.bool)
+        pg_losses = clipped
+    metrics = {
+        "actor/clipfrac": masked_mean((pg2 > pg1).float(), response_mask).detach(),
+        "actor/pg_clipfrac_lower": masked_mean(lower.float(), response_mask).detach(),
+        "actor/approx_kl": _kl_k3_metric(log_ratio, response_mask),
+        "actor/ratio_mean": masked_mean(ratio.detach(), response_mask),
+    }
+    return pg_losses, metrics
+
+
+@register_policy_loss(PolicyLossName.GSPO)
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (Zheng et al. 2025; spec section 2): sequence ratio ``s_i = exp(mean_t (logp - old_logp))`` over the
+    row's masked tokens, clipped per sequence: ``l = max(-A s, -A clip(s, 1 - eps_low, 1 + eps_high))``.
+
+    Written in the paper's token form ``s_{i,t} = sg[s_i] * exp(logp_t - sg[logp_t])`` (value ``s_i`` on every
+    token, gradient ``s_i * grad mean_t logp_t`` once aggregated by ``seq_mean_token_mean``, the paper's choice; the
+    GSPO paper uses much smaller clip ranges, e.g. 3e-4 / 4e-4). With per-token advantages the token form is kept.
+    ``dual_clip`` is ignored (not part of GSPO). The log sequence ratio is clamped to [-20, 20].
+
+    Returns:
+        ``(pg_losses (B, T), metrics)``; ``actor/clipfrac`` counts masked tokens of clipped sequences.
+    """
+    m = response_mask > 0
+    log_ratio = torch.where(m, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (B, T)
+    n_tok = m.sum(-1).clamp_min(1).to(logprobs.dtype)  # (B,)
+    seq_log_ratio = (log_ratio.sum(-1) / n_tok).detach()  # (B,) log s_i, no grad
+    tok_log_ratio = seq_log_ratio[:, None] + logprobs - logprobs.detach()  # (B, T): value log s_i, grad of logp_t
+    ratio = torch.exp(tok_log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    pg1 = -advantages * ratio
+    pg2 = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    pg_losses = torch.maximum(pg1, pg2)
+    metrics = {
+        "actor/clipfrac": masked_mean((pg2 > pg1).float(), response_mask).detach(),
+        "actor/pg_clipfrac_lower": torch.zeros((), device=logprobs.device),
+        "actor/approx_kl": _kl_k3_metric(log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP), response_mask),
+        "actor/ratio_mean": masked_mean(ratio.detach(), response_mask),
+    }
+    return pg_losses, metrics
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:
+    """Per-token KL(pi || pi_ref) estimate for the optional KL loss (``algo.kl_coef``; Schulman's estimators).
+
+    - ``k1``: ``logp - ref_logp``; ``k2``: ``0.5 (logp - ref_logp)^2``;
+    - ``k3`` (default, low variance, >= 0): ``exp(ref_logp - logp) - (ref_logp - logp) - 1``, with the log ratio
+      clamped to [-20, 20] and the result to [-10, 10] (as verl's ``low_var_kl``).
+
+    Args:
+        logprobs: (B, T) with grad. ref_logprobs: (B, T) reference model log-probs (no grad).
+        kind: ``k1`` | ``k2`` | ``k3``.
+    Returns:
+        (B, T) per-token penalty; aggregate it with :func:`agg_loss` and the loss mask.
+    Raises:
+        ValueError: unknown kind.
+    """
+    check_2d("ref_logprobs", ref_logprobs, tuple(logprobs.shape))
+    diff = logprobs - ref_logprobs
+    if kind == "k1":
+        return diff
+    if kind == "k2":
+        return 0.5 * diff.square()
+    if kind == "k3":
+        d = (-diff).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)  # log(ref / pi)
+        return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown kl kind {kind!r}; valid: ['k1', 'k2', 'k3']")

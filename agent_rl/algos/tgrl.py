@@ -1,0 +1,208 @@
+"""TGRL: temperature-guided credit (spec section 3). Pure torch, no grad.
+
+Dims: B rows, T response tokens (in the learner T == L: prompt positions and, in full-trajectory mode, observation
+tokens carry mask 0; every per-row statistic below is over the row's masked tokens only), E episodes.
+
+Pipeline (what the learner calls, in order):
+    js = js_divergence_from_logits(old_logits_of_high_rows, t_low, t_high, chunk_size)   # 3.3, (N,) -> scatter to (B, T)
+    advantages = tgrl_advantages(rewards, group_index, is_high, js, response_mask,
+                                 warmup=step <= warmup_steps, episode_index=episode_index)  # 3.1, 3.4, 3.5, 3.7
+    metrics = tgrl_metrics(rewards, group_index, is_high, success, episode_index)        # 3.2
+Low-temperature rows get advantage 0 but keep their loss mask, so they still count in the token-mean denominator
+(``algo.low_rows_in_denominator=true``); to drop them from it, zero their rows of the loss mask in the caller.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._groups import as_float, check_1d, check_2d, episode_reduce, group_ids, masked_mean_rows
+from .advantages import compute_advantages
+
+__all__ = ["tgrl_token_weights", "tgrl_advantages", "tgrl_delta_r", "tgrl_metrics", "masked_row_quantile"]
+
+_EPS = 1e-8  # spec 3.4
+
+
+def masked_row_quantile(x: Tensor, mask: Tensor, q: float) -> Tensor:
+    """Per-row quantile of ``x`` over its masked entries, linear interpolation (numpy's default method,
+    ``torch.quantile(..., interpolation="linear")``): position ``q (n - 1)`` in the sorted masked values.
+
+    Args:
+        x: (B, T) float. mask: (B, T) 0/1. q: in [0, 1].
+    Returns:
+        (B,) quantiles; 0 for rows without masked entries.
+    """
+    m = mask > 0
+    n = m.sum(-1)  # (B,)
+    vals = torch.where(m, x, torch.full_like(x, torch.inf)).sort(dim=-1).values  # masked values first, ascending
+    pos = q * (n - 1).clamp_min(0).to(x.dtype)  # (B,)
+    lo = pos.floor().long()
+    hi = (lo + 1).clamp_max((n - 1).clamp_min(0))
+    v_lo = vals.gather(-1, lo[:, None]).squeeze(-1)
+    v_hi = vals.gather(-1, hi[:, None]).squeeze(-1)
+    frac = pos - lo.to(x.dtype)
+    out = v_lo + frac * (v_hi - v_lo)
+    return torch.where(n > 0, out, torch.zeros_like(out))
+
+
+@torch.no_grad()
+def tgrl_token_weights(
+    js: Tensor,
+    response_mask: Tensor,
+    quantile_clip: bool = True,
+    q_low: float = 0.05,
+    q_high: float = 0.95,
+) -> Tensor:
+    """TGRL token weights of one row (spec section 3.4), over the row's masked tokens.
+
+    ``Jbar = mean_t J_t``; ``omega_t = log(1 + (J_t + 1e-8) / (Jbar + 1e-8))``; if ``quantile_clip``
+    (``algo.js_quantile_clip``), clip omega to the row's own ``q_low``..``q_high`` quantiles (5th..95th, linear
+    interpolation); ``w_t = omega_t / mean_t omega_t``.
+
+    Args:
+        js: (B, T) token JS divergences (0 or anything where masked out; values there never matter).
+        response_mask: (B, T) 0/1.
+        quantile_clip: clip omega to the row percentiles.
+    Returns:
+        (B, T) float weights with mean exactly 1 over each row's masked tokens (up to rounding), 0 where masked out
+        and on rows without masked tokens. A row of all-zero J (e.g. a low-temperature row) gets w = 1.
+    """
+    check_2d("js", js)
+    check_2d("response_mask", response_mask, tuple(js.shape))
+    m = response_mask > 0
+    j = torch.where(m, js.double(), 0.0)  # (B, T) float64: the weights are cheap, keep them exact
+    j_bar = masked_mean_rows(j, m)  # (B,)
+    omega = torch.log1p((j + _EPS) / (j_bar[:, None] + _EPS))  # (B, T), > 0
+    if quantile_clip:
+        lo = masked_row_quantile(omega, m, q_low)  # (B,)
+        hi = masked_row_quantile(omega, m, q_high)
+        omega = torch.minimum(torch.maximum(omega, lo[:, None]), hi[:, None])
+    w = omega / masked_mean_rows(omega, m).clamp_min(torch.finfo(torch.float64).tiny)[:, None]
+    return torch.where(m, w, 0.0).to(js.dtype if torch.is_floating_point(js) else torch.float32)
+
+
+@torch.no_grad()
+def tgrl_advantages(
+    rewards: Tensor,
+    group_index: Tensor,
+    is_high: Tensor,
+    js: Tensor,
+    response_mask: Tensor,
+    warmup: bool = False,
+    adv_clip: float | None = 10.0,
+    episode_index: Tensor | None = None,
+    quantile_clip: bool = True,
+    std: str = "sample",
+) -> Tensor:
+    """TGRL token advantages (spec sections 3.1, 3.4, 3.5, 3.7).
+
+    1. ``A_i`` = GRPO over all G rewards of the group (sample std + 1e-6, section 3.1).
+    2. High rows: ``A_{i,t} = clamp(A_i * w_t, -adv_clip, adv_clip)`` with ``w`` = :func:`tgrl_token_weights`;
+       low rows: 0 (they still count in the token-mean denominator through their loss mask).
+    3. ``warmup=True`` (first ``algo.warmup_steps``): plain GRPO ``A_i`` broadcast over the masked tokens of *all*
+       rows (no JS, no zeroing, no clamp).
+
+    Args:
+        rewards: (B,) float. group_index: (B,) int. is_high: (B,) bool.
+        js: (B, T) token JS of the row (only read on high rows; zeros elsewhere are fine).
+        response_mask: (B, T) 0/1.
+        warmup: see 3. adv_clip: the clamp (None = no clamp).
+        episode_index: (B,) int, optional; in per-turn mode pass it so each episode counts once in the group
+            statistics (see :func:`agent_rl.algos.compute_advantages`).
+        quantile_clip: ``algo.js_quantile_clip``. std: ``algo.std`` for the GRPO step.
+    Returns:
+        (B, T) float advantages, 0 where masked out.
+    """
+    rewards = as_float(rewards)
+    b = rewards.shape[0]
+    check_1d("is_high", is_high, b)
+    check_2d("response_mask", response_mask)
+    if response_mask.shape[0] != b:
+        raise ValueError(f"response_mask has {response_mask.shape[0]} rows, rewards {b}")
+    m = response_mask > 0
+    adv_row = compute_advantages("grpo", rewards, group_index, episode_index=episode_index, std=std)  # (B,)
+    adv = adv_row[:, None].expand(m.shape)  # (B,) -> (B, T)
+    if warmup:
+        return torch.where(m, adv, 0.0)
+    check_2d("js", js, tuple(response_mask.shape))
+    w = tgrl_token_weights(js, response_mask, quantile_clip=quantile_clip).to(adv.dtype)  # (B, T)
+    adv = adv * w
+    if adv_clip is not None:
+        adv = adv.clamp(-adv_clip, adv_clip)
+    keep = m & is_high.bool()[:, None]  # low rows: 0
+    return torch.where(keep, adv, 0.0)
+
+
+def _high_low_means(values: Tensor, group_index: Tensor, is_high: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per group: mean of ``values`` over high rows, over low rows, and whether the group has both. All (n_groups,)."""
+    inv, n = group_ids(group_index)
+    v = as_float(values).double()
+    h = is_high.bool()
+    z = torch.zeros(n, dtype=torch.float64, device=v.device)
+    cnt_h = z.clone().index_add_(0, inv, h.double())
+    cnt_l = z.clone().index_add_(0, inv, (~h).double())
+    sum_h = z.clone().index_add_(0, inv, torch.where(h, v, 0.0))
+    sum_l = z.clone().index_add_(0, inv, torch.where(h, 0.0, v))
+    both = (cnt_h > 0) & (cnt_l > 0)
+    return sum_h / cnt_h.clamp_min(1.0), sum_l / cnt_l.clamp_min(1.0), both
+
+
+def _per_episode(
+    rewards: Tensor, group_index: Tensor, is_high: Tensor, episode_index: Tensor | None, *extra: Tensor
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+    if episode_index is None:
+        return as_float(rewards), group_index, is_high, list(extra)
+    ep_r, ep_g, _, ex = episode_reduce(rewards, group_index, episode_index, is_high, *extra)
+    return ep_r, ep_g, ex[0], ex[1:]
+
+
+@torch.no_grad()
+def tgrl_delta_r(
+    rewards: Tensor, group_index: Tensor, is_high: Tensor, episode_index: Tensor | None = None
+) -> float:
+    """Exploration gain ``delta_R = mean R(high) - mean R(low)`` per group, averaged over the groups that have both
+    high and low episodes (spec 3.2, metric ``tgrl/delta_R``). 0.0 when no group has both (e.g. in warm-up).
+
+    Args:
+        rewards: (B,) float. group_index: (B,) int. is_high: (B,) bool.
+        episode_index: (B,) int, optional: count each episode once (per-turn mode).
+    Returns:
+        python float.
+    """
+    r, g, h, _ = _per_episode(rewards, group_index, is_high, episode_index)
+    check_1d("rewards", r)
+    mean_h, mean_l, both = _high_low_means(r, g, h)
+    if not bool(both.any()):
+        return 0.0
+    return float((mean_h - mean_l)[both].mean())
+
+
+@torch.no_grad()
+def tgrl_metrics(
+    rewards: Tensor,
+    group_index: Tensor,
+    is_high: Tensor,
+    success: Tensor | None = None,
+    episode_index: Tensor | None = None,
+) -> dict[str, float]:
+    """The TGRL step metrics of spec 3.2 / 6: ``tgrl/delta_R``, ``tgrl/success_high``, ``tgrl/success_low``.
+
+    Args:
+        rewards: (B,) float. group_index: (B,) int. is_high: (B,) bool.
+        success: (B,) bool, the episode was won; None = ``rewards > 0``.
+        episode_index: (B,) int, optional: count each episode once (per-turn mode).
+    Returns:
+        dict of python floats; a success rate over zero episodes is 0.0.
+    """
+    succ = (as_float(rewards) > 0) if success is None else success.bool()
+    r, g, h, (s,) = _per_episode(rewards, group_index, is_high, episode_index, succ)
+    h = h.bool()
+    s = s.double()
+    n_h, n_l = int(h.sum()), int((~h).sum())
+    return {
+        "tgrl/delta_R": tgrl_delta_r(r, g, h),
+        "tgrl/success_high": float(s[h].mean()) if n_h else 0.0,
+        "tgrl/success_low": float(s[~h].mean()) if n_l else 0.0,
+    }
