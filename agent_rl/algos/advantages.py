@@ -86,6 +86,8 @@ def grpo_advantages(
     Returns:
         (B,) advantages. A group whose rewards are all equal gets exactly 0 (checked explicitly, so float rounding of
         the mean can never leak a tiny difference divided by eps); a single-row group therefore gets 0.
+    Raises:
+        ValueError: ``std`` not ``"sample"`` or ``"population"``.
     """
     if std not in ("sample", "population"):
         raise ValueError(f"std must be 'sample' or 'population', got {std!r}")
@@ -98,8 +100,10 @@ def grpo_advantages(
 @register_adv_estimator(AdvEstimator.DRGRPO)
 @torch.no_grad()
 def drgrpo_advantages(rewards: Tensor, group_index: Tensor, **_: Any) -> Tensor:
-    """Dr.GRPO: ``A_i = R_i - mean_g R`` (Liu et al. 2025), no std division. Pair it with
-    ``loss_agg="seq_mean_token_sum_norm"`` and ``max_len`` (constant divisor G * L_max). Returns (B,)."""
+    """Dr.GRPO: ``A_i = R_i - mean_g R`` (Liu et al. 2025; spec section 1), no std division. Pair it with
+    ``loss_agg="seq_mean_token_sum_norm"`` and ``max_len`` (constant divisor G * L_max).
+
+    Args: rewards (B,) float; group_index (B,) int. Returns: (B,) advantages, in reward units."""
     st = group_stats(rewards, group_index)
     adv = rewards.double() - st["mean"]
     return torch.where(st["all_equal"], torch.zeros_like(adv), adv).to(rewards.dtype)
@@ -109,7 +113,9 @@ def drgrpo_advantages(rewards: Tensor, group_index: Tensor, **_: Any) -> Tensor:
 @torch.no_grad()
 def rloo_advantages(rewards: Tensor, group_index: Tensor, **_: Any) -> Tensor:
     """RLOO: ``A_i = R_i - (sum_g R - R_i) / (G - 1)`` (Ahmadian et al. 2024). A single-row group (G = 1) has no
-    other rows and gets 0. Returns (B,)."""
+    other rows and gets 0 (spec section 1).
+
+    Args: rewards (B,) float; group_index (B,) int. Returns: (B,) advantages, in reward units."""
     st = group_stats(rewards, group_index)
     r = rewards.double()
     n = st["count"]
@@ -123,7 +129,10 @@ def rloo_advantages(rewards: Tensor, group_index: Tensor, **_: Any) -> Tensor:
 def reinforce_pp_advantages(rewards: Tensor, group_index: Tensor, eps: float = 1e-8, **_: Any) -> Tensor:
     """REINFORCE++: ``A = R - mean_batch R``, then whitened over the batch: ``A / (std_batch A + eps)``
     (spec section 1; ``group_index`` is ignored). The std is the sample std (n-1), as in verl's ``masked_whiten``;
-    a batch of equal rewards (or of one row) gets 0. Returns (B,)."""
+    a batch of equal rewards (or of one row) gets 0.
+
+    Args: rewards (B,) float; group_index (B,) int (unused); eps: added to the std.
+    Returns: (B,) whitened advantages (unitless; batch mean 0, sample std 1)."""
     r = rewards.double()
     if r.numel() <= 1 or bool((r == r[0]).all()):
         return torch.zeros_like(rewards)
@@ -228,18 +237,23 @@ def compute_gae(
         response_mask: (B, T) 0/1.
         gamma, lam: discount and GAE lambda.
     Returns:
-        ``(advantages (B, T), returns (B, T))``, 0 where ``response_mask`` is 0. Not whitened.
+        ``(advantages (B, T), returns (B, T))``, 0 where ``response_mask`` is 0. Not whitened. Computed in the
+        inputs' float dtype (at least float32), returned in the dtype of ``rewards`` (float32 for int rewards).
+    Raises:
+        ValueError: tensors not 2-D or of different shapes.
     """
     check_2d("rewards", rewards)
     check_2d("values", values, tuple(rewards.shape))
     check_2d("response_mask", response_mask, tuple(rewards.shape))
     b, t_len = rewards.shape
     m = response_mask > 0
-    r = torch.where(m, rewards.float(), 0.0)  # where, not *: non-finite values off the mask never enter
-    v = torch.where(m, values.float(), 0.0)
-    adv = torch.zeros(b, t_len, dtype=torch.float32, device=rewards.device)
-    last_gae = torch.zeros(b, dtype=torch.float32, device=rewards.device)
-    next_value = torch.zeros(b, dtype=torch.float32, device=rewards.device)
+    # compute in the inputs' float dtype, at least float32 (float64 inputs stay float64; bf16/int are upcast)
+    dt = torch.promote_types(torch.promote_types(as_float(rewards).dtype, as_float(values).dtype), torch.float32)
+    r = torch.where(m, rewards.to(dt), 0.0)  # where, not *: non-finite values off the mask never enter
+    v = torch.where(m, values.to(dt), 0.0)
+    adv = torch.zeros(b, t_len, dtype=dt, device=rewards.device)
+    last_gae = torch.zeros(b, dtype=dt, device=rewards.device)
+    next_value = torch.zeros(b, dtype=dt, device=rewards.device)
     for t in reversed(range(t_len)):  # sequential in t, vectorised over rows
         mt = m[:, t]
         delta = r[:, t] + gamma * next_value - v[:, t]
@@ -248,7 +262,8 @@ def compute_gae(
         next_value = torch.where(mt, v[:, t], next_value)
         adv[:, t] = torch.where(mt, gae, 0.0)
     returns = torch.where(m, adv + v, 0.0)
-    return adv.to(rewards.dtype), returns.to(rewards.dtype)
+    out_dt = rewards.dtype if torch.is_floating_point(rewards) else dt
+    return adv.to(out_dt), returns.to(out_dt)
 
 
 @torch.no_grad()
@@ -277,7 +292,7 @@ def dapo_overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tens
 def dapo_keep_groups(rewards: Tensor, group_index: Tensor) -> Tensor:
     """DAPO dynamic-sampling filter: keep rows whose group's rewards are not all equal (such groups give GRPO
     advantage 0 everywhere). A single-row group is dropped. Args: rewards (B,), group_index (B,).
-    Returns: (B,) bool, True = keep."""
+    Returns: (B,) bool, True = keep. Raises: ValueError on bad shapes."""
     check_1d("rewards", rewards)
     check_1d("group_index", group_index, rewards.shape[0])
     return ~group_stats(as_float(rewards), group_index)["all_equal"]

@@ -170,6 +170,8 @@ def tp_mask(response_mask: Tensor, S: float) -> Tensor:
         S: in [0, 1]. S = 0 keeps all masked tokens; S close to 1 keeps only the last.
     Returns:
         (B, T) mask, dtype of ``response_mask``, a subset of it.
+    Raises:
+        ValueError: ``response_mask`` not 2-D.
     """
     check_2d("response_mask", response_mask)
     m = response_mask > 0
@@ -189,6 +191,8 @@ def turn_tp_mask(turn_index: Tensor, num_turns: Tensor, S: float) -> Tensor:
         turn_index: (B,) long. num_turns: (B,) long. S: in [0, 1].
     Returns:
         (B,) float32 0/1.
+    Raises:
+        ValueError: ``turn_index`` / ``num_turns`` not 1-D of the same length.
     """
     check_1d("turn_index", turn_index)
     check_1d("num_turns", num_turns, turn_index.shape[0])
@@ -210,6 +214,8 @@ def forking_mask(entropy: Tensor, response_mask: Tensor, S: float) -> Tensor:
         entropy: (B, T) token entropies (detached, at the row's temperature). response_mask: (B, T) 0/1. S: [0, 1].
     Returns:
         (B, T) mask, dtype of ``response_mask``.
+    Raises:
+        ValueError: ``response_mask`` not 2-D or ``entropy`` of another shape.
     """
     check_2d("response_mask", response_mask)
     check_2d("entropy", entropy, tuple(response_mask.shape))
@@ -235,6 +241,8 @@ def entropy_adv(advantages: Tensor, entropy: Tensor, S: float, alpha: float = 0.
         advantages: (B,) or (B, T). entropy: (B, T). S: in [0, 1].
     Returns:
         (B, T) float advantages (the caller masks them).
+    Raises:
+        ValueError: ``entropy`` not 2-D or ``advantages`` neither (B,) nor (B, T).
     """
     check_2d("entropy", entropy)
     a = advantages[:, None].expand(entropy.shape) if advantages.dim() == 1 else advantages  # (B,) -> (B, T)
@@ -260,6 +268,8 @@ def empg_advantages(
             where there is none). has_next: (B,) bool. zeta: the future-clarity bonus scale.
     Returns:
         (B,) float32; zero-mean over the batch (empty batch -> empty).
+    Raises:
+        ValueError: an input not 1-D of length B.
     """
     check_1d("advantages", advantages)
     b = advantages.shape[0]
@@ -288,6 +298,8 @@ def next_turn_values(values: Tensor, episode_index: Tensor, turn_index: Tensor) 
         values: (B,) float. episode_index: (B,) int. turn_index: (B,) int.
     Returns:
         ``(next_values (B,), has_next (B,) bool)``; ``next_values`` is 0 where there is no next row.
+    Raises:
+        ValueError: ``values`` not 1-D.
     """
     check_1d("values", values)
     ep, _ = group_ids(episode_index)

@@ -80,7 +80,9 @@ def logprobs_from_logits(
         temperature: float or tensor broadcastable to (...), > 0.
         chunk_size: rows of the flattened (N, V) processed at a time (None = all at once).
     Returns:
-        (...) float32 log-probs (natural log).
+        (...) float32 log-probs (natural log, nats).
+    Raises:
+        ValueError: a temperature <= 0, ``token_ids`` not matching ``logits.shape[:-1]``, ``chunk_size <= 0``.
     """
     z, temp, lead = _flat(logits, temperature)
     ids = token_ids.reshape(-1, 1).long()  # (...) -> (N, 1)
@@ -103,8 +105,10 @@ def entropy_from_logits(logits: Tensor, temperature: float | Tensor = 1.0, chunk
         logits: (..., V) float. temperature: float or tensor broadcastable to (...), > 0.
         chunk_size: rows of the flattened (N, V) processed at a time (None = all at once).
     Returns:
-        (...) float32 entropies in [0, log V]. Under ``torch.no_grad()`` (the learner's old-policy pass) it works
-        in place with at most 2 (chunk, V) float32 buffers.
+        (...) float32 entropies in nats, in [0, log V]. Under ``torch.no_grad()`` (the learner's old-policy pass) it
+        works in place with at most 2 (chunk, V) float32 buffers.
+    Raises:
+        ValueError: a temperature <= 0 or ``chunk_size <= 0``.
     """
     z, temp, lead = _flat(logits, temperature)
     grad = torch.is_grad_enabled() and logits.requires_grad
@@ -181,7 +185,9 @@ def js_divergence_from_logits(
             use; worth it on GPU where the fused kernel reads V a few times instead of ~20; the result differs from
             the eager path by float rounding only, about 2e-6).
     Returns:
-        (...) float32, in [0, ln 2].
+        (...) float32 JS in nats, in [0, ln 2].
+    Raises:
+        ValueError: ``t_low`` or ``t_high`` <= 0, or ``chunk_size <= 0``.
     """
     z, _, lead = _flat(logits, None)
     if t_low <= 0 or t_high <= 0:

@@ -64,7 +64,7 @@ def agg_loss(
     Returns:
         0-dim loss. An empty mask gives 0 (never NaN).
     Raises:
-        ValueError: unknown ``loss_agg`` (lists the valid names).
+        ValueError: unknown ``loss_agg`` (lists the valid names), bad shapes, or ``max_len <= 0``.
     """
     check_2d("loss_mat", loss_mat)
     check_2d("response_mask", response_mask, tuple(loss_mat.shape))

@@ -27,6 +27,8 @@ __all__ = [
 def schedule_progress(step: int, total_steps: int, s_min_ratio: float = 0.0, s_max_ratio: float = 0.8) -> float:
     """tau in [0, 1] of spec section 4. If ``s_max <= s_min`` (tiny runs), tau jumps from 0 to 1 at ``s_max``.
 
+    Returns:
+        tau, a python float in [0, 1].
     Raises:
         ValueError: ``total_steps < 1`` or ratios outside [0, 1].
     """

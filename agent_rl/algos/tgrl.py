@@ -68,6 +68,8 @@ def tgrl_token_weights(
     Returns:
         (B, T) float weights with mean exactly 1 over each row's masked tokens (up to rounding), 0 where masked out
         and on rows without masked tokens. A row of all-zero J (e.g. a low-temperature row) gets w = 1.
+    Raises:
+        ValueError: ``js`` not 2-D or ``response_mask`` of another shape.
     """
     check_2d("js", js)
     check_2d("response_mask", response_mask, tuple(js.shape))
@@ -114,6 +116,9 @@ def tgrl_advantages(
         quantile_clip: ``algo.js_quantile_clip``. std: ``algo.std`` for the GRPO step.
     Returns:
         (B, T) float advantages, 0 where masked out.
+    Raises:
+        ValueError: inconsistent shapes (rows of ``rewards``/``is_high``/``response_mask``/``js``), an
+            ``episode_index`` spanning several groups, or a bad ``std``.
     """
     rewards = as_float(rewards)
     b = rewards.shape[0]
@@ -169,7 +174,9 @@ def tgrl_delta_r(
         rewards: (B,) float. group_index: (B,) int. is_high: (B,) bool.
         episode_index: (B,) int, optional: count each episode once (per-turn mode).
     Returns:
-        python float.
+        python float, in reward units.
+    Raises:
+        ValueError: an ``episode_index`` value spanning several groups.
     """
     r, g, h, _ = _per_episode(rewards, group_index, is_high, episode_index)
     check_1d("rewards", r)
