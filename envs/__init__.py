@@ -15,8 +15,8 @@ import gymnasium
 _BUILTIN: dict[str, tuple[str, int | None]] = {
     "agent_rl/ALFWorld-v0": ("envs.alfworld:ALFWorldEnv", 50),
     "agent_rl/WebShop-v0": ("envs.webshop:WebShopEnv", 15),
-    "agent_rl/Math-v0": ("envs.math:MathEnv", 1),
-    "agent_rl/Code-v0": ("envs.code:CodeEnv", 1),
+    "agent_rl/Math-v0": ("envs.math:MathEnv", None),
+    "agent_rl/Code-v0": ("envs.code:CodeEnv", None),
     "agent_rl/Calculator-v0": ("envs.examples.calculator:CalculatorEnv", 10),
     "agent_rl/ChooseItem-v0": ("envs.examples.choose_item:ChooseItemEnv", 4),
 }

@@ -1,0 +1,184 @@
+"""``agent_rl/Code-v0``: one programming task per episode, reward from unit tests run in the sandbox.
+
+Contract (``gymnasium.Env[str, str]``):
+
+- ``reset(seed=None, options=None)``: ``options`` may hold ``dataset`` (humaneval, humanevalplus, mbpp,
+  mbpp_sanitized) and ``index``; otherwise drawn with ``self.np_random``. Returns ``(prompt, info)``; the prompt is
+  the task (HumanEval: signature + docstring; MBPP: description + its tests) followed by the instruction.
+  ``info``: ``dataset``, ``index``, ``uid``, ``task_type``, ``entry_point``, ``problem``, ``prompt``,
+  ``instruction``, ``n_tests`` (HumanEval+: -1 until the first step).
+- ``step(response)``: always ``terminated=True``. The program is the last fenced code block that defines the entry
+  point (else the longest fenced block, else the whole response); for HumanEval(+) the prompt (imports, helpers) is
+  prepended. ``reward`` = 1.0 if every test passes else 0.0 (``reward_mode="fraction"``: passed / total).
+  ``info``: ``reason`` (passed, wrong_answer, runtime_error, timeout, memory, crashed, syntax_error, load_error,
+  no_code), ``n_passed``, ``n_tests``, ``status_counts``, ``tests`` (first ``max_test_details`` per-test dicts),
+  ``load_error``, ``stdout``/``stderr`` excerpts and sizes, ``isolation``, ``wall_s``, plus the reset info.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any, Sequence
+
+import gymnasium
+from gymnasium import spaces
+
+from envs.code.datasets import LOADERS, CodeTask, humanevalplus_expected, load_code
+from envs.code.sandbox import RunResult, SandboxLimits, run_tests
+
+DEFAULT_INSTRUCTION = "Write the complete Python solution in a single ```python code block."
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_SYNTAX = {"SyntaxError", "IndentationError", "TabError"}
+
+
+def extract_code(response: str, entry_point: str = "") -> str:
+    """Program text of a model response (see the module docstring for the rule). Pure function."""
+    blocks = [body for lang, body in _FENCE.findall(response) if lang.lower() in ("", "python", "py", "python3")]
+    if not blocks:
+        # an unterminated fence (the model ran out of tokens): take everything after it
+        start = re.search(r"```[ \t]*(?:python3?|py)?[ \t]*\n", response)
+        return response[start.end():] if start else response
+    if entry_point:
+        defining = [b for b in blocks if re.search(rf"def\s+{re.escape(entry_point)}\s*\(", b)]
+        if defining:
+            return defining[-1]
+    return max(blocks, key=len)
+
+
+def build_program(task: CodeTask, code: str) -> str:
+    """Program run in the worker: HumanEval(+) gets its prompt (imports, helpers) in front; a bare completion of
+    the function body is appended to the prompt as in the original benchmark."""
+    if not task.context:
+        return code
+    if task.entry_point and re.search(rf"def\s+{re.escape(task.entry_point)}\s*\(", code):
+        return task.context + "\n\n" + code
+    return task.context + code
+
+
+def summarize(result: RunResult, reward_mode: str = "all", max_test_details: int = 20) -> dict[str, Any]:
+    """Reward and JSON-serialisable info of one sandboxed run.
+
+    Returns ``reward`` plus the step-info fields listed in the module docstring.
+    """
+    tests = result.tests
+    n_tests, n_passed = len(tests), sum(1 for t in tests if t["passed"])
+    counts = Counter(t["status"] for t in tests)
+    if result.load_error is not None:
+        name, message = result.load_error[0], result.load_error[1]
+        if name in _SYNTAX:
+            reason = "syntax_error"
+        elif name == "MemoryError":
+            reason = "memory"
+        elif name == "TimeoutError" or (name == "WorkerGone" and message == "timeout"):
+            reason = "timeout"
+        elif name == "WorkerGone":  # the program killed its own interpreter (os._exit, SIGXFSZ, ...)
+            reason = "crashed"
+        else:
+            reason = "load_error"
+    elif result.timed_out:
+        reason = "timeout"
+    elif result.checker_error is not None:
+        reason = "sandbox_error"
+    elif n_tests and n_passed == n_tests:
+        reason = "passed"
+    else:
+        first = next((t for t in tests if not t["passed"]), {"status": "error"})
+        reason = {"error": "runtime_error"}.get(first["status"], first["status"])
+    all_passed = reason == "passed"
+    if reward_mode == "all":
+        reward = float(all_passed)
+    else:
+        reward = n_passed / n_tests if n_tests and result.load_error is None and not result.timed_out else 0.0
+    failed_first = sorted(tests, key=lambda t: t["passed"])[:max_test_details]
+    return {
+        "reward": reward, "reason": reason, "passed": all_passed, "n_passed": n_passed, "n_tests": n_tests,
+        "status_counts": dict(counts), "tests": failed_first, "load_error": result.load_error,
+        "stdout": result.stdout, "stderr": result.stderr, "stdout_bytes": result.stdout_bytes,
+        "stderr_bytes": result.stderr_bytes, "isolation": result.isolation, "wall_s": round(result.wall_s, 3),
+        "checker_error": result.checker_error,
+    }
+
+
+class CodeEnv(gymnasium.Env[str, str]):
+    """Single-turn code env (see the module docstring for the contract).
+
+    Args:
+        datasets: name or names among humaneval, humanevalplus, mbpp, mbpp_sanitized.
+        root: data root (``data.root``); None uses ``envs.data.data_root``.
+        reward_mode: ``all`` (1 iff every test passes) or ``fraction`` (passed / total).
+        instruction: appended to the prompt after a blank line; "" for none.
+        limits: sandbox limits (a :class:`SandboxLimits` or a dict of its fields).
+        plus_wall_s: wall-clock budget of a HumanEval+ run (hundreds of inputs), seconds.
+        max_test_details: per-test dicts kept in ``info["tests"]`` (failures first).
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        datasets: str | Sequence[str] = "humaneval",
+        root: str | None = None,
+        reward_mode: str = "all",
+        instruction: str = DEFAULT_INSTRUCTION,
+        limits: SandboxLimits | dict[str, Any] | None = None,
+        plus_wall_s: float = 60.0,
+        max_test_details: int = 20,
+    ) -> None:
+        names = [datasets] if isinstance(datasets, str) else list(datasets)
+        for name in names:
+            if name not in LOADERS:
+                raise ValueError(f"unknown code dataset {name!r}; valid: {sorted(LOADERS)}")
+        if reward_mode not in ("all", "fraction"):
+            raise ValueError(f"reward_mode must be 'all' or 'fraction', got {reward_mode!r}")
+        self.datasets = names
+        self.root = root
+        self.reward_mode = reward_mode
+        self.instruction = instruction
+        self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
+        self.plus_wall_s = plus_wall_s
+        self.max_test_details = max_test_details
+        self.observation_space = spaces.Text(max_length=1_000_000)
+        self.action_space = spaces.Text(max_length=1_000_000)
+        self._task: CodeTask | None = None
+        self._info: dict[str, Any] = {}
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        options = dict(options or {})
+        name = options.get("dataset") or self.datasets[int(self.np_random.integers(len(self.datasets)))]
+        tasks = load_code(name, self.root)
+        index = options.get("index")
+        index = int(self.np_random.integers(len(tasks))) if index is None else int(index)
+        if not 0 <= index < len(tasks):
+            raise IndexError(f"index {index} out of range for {name} ({len(tasks)} tasks)")
+        self._task = tasks[index]
+        task = self._task
+        prompt = task.prompt if not self.instruction else f"{task.prompt}\n\n{self.instruction}"
+        spec = task.spec
+        n_tests = len(spec.get("asserts", spec.get("inputs", []))) if spec["mode"] != "check" else -1
+        self._info = {"dataset": name, "index": index, "uid": task.uid, "task_type": task.task_type or name,
+                      "entry_point": task.entry_point, "problem": task.prompt, "prompt": prompt,
+                      "instruction": self.instruction, "n_tests_declared": n_tests}
+        return prompt, dict(self._info)
+
+    def evaluate(self, task: CodeTask, code: str) -> dict[str, Any]:
+        """Run ``code`` (already extracted) against ``task``'s tests; returns :func:`summarize`'s dict."""
+        spec, limits = task.spec, self.limits
+        if spec["mode"] == "io":
+            spec = {**spec, "expected": humanevalplus_expected(task)}
+            limits = SandboxLimits(**{**self.limits.__dict__, "wall_s": max(self.limits.wall_s, self.plus_wall_s),
+                                      "cpu_s": max(self.limits.cpu_s, int(self.plus_wall_s))})
+        result = run_tests(build_program(task, code), spec, limits)
+        return summarize(result, self.reward_mode, self.max_test_details)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._task is None:
+            raise RuntimeError("call reset() before step(); each episode has exactly one step")
+        task, self._task = self._task, None
+        code = extract_code(str(action), task.entry_point)
+        if not code.strip():
+            info = {**self._info, "reward": 0.0, "reason": "no_code", "passed": False, "n_passed": 0, "n_tests": 0}
+            return "", 0.0, True, False, info
+        out = self.evaluate(task, code)
+        return "", float(out["reward"]), True, False, {**self._info, **out}

@@ -1,0 +1,119 @@
+"""``agent_rl/Math-v0``: one math problem per episode, reward 1 for an equivalent final answer.
+
+Contract (``gymnasium.Env[str, str]``):
+
+- ``reset(seed=None, options=None)``: ``options`` may hold ``dataset`` (one of :data:`envs.math.datasets.LOADERS`),
+  ``split`` (gsm8k only) and ``index``; without ``index`` a problem is drawn with ``self.np_random``; without
+  ``dataset`` one of the env's datasets is drawn. Returns ``(prompt, info)``: the prompt is the problem followed by
+  the instruction (default: Qwen-Math's "Please reason step by step, and put your final answer within \\boxed{}.").
+  ``info``: ``dataset``, ``split``, ``index``, ``uid``, ``task_type``, ``problem``, ``prompt``, ``instruction``
+  (and ``level`` for MATH500). The reference answer is NOT in the reset info.
+- ``step(response)``: always ``terminated=True``. ``reward`` 1.0 if the final answer (last ``\\boxed{}``, else
+  GSM8K's ``####``) is equivalent to the reference by math-verify or by the normalised string match, else 0.0.
+  ``info``: ``extracted``, ``reference``, ``correct``, ``reason`` (``correct``/``wrong_answer``/``no_answer``),
+  ``verifier`` (``math_verify``/``timeout``/``error: ...``), ``string_match``, plus the reset info.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import gymnasium
+from gymnasium import spaces
+
+from envs.math.datasets import SPLITS, MathProblem, canonical_name, load_math
+from envs.math.grader import extract_answer, strings_match
+from envs.math.pool import VerifierPool, default_pool
+
+DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def score_response(reference: str, response: str, pool: VerifierPool) -> dict[str, Any]:
+    """Grade a full model response against a bare reference answer.
+
+    Returns a JSON-serialisable dict: ``reward`` (0.0/1.0), ``correct``, ``extracted`` (str | None), ``reference``,
+    ``reason``, ``verifier``, ``string_match``.
+    """
+    extracted = extract_answer(response)
+    out: dict[str, Any] = {"extracted": extracted, "reference": reference, "string_match": False,
+                           "verifier": "none"}
+    if extracted is None or not extracted.strip():
+        return {**out, "reward": 0.0, "correct": False, "reason": "no_answer"}
+    string_ok = strings_match(reference, extracted)
+    verdict, how = pool.check(reference, extracted)
+    correct = bool(verdict) or string_ok
+    return {**out, "reward": float(correct), "correct": correct, "string_match": string_ok, "verifier": how,
+            "reason": "correct" if correct else "wrong_answer"}
+
+
+class MathEnv(gymnasium.Env[str, str]):
+    """Single-turn math env over one or more benchmark files (see the module docstring for the contract).
+
+    Args:
+        datasets: dataset name or names (keys of ``LOADERS``: gsm8k, math500, math_train, aime, aime24, aime25,
+            amc23, minerva, olympiadbench).
+        split: default split (gsm8k: train/test; the others have one split).
+        root: data root (``data.root`` config key); None uses ``envs.data.data_root``.
+        instruction: appended to the problem after a blank line; "" for none.
+        verify_timeout_s: outer deadline of one math-verify check (seconds).
+        n_workers: verifier processes shared by every MathEnv of this process with the same settings.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        datasets: str | Sequence[str] = "math500",
+        split: str = "test",
+        root: str | None = None,
+        instruction: str = DEFAULT_INSTRUCTION,
+        verify_timeout_s: float = 5.0,
+        n_workers: int = 2,
+    ) -> None:
+        names = [datasets] if isinstance(datasets, str) else list(datasets)
+        try:
+            self.datasets = [canonical_name(name) for name in names]
+        except KeyError as exc:
+            raise ValueError(str(exc.args[0])) from None
+        self.split = split
+        self.root = root
+        self.instruction = instruction
+        self.pool = default_pool(n_workers=n_workers, timeout_s=verify_timeout_s)
+        self.observation_space = spaces.Text(max_length=1_000_000)
+        self.action_space = spaces.Text(max_length=1_000_000)
+        self._problem: MathProblem | None = None
+        self._info: dict[str, Any] = {}
+
+    def _split_for(self, name: str, split: str | None) -> str:
+        split = split or self.split
+        splits = SPLITS.get(name)
+        if splits is None:
+            return "test"
+        return split if split in splits else splits[-1]
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        options = dict(options or {})
+        name = options.get("dataset") or self.datasets[int(self.np_random.integers(len(self.datasets)))]
+        name = canonical_name(name)
+        split = self._split_for(name, options.get("split"))
+        problems = load_math(name, split, self.root)
+        index = options.get("index")
+        index = int(self.np_random.integers(len(problems))) if index is None else int(index)
+        if not 0 <= index < len(problems):
+            raise IndexError(f"index {index} out of range for {name}/{split} ({len(problems)} problems)")
+        self._problem = problems[index]
+        prompt = self._problem.problem if not self.instruction else f"{self._problem.problem}\n\n{self.instruction}"
+        self._info = {"dataset": name, "split": split, "index": index, "uid": self._problem.uid,
+                      "task_type": self._problem.task_type or name, "problem": self._problem.problem,
+                      "prompt": prompt, "instruction": self.instruction,
+                      **{k: v for k, v in self._problem.meta.items() if isinstance(v, (str, int, float, bool))}}
+        return prompt, dict(self._info)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._problem is None:
+            raise RuntimeError("call reset() before step(); each episode has exactly one step")
+        result = score_response(self._problem.answer, str(action), self.pool)
+        info = {**self._info, **result}
+        self._problem = None
+        return "", float(result["reward"]), True, False, info
