@@ -173,8 +173,8 @@ def test_env_contract():
     assert info["dataset"] == "gsm8k" and info["task_type"] == "gsm8k" and info["prompt"] == obs
     assert "reference" not in info
     obs, reward, terminated, truncated, info = env.step("16 - 3 - 4 = 9; 9 * 2 = 18. \\boxed{18}")
-    # terminated=True always; gymnasium's TimeLimit(max_episode_steps=1) also sets truncated=True on that step
-    assert (obs, reward, terminated) == ("", 1.0, True)
+    # one step ends the episode: terminated, not truncated (registered without a TimeLimit)
+    assert (obs, reward, terminated, truncated) == ("", 1.0, True, False)
     assert env.unwrapped._problem is None
     assert info["extracted"] == "18" and info["reference"] == "18" and info["reason"] == "correct"
     json.dumps(info)
