@@ -1,0 +1,75 @@
+"""Engine protocol and registry: prompt ids in, sampled ids + their log-probs out (token-in/token-out)."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Callable, Protocol, runtime_checkable
+
+from agent_rl.types import Generation
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A generation engine.
+
+    ``generate`` samples one response per prompt; row i uses ``temperatures[i]`` (per-row temperature, algorithms.md
+    section 0). ``Generation.logprobs[j]`` is log softmax(z / T_i)[token_j] (natural log, fp32) of the sampled token
+    under the full (not top-p/top-k truncated) tempered distribution, so the learner can recompute it exactly.
+    ``Generation.token_ids`` are exactly the sampled ids (an EOS token, when sampled, is included); ``text`` is their
+    decoding without special tokens (a matched stop string is kept in it). ``repetition_penalties`` (optional, per
+    row, 1.0 = off) serves TGRL's ``algo.high_repetition_penalty``; with a penalty the log-probs are those of the
+    penalised distribution sampled from.
+    """
+
+    tokenizer: Any
+
+    def generate(self, prompts: list[list[int]], temperatures: list[float], *, max_new_tokens: int,
+                 top_p: float = 1.0, top_k: int = 0, stop: list[str] | None = None, seed: int | None = None,
+                 repetition_penalties: list[float] | None = None) -> list[Generation]: ...
+
+    def sync_weights(self, model: Any) -> None: ...
+
+
+EngineFactory = Callable[..., Engine]
+_ENGINES: dict[str, EngineFactory] = {}
+
+
+def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
+    """Decorator registering an engine factory ``(model, tokenizer, **kwargs) -> Engine`` (duplicates rejected)."""
+
+    def deco(factory: EngineFactory) -> EngineFactory:
+        if name in _ENGINES:
+            raise ValueError(f"engine {name!r} is already registered")
+        _ENGINES[name] = factory
+        return factory
+
+    return deco
+
+
+def get_engine(name: str, model: Any, tokenizer: Any, **kwargs: Any) -> Engine:
+    """Build the engine ``name`` (``engine.name``) around ``model``/``tokenizer``.
+
+    Raises:
+        ValueError: unknown name (the message lists the registered ones).
+    """
+    if name not in _ENGINES:
+        close = difflib.get_close_matches(name, list(_ENGINES), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown engine {name!r} (engine.name); valid names: {sorted(_ENGINES)}.{hint}")
+    return _ENGINES[name](model, tokenizer, **kwargs)
+
+
+def engine_names() -> list[str]:
+    return sorted(_ENGINES)
+
+
+def set_torch_threads(num_threads: int) -> None:
+    """Give this process ``num_threads`` torch intra-op threads (0 = leave as is).
+
+    The issue measured that with two busy threads torch's OpenMP can stall badly in tiny ops: when the engine and the
+    learner share the machine with env servers or other workers, give each process one (or few) threads.
+    """
+    import torch
+
+    if num_threads > 0:
+        torch.set_num_threads(num_threads)

@@ -1,0 +1,132 @@
+"""Atomic checkpoints: policy (``save_pretrained``), tokenizer, learner state (optimizer, scheduler, value head),
+RNG states (python, numpy, torch CPU/CUDA) and a JSON ``extra`` dict (step, data position, ...).
+
+Layout of one checkpoint folder (``DIR/checkpoints/step_N`` by convention of ``train.py``)::
+
+    model.safetensors (or shards) + config.json   policy weights (a loadable transformers folder)
+    tokenizer files
+    learner.pt                                     Learner.state_dict()
+    rng.pt                                         RNG states
+    extra.json                                     the caller's ``extra`` dict
+
+The folder is written under a temporary name in the same parent and renamed into place (``os.replace``), so a
+crash never leaves a half-written checkpoint where :func:`latest_checkpoint` would pick it up.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+def _rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, tokenizer: Any, learner: Any,
+                    extra: dict[str, Any] | None = None) -> Path:
+    """Write a checkpoint atomically to ``directory`` (replacing an existing one); returns its path.
+
+    Args:
+        directory: target folder, e.g. ``out/checkpoints/step_10``.
+        model: the policy (saved with ``save_pretrained``, fp32/bf16 as it is).
+        tokenizer: saved with ``save_pretrained`` (None skips it).
+        learner: object with ``state_dict()`` (``agent_rl.learner.Learner``), or None.
+        extra: JSON-serialisable dict (step, data position, ...), returned by :func:`load_checkpoint`.
+    """
+    target = Path(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if learner is not None:
+            torch.save(learner.state_dict(), tmp / "learner.pt")
+        torch.save(_rng_state(), tmp / "rng.pt")
+        (tmp / "extra.json").write_text(json.dumps(extra or {}, indent=1))
+        if target.exists():  # replace: move the old one aside first (os.replace cannot overwrite a non-empty dir)
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def load_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, learner: Any = None,
+                    restore_rng: bool = True) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint` into ``model`` (in place) and ``learner``; restore the
+    RNG states; return the ``extra`` dict.
+
+    Raises:
+        FileNotFoundError: no checkpoint there. RuntimeError: the weights do not match ``model`` (a missing key is
+            accepted only for a parameter tied to a loaded one, e.g. ``lm_head.weight`` tied to the embeddings).
+    """
+    from safetensors.torch import load_file
+
+    path = Path(directory)
+    files = sorted(glob.glob(str(path / "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no checkpoint weights (*.safetensors) in {path}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(f))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded_ptrs = {params[k].data_ptr() for k in state if k in params}
+    bad = [k for k in missing if k not in params or params[k].data_ptr() not in loaded_ptrs]
+    if unexpected or bad:
+        raise RuntimeError(f"checkpoint {path} does not match the model: missing={bad} unexpected={unexpected}")
+    if learner is not None and (path / "learner.pt").is_file():
+        learner.load_state_dict(torch.load(path / "learner.pt", map_location=learner.device, weights_only=False))
+    if restore_rng and (path / "rng.pt").is_file():
+        _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+    extra_file = path / "extra.json"
+    return json.loads(extra_file.read_text()) if extra_file.is_file() else {}
+
+
+def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The ``step_N`` folder with the largest N under ``output_dir/checkpoints`` (or ``output_dir`` itself), or None.
+
+    Temporary folders of an interrupted save (``.step_N.tmp-*``) are ignored.
+    """
+    best: tuple[int, Path] | None = None
+    for parent in (Path(output_dir) / "checkpoints", Path(output_dir)):
+        if not parent.is_dir():
+            continue
+        for child in parent.iterdir():
+            m = _STEP_RE.match(child.name)
+            if m and child.is_dir() and (child / "extra.json").is_file():
+                if best is None or int(m.group(1)) > best[0]:
+                    best = (int(m.group(1)), child)
+    return best[1] if best else None

@@ -1,0 +1,219 @@
+"""Config dataclasses of the learner side: algorithm, credit, schedule, optimiser, model.
+
+D2 composes them into the root Hydra config (``agent_rl/config.py``) and writes one YAML preset per algorithm
+(``configs/algo/*.yaml``). Every field has a default; ``__post_init__`` checks fields against each other and raises
+``ValueError`` naming the allowed values (STYLE.md habit 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ALGO_NAMES = ("tgrl", "grpo", "drgrpo", "dapo", "rloo", "ppo", "gspo")
+ADV_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gae")
+POLICY_LOSSES = ("ppo_clip", "gspo")
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+CREDIT_NAMES = ("uniform", "js", "tp", "forking", "entropy_adv", "empg")
+CREDIT_LEVELS = ("token", "turn")
+SCHEDULE_KINDS = ("linear", "sigmoid", "power", "constant", "none")
+#: credit rules that need the old policy's token entropy (computed in the learner's no-grad pass).
+ENTROPY_CREDITS = ("forking", "entropy_adv", "empg")
+
+
+def _check(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not valid; valid values: {', '.join(allowed)}")
+
+
+@dataclass
+class AlgoConfig:
+    """One RL algorithm (``algo=...``). Defaults are TGRL's (algorithms.md section 3); presets override them."""
+
+    name: str = "tgrl"
+    """Algorithm: tgrl | grpo | drgrpo | dapo | rloo | ppo | gspo. ``tgrl`` enables JS credit + low-row zeroing,
+    ``ppo`` adds a value head and GAE."""
+    adv_estimator: str = "grpo"
+    """Advantage estimator (algorithms.md s.1): grpo | drgrpo | rloo | reinforce_pp | gae (``algo=ppo``)."""
+    policy_loss: str = "ppo_clip"
+    """Policy loss (s.2): ppo_clip | gspo (Zheng et al. 2025)."""
+    loss_agg: str = "token_mean"
+    """token_mean | seq_mean_token_mean | seq_mean_token_sum_norm (Dr.GRPO, Liu et al. 2025)."""
+    loss_max_len: int = 0
+    """L_max of ``seq_mean_token_sum_norm`` (set it to engine.max_new_tokens); 0 = the longest response of the
+    batch (rows are prompt + response, so the padded row length would be wrong)."""
+    clip_low: float = 0.2
+    """PPO clip range below 1 (eps_low)."""
+    clip_high: float = 0.2
+    """PPO clip range above 1 (eps_high; DAPO clip-higher uses 0.28)."""
+    dual_clip: float = 3.0
+    """Dual-clip constant c for A < 0 (Ye et al. 2020)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL to a frozen reference model (0 = no reference model is kept)."""
+    ent_coef: float = 0.0
+    """Entropy bonus weight (loss -= ent_coef * entropy)."""
+    std: str = "sample"
+    """GRPO std: sample (N-1) | population."""
+    temperature: float = 1.0
+    """Sampling temperature of non-TGRL algorithms (every episode)."""
+    t_low: float = 0.3
+    """TGRL T0 (section 3)."""
+    t_high: float = 1.2
+    """TGRL T1."""
+    n_low: int = 1
+    """TGRL episodes per group at T0."""
+    n_high: int = 3
+    """TGRL episodes per group at T1."""
+    group_size: int = 4
+    """G episodes per task (TGRL: must equal n_low + n_high)."""
+    warmup_steps: int = 20
+    """TGRL warm-up: the first steps sample everything at T1 and use plain GRPO (s.3.7)."""
+    js_quantile_clip: bool = True
+    """Clip JS weights to the row's 5th..95th percentiles (s.3.4)."""
+    js_chunk_size: int = 1024
+    """Rows (tokens) per chunk of every logits-sized computation (log-probs, JS, entropy): bounds memory."""
+    compile_js: bool = False
+    """``torch.compile`` the JS in fixed-size chunks (of ``js_chunk_size`` rows): measured 2.7x faster on CPU after
+    a one-off compile of ~30 s per process (needs a C compiler); worth it for long runs, off for tests."""
+    low_rows_in_denominator: bool = True
+    """TGRL low rows (advantage 0) still count in the token-mean denominator (reference code)."""
+    high_repetition_penalty: float = 1.0
+    """Repetition penalty on high rows at sampling time (reference code uses 1.05; rollout side)."""
+    adv_clip: float = 10.0
+    """Clamp of the TGRL token advantage (s.3.5)."""
+    ppo_epochs: int = 1
+    """Passes over the batch per step."""
+    mini_batch_size: int = 0
+    """Rows per optimiser step (0 = the whole batch: one optimiser step per epoch)."""
+    micro_batch_size: int = 4
+    """Rows per forward/backward (gradient accumulation inside a mini-batch)."""
+    gamma: float = 1.0
+    """GAE discount (``algo=ppo``)."""
+    lam: float = 1.0
+    """GAE lambda (``algo=ppo``)."""
+    vf_coef: float = 0.5
+    """Value loss weight (``algo=ppo``)."""
+    value_clip: float = 0.2
+    """Value clip range (``algo=ppo``; 0 = no clipping)."""
+    dapo_dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample more (rollout side, ``dapo_keep_groups``)."""
+    dapo_max_extra_rounds: int = 3
+    """DAPO: at most this many extra sampling rounds per step."""
+    dapo_overlong: bool = False
+    """DAPO overlong reward shaping (Yu et al. 2025): add R_len to the episode reward."""
+    dapo_overlong_max_len: int = 0
+    """L_max of the overlong shaping (0 = engine max_new_tokens)."""
+    dapo_overlong_cache_len: int = 0
+    """L_c of the overlong shaping."""
+
+    def __post_init__(self) -> None:
+        _check("algo.name", self.name, ALGO_NAMES)
+        # adv_estimator / policy_loss / credit / schedule names are registry entries (users add their own): the
+        # Learner checks them against the registries of agent_rl.algos, whose errors list the valid names.
+        _check("algo.loss_agg", self.loss_agg, LOSS_AGGS)
+        _check("algo.std", self.std, ("sample", "population"))
+        if (self.name == "ppo") != (self.adv_estimator == "gae"):
+            raise ValueError("algo.adv_estimator=gae goes with algo.name=ppo (and only with it)")
+        if self.name == "tgrl" and self.n_low + self.n_high != self.group_size:
+            raise ValueError(f"algo.group_size={self.group_size} must equal n_low + n_high = "
+                             f"{self.n_low + self.n_high} for tgrl")
+        if min(self.t_low, self.t_high, self.temperature) <= 0:
+            raise ValueError("algo temperatures must be > 0")
+        if self.micro_batch_size < 1 or self.mini_batch_size < 0 or self.ppo_epochs < 1 or self.js_chunk_size < 1:
+            raise ValueError("algo.micro_batch_size, ppo_epochs, js_chunk_size must be >= 1, mini_batch_size >= 0")
+
+    @property
+    def is_tgrl(self) -> bool:
+        return self.name == "tgrl"
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.adv_estimator == "gae"
+
+
+@dataclass
+class CreditConfig:
+    """Credit rule (``credit=...``, algorithms.md section 5)."""
+
+    name: str = "js"
+    """uniform | js | tp | forking | entropy_adv | empg."""
+    level: str = "token"
+    """token | turn (which levels each rule supports: see ``agent_rl.algos.apply_credit``)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the rule (e.g. alpha, kappa, zeta)."""
+
+    def __post_init__(self) -> None:
+        _check("credit.level", self.level, CREDIT_LEVELS)
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether the rule reads the old policy's token entropy (built-ins: forking, entropy_adv, empg)."""
+        return self.name in ENTROPY_CREDITS
+
+
+@dataclass
+class ScheduleConfig:
+    """Temporal schedule of the credit strength S (``schedule=...``, algorithms.md section 4)."""
+
+    kind: str = "none"
+    """linear | sigmoid | power | constant | none."""
+    m: float = 0.99
+    """Initial strength m."""
+    s_min_ratio: float = 0.0
+    """s_min = floor(N * s_min_ratio)."""
+    s_max_ratio: float = 0.8
+    """s_max = floor(N * s_max_ratio): S is 0 from there on."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.s_min_ratio < self.s_max_ratio <= 1.0:
+            raise ValueError("schedule needs 0 <= s_min_ratio < s_max_ratio <= 1")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW (Loshchilov & Hutter 2019) with linear warm-up then constant learning rate."""
+
+    lr: float = 1e-6
+    """Peak learning rate."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    max_grad_norm: float = 1.0
+    """Global gradient-norm clip (0 = off)."""
+    warmup: int = 0
+    """Optimiser steps of linear LR warm-up."""
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]  (yaml gives a list)
+        if self.lr <= 0 or self.warmup < 0 or len(self.betas) != 2:
+            raise ValueError("optim.lr must be > 0, optim.warmup >= 0, optim.betas two floats")
+
+
+@dataclass
+class ModelConfig:
+    """Which policy to load (``model=...``); see ``agent_rl.models.load_policy``."""
+
+    name: str = "smollm2"
+    """``smollm2`` (embedded default, offline), ``tiny`` (random small Llama for tests) or a hub name / local dir."""
+    path: str = ""
+    """Local directory that overrides ``name`` for hub models (a saved checkpoint, a pre-downloaded model)."""
+    dtype: str = "float32"
+    """Weights dtype: float32 | bfloat16 | float16 (the learner keeps fp32 master weights on CPU)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward (GPU presets turn it on)."""
+    trust_remote_code: bool = False
+    """Passed to ``from_pretrained`` for hub models."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel (sdpa | eager | flash_attention_2)."""
+    tiny_hidden_size: int = 64
+    """``model=tiny``: hidden size."""
+    tiny_num_layers: int = 2
+    """``model=tiny``: decoder layers."""
+    seed: int = 0
+    """``model=tiny``: seed of the random weights."""
+
+    def __post_init__(self) -> None:
+        _check("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))

@@ -1,0 +1,498 @@
+"""The learner: one RL update from a ``RolloutBatch`` (algorithms.md sections 0-3, 6).
+
+One step, top to bottom (``Learner.update``):
+
+1. **No-grad pass** over the batch (micro-batches of rows, sorted by length): hidden states from the policy trunk,
+   then, only at response positions and in chunks of ``algo.js_chunk_size`` tokens, ``logits = lm_head(h)`` and from
+   those same logits: old log-probs at each row's own temperature, token entropy at that temperature, and for TGRL's
+   high rows (after warm-up) the JS divergence between softmax(z/T0) and softmax(z/T1). No (B, L, V) tensor is ever
+   built, the JS needs no extra forward pass, and its weights never carry gradient. ``algo=ppo``: old values from the
+   value head; ``kl_coef > 0``: reference log-probs from the frozen reference model.
+2. **Advantages**: episode-level (``agent_rl.algos.compute_advantages`` over ``episode_rewards`` grouped by
+   ``episode_group_index``, broadcast to rows via ``episode_index``); TGRL: ``tgrl_advantages`` (JS weights, low rows
+   0, clamp; warm-up = plain GRPO); PPO: GAE on the value head. Then the credit rule (``apply_credit``) at strength
+   ``S = schedule_value(...)``.
+3. **PPO epochs** over shuffled mini-batches, each split into micro-batches (gradient accumulation; every
+   aggregation uses the whole mini-batch's denominator so the accumulated gradient equals the mini-batch loss's),
+   AdamW, global grad-norm clip, LR warm-up.
+
+Memory: logits-sized work is chunked; in the grad pass each chunk's ``lm_head`` + log-softmax is recomputed in
+backward (``torch.utils.checkpoint``) so only the (N, d) hidden states are kept. Rows that carry no gradient (no
+trained token, or zero advantage everywhere when no KL/entropy/value term is on: e.g. TGRL's low rows, groups with
+equal rewards) are not forwarded in the grad pass; they still count in the loss denominators.
+
+Device: ``cpu`` for tests; on CUDA the forward runs under bf16 autocast (fp32 master weights) and
+``model.gradient_checkpointing`` (``ModelConfig``) recomputes activations.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from agent_rl import algos
+from agent_rl.learner.config import AlgoConfig, CreditConfig, OptimConfig, ScheduleConfig
+from agent_rl.types import RolloutBatch
+
+
+#: credit rules that need (B,) turn advantages: under TGRL they act before the JS weighting, the others after it.
+ROW_ADVANTAGE_RULES = ("empg",)
+
+
+def response_positions(response_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Rows and columns of response tokens (column >= 1: the token at column c is predicted from position c - 1).
+
+    Args:
+        response_mask: (b, L) 0/1.
+    Returns:
+        ``(rows (N,), cols (N,))`` long, N = number of masked tokens in columns 1..L-1.
+    """
+    rows, cols = (response_mask[:, 1:] > 0).nonzero(as_tuple=True)
+    return rows, cols + 1
+
+
+def policy_trunk(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """``(trunk, lm_head)`` of a transformers causal LM: the base model returning hidden states and the output
+    projection. Models whose forward post-processes logits (soft-capping, logit scales) are not supported."""
+    return model.base_model, model.get_output_embeddings()
+
+
+class Learner:
+    """RL learner over a causal LM policy (see module docstring).
+
+    Args:
+        model: the policy (``transformers`` causal LM); moved to ``device``.
+        tokenizer: its tokenizer (saved with checkpoints).
+        algo, optim: algorithm and optimiser configs.
+        credit: credit rule (default: ``js`` for ``algo=tgrl``, ``uniform`` otherwise).
+        schedule: temporal schedule of the credit strength S (default ``none``).
+        ref_model: frozen reference for ``algo.kl_coef > 0`` (default: a deep copy of ``model`` at construction).
+        device: ``"cpu"`` / ``"cuda"``.
+        mixed_precision: ``"auto"`` (bf16 autocast on CUDA, fp32 on CPU) | ``"bf16"`` | ``"no"``.
+        seed: seed of the mini-batch shuffling generator.
+    Raises:
+        ValueError: unknown estimator / loss / credit rule / schedule names (messages list the valid ones), or
+            a credit rule at a level it does not define.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Any, algo: AlgoConfig, optim: OptimConfig, *,
+                 credit: CreditConfig | None = None, schedule: ScheduleConfig | None = None,
+                 ref_model: nn.Module | None = None, device: str | torch.device = "cpu",
+                 mixed_precision: str = "auto", seed: int = 0) -> None:
+        self.algo, self.optim_cfg = algo, optim
+        self.credit = credit or CreditConfig(name="js" if algo.is_tgrl else "uniform")
+        self.schedule = schedule or ScheduleConfig()
+        # Fail early on unknown registry names (their errors list the valid names).
+        algos.get_policy_loss(algo.policy_loss)
+        if not algo.uses_critic:
+            algos.get_adv_estimator(algo.adv_estimator)
+        levels = algos.CREDIT_RULES.meta(self.credit.name).get("levels", ("token", "turn"))
+        if self.credit.level not in levels:
+            raise ValueError(f"credit={self.credit.name} is not defined at credit.level={self.credit.level}; "
+                             f"it supports {list(levels)}")
+        algos.get_schedule(self.schedule.kind)
+
+        self.device = torch.device(device)
+        self.tokenizer = tokenizer
+        self.model = model.to(self.device)
+        use_bf16 = mixed_precision == "bf16" or (mixed_precision == "auto" and self.device.type == "cuda")
+        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
+        hidden = model.config.hidden_size
+        self.value_head: nn.Linear | None = None
+        if algo.uses_critic:
+            self.value_head = nn.Linear(hidden, 1).to(self.device)
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+        self.ref_model: nn.Module | None = None
+        if algo.kl_coef > 0:
+            self.ref_model = (ref_model if ref_model is not None else copy.deepcopy(model)).to(self.device).eval()
+            self.ref_model.requires_grad_(False)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            self.params += list(self.value_head.parameters())
+        self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
+                                           weight_decay=optim.weight_decay)
+        warm = optim.warmup
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda n: min(1.0, (n + 1) / warm) if warm > 0 else 1.0)
+        self.generator = torch.Generator().manual_seed(seed)
+        self._compiled_js = torch.compile(algos.js_divergence_from_logits, dynamic=False) if algo.compile_js else None
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Public API
+    # ------------------------------------------------------------------------------------------------------------
+    def update(self, batch: RolloutBatch, *, step: int, total_steps: int) -> dict[str, float]:
+        """One learner step on ``batch`` (``step`` is 1-based); returns the section-6 learner metrics.
+
+        Returns (python floats): ``actor/pg_loss``, ``actor/clipfrac``, ``actor/approx_kl``, ``actor/grad_norm``,
+        ``actor/entropy``, ``actor/lr``, ``credit/trained_token_frac``, ``credit/js_mean``, ``schedule/S``,
+        ``tgrl/delta_R``, ``tgrl/success_high``, ``tgrl/success_low``, ``time/update_s``, plus
+        ``actor/engine_logprob_diff`` (mean |old - engine| log-prob: the engine/learner mismatch),
+        ``actor/kl_ref`` (kl_coef > 0), ``critic/vf_loss`` and ``critic/values_mean`` (algo=ppo).
+        """
+        t0 = time.perf_counter()
+        b = self._to_device(batch)
+        rm = b["response_mask"].float()  # (B, L)
+        warmup = self.algo.is_tgrl and step <= self.algo.warmup_steps
+
+        # 1. one no-grad pass: old log-probs, entropy, JS (TGRL high rows), old values, reference log-probs
+        old = self._no_grad_pass(b, with_js=self._needs_js(warmup))
+
+        # 2. advantages + credit
+        S = algos.schedule_value(self.schedule.kind, step, total_steps, m=self.schedule.m,
+                                 s_min_ratio=self.schedule.s_min_ratio, s_max_ratio=self.schedule.s_max_ratio)
+        advantages, loss_mask, returns = self._advantages(b, old, rm, S, warmup)
+
+        # 3. PPO epochs over mini-batches with gradient accumulation
+        stats = self._optimise(b, old, advantages, loss_mask, returns)
+
+        # 4. metrics (names of algorithms.md section 6)
+        n_resp = rm.sum().clamp_min(1.0)
+        high_tok = rm * b["is_high"][:, None].float() if self.algo.is_tgrl else rm  # where JS was computed
+        success = b.get("won")  # None: success = reward > 0
+        metrics = {
+            **stats,
+            "actor/entropy": float((old["entropy"] * rm).sum() / n_resp),
+            "actor/lr": float(self.scheduler.get_last_lr()[0]),
+            "actor/engine_logprob_diff": float(((old["logprobs"] - b["engine_logprobs"]).abs() * rm).sum() / n_resp),
+            "credit/trained_token_frac": float(loss_mask.sum() / n_resp),
+            "credit/js_mean": float((old["js"] * high_tok).sum() / high_tok.sum().clamp_min(1.0)),
+            "schedule/S": float(S),
+            **algos.tgrl_metrics(b["rewards"], b["group_index"], b["is_high"], success=success,
+                                 episode_index=b["episode_index"]),
+        }
+        metrics["time/update_s"] = time.perf_counter() - t0
+        return metrics
+
+    def evaluate(self, batch: RolloutBatch, *, with_js: bool = True) -> dict[str, Tensor]:
+        """The update's no-grad pass alone: ``logprobs``, ``entropy``, ``js`` (+ ``values``, ``ref_logprobs``), each
+        (B, L) float32 aligned with ``input_ids`` (0 off the response mask), at each row's temperature."""
+        return self._no_grad_pass(self._to_device(batch), with_js=with_js)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer, scheduler, value head and shuffling-generator states (the policy weights are saved apart)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.optimizer.load_state_dict(sd["optimizer"])
+        self.scheduler.load_state_dict(sd["scheduler"])
+        if self.value_head is not None and sd.get("value_head") is not None:
+            self.value_head.load_state_dict(sd["value_head"])
+        if sd.get("generator") is not None:
+            self.generator.set_state(sd["generator"])
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Forward helpers
+    # ------------------------------------------------------------------------------------------------------------
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _to_device(self, batch: RolloutBatch) -> dict[str, Tensor]:
+        names = ("input_ids", "attention_mask", "response_mask", "engine_logprobs", "temperature", "group_index",
+                 "episode_index", "is_high", "turn_index", "num_turns", "rewards", "episode_rewards",
+                 "episode_group_index", "episode_is_high")
+        out = {n: getattr(batch, n).to(self.device) for n in names}
+        out["is_high"] = out["is_high"].bool()
+        out["temperature"] = out["temperature"].float()
+        if bool((out["temperature"] <= 0).any()):
+            raise ValueError("every row needs a sampling temperature > 0 (greedy rows cannot be trained on)")
+        extras = batch.extras or {}
+        if extras.get("episode_won") is not None:  # (E,) per episode (build_rollout_batch) -> (B,) per row
+            out["won"] = torch.as_tensor(extras["episode_won"], device=self.device).bool()[out["episode_index"]]
+        elif extras.get("won") is not None:  # (B,) per row
+            out["won"] = torch.as_tensor(extras["won"], device=self.device).bool()
+        return out
+
+    def _micro_batches(self, rows: Tensor, attention_mask: Tensor) -> list[Tensor]:
+        """Split ``rows`` (n,) into micro-batches of ``algo.micro_batch_size`` rows of similar length."""
+        lengths = attention_mask[rows].sum(-1)
+        rows = rows[torch.argsort(lengths, descending=True, stable=True)]
+        return list(rows.split(self.algo.micro_batch_size))
+
+    def _hidden(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Last hidden states (b, L', d) of ``model``'s trunk, L' = last attended column + 1 of these rows."""
+        last = int(attention_mask.any(0).nonzero().max()) + 1 if bool(attention_mask.any()) else 1
+        ids, am = input_ids[:, :last], attention_mask[:, :last]
+        position_ids = (am.cumsum(-1) - 1).clamp(min=0)  # (b, L'): robust to left or right padding
+        trunk, _ = policy_trunk(model)
+        with self._autocast():
+            return trunk(input_ids=ids, attention_mask=am, position_ids=position_ids, use_cache=False).last_hidden_state
+
+    @torch.no_grad()
+    def _no_grad_pass(self, b: dict[str, Tensor], with_js: bool) -> dict[str, Tensor]:
+        """Old log-probs, entropy, JS, old values, reference log-probs; each (B, L), 0 off the response mask."""
+        bsz, seq = b["input_ids"].shape
+        zeros = lambda: torch.zeros(bsz, seq, dtype=torch.float32, device=self.device)  # noqa: E731
+        out = {"logprobs": zeros(), "entropy": zeros(), "js": zeros()}
+        if self.value_head is not None:
+            out["values"] = zeros()
+        if self.ref_model is not None:
+            out["ref_logprobs"] = zeros()
+        chunk = self.algo.js_chunk_size
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for rows in self._micro_batches(torch.arange(bsz, device=self.device), b["attention_mask"]):
+                rr, cc = response_positions(b["response_mask"][rows])
+                if rr.numel() == 0:
+                    continue
+                h = self._hidden(self.model, b["input_ids"][rows], b["attention_mask"][rows])[rr, cc - 1]  # (N, d)
+                tokens = b["input_ids"][rows][rr, cc]  # (N,)
+                temps = b["temperature"][rows][rr]  # (N,) each token at its row's temperature
+                # JS rows: TGRL's high rows; with credit=js on another algo, every row (at algo.t_low / t_high)
+                high = b["is_high"][rows][rr] if self.algo.is_tgrl else torch.ones_like(rr, dtype=torch.bool)
+                _, lm_head = policy_trunk(self.model)
+                lp, ent, js = [], [], torch.zeros(rr.numel(), device=self.device)
+                for a in range(0, rr.numel(), chunk):
+                    with self._autocast():
+                        z = lm_head(h[a:a + chunk])  # (n, V) logits of this chunk only
+                    t = temps[a:a + chunk]
+                    lp.append(algos.logprobs_from_logits(z, tokens[a:a + chunk], t))
+                    ent.append(algos.entropy_from_logits(z, t))
+                    sel = high[a:a + chunk]
+                    if with_js and bool(sel.any()):
+                        js[a:a + chunk][sel] = self._js(z[sel])
+                    del z
+                grow, gcol = rows[rr], cc
+                out["logprobs"][grow, gcol] = torch.cat(lp)
+                out["entropy"][grow, gcol] = torch.cat(ent)
+                out["js"][grow, gcol] = js
+                if self.value_head is not None:
+                    out["values"][grow, gcol] = self.value_head(h.float()).squeeze(-1)
+                if self.ref_model is not None:
+                    h_ref = self._hidden(self.ref_model, b["input_ids"][rows], b["attention_mask"][rows])[rr, cc - 1]
+                    _, ref_head = policy_trunk(self.ref_model)
+                    ref_lp = [algos.logprobs_from_logits(ref_head(h_ref[a:a + chunk]), tokens[a:a + chunk],
+                                                         temps[a:a + chunk]) for a in range(0, rr.numel(), chunk)]
+                    out["ref_logprobs"][grow, gcol] = torch.cat(ref_lp)
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _js(self, z: Tensor) -> Tensor:
+        """Token JS (n,) of logits z (n, V), n <= js_chunk_size, at algo.t_low / t_high (no grad). Compiled: padded
+        to exactly ``js_chunk_size`` rows (zero rows give JS 0) so one compiled graph serves every call."""
+        if self._compiled_js is None:
+            return algos.js_divergence_from_logits(z, self.algo.t_low, self.algo.t_high)
+        n, chunk = z.shape[0], self.algo.js_chunk_size
+        padded = z.new_zeros(chunk, z.shape[1])
+        padded[:n] = z
+        return self._compiled_js(padded, self.algo.t_low, self.algo.t_high)[:n]
+
+    def _grad_logprobs(self, h: Tensor, tokens: Tensor, temps: Tensor, with_entropy: bool
+                       ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (N,) (and entropy (N,)) with grad, chunk by chunk; each chunk's logits are recomputed in
+        backward (checkpoint) so no (N, V) activation is stored."""
+        _, lm_head = policy_trunk(self.model)
+
+        def chunk_fn(hc: Tensor, tc: Tensor, temp: Tensor) -> tuple[Tensor, Tensor]:
+            with self._autocast():
+                z = lm_head(hc)  # (n, V)
+            lp = algos.logprobs_from_logits(z, tc, temp)
+            ent = algos.entropy_from_logits(z, temp) if with_entropy else lp.new_zeros(())
+            return lp, ent
+
+        chunk = self.algo.js_chunk_size
+        lps, ents = [], []
+        for a in range(0, h.shape[0], chunk):
+            args = (h[a:a + chunk], tokens[a:a + chunk], temps[a:a + chunk])
+            lp, ent = checkpoint(chunk_fn, *args, use_reentrant=False) if h.shape[0] > chunk else chunk_fn(*args)
+            lps.append(lp)
+            ents.append(ent)
+        return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Advantages and credit
+    # ------------------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _advantages(self, b: dict[str, Tensor], old: dict[str, Tensor], rm: Tensor, S: float, warmup: bool
+                    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Token advantages (B, L), loss mask (B, L) and, for PPO, returns (B, L)."""
+        algo = self.algo
+        ep_rewards = b["episode_rewards"].float()
+        if algo.dapo_overlong:  # DAPO overlong shaping: each episode gets the mean penalty of its turns' lengths
+            if algo.dapo_overlong_max_len <= 0:
+                raise ValueError("algo.dapo_overlong needs algo.dapo_overlong_max_len > 0")
+            pen = algos.dapo_overlong_penalty(rm.sum(-1), algo.dapo_overlong_max_len, algo.dapo_overlong_cache_len)
+            e = ep_rewards.shape[0]
+            tot = torch.zeros(e, device=self.device).index_add_(0, b["episode_index"], pen)
+            cnt = torch.zeros(e, device=self.device).index_add_(0, b["episode_index"], torch.ones_like(pen))
+            ep_rewards = ep_rewards + tot / cnt.clamp_min(1.0)
+        returns = None
+        if algo.uses_critic:
+            # GAE per row: the row's (episode) reward on its last response token, values from the value head.
+            last = (rm * torch.arange(rm.shape[1], device=self.device)).argmax(-1)  # (B,) last response column
+            token_rewards = torch.zeros_like(rm)
+            token_rewards[torch.arange(rm.shape[0]), last] = ep_rewards[b["episode_index"]]
+            adv, returns = algos.compute_gae(token_rewards, old["values"], rm, algo.gamma, algo.lam)
+            mean = (adv * rm).sum() / rm.sum().clamp_min(1.0)  # whiten over the batch's response tokens
+            var = (((adv - mean) * rm) ** 2).sum() / rm.sum().clamp_min(1.0)
+            base_adv: Tensor = torch.where(rm > 0, (adv - mean) / (var.sqrt() + 1e-8), 0.0)
+        else:
+            kw = {"std": algo.std} if algo.adv_estimator == "grpo" else {}
+            ep_adv = algos.compute_advantages(algo.adv_estimator, ep_rewards, b["episode_group_index"], **kw)
+            base_adv = ep_adv[b["episode_index"]]  # (E,) -> (B,) broadcast to the episode's rows
+        tgrl_active = self._tgrl_active(warmup)
+        credit, level = self.credit.name, self.credit.level
+        if tgrl_active and credit == "js" and (level == "turn" or self.schedule.kind != "none"):
+            # TGRL's JS credit at turn level or under a schedule: the js rule (w_S = 1 + S (w - 1); schedule=none
+            # means the full weights, S = 1) on the GRPO advantage, then low rows 0 and the clamp (3.5)
+            inputs = self._credit_inputs(b, old, base_adv, rm)
+            S_js = 1.0 if self.schedule.kind == "none" else S
+            advantages, loss_mask = algos.apply_credit("js", inputs, S_js, level=level,
+                                                       quantile_clip=algo.js_quantile_clip)
+            advantages = advantages.clamp(-algo.adv_clip, algo.adv_clip) * b["is_high"][:, None]
+        elif tgrl_active and credit in ROW_ADVANTAGE_RULES:
+            # a rule that reshapes the (B,) turn advantages (empg) acts first, then the JS weights (3.4-3.5)
+            advantages, loss_mask = algos.apply_credit(credit, self._credit_inputs(b, old, base_adv, rm), S,
+                                                       level=level, **self.credit.kwargs)
+            w = algos.tgrl_token_weights(old["js"], rm, quantile_clip=algo.js_quantile_clip)
+            advantages = (advantages * w).clamp(-algo.adv_clip, algo.adv_clip) * b["is_high"][:, None]
+        elif tgrl_active:
+            # sections 3.1-3.5 exactly: JS weights on high rows, low rows 0, clamp; another credit rule (tp,
+            # forking, ...) then acts on top of these token advantages
+            base_adv = algos.tgrl_advantages(ep_rewards[b["episode_index"]], b["group_index"], b["is_high"],
+                                             old["js"], rm, warmup=False, adv_clip=algo.adv_clip,
+                                             episode_index=b["episode_index"],
+                                             quantile_clip=algo.js_quantile_clip, std=algo.std)
+            advantages, loss_mask = base_adv, rm.clone()
+            if credit != "js":
+                advantages, loss_mask = algos.apply_credit(credit, self._credit_inputs(b, old, base_adv, rm), S,
+                                                           level=level, **self.credit.kwargs)
+        elif algo.is_tgrl and credit == "js":  # warm-up: plain GRPO over all G (3.7)
+            advantages, loss_mask = base_adv[:, None] * rm, rm.clone()
+        else:  # any other algo, TGRL with credit=uniform (mixed groups, uniform credit), warm-up + other rules
+            advantages, loss_mask = algos.apply_credit(credit, self._credit_inputs(b, old, base_adv, rm), S,
+                                                       level=level, **self.credit.kwargs)
+        if tgrl_active and not algo.low_rows_in_denominator:
+            loss_mask = loss_mask * b["is_high"][:, None].float()
+        return advantages.float() * (loss_mask > 0), loss_mask.float(), returns
+
+    def _tgrl_active(self, warmup: bool) -> bool:
+        """TGRL's JS weighting and low-row zeroing are on (after warm-up, unless credit=uniform)."""
+        return self.algo.is_tgrl and not warmup and self.credit.name != "uniform"
+
+    def _needs_js(self, warmup: bool) -> bool:
+        """JS is computed in the no-grad pass: TGRL high rows after warm-up; every row for credit=js elsewhere."""
+        return self._tgrl_active(warmup) or (self.credit.name == "js" and not self.algo.is_tgrl)
+
+    @staticmethod
+    def _credit_inputs(b: dict[str, Tensor], old: dict[str, Tensor], advantages: Tensor, rm: Tensor
+                       ) -> Any:
+        return algos.CreditInputs(
+            advantages=advantages, response_mask=rm, turn_index=b["turn_index"], num_turns=b["num_turns"],
+            episode_index=b["episode_index"], entropy=old["entropy"], js=old["js"], is_high=b["is_high"])
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Optimisation
+    # ------------------------------------------------------------------------------------------------------------
+    def _optimise(self, b: dict[str, Tensor], old: dict[str, Tensor], advantages: Tensor, loss_mask: Tensor,
+                  returns: Tensor | None) -> dict[str, float]:
+        algo = self.algo
+        bsz = loss_mask.shape[0]
+        mini = algo.mini_batch_size or bsz
+        extra_terms = algo.kl_coef > 0 or algo.ent_coef > 0 or self.value_head is not None
+        # rows that can carry gradient (others only count in the denominators)
+        active = (loss_mask.sum(-1) > 0) & (extra_terms | ((advantages != 0) & (loss_mask > 0)).any(-1))
+        # Dr.GRPO's constant L_max: the configured one, else the longest response (trained tokens) of the batch
+        max_len = algo.loss_max_len or max(int(b["response_mask"].sum(-1).max()), 1)
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        grad_norms: list[float] = []
+
+        def acc(name: str, value: Tensor | float, weight: float) -> None:
+            sums[name] = sums.get(name, 0.0) + float(value) * weight
+            weights[name] = weights.get(name, 0.0) + weight
+
+        self.model.train()
+        for _epoch in range(algo.ppo_epochs):
+            perm = torch.randperm(bsz, generator=self.generator).to(self.device)
+            for mb_rows in perm.split(mini):
+                mb_mask = loss_mask[mb_rows]
+                if algo.loss_agg == "token_mean":
+                    den = mb_mask.sum().clamp_min(1.0)
+                elif algo.loss_agg == "seq_mean_token_mean":
+                    den = (mb_mask.sum(-1) > 0).float().sum().clamp_min(1.0)
+                else:
+                    den = torch.tensor(float(mb_rows.numel()), device=self.device)
+                tok_den = mb_mask.sum().clamp_min(1.0)
+                self.optimizer.zero_grad(set_to_none=True)
+                mb_pg_loss = 0.0
+                fwd_rows = mb_rows[active[mb_rows]]
+                for rows in self._micro_batches(fwd_rows, b["attention_mask"]) if fwd_rows.numel() else []:
+                    loss, m = self._micro_loss(b, old, advantages, loss_mask, returns, rows, den, tok_den, max_len)
+                    loss.backward()
+                    mb_pg_loss += float(m.pop("actor/pg_loss"))  # micro losses share den: they sum to the mb loss
+                    w = float(loss_mask[rows].sum())
+                    for k, v in m.items():
+                        acc(k, v, w)
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    self.params, self.optim_cfg.max_grad_norm if self.optim_cfg.max_grad_norm > 0 else math.inf)
+                grad_norms.append(float(grad_norm))
+                self.optimizer.step()
+                self.scheduler.step()
+                acc("actor/pg_loss", mb_pg_loss, 1.0)
+        out = {k: sums[k] / weights[k] if weights[k] > 0 else 0.0 for k in sums}
+        out.setdefault("actor/clipfrac", 0.0)
+        out.setdefault("actor/approx_kl", 0.0)
+        out["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+        return out
+
+    def _micro_loss(self, b: dict[str, Tensor], old: dict[str, Tensor], advantages: Tensor, loss_mask: Tensor,
+                    returns: Tensor | None, rows: Tensor, den: Tensor, tok_den: Tensor, max_len: int | None
+                    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Loss of one micro-batch, already divided by the mini-batch denominators (``den`` of ``algo.loss_agg``,
+        ``tok_den`` = trained tokens of the mini-batch, for the value loss); and its metrics (0-dim tensors)."""
+        algo = self.algo
+        am = b["attention_mask"][rows]
+        h_full = self._hidden(self.model, b["input_ids"][rows], am)  # (b, L', d)
+        seq = h_full.shape[1]
+        rm = b["response_mask"][rows][:, :seq]
+        rr, cc = response_positions(rm)
+        h = h_full[rr, cc - 1]  # (N, d)
+        tokens = b["input_ids"][rows][rr, cc]
+        temps = b["temperature"][rows][rr]
+        lp_flat, ent_flat = self._grad_logprobs(h, tokens, temps, with_entropy=algo.ent_coef > 0)
+        logprobs = torch.zeros(rows.numel(), seq, device=self.device).index_put((rr, cc), lp_flat)  # (b, L')
+        mask = loss_mask[rows][:, :seq]
+        loss, metrics = algos.policy_loss(
+            algo.policy_loss, logprobs, old["logprobs"][rows][:, :seq], advantages[rows][:, :seq], mask,
+            clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip, loss_agg=algo.loss_agg,
+            max_len=max_len, denominator=den)
+        if algo.kl_coef > 0:
+            kl = algos.kl_penalty(logprobs, old["ref_logprobs"][rows][:, :seq], kind="k3")
+            kl_loss = algos.agg_loss(kl, mask, algo.loss_agg, max_len=max_len, denominator=den)
+            loss = loss + algo.kl_coef * kl_loss
+            metrics["actor/kl_ref"] = (kl * mask).sum().detach() / mask.sum().clamp_min(1.0)
+        if ent_flat is not None:
+            entropy = torch.zeros(rows.numel(), seq, device=self.device).index_put((rr, cc), ent_flat)
+            loss = loss - algo.ent_coef * algos.agg_loss(entropy, mask, algo.loss_agg, max_len=max_len,
+                                                         denominator=den)
+        if self.value_head is not None and returns is not None:
+            values = torch.zeros(rows.numel(), seq, device=self.device).index_put(
+                (rr, cc), self.value_head(h.float()).squeeze(-1))
+            old_v, ret = old["values"][rows][:, :seq], returns[rows][:, :seq]
+            vf = (values - ret) ** 2
+            if algo.value_clip > 0:
+                v_clip = old_v + (values - old_v).clamp(-algo.value_clip, algo.value_clip)
+                vf = torch.maximum(vf, (v_clip - ret) ** 2)
+            vf_loss = 0.5 * algos.agg_loss(vf, mask, "token_mean", denominator=tok_den)
+            loss = loss + algo.vf_coef * vf_loss
+            metrics["critic/vf_loss"] = 0.5 * (vf * mask).sum().detach() / mask.sum().clamp_min(1.0)
+            metrics["critic/values_mean"] = (values * mask).sum().detach() / mask.sum().clamp_min(1.0)
+        return loss, metrics
