@@ -1,0 +1,109 @@
+"""``build_rollout_batch``: episodes -> one padded :class:`~agent_rl.types.RolloutBatch` (the one place rows are made).
+
+Per-turn mode (``mode="turn"``): every turn of every episode is a row, ``prompt_ids + response_ids``; only the
+response positions carry ``response_mask`` 1. Full-trajectory mode (``mode="trajectory"``): one row per episode, the
+last turn's prompt (which, in that mode, is the whole conversation so far: first prompt, responses, observation
+tokens) plus the last response; every turn's response positions carry mask 1, observation tokens 0.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from agent_rl.types import Episode, RolloutBatch
+
+MODES = ("turn", "trajectory")
+
+
+def _trajectory_row(ep: Episode) -> tuple[list[int], list[float], list[float]]:
+    """(ids, response_mask, logprobs) of a full-trajectory row; turn k's response starts at len(turn_k.prompt_ids)."""
+    last = ep.turns[-1]
+    ids = list(last.prompt_ids) + list(last.response_ids)
+    mask = [0.0] * len(ids)
+    logp = [0.0] * len(ids)
+    for turn in ep.turns:
+        start = len(turn.prompt_ids)
+        if ids[start:start + len(turn.response_ids)] != list(turn.response_ids):
+            raise ValueError("full-trajectory turns must extend each other (turn prompt = conversation so far)")
+        for j, lp in enumerate(turn.response_logprobs):
+            mask[start + j] = 1.0
+            logp[start + j] = float(lp)
+    return ids, mask, logp
+
+
+def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode: str = "turn") -> RolloutBatch:
+    """Pad the rows of finished episodes into a :class:`RolloutBatch`.
+
+    Args:
+        episodes: E episodes, none failed (``episode.failure is None``) and each with >= 1 turn; groups are the
+            episodes' ``task.group_id`` values (remapped to 0..num_groups-1 in order of first appearance).
+        pad_token_id: id written in padded positions (attention_mask and response_mask 0 there).
+        mode: ``turn`` (B = total turns) or ``trajectory`` (B = E).
+
+    Returns:
+        RolloutBatch with input_ids/attention_mask (B, L) long, response_mask/engine_logprobs (B, L) float, per-row
+        temperature/group_index/episode_index/is_high/turn_index/num_turns/rewards (B,), and per-episode
+        episode_rewards/episode_group_index/episode_is_high (E,). L = longest row. ``rewards`` broadcasts
+        ``episode.reward`` (already including any invalid-action penalty) to the episode's rows. ``extras``:
+        ``episode_won`` (E,) bool (the env's ``won``; the learner's TGRL success rates), ``response_lengths`` (one per
+        turn, in episode order; equals the rows only in per-turn mode).
+
+    Raises:
+        ValueError: unknown mode, a failed or empty episode, no episodes.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown rollout mode {mode!r}; valid: {list(MODES)}")
+    if not episodes:
+        raise ValueError("build_rollout_batch needs at least one episode")
+    group_ids: dict[int, int] = {}
+    rows: list[tuple[list[int], list[float], list[float]]] = []
+    meta: list[tuple[float, int, int, bool, int, int, float]] = []  # temp, group, episode, high, turn, K, reward
+    for e, ep in enumerate(episodes):
+        if ep.failure is not None or not ep.turns:
+            raise ValueError(f"episode {e} failed or has no turns ({ep.failure!r}); it must not be trained on")
+        g = group_ids.setdefault(ep.task.group_id, len(group_ids))
+        k_turns = len(ep.turns)
+        if mode == "turn":
+            for k, turn in enumerate(ep.turns):
+                n_p, n_r = len(turn.prompt_ids), len(turn.response_ids)
+                rows.append((list(turn.prompt_ids) + list(turn.response_ids), [0.0] * n_p + [1.0] * n_r,
+                             [0.0] * n_p + [float(x) for x in turn.response_logprobs]))
+                meta.append((ep.temperature, g, e, ep.is_high, k, k_turns, ep.reward))
+        else:
+            rows.append(_trajectory_row(ep))
+            meta.append((ep.temperature, g, e, ep.is_high, 0, k_turns, ep.reward))
+
+    n_rows, length = len(rows), max(len(r[0]) for r in rows)
+    input_ids = torch.full((n_rows, length), pad_token_id, dtype=torch.long)  # (B, L)
+    attention_mask = torch.zeros(n_rows, length, dtype=torch.long)
+    response_mask = torch.zeros(n_rows, length, dtype=torch.float32)
+    engine_logprobs = torch.zeros(n_rows, length, dtype=torch.float32)
+    for i, (ids, mask, logp) in enumerate(rows):
+        n = len(ids)
+        input_ids[i, :n] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[i, :n] = 1
+        response_mask[i, :n] = torch.tensor(mask)
+        engine_logprobs[i, :n] = torch.tensor(logp)
+    temp, grp, epi, high, turn, num, rew = zip(*meta)
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
+        engine_logprobs=engine_logprobs,
+        temperature=torch.tensor(temp, dtype=torch.float32),
+        group_index=torch.tensor(grp, dtype=torch.long),
+        episode_index=torch.tensor(epi, dtype=torch.long),
+        is_high=torch.tensor(high, dtype=torch.bool),
+        turn_index=torch.tensor(turn, dtype=torch.long),
+        num_turns=torch.tensor(num, dtype=torch.long),
+        rewards=torch.tensor(rew, dtype=torch.float32),
+        episode_rewards=torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
+        episode_group_index=torch.tensor([group_ids[ep.task.group_id] for ep in episodes], dtype=torch.long),
+        episode_is_high=torch.tensor([ep.is_high for ep in episodes], dtype=torch.bool),
+        extras={
+            "episode_won": torch.tensor([ep.won for ep in episodes], dtype=torch.bool),
+            "response_lengths": torch.tensor([len(t.response_ids) for ep in episodes for t in ep.turns]),
+        },
+    )

@@ -1,0 +1,75 @@
+"""Config dataclasses of the rollout side (composed into the root config by ``agent_rl/config.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLLOUT_MODES = ("turn", "trajectory")
+SAMPLER_KINDS = ("index", "seed")
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are played (``rollout.*``)."""
+
+    mode: str = "turn"
+    """turn: one row per turn (prompt = task + last ``history_length`` turns); trajectory: one row per episode,
+    observation tokens masked."""
+    max_turns: int = 50
+    """Actions per episode at most (ALFWorld standard: 50); an episode cut here counts as truncated."""
+    history_length: int = 2
+    """Past (observation, action) pairs in each per-turn prompt (verl-agent/GiGPO convention: 2)."""
+    max_prompt_tokens: int = 4096
+    """Longest prompt sent to the engine; an episode whose next prompt is longer ends there (truncated); if that
+    happens at its first turn the episode fails (its group is dropped)."""
+    invalid_penalty: float = 0.0
+    """Subtracted from the episode reward per invalid action (unparsable, or not admissible; verl-agent uses 0.1)."""
+    stop: list[str] = field(default_factory=lambda: ["</action>"])
+    """Stop strings of generation (the closing action tag)."""
+    max_action_chars: int = 512
+    """Actions sent to the env are cut to this many characters."""
+    episode_retries: int = 2
+    """An episode whose env calls still fail after the client's own retries is re-run from the same task this many
+    times; then its whole group is dropped (``rollout/dropped_groups``)."""
+    retry_backoff_s: float = 1.0
+    """Wait before re-running a failed episode (doubled at each further re-run)."""
+    env_timeout_s: float = 300.0
+    """Deadline of one env call (reset or step) as seen by the orchestrator."""
+    max_concurrent_episodes: int = 0
+    """Episodes in flight at once (0 = all episodes of the step)."""
+    gen_batch_size: int = 0
+    """Prompts per engine call at most (0 = every prompt waiting)."""
+    gen_wait_s: float = 0.02
+    """Once a prompt waits, how long generation waits for more episodes to ask (unless all live ones already do)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ROLLOUT_MODES:
+            raise ValueError(f"rollout.mode={self.mode!r} is not valid; valid values: {', '.join(ROLLOUT_MODES)}")
+        if self.max_turns < 1 or self.history_length < 0 or self.episode_retries < 0:
+            raise ValueError("rollout.max_turns >= 1, history_length >= 0, episode_retries >= 0 required")
+
+
+@dataclass
+class TaskSamplerConfig:
+    """How an env's training tasks are drawn (``env.sampler.*``).
+
+    ``index``: options ``{**options, index_key: i}`` with i running over a seeded permutation of ``range(num_tasks)``
+    (ALFWorld: ``{"split": "train", "index": i}``, 3553 train games). ``seed``: the same options, and a fresh
+    seed per task (envs that pick their task from the reset seed: ChooseItem, Calculator, any gym env).
+    """
+
+    kind: str = "seed"
+    """index | seed."""
+    num_tasks: int = 0
+    """Task count of the split (``index`` kind)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Reset options common to every task (e.g. ``{"split": "train"}``)."""
+    index_key: str = "index"
+    """Option key receiving the task index (``index`` kind)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in SAMPLER_KINDS:
+            raise ValueError(f"env.sampler.kind={self.kind!r} is not valid; valid values: {', '.join(SAMPLER_KINDS)}")
+        if self.kind == "index" and self.num_tasks < 1:
+            raise ValueError("env.sampler.num_tasks must be >= 1 for kind=index")

@@ -1,0 +1,437 @@
+"""Multi-turn rollout orchestrator: groups of episodes played concurrently, generation batched across episodes.
+
+Every episode is an asyncio task that alternates env calls (through the env client: HTTP or in-process, it never
+knows which) and generation requests. Generation requests go to one :class:`GenerationBatcher`, which takes every
+prompt waiting, calls ``engine.generate`` in a worker thread (``asyncio.to_thread``) so env calls keep running, and
+hands each episode its own :class:`~agent_rl.types.Generation` back. Token-in/token-out: the ids an episode stores
+are the ids the engine sampled; generated text is only parsed, never re-tokenised.
+
+Failures: an env call that raises or times out (after the client's own retries) fails the episode attempt; the
+episode is re-run from the same task up to ``rollout.episode_retries`` times; a group with an episode that still
+fails is dropped whole and counted (``rollout/dropped_groups``). Engine errors propagate (they are bugs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
+
+import numpy as np
+
+from agent_rl.rollout.config import RolloutConfig
+from agent_rl.rollout.parsing import parse_action
+from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, turn_separator, user_turn_text
+from agent_rl.types import Episode, Generation, Task, Turn
+
+T = TypeVar("T")
+
+
+class EnvCallFailed(RuntimeError):
+    """An env call (reset/step) raised or ran past ``rollout.env_timeout_s``."""
+
+
+@dataclass
+class GroupSpec:
+    """One group: a task and the (temperature, is_high) of each of its G episodes."""
+
+    task: Task
+    temperatures: list[tuple[float, bool]]
+
+
+@dataclass
+class RolloutResult:
+    """Kept episodes (complete groups only, in group order) and rollout metrics (algorithms.md section 6 names)."""
+
+    episodes: list[Episode]
+    metrics: dict[str, float] = field(default_factory=dict)
+    dropped_groups: int = 0
+    filtered_groups: int = 0
+
+
+def group_temperatures(algo: Any, step: int) -> list[tuple[float, bool]]:
+    """(temperature, is_high) of the G episodes of a group at 1-based ``step`` (algorithms.md section 3).
+
+    TGRL: ``n_low`` at ``t_low`` then ``n_high`` at ``t_high``; during warm-up (``step <= warmup_steps``) all G at
+    ``t_high`` (all flagged high). Other algos: ``group_size`` episodes at ``algo.temperature`` (flagged low).
+    """
+    if algo.name == "tgrl":
+        if step <= algo.warmup_steps:
+            return [(float(algo.t_high), True)] * (algo.n_low + algo.n_high)
+        return [(float(algo.t_low), False)] * algo.n_low + [(float(algo.t_high), True)] * algo.n_high
+    return [(float(algo.temperature), False)] * algo.group_size
+
+
+class GenerationBatcher:
+    """Collects prompts from concurrent episodes and generates them in batches in a worker thread.
+
+    Batching rule: once a prompt waits, the batch is sent when every live episode (``active``, kept by the
+    orchestrator) is waiting for generation, or when no new prompt arrived for ``wait_s`` seconds (so episodes that
+    are a step behind join, but a slow env reset never holds the others up for long).
+
+    ``busy_s`` accumulates the time the engine spent generating; the orchestrator reports the rest of the rollout's
+    wall time as the time generation waited on envs (``time/env_wait_frac`` = 1 - busy / wall: env resets and steps
+    on the critical path, plus the short batching waits).
+    """
+
+    def __init__(self, engine: Any, *, max_new_tokens: int, top_p: float = 1.0, top_k: int = 0,
+                 stop: list[str] | None = None, batch_size: int = 0, seed: int | None = None,
+                 wait_s: float = 0.02) -> None:
+        self.engine = engine
+        self.kwargs = dict(max_new_tokens=max_new_tokens, top_p=top_p, top_k=top_k, stop=stop)
+        self.batch_size, self.seed = batch_size, seed
+        self._pending: list[tuple[list[int], float, asyncio.Future]] = []
+        self._wakeup = asyncio.Event()
+        self._arrived = asyncio.Event()
+        self.wait_s = wait_s
+        self.active = 0
+        self._closed = False
+        self._calls = 0
+        self.busy_s = 0.0
+        self.batch_sizes: list[int] = []
+        self.first_start: float | None = None
+        self.generated_tokens = 0
+
+    async def generate(self, prompt_ids: list[int], temperature: float) -> Generation:
+        """Queue one prompt; resolves to its Generation."""
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append((prompt_ids, temperature, fut))
+        self._wakeup.set()
+        self._arrived.set()
+        return await fut
+
+    def episode_started(self) -> None:
+        self.active += 1
+
+    def episode_finished(self) -> None:
+        self.active -= 1
+        self._arrived.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wakeup.set()
+
+    async def run(self) -> None:
+        """Serve requests until :meth:`close`; an engine exception is passed to every waiting episode."""
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            if not self._pending:
+                if self._closed:
+                    return
+                continue
+            while len(self._pending) < self.active and not self._closed:  # let episodes a step behind join
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), self.wait_s)
+                except asyncio.TimeoutError:
+                    break
+            take = len(self._pending) if self.batch_size <= 0 else min(self.batch_size, len(self._pending))
+            batch, self._pending = self._pending[:take], self._pending[take:]
+            seed = None if self.seed is None else self.seed + self._calls
+            self._calls += 1
+            t0 = time.perf_counter()
+            self.batch_sizes.append(len(batch))
+            if self.first_start is None:
+                self.first_start = t0
+            try:
+                gens = await asyncio.to_thread(self.engine.generate, [b[0] for b in batch], [b[1] for b in batch],
+                                               seed=seed, **self.kwargs)
+            except Exception as exc:  # noqa: BLE001 (re-raised in every waiting episode)
+                for _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                gens = None
+            self.busy_s += time.perf_counter() - t0
+            if gens is not None:
+                for (_, _, fut), gen in zip(batch, gens):
+                    self.generated_tokens += len(gen.token_ids)
+                    if not fut.done():
+                        fut.set_result(gen)
+            if self._pending or self._closed:
+                self._wakeup.set()
+
+
+class RolloutOrchestrator:
+    """Plays groups of episodes against an env pool with one engine.
+
+    Args:
+        pool: env client (``agent_rl.envclient.HTTPEnvPool`` or ``LocalEnvPool``; anything with async
+            ``reset/step/close``).
+        engine: ``agent_rl.engines`` Engine (``tokenizer`` attribute, ``generate``).
+        prompt: the env family's :class:`PromptFormat`.
+        cfg: :class:`RolloutConfig`.
+        max_new_tokens, top_p, top_k: sampling settings of every turn (the temperature is per episode).
+        seed: base seed of generation calls (None: engine default).
+    """
+
+    def __init__(self, pool: Any, engine: Any, prompt: PromptFormat, cfg: RolloutConfig, *, max_new_tokens: int,
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> None:
+        self.pool, self.engine, self.prompt, self.cfg = pool, engine, prompt, cfg
+        self.tokenizer = engine.tokenizer
+        self.gen_kwargs = dict(max_new_tokens=max_new_tokens, top_p=top_p, top_k=top_k, stop=list(cfg.stop) or None,
+                               batch_size=cfg.gen_batch_size, seed=seed, wait_s=cfg.gen_wait_s)
+        self._batcher: GenerationBatcher | None = None
+        self.last_batcher: GenerationBatcher | None = None
+        self._env_s = 0.0
+        self._prefetched: dict[tuple[int, int], asyncio.Future] = {}  # (group_id, slot) -> reset in flight
+        self._prefetched_tasks: list[Task] = []
+        self._runs = 0
+        if cfg.mode == "trajectory":
+            self._sep = turn_separator(self.tokenizer)
+            self._eos_ids = set(getattr(engine, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
+
+    # ------------------------------------------------------------------ env calls
+    async def _env(self, make_call: Callable[[], Awaitable[T]]) -> T:
+        t0 = time.perf_counter()
+        try:
+            return await asyncio.wait_for(make_call(), self.cfg.env_timeout_s)
+        except Exception as exc:  # noqa: BLE001 (any env-side failure: client error, timeout, broken server)
+            raise EnvCallFailed(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self._env_s += time.perf_counter() - t0
+
+    async def _reset(self, task: Task) -> Any:
+        return await self._env(lambda: self.pool.reset(task.env_id, seed=task.seed, options=task.options,
+                                                       env_kwargs=task.env_kwargs))
+
+    # ------------------------------------------------------------------ prefetch
+    def prefetch(self, tasks: Sequence[Task], episodes_per_task: int) -> None:
+        """Start the env resets of the next step's episodes now (the trainer calls this before the learner update,
+        which it runs in a worker thread): ALFWorld resets cost seconds, and this hides them behind the update.
+        The next :meth:`collect` plays these tasks first (its first round) and uses the open sessions."""
+        self._prefetched_tasks = list(tasks)
+        for task in tasks:
+            for slot in range(episodes_per_task):
+                self._prefetched[(task.group_id, slot)] = asyncio.ensure_future(self._reset(task))
+
+    @property
+    def num_prefetched_tasks(self) -> int:
+        """Tasks drawn by :meth:`prefetch` and not yet played (a checkpoint's data position excludes them)."""
+        return len(self._prefetched_tasks)
+
+    async def aclose(self) -> None:
+        """Cancel prefetched resets and close their sessions."""
+        futures, self._prefetched, self._prefetched_tasks = list(self._prefetched.values()), {}, []
+        for fut in futures:
+            fut.cancel()
+        for fut in futures:
+            try:
+                reset = await fut
+                await asyncio.wait_for(self.pool.close(reset.session_id), 30.0)
+            except BaseException:  # noqa: BLE001 (cancelled or failed: nothing to close)
+                pass
+
+    # ------------------------------------------------------------------ one episode
+    def _next_prompt(self, ctx: TurnContext, k: int, prev: list[int], prev_turn: Turn | None) -> list[int]:
+        """Per-turn: the rendered messages. Trajectory: conversation so far + sampled response + new user turn."""
+        if self.cfg.mode == "turn" or prev_turn is None:
+            return render(self.tokenizer, self.prompt.messages(ctx))
+        sep = self._sep
+        if prev_turn.response_ids and prev_turn.response_ids[-1] in self._eos_ids:
+            # The sampled EOS already closes the assistant turn: write only what the template adds after it.
+            eos_text = self.tokenizer.decode(prev_turn.response_ids[-1:])
+            sep = sep[len(eos_text):] if sep.startswith(eos_text) else sep
+        text = sep + user_turn_text(self.tokenizer, self.prompt.followup(ctx))
+        obs_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return prev + list(prev_turn.response_ids) + obs_ids
+
+    async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
+        """One attempt at an episode; raises :class:`EnvCallFailed` on env failure."""
+        assert self._batcher is not None
+        cfg = self.cfg
+        early = self._prefetched.pop((task.group_id, slot), None)
+        reset = await early if early is not None else await self._reset(task)
+        sid = reset.session_id
+        try:
+            obs, info = reset.observation, dict(reset.info or {})
+            ep = Episode(task=task, temperature=temperature, is_high=is_high, task_type=info.get("task_type"))
+            task_text = self.prompt.task_text(obs, info)
+            history: list[tuple[str, str]] = []
+            prompt_ids: list[int] = []
+            for k in range(cfg.max_turns):
+                admissible = info.get("admissible_actions") or info.get("admissible_commands")
+                ctx = TurnContext(task=task_text, observation=obs, admissible=list(admissible) if admissible else None,
+                                  history=history[-cfg.history_length:] if cfg.history_length else [], step=k,
+                                  info=info)
+                prompt_ids = self._next_prompt(ctx, k, prompt_ids, ep.turns[-1] if ep.turns else None)
+                if len(prompt_ids) > cfg.max_prompt_tokens:
+                    if not ep.turns:
+                        ep.failure = f"prompt_too_long ({len(prompt_ids)} > {cfg.max_prompt_tokens} tokens)"
+                    break  # the episode ends here: recorded as truncated (its last turn is not terminated)
+                gen = await self._batcher.generate(prompt_ids, temperature)
+                raw = bool(getattr(self.prompt, "raw_actions", False))  # math/code: the whole answer, lines kept
+                parsed = parse_action(gen.text, max_chars=cfg.max_action_chars, normalize_whitespace=not raw)
+                step = await self._env(lambda: self.pool.step(sid, parsed.action))
+                step_info = dict(step.info or {})
+                inadmissible = step_info.get("invalid_action")
+                if inadmissible is None:  # the env does not say: judge by its admissible list, when it has one
+                    inadmissible = ctx.admissible is not None and parsed.action not in ctx.admissible
+                ep.turns.append(Turn(
+                    prompt_ids=list(prompt_ids), response_ids=list(gen.token_ids),
+                    response_logprobs=list(gen.logprobs), action=parsed.action, observation=step.observation,
+                    reward=float(step.reward), terminated=bool(step.terminated), truncated=bool(step.truncated),
+                    info=step_info, invalid=(not (parsed.well_formed or raw)) or bool(inadmissible),
+                    response_truncated=gen.finish_reason == "length"))
+                history.append((obs, parsed.action))
+                obs, info = step.observation, step_info
+                if step.terminated or step.truncated:
+                    break
+            env_reward = sum(t.reward for t in ep.turns)
+            ep.reward = env_reward - cfg.invalid_penalty * sum(t.invalid for t in ep.turns)
+            ep.won = bool(info.get("won", env_reward > 0)) if ep.turns else False
+            return ep
+        finally:
+            try:
+                await asyncio.wait_for(self.pool.close(sid), 30.0)
+            except Exception:  # noqa: BLE001 (closing is best effort; the server's TTL reaps leftovers)
+                pass
+
+    async def _episode(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
+        """An episode with re-runs from the same task; a final failure is returned as ``Episode.failure``."""
+        reason = ""
+        for attempt in range(self.cfg.episode_retries + 1):
+            if attempt:
+                await asyncio.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
+            try:
+                return await self._play(task, temperature, is_high, slot)
+            except EnvCallFailed as exc:
+                reason = str(exc)
+        return Episode(task=task, temperature=temperature, is_high=is_high, failure=f"env: {reason}")
+
+    # ------------------------------------------------------------------ groups
+    async def run_groups(self, groups: Sequence[GroupSpec], *, seed_key: int | None = None) -> RolloutResult:
+        """Play every episode of ``groups`` concurrently; drop groups with a failed episode.
+
+        Generation call i of this rollout gets the seed ``default_rng([seed, seed_key]).integers(2**31) + i``
+        (``seed_key``: :meth:`collect` passes the step and round, so steps never reuse random streams and a resumed
+        run samples as the uninterrupted one would have; default: a per-orchestrator counter).
+
+        Returns:
+            RolloutResult whose ``episodes`` hold only complete groups (order: group, then episode) and whose
+            metrics are computed over them (plus ``rollout/dropped_groups``).
+        """
+        t0 = time.perf_counter()
+        self._env_s = 0.0
+        kwargs = dict(self.gen_kwargs)
+        if kwargs["seed"] is not None:
+            key = self._runs if seed_key is None else seed_key
+            kwargs["seed"] = int(np.random.default_rng([int(kwargs["seed"]), key]).integers(2**31))
+        self._runs += 1
+        batcher = self._batcher = GenerationBatcher(self.engine, **kwargs)
+        server = asyncio.create_task(batcher.run())
+        sem = asyncio.Semaphore(self.cfg.max_concurrent_episodes) if self.cfg.max_concurrent_episodes > 0 else None
+
+        async def one(task: Task, temp: float, high: bool, slot: int) -> Episode:
+            async with sem if sem is not None else contextlib.nullcontext():
+                batcher.episode_started()
+                try:
+                    return await self._episode(task, temp, high, slot)
+                finally:
+                    batcher.episode_finished()
+
+        try:
+            jobs = [[asyncio.ensure_future(one(g.task, temp, high, slot)) for slot, (temp, high) in
+                     enumerate(g.temperatures)] for g in groups]
+            results = [await asyncio.gather(*group_jobs) for group_jobs in jobs]
+        finally:
+            batcher.close()
+            await server
+            self._batcher = None
+        kept: list[Episode] = []
+        dropped = 0
+        for eps in results:
+            if any(ep.failure is not None for ep in eps):
+                dropped += 1
+            else:
+                kept.extend(eps)
+        wall = time.perf_counter() - t0
+        metrics = rollout_metrics(kept)
+        metrics.update({
+            "rollout/dropped_groups": float(dropped),
+            "time/rollout_s": wall,
+            "time/env_wait_frac": max(0.0, 1.0 - batcher.busy_s / wall) if wall > 0 else 0.0,
+            "time/generate_s": batcher.busy_s,
+            "time/env_calls_s": self._env_s,  # summed over concurrent episodes
+            "throughput/tokens_per_s": batcher.generated_tokens / wall if wall > 0 else 0.0,
+        })
+        self.last_batcher = batcher  # generation statistics of the last run (benchmarks)
+        return RolloutResult(episodes=kept, metrics=metrics, dropped_groups=dropped)
+
+    async def collect(self, sample_tasks: Callable[[int], list[Task]], num_groups: int, algo: Any, step: int, *,
+                      filter_groups: bool = False, max_extra_rounds: int = 0) -> RolloutResult:
+        """Rollout of one training step: ``num_groups`` tasks, G episodes each (:func:`group_temperatures`).
+
+        With ``filter_groups`` (DAPO dynamic sampling, algorithms.md section 1) groups whose episode rewards are all
+        equal are dropped and more tasks are sampled, at most ``max_extra_rounds`` extra rounds; the batch keeps at
+        most ``num_groups`` groups (fewer when the rounds run out); failed groups count as missing there too.
+        Without it, failed groups are dropped and counted and the batch is smaller. Tasks given to
+        :meth:`prefetch` are played first. Metrics are over the kept episodes; times and counters add up over rounds.
+        """
+        temps = group_temperatures(algo, step)
+        kept: list[list[Episode]] = []
+        total = RolloutResult(episodes=[])
+        wall = env_wait = tokens = generate = 0.0
+        need, rounds = num_groups, 0
+        while True:
+            tasks, self._prefetched_tasks = self._prefetched_tasks[:need], self._prefetched_tasks[need:]
+            tasks += sample_tasks(need - len(tasks))
+            res = await self.run_groups([GroupSpec(t, temps) for t in tasks], seed_key=step * 1000 + rounds)
+            total.dropped_groups += res.dropped_groups
+            wall += res.metrics["time/rollout_s"]
+            env_wait += res.metrics["time/env_wait_frac"] * res.metrics["time/rollout_s"]
+            tokens += res.metrics["throughput/tokens_per_s"] * res.metrics["time/rollout_s"]
+            generate += res.metrics["time/generate_s"]
+            for i in range(0, len(res.episodes), len(temps)):
+                group = res.episodes[i:i + len(temps)]
+                if filter_groups and len({ep.reward for ep in group}) == 1:
+                    total.filtered_groups += 1
+                else:
+                    kept.append(group)
+            if len(kept) >= num_groups or not filter_groups or rounds >= max_extra_rounds:
+                break
+            rounds += 1
+            need = num_groups - len(kept)
+        total.episodes = [ep for group in kept[:num_groups] for ep in group]
+        total.metrics = rollout_metrics(total.episodes)
+        total.metrics.update({
+            "rollout/dropped_groups": float(total.dropped_groups),
+            "rollout/filtered_groups": float(total.filtered_groups),
+            "rollout/extra_rounds": float(rounds),
+            "time/rollout_s": wall,
+            "time/env_wait_frac": env_wait / wall if wall > 0 else 0.0,
+            "time/generate_s": generate,
+            "throughput/tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        })
+        return total
+
+
+def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Rollout metrics of algorithms.md section 6 over finished episodes (NaN-free: 0.0 when there are none).
+
+    ``reward/mean`` mean episode reward; ``success/rate`` and ``success/<task_type>`` fraction won;
+    ``response/length_mean`` mean response tokens per turn; ``response/truncated_frac`` turns cut by the token budget;
+    ``episode/turns_mean``; ``episode/truncated_frac`` episodes that ended without termination (turn/prompt budget or
+    the env's time limit); ``episode/invalid_action_frac`` invalid turns / turns.
+    """
+    turns = [t for ep in episodes for t in ep.turns]
+    n_ep, n_turns = max(len(episodes), 1), max(len(turns), 1)
+    metrics = {
+        "reward/mean": sum(ep.reward for ep in episodes) / n_ep,
+        "success/rate": sum(ep.won for ep in episodes) / n_ep,
+        "response/length_mean": sum(len(t.response_ids) for t in turns) / n_turns,
+        "response/truncated_frac": sum(t.response_truncated for t in turns) / n_turns,
+        "episode/turns_mean": len(turns) / n_ep,
+        "episode/truncated_frac": sum(not (ep.turns and ep.turns[-1].terminated) for ep in episodes) / n_ep,
+        "episode/invalid_action_frac": sum(t.invalid for t in turns) / n_turns,
+        "rollout/episodes": float(len(episodes)),
+    }
+    by_type: dict[str, list[bool]] = {}
+    for ep in episodes:
+        if ep.task_type:
+            by_type.setdefault(str(ep.task_type), []).append(ep.won)
+    for name, wins in sorted(by_type.items()):
+        metrics[f"success/{name}"] = sum(wins) / len(wins)
+    return metrics

@@ -1,0 +1,35 @@
+"""ALFWorld prompt (docs/alfworld.md, "Conventions used by published agent-RL results"): task, step count, the last
+``history_length`` turns, the current observation, the admissible actions, ``<think>``/``<action>`` answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent_rl.rollout.prompts.base import ACTION_INSTRUCTIONS, Message, TurnContext, format_history, register_prompt
+from agent_rl.rollout.prompts.generic import GenericPrompt
+
+
+class ALFWorldPrompt(GenericPrompt):
+    system = "You are an expert household agent in the ALFRED text environment (ALFWorld)."
+
+    def task_text(self, observation: str, info: dict[str, Any]) -> str:
+        # The reset observation ends with "Your task is to: <goal>."; keep the goal sentence only.
+        return super().task_text(observation, info).splitlines()[0].strip()
+
+    def messages(self, ctx: TurnContext) -> list[Message]:
+        parts = [f"Your task is to: {ctx.task}"]
+        if ctx.history:
+            parts.append(
+                f"You have taken {ctx.step} step(s) so far. Your last {len(ctx.history)} observation(s) and "
+                f"action(s):\n{format_history(ctx.history, ctx.step)}"
+            )
+        parts.append(f"Now at step {ctx.step + 1}, your observation is: {ctx.observation.strip()}")
+        if ctx.admissible:
+            parts.append("Admissible actions: [" + ", ".join(ctx.admissible) + "].")
+        parts.append(ACTION_INSTRUCTIONS + " The action must be one of the admissible actions.")
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+@register_prompt("alfworld")
+def _alfworld() -> ALFWorldPrompt:
+    return ALFWorldPrompt()
