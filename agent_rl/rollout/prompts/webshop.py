@@ -1,4 +1,4 @@
-"""WebShop prompt: the instruction, the page (observation, e.g. ``observation_mode="llm"``), the clickables/search
+"""WebShop prompt: the instruction, the page (observation, ``observation_mode="text"``), the clickables/search
 actions the env lists as admissible, ``<action>search[...]</action>`` / ``<action>click[...]</action>``."""
 
 from __future__ import annotations
