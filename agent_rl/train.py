@@ -66,7 +66,8 @@ async def train_loop(cfg: Config, out: Path) -> dict[str, Any]:
         async with open_env_pool(cfg, out) as pool:
             rollout = RolloutOrchestrator(pool, engine, get_prompt(cfg.env.prompt), cfg.rollout,
                                           max_new_tokens=cfg.engine.max_new_tokens, top_p=cfg.engine.top_p,
-                                          top_k=cfg.engine.top_k, seed=cfg.engine.seed)
+                                          top_k=cfg.engine.top_k, seed=cfg.engine.seed,
+                                          high_repetition_penalty=cfg.algo.high_repetition_penalty)
             try:
                 for step in range(start, total + 1):
                     # 1. Rollout: tasks_per_step groups of G episodes (TGRL: 1 at T0 + 3 at T1; warm-up all at T1).

@@ -82,7 +82,7 @@ class GenerationBatcher:
         self.engine = engine
         self.kwargs = dict(max_new_tokens=max_new_tokens, top_p=top_p, top_k=top_k, stop=stop)
         self.batch_size, self.seed = batch_size, seed
-        self._pending: list[tuple[list[int], float, asyncio.Future]] = []
+        self._pending: list[tuple[list[int], float, asyncio.Future, float]] = []
         self._wakeup = asyncio.Event()
         self._arrived = asyncio.Event()
         self.wait_s = wait_s
@@ -94,10 +94,12 @@ class GenerationBatcher:
         self.first_start: float | None = None
         self.generated_tokens = 0
 
-    async def generate(self, prompt_ids: list[int], temperature: float) -> Generation:
-        """Queue one prompt; resolves to its Generation."""
+    async def generate(self, prompt_ids: list[int], temperature: float,
+                       repetition_penalty: float = 1.0) -> Generation:
+        """Queue one prompt; resolves to its Generation. ``repetition_penalty`` (1.0 = off) is per row: TGRL's
+        ``algo.high_repetition_penalty`` on high-temperature episodes (algorithms.md section 3, optional)."""
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((prompt_ids, temperature, fut))
+        self._pending.append((prompt_ids, temperature, fut, float(repetition_penalty)))
         self._wakeup.set()
         self._arrived.set()
         return await fut
@@ -136,17 +138,20 @@ class GenerationBatcher:
             self.batch_sizes.append(len(batch))
             if self.first_start is None:
                 self.first_start = t0
+            extra: dict[str, Any] = {}
+            if any(b[3] != 1.0 for b in batch):  # only engines asked for a penalty need to support it
+                extra["repetition_penalties"] = [b[3] for b in batch]
             try:
                 gens = await asyncio.to_thread(self.engine.generate, [b[0] for b in batch], [b[1] for b in batch],
-                                               seed=seed, **self.kwargs)
+                                               seed=seed, **self.kwargs, **extra)
             except Exception as exc:  # noqa: BLE001 (re-raised in every waiting episode)
-                for _, _, fut in batch:
+                for _, _, fut, _ in batch:
                     if not fut.done():
                         fut.set_exception(exc)
                 gens = None
             self.busy_s += time.perf_counter() - t0
             if gens is not None:
-                for (_, _, fut), gen in zip(batch, gens):
+                for (_, _, fut, _), gen in zip(batch, gens):
                     self.generated_tokens += len(gen.token_ids)
                     if not fut.done():
                         fut.set_result(gen)
@@ -164,12 +169,15 @@ class RolloutOrchestrator:
         prompt: the env family's :class:`PromptFormat`.
         cfg: :class:`RolloutConfig`.
         max_new_tokens, top_p, top_k: sampling settings of every turn (the temperature is per episode).
+        high_repetition_penalty: repetition penalty of high-temperature episodes (TGRL, 1.0 = off).
         seed: base seed of generation calls (None: engine default).
     """
 
     def __init__(self, pool: Any, engine: Any, prompt: PromptFormat, cfg: RolloutConfig, *, max_new_tokens: int,
-                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> None:
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                 high_repetition_penalty: float = 1.0) -> None:
         self.pool, self.engine, self.prompt, self.cfg = pool, engine, prompt, cfg
+        self.high_repetition_penalty = float(high_repetition_penalty)
         self.tokenizer = engine.tokenizer
         self.gen_kwargs = dict(max_new_tokens=max_new_tokens, top_p=top_p, top_k=top_k, stop=list(cfg.stop) or None,
                                batch_size=cfg.gen_batch_size, seed=seed, wait_s=cfg.gen_wait_s)
@@ -261,7 +269,8 @@ class RolloutOrchestrator:
                     if not ep.turns:
                         ep.failure = f"prompt_too_long ({len(prompt_ids)} > {cfg.max_prompt_tokens} tokens)"
                     break  # the episode ends here: recorded as truncated (its last turn is not terminated)
-                gen = await self._batcher.generate(prompt_ids, temperature)
+                gen = await self._batcher.generate(
+                    prompt_ids, temperature, self.high_repetition_penalty if is_high else 1.0)
                 raw = bool(getattr(self.prompt, "raw_actions", False))  # math/code: the whole answer, lines kept
                 parsed = parse_action(gen.text, max_chars=cfg.max_action_chars, normalize_whitespace=not raw)
                 step = await self._env(lambda: self.pool.step(sid, parsed.action))

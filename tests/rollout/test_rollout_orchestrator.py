@@ -235,3 +235,31 @@ def test_prefetch_resets_are_used_by_next_collect():
     assert pool.resets == 6 and orch.num_prefetched_tasks == 0  # no new reset: the open sessions were played
     assert [ep.task.group_id for ep in res.episodes] == [0, 0, 0, 1, 1, 1] and sampler.position == 2
     assert all(ep.won for ep in res.episodes) and pool.envs == {}
+
+
+def test_high_repetition_penalty_only_on_high_rows():
+    """algo.high_repetition_penalty reaches the engine per row: 1.05 on T1 rows, 1.0 on T0 rows, and is not passed
+    at all when every row is 1.0 (engines without the argument keep working)."""
+
+    class PenaltyEngine(ScriptedEngine):
+        def __init__(self, policy):
+            super().__init__(policy)
+            self.penalties: list[tuple[list[float], list[float]]] = []
+
+        def generate(self, prompts, temperatures, *, repetition_penalties=None, **kwargs):
+            self.penalties.append((list(temperatures), list(repetition_penalties or [])))
+            return super().generate(prompts, temperatures, **kwargs)
+
+    engine = PenaltyEngine(right)
+    orch = RolloutOrchestrator(local_pool(), engine, get_prompt("generic"), RolloutConfig(), max_new_tokens=64,
+                               high_repetition_penalty=1.05)
+    asyncio.run(orch.collect(TaskSampler(ENV, TaskSamplerConfig(), seed=1).sample, 2,
+                             AlgoConfig(name="tgrl", warmup_steps=0), step=1))
+    pairs = [(t, p) for temps, pens in engine.penalties for t, p in zip(temps, pens)]
+    assert pairs and {p for t, p in pairs if t == 1.2} == {1.05} and {p for t, p in pairs if t == 0.3} == {1.0}
+
+    engine = PenaltyEngine(right)
+    orch = RolloutOrchestrator(local_pool(), engine, get_prompt("generic"), RolloutConfig(), max_new_tokens=64)
+    asyncio.run(orch.collect(TaskSampler(ENV, TaskSamplerConfig(), seed=1).sample, 1,
+                             AlgoConfig(name="tgrl", warmup_steps=0), step=1))
+    assert all(pens == [] for _, pens in engine.penalties)
