@@ -1,0 +1,106 @@
+"""The env-pool interface the rollout orchestrator programs against (HTTP or in-process, it never knows which).
+
+    pool: EnvPool = HTTPEnvPool(["http://127.0.0.1:8001"])   # or LocalEnvPool(max_workers=8)
+    r = await pool.reset("agent_rl/ALFWorld-v0", options={"split": "valid_unseen", "index": 0})
+    s = await pool.step(r.session_id, "go to desk 1")
+    await pool.close(r.session_id)
+    await pool.aclose()
+
+``reset`` opens a new session (a fresh episode) each time; ``close`` frees it. Observations are text and ``info``
+is JSON (str, int, float, bool, None, list, dict) in both implementations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "EnvClientError",
+    "EnvPool",
+    "EnvServerError",
+    "EnvUnavailable",
+    "EpisodeOver",
+    "ResetResult",
+    "SessionBusy",
+    "SessionNotFound",
+    "StepResult",
+]
+
+
+@dataclass
+class ResetResult:
+    """First observation of a new session's episode."""
+
+    session_id: str
+    observation: Any
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    """gymnasium's ``step`` tuple: ``terminated`` = the task ended, ``truncated`` = the turn budget ran out."""
+
+    observation: Any
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class EnvClientError(Exception):
+    """Base of every env-pool error. ``status`` is the HTTP status (``None`` in-process), ``code`` the server's
+    machine-readable error code when there is one."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class SessionNotFound(EnvClientError):
+    """The session does not exist (closed, expired after the server's TTL, or broken by an env failure)."""
+
+
+class EpisodeOver(EnvClientError):
+    """Step after the episode ended (terminated or truncated)."""
+
+
+class SessionBusy(EnvClientError):
+    """Another request on the same session is still running (the pool never queues two on one session)."""
+
+
+class EnvServerError(EnvClientError):
+    """The env raised or timed out (the session is gone), or the server failed mid-request."""
+
+
+class EnvUnavailable(EnvClientError):
+    """No server could take the request after the retries (connection refused, 503 at capacity, pool timeout)."""
+
+
+@runtime_checkable
+class EnvPool(Protocol):
+    """Async sessions of gymnasium text envs."""
+
+    async def reset(
+        self,
+        env_id: str,
+        *,
+        seed: int | None = None,
+        options: dict[str, Any] | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+    ) -> ResetResult:
+        """Open a session: ``gymnasium.make(env_id, **env_kwargs).reset(seed=seed, options=options)``."""
+        ...
+
+    async def step(self, session_id: str, action: str) -> StepResult:
+        """``env.step(action)``; raises ``SessionNotFound``, ``EpisodeOver``, ``SessionBusy``, ``EnvServerError``."""
+        ...
+
+    async def close(self, session_id: str) -> None:
+        """Free the session (idempotent: closing an unknown or expired session is not an error)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close every session this pool opened and release its resources."""
+        ...

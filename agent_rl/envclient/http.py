@@ -1,0 +1,217 @@
+"""``HTTPEnvPool``: the env pool over one or more ``servers.serve`` servers, through one pooled httpx client."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from agent_rl.envclient.base import (
+    EnvClientError,
+    EnvServerError,
+    EnvUnavailable,
+    EpisodeOver,
+    ResetResult,
+    SessionBusy,
+    SessionNotFound,
+    StepResult,
+)
+
+__all__ = ["DEFAULT_TIMEOUT", "HTTPEnvPool"]
+
+# Per phase: connecting is quick or the server is down; reading waits for an env call (ALFWorld resets take seconds
+# of CPU, more when the server is busy); acquiring a pooled connection waits for other requests of this client.
+DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=60.0)
+
+
+class HTTPEnvPool:
+    """Env sessions on remote env servers (implements :class:`agent_rl.envclient.EnvPool`).
+
+    New sessions go to the URL holding the fewest of this pool's live sessions (ties in turn); the pool remembers
+    which URL holds each session. Connection errors and 503 (at capacity) are retried ``retries`` times with
+    exponential backoff (``backoff_s * 2**attempt``, at most ``max_backoff_s``), honouring ``Retry-After``; a new
+    session moves on to the next URL when one fails. A step is retried only when its request never reached the
+    server (connect errors), since a step is not idempotent.
+
+    Args:
+        urls: one base URL or several (``"http://127.0.0.1:8001"``).
+        token: bearer token of the servers (``--token``).
+        timeout: ``httpx.Timeout`` per phase (see ``DEFAULT_TIMEOUT``).
+        max_connections: connection pool size; size it to the rollout concurrency.
+        retries: extra attempts after a connect error or a 503.
+        backoff_s: first backoff, seconds.
+        transport: an httpx transport (tests pass ``httpx.ASGITransport(app)``).
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str] | str,
+        *,
+        token: str | None = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        max_connections: int = 256,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.urls = [urls.rstrip("/")] if isinstance(urls, str) else [u.rstrip("/") for u in urls]
+        if not self.urls:
+            raise ValueError("HTTPEnvPool needs at least one URL")
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._client = httpx.AsyncClient(
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            headers=headers,
+            transport=transport,
+        )
+        self._url_of: dict[str, str] = {}  # session id -> URL of the server that holds it
+        self._load: Counter[str] = Counter({u: 0 for u in self.urls})
+        self._turn = 0
+
+    # ---- plumbing --------------------------------------------------------------------------------------------
+    def _backoff(self, attempt: int, response: httpx.Response | None = None) -> float:
+        """Seconds to wait before retry ``attempt`` (0-based): ``Retry-After`` if given, else exponential."""
+        if response is not None and (value := response.headers.get("Retry-After")):
+            try:
+                return min(self.max_backoff_s, max(0.0, float(value)))
+            except ValueError:
+                when = email.utils.parsedate_to_datetime(value)
+                if when is not None:
+                    return min(self.max_backoff_s, max(0.0, when.timestamp() - time.time()))
+        return min(self.max_backoff_s, self.backoff_s * 2**attempt)
+
+    async def _send(self, method: str, url: str, path: str, body: Any = None) -> httpx.Response:
+        """One request; connect errors become ``EnvUnavailable`` (retryable), other transport errors
+        ``EnvServerError``; a pool timeout is this client's own limit, reported as such."""
+        try:
+            return await self._client.request(method, url + path, json=body)
+        except httpx.PoolTimeout as exc:
+            raise EnvUnavailable("timed out waiting for a free connection in the client's pool: raise "
+                                 "max_connections or lower the rollout concurrency") from exc
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise EnvUnavailable(f"cannot connect to {url}: {exc!r}") from exc
+        except httpx.TimeoutException as exc:
+            raise EnvServerError(f"{method} {url}{path} timed out: {exc!r}") from exc
+        except httpx.TransportError as exc:
+            raise EnvServerError(f"{method} {url}{path} failed: {exc!r}") from exc
+
+    @staticmethod
+    def _check(response: httpx.Response) -> Any:
+        """The JSON body of a 2xx response, else the matching ``EnvClientError``."""
+        if response.is_success:
+            return response.json() if response.content else None
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = {"detail": response.text}
+        detail = payload.get("detail", payload) if isinstance(payload, dict) else payload
+        code = payload.get("code") if isinstance(payload, dict) else None
+        status = response.status_code
+        message = f"{response.request.method} {response.request.url.path} -> {status}: {detail}"
+        if status == 404 and code != "unknown_env" and "/sessions/" in response.request.url.path:
+            raise SessionNotFound(message, status=status, code=code)
+        if status == 409:
+            raise (SessionBusy if code == "session_busy" else EpisodeOver)(message, status=status, code=code)
+        if status == 503:
+            raise EnvUnavailable(message, status=status, code=code)
+        if status >= 500:
+            raise EnvServerError(message, status=status, code=code)
+        raise EnvClientError(message, status=status, code=code)
+
+    def _url_for(self, session_id: str) -> str:
+        try:
+            return self._url_of[session_id]
+        except KeyError:
+            raise SessionNotFound(f"session {session_id!r} was not opened by this pool (or is closed)") from None
+
+    # ---- EnvPool ---------------------------------------------------------------------------------------------
+    async def reset(
+        self,
+        env_id: str,
+        *,
+        seed: int | None = None,
+        options: dict[str, Any] | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+    ) -> ResetResult:
+        """Open a session on the least-loaded server (``POST /sessions``); see the class docstring for retries."""
+        body = {"env_id": env_id, "seed": seed, "options": options, "env_kwargs": env_kwargs}
+        self._turn += 1
+        order = sorted(self.urls, key=lambda u: (self._load[u], (self.urls.index(u) - self._turn) % len(self.urls)))
+        error: EnvClientError | None = None
+        for attempt in range(self.retries + 1):
+            url = order[attempt % len(order)]
+            response = None
+            try:
+                response = await self._send("POST", url, "/sessions", body)
+                payload = self._check(response)
+            except EnvUnavailable as exc:
+                error = exc
+                if attempt < self.retries:
+                    # Move on at once to another server if there is one; back off once all were tried.
+                    if (attempt + 1) % len(order) == 0:
+                        await asyncio.sleep(self._backoff(attempt // len(order), response))
+                    continue
+                raise
+            self._url_of[payload["session_id"]] = url
+            self._load[url] += 1
+            return ResetResult(payload["session_id"], payload["observation"], payload.get("info") or {})
+        raise error or EnvUnavailable("no server answered")  # pragma: no cover (loop always returns or raises)
+
+    async def step(self, session_id: str, action: str) -> StepResult:
+        """``POST /sessions/{id}/step``; retried only on connect errors."""
+        url = self._url_for(session_id)
+        for attempt in range(self.retries + 1):
+            try:
+                response = await self._send("POST", url, f"/sessions/{session_id}/step", {"action": action})
+                break
+            except EnvUnavailable:
+                if attempt == self.retries:
+                    raise
+                await asyncio.sleep(self._backoff(attempt))
+        payload = self._check(response)
+        return StepResult(payload["observation"], float(payload["reward"]), bool(payload["terminated"]),
+                          bool(payload["truncated"]), payload.get("info") or {})
+
+    async def close(self, session_id: str) -> None:
+        """``DELETE /sessions/{id}``; an unknown or expired session is not an error."""
+        url = self._url_of.pop(session_id, None)
+        if url is None:
+            return
+        self._load[url] -= 1
+        try:
+            self._check(await self._send("DELETE", url, f"/sessions/{session_id}"))
+        except (SessionNotFound, EnvUnavailable):
+            pass
+
+    async def aclose(self) -> None:
+        """Close this pool's open sessions (best effort), then the HTTP client."""
+        await asyncio.gather(*(self.close(s) for s in list(self._url_of)), return_exceptions=True)
+        await self._client.aclose()
+
+    async def health(self) -> list[dict[str, Any]]:
+        """``GET /health`` of every server (raises if one is down)."""
+        return [self._check(await self._send("GET", u, "/health")) for u in self.urls]
+
+    def url_of(self, session_id: str) -> str:
+        """Base URL of the server holding the session (``SessionNotFound`` if this pool did not open it)."""
+        return self._url_for(session_id)
+
+    @property
+    def sessions_per_url(self) -> dict[str, int]:
+        """Live sessions this pool holds on each URL."""
+        return dict(self._load)
+
+    async def __aenter__(self) -> HTTPEnvPool:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

@@ -1,0 +1,136 @@
+"""The env server's app factory: one FastAPI app serving any registered gymnasium env ids.
+
+    app = create_app(["agent_rl/ALFWorld-v0"], max_sessions=64, token=None)
+
+Layout: ``routers/`` (thin routes), ``dependencies.py`` (the session manager from ``lifespan``, the token),
+``sessions.py`` (capacity/TTL/episode state), ``workers.py`` (env processes), ``schemas.py`` (bodies).
+Errors are HTTP codes with a JSON body ``{"detail": str, "code": str}``, never an error inside a 200.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+
+import gymnasium
+from fastapi import Depends, FastAPI, Request
+from starlette.exceptions import HTTPException
+from fastapi.responses import JSONResponse
+
+import envs  # noqa: F401  (registers the built-in ids)
+from servers.dependencies import require_token
+from servers.middleware import BodyGuardMiddleware
+from servers.routers import meta, sessions
+from servers.sessions import (
+    AtCapacity,
+    EnvFailed,
+    EpisodeOver,
+    ServerSettings,
+    SessionBusy,
+    SessionManager,
+    SessionNotFound,
+    UnknownEnv,
+)
+from servers.workers import EnvTimeout
+
+__all__ = ["create_app"]
+
+_HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "action_too_large"}
+
+
+def _error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail, "code": code}, status_code=status, headers=headers)
+
+
+def create_app(
+    env_ids: Iterable[str],
+    *,
+    max_sessions: int = 64,
+    session_ttl_s: float = 600.0,
+    workers: int | None = None,
+    token: str | None = None,
+    max_action_bytes: int = 64 * 1024,
+    imports: Iterable[str] = (),
+    **settings: object,
+) -> FastAPI:
+    """Build the app.
+
+    Args:
+        env_ids: gymnasium ids to serve (registered after ``import envs`` and the ``imports``).
+        max_sessions: live sessions at most (503 + ``Retry-After`` beyond).
+        session_ttl_s: idle sessions are closed after this many seconds.
+        workers: worker processes at most (``None``: ``max_sessions``, one process per live session).
+        token: bearer token required on every route except ``/health``.
+        max_action_bytes: largest action in UTF-8 bytes (413 beyond).
+        imports: modules to import first (in the server and in every worker), e.g. a user's module that calls
+            ``gymnasium.register``.
+        **settings: other :class:`servers.sessions.ServerSettings` fields (``prestart_workers``,
+            ``env_timeout_s``, ``max_sessions_per_worker``, ``max_resets_per_worker``, ``max_worker_rss_mb``).
+
+    Raises:
+        ValueError: an env id is not registered (the message lists the registered ``agent_rl/`` ids).
+    """
+    imports = list(imports)
+    for name in imports:
+        importlib.import_module(name)
+    env_ids = list(dict.fromkeys(env_ids))
+    unknown = [e for e in env_ids if e not in gymnasium.registry]
+    if unknown or not env_ids:
+        known = sorted(e for e in gymnasium.registry if "/" in e)
+        raise ValueError(f"unknown env ids {unknown or env_ids}; registered: {known} (use --import to register yours)")
+    config = ServerSettings(env_ids=env_ids, max_sessions=max_sessions, session_ttl_s=session_ttl_s,
+                            workers=workers, token=token, max_action_bytes=max_action_bytes, imports=imports,
+                            **settings)  # type: ignore[arg-type]
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        manager = SessionManager(config)
+        await manager.start()
+        app.state.manager = manager
+        try:
+            yield
+        finally:
+            await manager.aclose()  # graceful shutdown: every env closed, every worker ended
+
+    app = FastAPI(title="agent_rl env server", version="0.1.0", lifespan=lifespan,
+                  description=f"Sessions of gymnasium text envs: {', '.join(env_ids)}")
+    app.state.settings = config
+    app.add_middleware(BodyGuardMiddleware, max_body_bytes=config.max_body_bytes)
+    app.include_router(meta.router)
+    app.include_router(meta.envs_router, dependencies=[Depends(require_token)])
+    app.include_router(sessions.router, dependencies=[Depends(require_token)])
+
+    @app.exception_handler(SessionNotFound)
+    async def _not_found(request: Request, exc: SessionNotFound) -> JSONResponse:
+        return _error(404, "session_not_found", f"no live session {exc.args[0]!r} (closed, expired or broken)")
+
+    @app.exception_handler(UnknownEnv)
+    async def _unknown_env(request: Request, exc: UnknownEnv) -> JSONResponse:
+        return _error(404, "unknown_env", str(exc.args[0]))
+
+    @app.exception_handler(EpisodeOver)
+    async def _episode_over(request: Request, exc: EpisodeOver) -> JSONResponse:
+        return _error(409, "episode_over", str(exc))
+
+    @app.exception_handler(SessionBusy)
+    async def _busy(request: Request, exc: SessionBusy) -> JSONResponse:
+        return _error(409, "session_busy", str(exc))
+
+    @app.exception_handler(AtCapacity)
+    async def _capacity(request: Request, exc: AtCapacity) -> JSONResponse:
+        return _error(503, "at_capacity", f"server at capacity: {exc}",
+                      headers={"Retry-After": str(config.retry_after_s)})
+
+    @app.exception_handler(EnvFailed)
+    async def _env_failed(request: Request, exc: EnvFailed) -> JSONResponse:
+        if isinstance(exc, EnvTimeout):
+            return _error(504, "env_timeout", f"{exc}; the session was closed")
+        return _error(500, "env_error", f"the env raised {exc}; the session was closed")
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        return _error(exc.status_code, _HTTP_CODES.get(exc.status_code, "error"), str(exc.detail),
+                      headers=getattr(exc, "headers", None))
+
+    return app

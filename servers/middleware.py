@@ -1,0 +1,67 @@
+"""Pure-ASGI request-body guard: 413 for bodies over the limit (before parsing them), 422 for bodies that are not
+valid UTF-8 (FastAPI would answer those 400). The body is read once, bounded, and replayed to the app."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["BodyGuardMiddleware"]
+
+
+async def _send_json(send: Any, status: int, payload: Any) -> None:
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyGuardMiddleware:
+    """Reject request bodies larger than ``max_body_bytes`` (413) or not valid UTF-8 (422)."""
+
+    def __init__(self, app: Any, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        too_large = {"detail": f"request body larger than {self.max_body_bytes} bytes", "code": "body_too_large"}
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            await _send_json(send, 413, too_large)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                await _send_json(send, 413, too_large)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            await _send_json(send, 422, {"detail": [{"type": "json_invalid", "loc": ["body", exc.start],
+                                                     "msg": f"request body is not valid UTF-8: {exc.reason}",
+                                                     "input": None}]})
+            return
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

@@ -1,0 +1,72 @@
+"""Session routes. Each one validates the request, calls the session manager, and serialises the result;
+errors are raised as exceptions that ``servers.app`` maps to HTTP codes."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, HTTPException, Response, status
+
+from servers.dependencies import Manager, Settings
+from servers.schemas import (
+    CreateSessionRequest,
+    ErrorResponse,
+    ResetRequest,
+    ResetResponse,
+    SessionInfo,
+    SessionsResponse,
+    StepRequest,
+    StepResponse,
+)
+
+router = APIRouter(prefix="/sessions", tags=["sessions"])
+
+_E = {"model": ErrorResponse}
+
+
+@router.post("", response_model=ResetResponse, status_code=status.HTTP_201_CREATED,
+             responses={404: _E, 500: _E, 503: _E, 504: _E})
+async def create_session(body: CreateSessionRequest, manager: Manager) -> ResetResponse:
+    """Open a session on ``env_id`` and return its first observation."""
+    session_id, observation, info = await manager.create(
+        body.env_id, seed=body.seed, options=body.options, env_kwargs=body.env_kwargs
+    )
+    return ResetResponse(session_id=session_id, observation=observation, info=info)
+
+
+@router.get("", response_model=SessionsResponse)
+async def list_sessions(manager: Manager) -> SessionsResponse:
+    """Live sessions."""
+    now = time.monotonic()
+    return SessionsResponse(sessions=[
+        SessionInfo(session_id=s.session_id, env_id=s.env_id, created_at=s.created_at, idle_s=now - s.last_used,
+                    steps=s.steps, episodes=s.episodes, done=s.done, busy=s.busy,
+                    worker=manager.pool.worker_of(s.session_id))
+        for s in manager.sessions.values()
+    ])
+
+
+@router.post("/{session_id}/step", response_model=StepResponse,
+             responses={404: _E, 409: _E, 413: _E, 500: _E, 504: _E})
+async def step(session_id: str, body: StepRequest, manager: Manager, settings: Settings) -> StepResponse:
+    """``env.step(action)``. 409 after the episode ended or while another request runs on this session."""
+    if len(body.action.encode("utf-8", errors="surrogatepass")) > settings.max_action_bytes:
+        raise HTTPException(413,
+                            f"action longer than max_action_bytes={settings.max_action_bytes}")
+    reply = await manager.step(session_id, body.action)
+    return StepResponse(observation=reply.observation, reward=reply.reward, terminated=reply.terminated,
+                        truncated=reply.truncated, info=reply.info)
+
+
+@router.post("/{session_id}/reset", response_model=ResetResponse, responses={404: _E, 409: _E, 500: _E, 504: _E})
+async def reset(session_id: str, body: ResetRequest, manager: Manager) -> ResetResponse:
+    """Start a new episode in the same session (same env instance)."""
+    observation, info = await manager.reset(session_id, seed=body.seed, options=body.options)
+    return ResetResponse(session_id=session_id, observation=observation, info=info)
+
+
+@router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT, responses={404: _E})
+async def close(session_id: str, manager: Manager) -> Response:
+    """Close the session and free its env."""
+    await manager.close(session_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,113 @@
+"""Request and response bodies of the env server (the OpenAPI schema is generated from these).
+
+Bodies are strict (no type coercion, no unknown fields): ``{"action": 3}`` or ``{"seed": "1"}`` is a 422.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "CreateSessionRequest",
+    "EnvsResponse",
+    "ErrorResponse",
+    "HealthResponse",
+    "ResetRequest",
+    "ResetResponse",
+    "SessionInfo",
+    "SessionsResponse",
+    "StepRequest",
+    "StepResponse",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class CreateSessionRequest(_Strict):
+    """Open a session: ``gymnasium.make(env_id, **env_kwargs)`` then ``reset(seed=seed, options=options)``."""
+
+    env_id: str = Field(description="registered gymnasium id, e.g. agent_rl/ALFWorld-v0", examples=["agent_rl/Calculator-v0"])
+    seed: int | None = Field(default=None, description="seed of the first reset")
+    options: dict[str, Any] | None = Field(default=None, description="reset options selecting the task, e.g. {split, index}")
+    env_kwargs: dict[str, Any] | None = Field(default=None, description="keyword arguments of gymnasium.make, e.g. {expert: true}")
+
+
+class ResetRequest(_Strict):
+    """Start a new episode in an open session."""
+
+    seed: int | None = None
+    options: dict[str, Any] | None = None
+
+
+class StepRequest(_Strict):
+    """One action (text)."""
+
+    action: str = Field(description="the action text; at most max_action_bytes UTF-8 bytes (else 413)")
+
+
+class ResetResponse(BaseModel):
+    """First observation of an episode."""
+
+    session_id: str
+    observation: Any = Field(description="the env's observation (text for agent_rl envs)")
+    info: dict[str, Any] = Field(description="e.g. admissible_actions, task_type, task_id, expert_action")
+
+
+class StepResponse(BaseModel):
+    """gymnasium's ``step`` tuple as an object."""
+
+    observation: Any
+    reward: float
+    terminated: bool = Field(description="the task ended (won or lost)")
+    truncated: bool = Field(description="the turn or time budget ran out")
+    info: dict[str, Any] = Field(description="e.g. won, invalid_action, admissible_actions")
+
+
+class SessionInfo(BaseModel):
+    """A live session as listed by ``GET /sessions``."""
+
+    session_id: str
+    env_id: str
+    created_at: float = Field(description="Unix time")
+    idle_s: float = Field(description="seconds since the last request")
+    steps: int
+    episodes: int
+    done: bool = Field(description="the current episode ended; step is 409 until reset")
+    busy: bool
+    worker: int | None = Field(description="index of the worker process holding it")
+
+
+class SessionsResponse(BaseModel):
+    sessions: list[SessionInfo]
+
+
+class HealthResponse(BaseModel):
+    """Liveness/readiness and load (200 only once the server is ready)."""
+
+    status: str = "ok"
+    env_ids: list[str]
+    sessions: int
+    max_sessions: int
+    workers: int
+    idle_workers: int
+    started_workers: int
+    worker_rss_mb: float = Field(description="sum of the workers' last reported RSS, MiB")
+    worker_pids: list[int] = Field(description="process ids of the live workers")
+    server_rss_mb: float = Field(description="RSS of the server process itself, MiB")
+    expired_sessions: int
+
+
+class EnvsResponse(BaseModel):
+    env_ids: list[str]
+
+
+class ErrorResponse(BaseModel):
+    """Body of every 4xx/5xx answer except 422 (which is FastAPI's validation error list)."""
+
+    detail: str
+    code: str = Field(description="machine-readable: session_not_found, unknown_env, episode_over, session_busy, "
+                                  "action_too_large, at_capacity, env_error, env_timeout, unauthorized, body_too_large")

@@ -1,0 +1,63 @@
+"""Command line entry point of the env server (what the tests, the Dockerfiles and docker-compose run).
+
+    python -m servers.serve --env agent_rl/ALFWorld-v0 --host 127.0.0.1 --port 8001
+    python -m servers.serve --import mypkg.myenv --env mypkg/MyEnv-v0 --token "$TOKEN"
+
+Binds 127.0.0.1 unless ``--host`` says otherwise. ``GET /health`` answers 200 once the server is ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+from collections.abc import Sequence
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI's parser (``tests/test_compose.py`` parses docker-compose commands with it)."""
+    p = argparse.ArgumentParser(prog="python -m servers.serve", description="Serve gymnasium text envs over HTTP.")
+    p.add_argument("--env", action="append", required=True, dest="env_ids", metavar="ENV_ID",
+                   help="gymnasium id to serve (repeatable), e.g. agent_rl/ALFWorld-v0")
+    p.add_argument("--import", action="append", default=[], dest="imports", metavar="MODULE",
+                   help="module to import first, e.g. one that calls gymnasium.register (repeatable)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--token", default=os.environ.get("AGENT_RL_SERVER_TOKEN") or None,
+                   help="bearer token required on every route but /health (default $AGENT_RL_SERVER_TOKEN)")
+    p.add_argument("--max-sessions", type=int, default=64, help="live sessions at most (503 beyond)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="env worker processes at most (default: max-sessions, one process per session)")
+    p.add_argument("--ttl", type=float, default=600.0, help="idle session time-to-live, seconds")
+    p.add_argument("--max-action-bytes", type=int, default=64 * 1024)
+    p.add_argument("--prestart-workers", type=int, default=1, help="workers started before /health is up")
+    p.add_argument("--env-timeout", type=float, default=600.0, help="seconds one env call may take")
+    p.add_argument("--reset-nice", type=int, default=10,
+                   help="run resets this many nice levels below steps (needs CAP_SYS_NICE; 0: off)")
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse ``argv``, build the app with :func:`servers.app.create_app` and run it with uvicorn."""
+    args = build_parser().parse_args(argv)
+    for name in args.imports:
+        importlib.import_module(name)
+    import uvicorn
+
+    from servers.app import create_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(args.env_ids, max_sessions=args.max_sessions, session_ttl_s=args.ttl, workers=args.workers,
+                     token=args.token, max_action_bytes=args.max_action_bytes, imports=args.imports,
+                     prestart_workers=args.prestart_workers, env_timeout_s=args.env_timeout,
+                     reset_nice=args.reset_nice)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                timeout_graceful_shutdown=30)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""The env clients: ``HTTPEnvPool`` and ``LocalEnvPool`` give the same results through the same interface;
+HTTP retries on 503 and on connect errors (server started late); several URLs spread sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))  # user_env_module, servers_helpers
+
+from servers_helpers import CALC, ECHO, free_port, make_app, serve_asgi, uvicorn_in_thread  # noqa: E402
+
+from agent_rl.envclient import (  # noqa: E402
+    EnvPool,
+    EnvServerError,
+    EnvUnavailable,
+    EpisodeOver,
+    HTTPEnvPool,
+    LocalEnvPool,
+    ResetResult,
+    SessionNotFound,
+    StepResult,
+)
+
+
+async def play_problem0(pool: EnvPool) -> list:
+    """Calculator problem 0 (17 * 13 - 6 = 215): one tool call, one answer, then one step too many."""
+    assert isinstance(pool, EnvPool)
+    r = await pool.reset(CALC, options={"index": 0})
+    assert isinstance(r, ResetResult)
+    s1 = await pool.step(r.session_id, "calc[17 * 13 - 6]")
+    s2 = await pool.step(r.session_id, "answer[215]")
+    assert isinstance(s2, StepResult)
+    with pytest.raises(EpisodeOver):
+        await pool.step(r.session_id, "answer[215]")
+    await pool.close(r.session_id)
+    await pool.close(r.session_id)  # idempotent
+    with pytest.raises(SessionNotFound):
+        await pool.step(r.session_id, "calc[1]")
+    return [r.observation, r.info, (s1.observation, s1.reward, s1.terminated, s1.truncated, s1.info),
+            (s2.observation, s2.reward, s2.terminated, s2.truncated, s2.info)]
+
+
+def test_same_results_in_process_in_workers_and_over_http():
+    async def main():
+        async with LocalEnvPool(max_workers=2, mode="thread") as pool:
+            threaded = await play_problem0(pool)
+        async with LocalEnvPool(max_workers=2, mode="process") as pool:
+            in_workers = await play_problem0(pool)
+        app = make_app()
+        async with serve_asgi(app):
+            async with HTTPEnvPool("http://testserver", transport=httpx.ASGITransport(app=app)) as pool:
+                over_http = await play_problem0(pool)
+        assert threaded[2][:4] == ("Result: 215", 0.0, False, False)
+        assert threaded[3][:4] == ("Correct!", 1.0, True, False)
+        assert threaded == in_workers == over_http
+    asyncio.run(main())
+
+
+def test_user_env_and_env_errors_through_both_pools():
+    async def main():
+        app = make_app()
+        async with serve_asgi(app):
+            http = HTTPEnvPool("http://testserver", transport=httpx.ASGITransport(app=app))
+            local = LocalEnvPool(max_workers=2, mode="thread", imports=["user_env_module"])
+            for pool in (http, local):
+                r = await pool.reset(ECHO, env_kwargs={"prefix": "hi"})
+                assert r.observation == "hi: ready"
+                s = await pool.step(r.session_id, "stop")
+                assert (s.observation, s.reward, s.terminated, s.info["t"], s.info["score"]) == (
+                    "hi: stop", 1.0, True, 1, 0.5)
+                r = await pool.reset(ECHO)
+                with pytest.raises(EnvServerError):
+                    await pool.step(r.session_id, "raise")
+                with pytest.raises(SessionNotFound):  # the failed session was closed
+                    await pool.step(r.session_id, "x")
+                await pool.aclose()
+    asyncio.run(main())
+
+
+def test_http_retries_on_503_until_a_slot_frees():
+    async def main():
+        app = make_app(max_sessions=1)
+        async with serve_asgi(app):
+            pool = HTTPEnvPool("http://testserver", transport=httpx.ASGITransport(app=app), retries=5,
+                               backoff_s=0.05)
+            first = await pool.reset(ECHO)
+
+            async def free_later():
+                await asyncio.sleep(0.5)
+                await pool.close(first.session_id)
+
+            closer = asyncio.create_task(free_later())
+            second = await pool.reset(ECHO)  # 503 + Retry-After: 1 -> waits, then succeeds
+            await closer
+            assert second.observation == "echo: ready"
+            no_retry = HTTPEnvPool("http://testserver", transport=httpx.ASGITransport(app=app), retries=0)
+            with pytest.raises(EnvUnavailable) as info:
+                await no_retry.reset(ECHO)
+            assert info.value.status == 503
+            await pool.aclose()
+    asyncio.run(main())
+
+
+def test_http_retries_connect_errors_while_the_server_starts_late():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    async def main():
+        async with HTTPEnvPool(url, retries=8, backoff_s=0.2, max_backoff_s=1.0) as pool:
+            r = await pool.reset(CALC, options={"index": 0})
+            assert r.observation.startswith("Tom saves 17 dollars")
+            assert (await pool.step(r.session_id, "answer[215]")).reward == 1.0
+        async with HTTPEnvPool(f"http://127.0.0.1:{free_port()}", retries=1, backoff_s=0.05) as dead:
+            with pytest.raises(EnvUnavailable):
+                await dead.reset(CALC)
+
+    with uvicorn_in_thread(make_app(), port, delay_s=1.0):
+        asyncio.run(main())
+
+
+def test_sessions_spread_over_several_urls():
+    ports = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+
+    async def main():
+        async with HTTPEnvPool(urls, retries=20, backoff_s=0.1, max_backoff_s=0.5) as pool:
+            results = [await pool.reset(ECHO) for _ in range(4)]
+            assert pool.sessions_per_url == {urls[0]: 2, urls[1]: 2}
+            # each session answers from the server that holds it (different worker processes per server)
+            steps = await asyncio.gather(*(pool.step(r.session_id, f"a{i}") for i, r in enumerate(results)))
+            assert [s.observation for s in steps] == [f"echo: a{i}" for i in range(4)]
+            health = await pool.health()
+            assert [h["sessions"] for h in health] == [2, 2]
+            held = pool.url_of(results[0].session_id)
+            await pool.close(results[0].session_id)
+            assert pool.sessions_per_url[held] == 1
+            again = await pool.reset(ECHO)  # goes where there are fewer
+            assert pool.url_of(again.session_id) == held
+            assert pool.sessions_per_url == {urls[0]: 2, urls[1]: 2}
+
+    with uvicorn_in_thread(make_app(), ports[0]), uvicorn_in_thread(make_app(), ports[1]):
+        asyncio.run(main())

@@ -1,0 +1,76 @@
+"""Helpers of the server tests: an in-process app behind ``httpx.ASGITransport`` (lifespan run by hand), a real
+uvicorn server in a thread, and free ports."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import uvicorn
+
+import user_env_module  # noqa: F401  (registers user/Echo-v0 in this process)
+from servers.app import create_app
+
+CALC = "agent_rl/Calculator-v0"
+ECHO = "user/Echo-v0"
+
+
+def make_app(**kwargs: Any):
+    """An app serving the calculator and the user's echo env (workers import ``user_env_module``)."""
+    kwargs.setdefault("max_sessions", 8)
+    kwargs.setdefault("prestart_workers", 0)
+    return create_app([CALC, ECHO], imports=["user_env_module"], **kwargs)
+
+
+@contextlib.asynccontextmanager
+async def serve_asgi(app: Any, token: str | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    """Run the app's lifespan and yield a client talking to it in-process."""
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver",
+                                     headers=headers, timeout=60) as client:
+            yield client
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def uvicorn_in_thread(app: Any, port: int, delay_s: float = 0.0) -> Iterator[uvicorn.Server]:
+    """A real uvicorn server on 127.0.0.1:port in a thread, started after ``delay_s`` (to test client retries)."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+
+    def run() -> None:
+        time.sleep(delay_s)
+        server.run()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def wait_healthy(url: str, timeout_s: float = 60.0, proc: Any = None) -> None:
+    """Poll ``GET /health`` until 200 (raise if the process exits or time runs out)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not healthy after {timeout_s} s")

@@ -1,0 +1,123 @@
+"""The real entry point, ``python -m servers.serve``, under uvicorn on 127.0.0.1 (random free port): a user's
+module served with ``--import``, the token, graceful shutdown, and the ALFWorld expert winning a game over HTTP
+with the exact command of docker-compose's ``alfworld`` service."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servers_helpers import CALC, ECHO, free_port, wait_healthy
+
+from agent_rl.envclient import EnvClientError, HTTPEnvPool
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_server(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)]),
+               "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "servers.serve", *args], cwd=ROOT, env=environ,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def stop_server(proc: subprocess.Popen) -> tuple[int, str]:
+    """SIGTERM (what ``docker stop`` sends) and wait for the graceful shutdown. uvicorn re-raises the signal once
+    it has shut down, so a clean exit is ``-SIGTERM`` (or 0)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return proc.returncode, out
+
+
+def test_serve_cli_serves_a_user_module_with_a_token():
+    port = free_port()
+    proc = start_server(["--import", "user_env_module", "--env", ECHO, "--env", CALC, "--port", str(port),
+                         "--token", "t0k", "--max-sessions", "4"])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc=proc)
+
+        async def main():
+            async with HTTPEnvPool(url, token="t0k") as pool:
+                r = await pool.reset(ECHO, env_kwargs={"prefix": "user"})
+                assert r.observation == "user: ready"
+                s = await pool.step(r.session_id, "stop")
+                assert (s.observation, s.reward, s.terminated) == ("user: stop", 1.0, True)
+                c = await pool.reset(CALC, options={"index": 0})
+                assert (await pool.step(c.session_id, "answer[215]")).reward == 1.0
+            async with HTTPEnvPool(url, token="wrong") as pool:
+                with pytest.raises(EnvClientError) as info:
+                    await pool.reset(ECHO)
+                assert info.value.status == 401
+
+        asyncio.run(main())
+    finally:
+        code, out = stop_server(proc)
+    assert code in (0, -signal.SIGTERM), out
+    assert "Application shutdown complete" in out
+
+
+def test_serve_cli_rejects_an_unknown_env_id():
+    proc = start_server(["--env", "agent_rl/NoSuch-v0", "--port", str(free_port())])
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "unknown env ids ['agent_rl/NoSuch-v0']" in out and "agent_rl/Calculator-v0" in out
+
+
+def _alfworld_ready() -> str | None:
+    try:
+        import envs.alfworld.env  # noqa: F401
+        from envs.alfworld import list_games
+
+        list_games("valid_unseen")
+    except Exception as exc:  # A's env or its data is not there: say why
+        return f"ALFWorld env not usable here: {type(exc).__name__}: {exc}"
+    return None
+
+
+@pytest.mark.slow
+def test_alfworld_expert_wins_over_http_with_the_compose_command():
+    reason = _alfworld_ready()
+    if reason:
+        pytest.skip(reason)
+    command = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["alfworld"]["command"]
+    assert command[:3] == ["python", "-m", "servers.serve"]
+    args = list(command[3:])
+    port = free_port()
+    args[args.index("--host") + 1] = "127.0.0.1"
+    args[args.index("--port") + 1] = str(port)
+    proc = start_server(args)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, timeout_s=180, proc=proc)
+
+        async def main():
+            async with HTTPEnvPool(url) as pool:
+                r = await pool.reset("agent_rl/ALFWorld-v0", options={"split": "valid_unseen", "index": 0},
+                                     env_kwargs={"expert": True})
+                info, steps = r.info, 0
+                assert info["task_type"] and info["admissible_actions"]
+                while True:
+                    s = await pool.step(r.session_id, info["expert_action"])
+                    info, steps = s.info, steps + 1
+                    if s.terminated or s.truncated:
+                        break
+                assert (s.reward, s.terminated, info["won"]) == (1.0, True, True)
+                assert steps < 50
+
+        asyncio.run(main())
+    finally:
+        code, out = stop_server(proc)
+    assert code in (0, -signal.SIGTERM) and "Application shutdown complete" in out, out

@@ -1,0 +1,56 @@
+"""A user's own env module, registered with plain ``gymnasium.register`` (nothing of ours imported).
+
+Served in the tests with ``python -m servers.serve --import user_env_module --env user/Echo-v0``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import string
+import time
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+
+_INSTANCES = itertools.count()
+
+
+class EchoEnv(gymnasium.Env):
+    """Echoes the action; ``"stop"`` terminates with reward 1. ``"raise"`` makes the env raise, ``"exit"`` kills
+    its process, ``"sleep:<s>"`` sleeps (a slow step). ``reset(options={"sleep": s})`` sleeps too (a slow reset).
+    ``info`` carries numpy values on purpose (the server must send them as JSON numbers)."""
+
+    def __init__(self, prefix: str = "echo") -> None:
+        self.observation_space = spaces.Text(256, charset=string.printable)
+        self.action_space = spaces.Text(256, charset=string.printable)
+        self.prefix = prefix
+        self.t = 0
+        self.instance = f"{os.getpid()}-{next(_INSTANCES)}"  # unique, unlike id() which is reused after free
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        options = options or {}
+        time.sleep(float(options.get("sleep", 0.0)))
+        self.t = 0
+        return f"{self.prefix}: ready", {"pid": os.getpid(), "t": np.int64(0), "options": options,
+                                         "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                                         "instance": self.instance}
+
+    def step(self, action):
+        self.t += 1
+        if action == "raise":
+            raise RuntimeError("boom on purpose")
+        if action == "exit":
+            os._exit(3)
+        if action.startswith("sleep:"):
+            time.sleep(float(action.split(":", 1)[1]))
+        terminated = action == "stop"
+        info = {"t": np.int64(self.t), "score": np.float32(0.5) * self.t, "pid": os.getpid(),
+                "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+        return f"{self.prefix}: {action}", float(terminated), terminated, False, info
+
+
+gymnasium.register(id="user/Echo-v0", entry_point=EchoEnv, max_episode_steps=20)

@@ -1,0 +1,136 @@
+"""docker-compose.yml and the Dockerfiles, checked without a Docker engine: the compose file validates against the
+Compose Specification JSON schema (the copy vendored by the ``check-jsonschema`` package), every env service runs
+the same ``python -m servers.serve`` entry point the server tests start with uvicorn, and the images install no
+torch."""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import json
+import re
+import shlex
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+import gymnasium
+import jsonschema
+import pytest
+import yaml
+
+import envs  # noqa: F401  (registers the built-in ids)
+from servers.serve import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV_SERVICES = {"alfworld": "agent_rl/ALFWorld-v0", "webshop": "agent_rl/WebShop-v0"}
+
+
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def compose_schema_validator() -> jsonschema.protocols.Validator:
+    path = resources.files("check_jsonschema") / "builtin_schemas" / "vendor" / "compose-spec.json"
+    schema = json.loads(path.read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def test_compose_file_is_valid_against_the_compose_specification():
+    validator = compose_schema_validator()
+    errors = sorted(validator.iter_errors(compose()), key=str)
+    assert errors == []
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda c: c["services"]["alfworld"].__setitem__("ports", "8001:8000"),  # must be a list
+    lambda c: c["services"]["envs"]["depends_on"]["alfworld"].__setitem__("condition", "service_ready"),
+    lambda c: c["services"]["webshop"].__setitem__("healthcheck", {"test": 5}),
+    lambda c: c["services"]["alfworld"].__setitem__("comand", ["python"]),  # typo
+])
+def test_the_schema_check_catches_broken_compose_files(mutate):
+    broken = copy.deepcopy(compose())
+    mutate(broken)
+    assert list(compose_schema_validator().iter_errors(broken))
+
+
+def test_envs_service_waits_for_every_env_server_to_be_healthy():
+    services = compose()["services"]
+    assert set(services) == {*ENV_SERVICES, "envs"}
+    assert services["envs"]["depends_on"] == {name: {"condition": "service_healthy"} for name in ENV_SERVICES}
+
+
+@pytest.mark.parametrize("service,env_id", sorted(ENV_SERVICES.items()))
+def test_env_services_run_the_serve_entry_point(service, env_id):
+    spec = compose()["services"][service]
+    command = spec["command"]
+    assert command[:3] == ["python", "-m", "servers.serve"]  # what tests/servers start with uvicorn
+    args = build_parser().parse_args(command[3:])
+    assert args.env_ids == [env_id] and env_id in gymnasium.registry
+    assert args.host == "0.0.0.0"  # inside the container; the host side binds loopback (below)
+    assert spec["ports"] == [f"${{AGENT_RL_BIND:-127.0.0.1}}:{8001 + sorted(ENV_SERVICES).index(service)}:{args.port}"]
+    health = " ".join(spec["healthcheck"]["test"])
+    assert f"http://127.0.0.1:{args.port}/health" in health
+    assert spec["build"]["dockerfile"] == f"servers/{service}/Dockerfile"
+    data = [v for v in spec["volumes"] if isinstance(v, dict) and v["target"] == "/data"][0]
+    assert data == {"type": "bind", "source": "${AGENT_RL_DATA_HOST:-../shared/data}", "target": "/data",
+                    "read_only": True}
+    assert spec["environment"]["AGENT_RL_DATA"] == "/data"
+
+
+def _dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs with line continuations joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    return [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1] if " " in ln else "") for ln in lines]
+
+
+def _requirement_closure(names: list[str]) -> set[str]:
+    """Installed distributions reachable from ``names`` through their (non-extra) requirements."""
+    seen: set[str] = set()
+    stack = list(names)
+    while stack:
+        name = re.sub(r"[-_.]+", "-", stack.pop()).lower()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for req in requires:
+            if "extra ==" in req.replace("extra==", "extra =="):
+                continue
+            stack.append(re.match(r"\s*([A-Za-z0-9_.\-]+)", req).group(1))
+    return seen
+
+
+@pytest.mark.parametrize("service,env_id", sorted(ENV_SERVICES.items()))
+def test_dockerfiles_install_only_server_extras_and_never_torch(service, env_id):
+    instructions = _dockerfile_instructions(ROOT / "servers" / service / "Dockerfile")
+    froms = [args.split()[0] for op, args in instructions if op == "FROM"]
+    assert froms and all(image == "python:3.11-slim" for image in froms)
+    installs = [args for op, args in instructions if op == "RUN" and re.search(r"pip (install|wheel)", args)]
+    extras = {e for line in installs for group in re.findall(r"\[([a-z0-9_,\s]+)\]", line) for e in group.split(",")}
+    assert extras == {"server", service}
+    assert not re.search(r"\btorch\b", " ".join(installs))
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    requirements = [r for extra in extras for r in optional[extra]] + tomllib.loads(
+        (ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = [re.match(r"\s*([A-Za-z0-9_.\-]+)", r).group(1) for r in requirements]
+    assert not any(n.startswith("agent_rl") for n in names)  # no self-reference pulling other extras
+    assert "torch" not in _requirement_closure(names)
+    env = dict(kv.split("=", 1) for op, args in instructions if op == "ENV" for kv in shlex.split(args))
+    assert env["AGENT_RL_DATA"] == "/data"
+    cmd = json.loads([args for op, args in instructions if op == "CMD"][-1])
+    assert cmd[:3] == ["python", "-m", "servers.serve"] and build_parser().parse_args(cmd[3:]).env_ids == [env_id]
+    health = [args for op, args in instructions if op == "HEALTHCHECK"]
+    assert len(health) == 1 and "/health" in health[0]
+
+
+def test_torch_check_would_catch_a_torch_extra():
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = [re.match(r"\s*([A-Za-z0-9_.\-]+)", r).group(1) for r in optional["train"]]
+    assert "torch" in _requirement_closure(names)
