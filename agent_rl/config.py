@@ -111,6 +111,9 @@ class TrainerConfig:
     """Write TensorBoard events under DIR/tb."""
     progress: bool = True
     """Console progress bar with key numbers (a plain line per step when off)."""
+    imports: list[str] = field(default_factory=list)
+    """Modules imported before the learner is built, e.g. one that registers a user's own advantage estimator,
+    policy loss, credit rule or schedule with the ``agent_rl.algos`` registries."""
 
     def __post_init__(self) -> None:
         if self.total_steps < 1 or self.tasks_per_step < 1 or self.save_every < 1:
@@ -133,6 +136,13 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     env_server: EnvServerConfig = field(default_factory=EnvServerConfig)
     data: DataConfig = field(default_factory=DataConfig)
+
+    def __post_init__(self) -> None:
+        # Derived defaults that span groups (algo depends on engine).
+        if self.algo.dapo_overlong_max_len <= 0:
+            self.algo.dapo_overlong_max_len = self.engine.max_new_tokens
+        if self.algo.dapo_overlong_cache_len <= 0:
+            self.algo.dapo_overlong_cache_len = max(1, self.algo.dapo_overlong_max_len // 5)
 
     @property
     def env_kwargs(self) -> dict[str, Any]:

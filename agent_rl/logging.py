@@ -1,8 +1,9 @@
 """Per-step metrics: console progress bar (tqdm), ``DIR/metrics.jsonl`` and TensorBoard (``DIR/tb``).
 
 Every JSONL line holds ``step`` and every metric name of algorithms.md section 6 (``null`` when a step has no value
-for it, e.g. ``tgrl/delta_R`` under GRPO or the learner metrics of a step whose groups were all dropped), plus any
-other metric the rollout or the learner returned.
+for it, e.g. the learner metrics of a step whose groups were all dropped), plus any other metric the rollout or the
+learner returned. Under a single-temperature algo every episode counts as "low": ``tgrl/delta_R`` and
+``tgrl/success_high`` read 0.0 and ``tgrl/success_low`` equals ``success/rate``.
 """
 
 from __future__ import annotations

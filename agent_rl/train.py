@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import random
 import socket
@@ -39,6 +40,8 @@ async def train_loop(cfg: Config, out: Path) -> dict[str, Any]:
     from agent_rl.models import load_policy
     from agent_rl.rollout import RolloutOrchestrator, TaskSampler, build_rollout_batch, get_prompt
 
+    for module in cfg.trainer.imports:  # a user's registry entries (estimators, losses, credit rules, schedules)
+        importlib.import_module(module)
     seed_everything(cfg.trainer.seed)
     set_torch_threads(cfg.engine.num_threads)
     device = resolve_device(cfg.trainer.device)

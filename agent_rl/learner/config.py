@@ -102,9 +102,9 @@ class AlgoConfig:
     dapo_overlong: bool = False
     """DAPO overlong reward shaping (Yu et al. 2025): add R_len to the episode reward."""
     dapo_overlong_max_len: int = 0
-    """L_max of the overlong shaping (0 = engine max_new_tokens)."""
+    """L_max of the overlong shaping (0 = engine max_new_tokens, filled in by the root config)."""
     dapo_overlong_cache_len: int = 0
-    """L_c of the overlong shaping."""
+    """L_c of the overlong shaping (0 = L_max // 5, DAPO's 4096 of 20480, filled in by the root config)."""
 
     def __post_init__(self) -> None:
         _check("algo.name", self.name, ALGO_NAMES)
@@ -163,10 +163,15 @@ class ScheduleConfig:
     """s_min = floor(N * s_min_ratio)."""
     s_max_ratio: float = 0.8
     """s_max = floor(N * s_max_ratio): S is 0 from there on."""
+    value: float | None = None
+    """Fixed S for every step, overriding ``kind`` (static credit: e.g. ``schedule.value=0.8`` is the static forking
+    variant of algorithms.md section 5, keeping 20% of tokens); None = follow ``kind``."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.s_min_ratio < self.s_max_ratio <= 1.0:
             raise ValueError("schedule needs 0 <= s_min_ratio < s_max_ratio <= 1")
+        if self.value is not None and not 0.0 <= self.value <= 1.0:
+            raise ValueError(f"schedule.value={self.value} must be in [0, 1] (or None)")
 
 
 @dataclass

@@ -146,8 +146,9 @@ class Learner:
         old = self._no_grad_pass(b, with_js=self._needs_js(warmup))
 
         # 2. advantages + credit
-        S = algos.schedule_value(self.schedule.kind, step, total_steps, m=self.schedule.m,
-                                 s_min_ratio=self.schedule.s_min_ratio, s_max_ratio=self.schedule.s_max_ratio)
+        S = self.schedule.value if self.schedule.value is not None else algos.schedule_value(
+            self.schedule.kind, step, total_steps, m=self.schedule.m,
+            s_min_ratio=self.schedule.s_min_ratio, s_max_ratio=self.schedule.s_max_ratio)
         advantages, loss_mask, returns = self._advantages(b, old, rm, S, warmup)
 
         # 3. PPO epochs over mini-batches with gradient accumulation

@@ -108,3 +108,29 @@ def test_gym_env_calculator_one_step(tmp_path):
     (rec,) = run(tmp_path, "env=gym", "env.id=agent_rl/Calculator-v0", "algo=grpo")
     check_record(rec)
     assert 1 <= rec["episode/turns_mean"] <= 2
+
+
+def test_user_estimator_via_trainer_imports(tmp_path, monkeypatch):
+    """A registry entry from a user's module runs through the unchanged trainer (trainer.imports)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    (rec,) = run(tmp_path, "algo=grpo", "algo.adv_estimator=user_mean_baseline",
+                 "trainer.imports=[user_algos_module]")
+    check_record(rec)
+    import user_algos_module
+
+    assert user_algos_module.CALLS, "the user's estimator was never called"
+
+
+def test_dapo_overlong_defaults_from_engine(tmp_path):
+    """algo.dapo_overlong=true alone works: L_max = engine.max_new_tokens, L_c = L_max // 5."""
+    cfg = load_config(["algo=dapo", "algo.dapo_overlong=true", "engine.max_new_tokens=40"])
+    assert (cfg.algo.dapo_overlong_max_len, cfg.algo.dapo_overlong_cache_len) == (40, 8)
+    (rec,) = run(tmp_path, "algo=dapo", "algo.dapo_overlong=true", "algo.dapo_max_extra_rounds=0")
+    assert rec["reward/mean"] is not None
+
+
+def test_static_forking_fixed_S(tmp_path):
+    """schedule.value fixes S (forking's static variant: S = 0.8 keeps ceil(0.2 L) tokens of each row)."""
+    (rec,) = run(tmp_path, "algo=grpo", "credit=forking", "schedule.value=0.8", "engine.max_new_tokens=10")
+    assert rec["schedule/S"] == pytest.approx(0.8)
+    assert 0.0 < rec["credit/trained_token_frac"] <= 0.5
