@@ -114,6 +114,28 @@ def launcher_argv(level: str, uid: int | None, argv: list[str]) -> list[str]:
     return [*prefix, "--", "sh", "-c", _INNER_SCRIPT, "sh", str(uid) if level == "full" else "", *argv]
 
 
+# Directories the sandbox hides behind fresh tmpfs mounts (levels full and userns).
+MASKED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+
+
+@functools.lru_cache(maxsize=1)
+def sandbox_python() -> str:
+    """The interpreter that runs sandboxed programs: the real (base) interpreter behind ``sys.executable``.
+
+    A virtual environment's ``bin/python`` is only a link to it, and the venv may live under ``/tmp`` (a CI clone),
+    which the sandbox hides behind its own tmpfs; the base interpreter with ``-I`` also keeps the program away from
+    the project's installed packages.
+
+    Raises:
+        RuntimeError: if even the base interpreter lies under a masked directory (the sandbox could not start it).
+    """
+    path = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    if isolation_level() != "none" and any(path == d or path.startswith(d + "/") for d in MASKED_DIRS):
+        raise RuntimeError(f"the Python interpreter {path} lies under {MASKED_DIRS}, which the code sandbox masks; "
+                           "install Python elsewhere or set AGENT_RL_SANDBOX=none (weaker isolation)")
+    return path
+
+
 def clean_env(home: str = "/tmp") -> dict[str, str]:
     """The whole environment of a sandboxed process (nothing inherited from the parent)."""
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
@@ -239,7 +261,7 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
         try:
             def start(source: str, fds: tuple[int, int], uid: int, stdin: Path, out: Path, err: Path,
                       cfg: dict[str, Any]) -> subprocess.Popen:
-                argv = [sys.executable, "-I", "-c", source, str(fds[0]), str(fds[1]), json.dumps(cfg)]
+                argv = [sandbox_python(), "-I", "-c", source, str(fds[0]), str(fds[1]), json.dumps(cfg)]
                 fin, fout, ferr = open(stdin, "rb"), open(out, "wb"), open(err, "wb")
                 files.extend([fin, fout, ferr])
                 proc = subprocess.Popen(launcher_argv(level, uid, argv), stdin=fin, stdout=fout, stderr=ferr,
