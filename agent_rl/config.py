@@ -43,9 +43,9 @@ class EnvConfig:
     data_root_kwarg: str = "data_root"
     """Constructor kwarg that receives ``data.root`` when it is set ("" = none; the env then finds the root through
     ``$AGENT_RL_DATA``, which the trainer also sets)."""
-    sampler: TaskSamplerConfig = field(
-        default_factory=lambda: TaskSamplerConfig(kind="index", num_tasks=3553, options={"split": "train"}))
-    """Training tasks (ALFWorld: the 3553 ``train`` games, ``{"split": "train", "index": i}``)."""
+    sampler: TaskSamplerConfig = field(default_factory=TaskSamplerConfig)
+    """Training tasks, set by each ``configs/env/*.yaml`` (ALFWorld: the 3553 ``train`` games, ``{"split": "train",
+    "index": i}``). Empty by default: Hydra merges dicts, so default options would leak into every env's options."""
 
 
 @dataclass
