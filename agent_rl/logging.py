@@ -36,6 +36,26 @@ def _clean(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def drop_records_from(path: Path, step: int) -> int:
+    """Rewrite the JSONL file ``path`` without its records of steps >= ``step`` (and unreadable lines, e.g. one cut
+    by a crash), so a run resumed at ``step`` does not log those steps twice. Returns how many lines were dropped."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for line in lines:
+        try:
+            if int(json.loads(line)["step"]) < step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            pass
+    if len(kept) != len(lines):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        tmp.replace(path)
+    return len(lines) - len(kept)
+
+
 class MetricsLogger:
     """Writes one record per step to the console, ``metrics.jsonl`` (appended, so a resumed run continues the file)
     and TensorBoard.
@@ -53,6 +73,7 @@ class MetricsLogger:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
+        drop_records_from(self.path, start_step)  # a crashed run logged past its last checkpoint: steps re-run now
         self._file = self.path.open("a", encoding="utf-8")
         self._tb = None
         if tensorboard:

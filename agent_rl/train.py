@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Iterator
 import numpy as np
 import torch
 
-from agent_rl.config import Config, load_config, to_yaml
+from agent_rl.config import Config, ConfigError, load_config, to_yaml
 
 
 # ------------------------------------------------------------------------------------------------ the loop
@@ -61,6 +61,10 @@ async def train_loop(cfg: Config, out: Path) -> dict[str, Any]:
         sampler.load_state_dict(extra["sampler"])
         engine.sync_weights(model)
         print(f"resumed from {ckpt} at step {start}", file=sys.stderr)
+        if start > total:
+            print(f"nothing to train: the checkpoint is at step {start - 1} and trainer.total_steps={total}; "
+                  "raise trainer.total_steps to train further", file=sys.stderr)
+            return {}
     logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard=cfg.trainer.tensorboard,
                            progress=cfg.trainer.progress)
     record: dict[str, Any] = {}
@@ -78,6 +82,12 @@ async def train_loop(cfg: Config, out: Path) -> dict[str, Any]:
                                                    filter_groups=cfg.algo.dapo_dynamic_sampling,
                                                    max_extra_rounds=cfg.algo.dapo_max_extra_rounds)
                     metrics: dict[str, Any] = dict(result.metrics)
+                    if result.failures:  # say why: a broken env (bad env.kwargs, no data) would fail silently
+                        print(f"warning: step {step}: {len(result.failures)} group(s) dropped; first reason: "
+                              f"{result.failures[0]}", file=sys.stderr)
+                        if step == start and not result.episodes and not result.filtered_groups:
+                            raise RuntimeError(f"every episode of step {step} failed, nothing to train on; "
+                                               f"first reason: {result.failures[0]}")
                     if step < total:  # next step's env resets (seconds on ALFWorld) run during this update
                         rollout.prefetch(sampler.sample(cfg.trainer.tasks_per_step), cfg.algo.group_size)
                     # 2-3. Rows -> one learner update in a worker thread, so the event loop keeps serving env calls
@@ -110,6 +120,10 @@ def main(overrides: list[str] | None = None) -> dict[str, Any]:
         return {}
     cfg = load_config(overrides)
     out = Path(cfg.trainer.output_dir or Path("runs") / cfg.run_name).resolve()
+    if not cfg.trainer.resume and (any((out / "checkpoints").glob("step_*")) or
+                                   (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size):
+        raise ConfigError(f"trainer.output_dir={out} already holds a run (metrics.jsonl / checkpoints); add "
+                          "trainer.resume=auto to continue it, or choose a new trainer.output_dir")
     out.mkdir(parents=True, exist_ok=True)
     cfg.trainer.output_dir = str(out)
     if cfg.data.root:  # the one data root, for envs in this process too (local mode; see envs.data.data_root)
@@ -255,5 +269,14 @@ async def open_env_pool(cfg: Config, out: Path) -> AsyncIterator[Any]:
             await pool.aclose()
 
 
+def cli() -> None:
+    """``python -m agent_rl.train``: :func:`main`, with a config error printed as one message (exit code 2)."""
+    try:
+        main()
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 if __name__ == "__main__":
-    main()
+    cli()

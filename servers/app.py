@@ -32,7 +32,7 @@ from servers.sessions import (
     SessionNotFound,
     UnknownEnv,
 )
-from servers.workers import EnvTimeout
+from servers.workers import EnvRejected, EnvTimeout
 
 __all__ = ["create_app"]
 
@@ -124,9 +124,13 @@ def create_app(
 
     @app.exception_handler(EnvFailed)
     async def _env_failed(request: Request, exc: EnvFailed) -> JSONResponse:
+        # POST /sessions failed: no session exists; on /step or /reset the open session was closed
+        after = "no session was opened" if request.url.path.rstrip("/") == "/sessions" else "the session was closed"
         if isinstance(exc, EnvTimeout):
-            return _error(504, "env_timeout", f"{exc}; the session was closed")
-        return _error(500, "env_error", f"the env raised {exc}; the session was closed")
+            return _error(504, "env_timeout", f"{exc}; {after}")
+        if isinstance(exc, EnvRejected):  # bad env_kwargs / seed / options: the client's error
+            return _error(422, "invalid_request", f"the env rejected the request: {exc}; {after}")
+        return _error(500, "env_error", f"the env raised {exc}; {after}")
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:

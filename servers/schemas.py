@@ -106,8 +106,9 @@ class EnvsResponse(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """Body of every 4xx/5xx answer except 422 (which is FastAPI's validation error list)."""
+    """Body of every 4xx/5xx answer except a body-validation 422 (FastAPI's list of validation errors)."""
 
     detail: str
     code: str = Field(description="machine-readable: session_not_found, unknown_env, episode_over, session_busy, "
-                                  "action_too_large, at_capacity, env_error, env_timeout, unauthorized, body_too_large")
+                                  "action_too_large, at_capacity, env_error, env_timeout, unauthorized, body_too_large, "
+                                  "invalid_request (422: the env rejected env_kwargs, seed or options)")

@@ -43,18 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse ``argv``, build the app with :func:`servers.app.create_app` and run it with uvicorn."""
-    args = build_parser().parse_args(argv)
-    for name in args.imports:
-        importlib.import_module(name)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     import uvicorn
 
     from servers.app import create_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(args.env_ids, max_sessions=args.max_sessions, session_ttl_s=args.ttl, workers=args.workers,
-                     token=args.token, max_action_bytes=args.max_action_bytes, imports=args.imports,
-                     prestart_workers=args.prestart_workers, env_timeout_s=args.env_timeout,
-                     reset_nice=args.reset_nice)
+    try:  # a bad --import, --env or setting: one line and exit code 2, not a traceback
+        for name in args.imports:
+            importlib.import_module(name)
+        app = create_app(args.env_ids, max_sessions=args.max_sessions, session_ttl_s=args.ttl, workers=args.workers,
+                         token=args.token, max_action_bytes=args.max_action_bytes, imports=args.imports,
+                         prestart_workers=args.prestart_workers, env_timeout_s=args.env_timeout,
+                         reset_nice=args.reset_nice)
+    except (ImportError, ValueError) as exc:
+        parser.error(str(exc))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 timeout_graceful_shutdown=30)
 

@@ -77,6 +77,18 @@ class ServerSettings:
     retry_after_s: int = 1
     """``Retry-After`` seconds sent with 503."""
 
+    def __post_init__(self) -> None:
+        """Raises ValueError on a setting the server could not run with (before any worker starts)."""
+        bad = [f"{name}={getattr(self, name)!r}" for name, ok in [
+            ("max_sessions", self.max_sessions >= 1), ("workers", self.workers is None or self.workers >= 0),
+            ("max_sessions_per_worker", self.max_sessions_per_worker >= 1),
+            ("max_action_bytes", self.max_action_bytes >= 1), ("session_ttl_s", self.session_ttl_s > 0),
+            ("prestart_workers", self.prestart_workers >= 0),
+            ("env_timeout_s", self.env_timeout_s is None or self.env_timeout_s > 0)] if not ok]
+        if bad:
+            raise ValueError(f"invalid server settings: {', '.join(bad)} (max_sessions, max_sessions_per_worker, "
+                             "max_action_bytes >= 1; workers, prestart_workers >= 0; ttl, env_timeout > 0)")
+
     @property
     def max_body_bytes(self) -> int:
         """Largest request body: the action limit plus room for JSON escaping and the other fields."""

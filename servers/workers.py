@@ -50,6 +50,7 @@ from typing import Any
 __all__ = [
     "AtCapacity",
     "EnvFailed",
+    "EnvRejected",
     "EnvTimeout",
     "StepReply",
     "WorkerPool",
@@ -63,6 +64,12 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 class EnvFailed(RuntimeError):
     """The env raised, its worker died, or it did not answer in time. The session is then unusable."""
+
+
+class EnvRejected(EnvFailed):
+    """``make``/``reset`` raised ValueError, LookupError (KeyError, IndexError), TypeError or
+    ``gymnasium.error.Error``: the request's env kwargs, seed or options are invalid (a client error, HTTP 422).
+    The session is not usable either way."""
 
 
 class EnvTimeout(EnvFailed):
@@ -257,7 +264,11 @@ def _worker_main(conn: Any, imports: Sequence[str], reset_nice: int = 0, keep_en
                 raise ValueError(f"unknown op {op!r}")
             reply = ("ok", payload, "", _rss_bytes())
         except Exception as exc:  # the env raised: report it, keep serving the other sessions of this worker
-            reply = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=20), _rss_bytes())
+            # make/reset rejecting the client's kwargs/seed/options is the client's error, not the env's
+            rejected = op in ("open", "reset") and isinstance(exc, (ValueError, LookupError, TypeError,
+                                                                     gymnasium.error.Error))
+            reply = ("rejected" if rejected else "error", f"{type(exc).__name__}: {exc}",
+                     traceback.format_exc(limit=20), _rss_bytes())
         try:
             conn.send(reply)
         except (BrokenPipeError, OSError):
@@ -362,6 +373,8 @@ class _Worker:
             self.kill()
             raise EnvTimeout(f"env did not answer {op!r} within {timeout_s} s; its worker was ended") from None
         self.rss = rss
+        if status == "rejected":
+            raise EnvRejected(payload)
         if status != "ok":
             raise EnvFailed(payload)
         return payload

@@ -449,8 +449,10 @@ class Learner:
                 self.scheduler.step()
                 acc("actor/pg_loss", mb_pg_loss, 1.0)
         out = {k: sums[k] / weights[k] if weights[k] > 0 else 0.0 for k in sums}
-        out.setdefault("actor/clipfrac", 0.0)
-        out.setdefault("actor/approx_kl", 0.0)
+        out.setdefault("actor/clipfrac", 0.0)  # no row carried gradient (e.g. all rewards of every group equal):
+        out.setdefault("actor/approx_kl", 0.0)  # the policy did not move, ratio 1 everywhere
+        out.setdefault("actor/pg_clipfrac_lower", 0.0)
+        out.setdefault("actor/ratio_mean", 1.0)
         out["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         return out
 

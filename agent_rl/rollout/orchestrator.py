@@ -49,6 +49,7 @@ class RolloutResult:
     metrics: dict[str, float] = field(default_factory=dict)
     dropped_groups: int = 0
     filtered_groups: int = 0
+    failures: list[str] = field(default_factory=list)  # one reason per dropped group (its first failed episode)
 
 
 def group_temperatures(algo: Any, step: int) -> list[tuple[float, bool]]:
@@ -351,9 +352,12 @@ class RolloutOrchestrator:
             self._batcher = None
         kept: list[Episode] = []
         dropped = 0
+        failures: list[str] = []
         for eps in results:
-            if any(ep.failure is not None for ep in eps):
+            failed = [ep.failure for ep in eps if ep.failure is not None]
+            if failed:
                 dropped += 1
+                failures.append(failed[0])
             else:
                 kept.extend(eps)
         wall = time.perf_counter() - t0
@@ -367,7 +371,7 @@ class RolloutOrchestrator:
             "throughput/tokens_per_s": batcher.generated_tokens / wall if wall > 0 else 0.0,
         })
         self.last_batcher = batcher  # generation statistics of the last run (benchmarks)
-        return RolloutResult(episodes=kept, metrics=metrics, dropped_groups=dropped)
+        return RolloutResult(episodes=kept, metrics=metrics, dropped_groups=dropped, failures=failures)
 
     async def collect(self, sample_tasks: Callable[[int], list[Task]], num_groups: int, algo: Any, step: int, *,
                       filter_groups: bool = False, max_extra_rounds: int = 0) -> RolloutResult:
@@ -389,6 +393,7 @@ class RolloutOrchestrator:
             tasks += sample_tasks(need - len(tasks))
             res = await self.run_groups([GroupSpec(t, temps) for t in tasks], seed_key=step * 1000 + rounds)
             total.dropped_groups += res.dropped_groups
+            total.failures += res.failures
             wall += res.metrics["time/rollout_s"]
             env_wait += res.metrics["time/env_wait_frac"] * res.metrics["time/rollout_s"]
             tokens += res.metrics["throughput/tokens_per_s"] * res.metrics["time/rollout_s"]

@@ -75,7 +75,8 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
 
     Args:
         expert: compute ``info["expert_action"]`` (costs the expert's bookkeeping and the game's facts each step).
-        task_types: only these ALFWorld task types are selectable by ``index`` / random draw (``None``: all six).
+        task_types: only these ALFWorld task types (a list, or one type as a string) are selectable by ``index`` /
+            random draw (``None``: all six).
         data_root: data root override (the ``data.root`` config key); ``None`` uses ``envs.data.data_root()``.
         split: default split when ``options`` has none (one of ``train``, ``valid_seen``, ``valid_unseen``,
             ``valid_train``).
@@ -91,13 +92,15 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
     def __init__(
         self,
         expert: bool = False,
-        task_types: list[str] | tuple[str, ...] | None = None,
+        task_types: str | list[str] | tuple[str, ...] | None = None,
         data_root: str | None = None,
         split: str = "train",
         render_mode: str | None = None,
     ) -> None:
         if split not in SPLITS:
             raise ValueError(f"unknown ALFWorld split {split!r}; expected one of {list(SPLITS)}")
+        if isinstance(task_types, str):  # one type, e.g. from the command line: env.kwargs.task_types=pick_...
+            task_types = (task_types,)
         if task_types is not None:
             unknown = sorted(set(task_types) - set(TASK_TYPES))
             if unknown:
@@ -154,7 +157,10 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         if not games:
             raise ValueError(f"no ALFWorld games in split {split!r} for task types {self.task_types}")
         if options.get("index") is not None:
-            index = int(options["index"])
+            raw = options["index"]
+            index = int(raw)
+            if isinstance(raw, bool) or index != raw and str(index) != str(raw).strip():  # no 1.7 -> game 1
+                raise ValueError(f"index must be an integer, got {raw!r}")
             if not 0 <= index < len(games):
                 raise ValueError(f"index {index} out of range: split {split!r} has {len(games)} games")
             return games[index]

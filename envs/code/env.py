@@ -146,6 +146,9 @@ class CodeEnv(gymnasium.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
         options = dict(options or {})
+        unknown = sorted(set(options) - {"dataset", "index"})
+        if unknown:  # a misspelt key ("datset") must not silently draw a random task
+            raise ValueError(f"unknown reset options {unknown}; allowed: dataset, index")
         name = options.get("dataset") or self.datasets[int(self.np_random.integers(len(self.datasets)))]
         tasks = load_code(name, self.root)
         index = options.get("index")

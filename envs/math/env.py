@@ -94,6 +94,9 @@ class MathEnv(gymnasium.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
         options = dict(options or {})
+        unknown = sorted(set(options) - {"dataset", "split", "index"})
+        if unknown:  # a misspelt key ("datset") must not silently draw a random task
+            raise ValueError(f"unknown reset options {unknown}; allowed: dataset, split, index")
         name = options.get("dataset") or self.datasets[int(self.np_random.integers(len(self.datasets)))]
         name = canonical_name(name)
         split = self._split_for(name, options.get("split"))

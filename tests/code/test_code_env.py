@@ -89,6 +89,8 @@ def test_env_contract_and_reasons():
     env.reset(options={"index": 2})
     _, reward, _, _, info = env.step("")
     assert (reward, info["reason"]) == (0.0, "no_code")
+    with pytest.raises(ValueError, match=r"unknown reset options \['idx'\]; allowed: dataset, index"):
+        env.reset(options={"idx": 2})  # a typo must not silently draw a random task
 
 
 def test_fraction_reward_mode():

@@ -237,6 +237,15 @@ def test_task_type_filter_and_selection_options() -> None:
     env.close()
     with pytest.raises(ValueError, match="unknown ALFWorld task types"):
         gymnasium.make(ENV_ID, task_types=["pick_banana"])
+    # one type given as a plain string (env.kwargs.task_types=... on the command line) is that one type,
+    # not its characters
+    one = gymnasium.make(ENV_ID, task_types=heat, split="valid_unseen")
+    assert one.reset(options={"split": "valid_unseen", "index": 0})[1]["gamefile"] == heat_games[0]
+    for bad in (1.7, True, "1.5"):  # never silently game 1
+        with pytest.raises(ValueError, match="index must be an integer|invalid literal"):
+            one.reset(options={"split": "valid_unseen", "index": bad})
+    assert one.reset(options={"split": "valid_unseen", "index": "1"})[1]["gamefile"] == heat_games[1]
+    one.close()
 
 
 def test_info_is_json_serialisable_and_complete() -> None:

@@ -120,6 +120,17 @@ def test_one_step_every_algo_credit_schedule(tiny, algo, credit, schedule):
         assert math.isfinite(metrics["critic/vf_loss"]) and "actor/kl_ref" in metrics
 
 
+def test_all_equal_rewards_still_report_every_actor_metric(tiny):
+    """A batch whose groups all have equal rewards trains nothing, yet the ratio metrics are reported (ratio 1,
+    nothing clipped), like clipfrac and approx_kl, so metrics.jsonl keeps the same names every step."""
+    model, tok = tiny
+    _, specs = sample_batch(model, tok, max_new_tokens=4)
+    batch = build_batch([dict(s, reward=0.0) for s in specs], tok.pad_token_id)
+    metrics = _learner(model, tok, ALGOS["grpo"]).update(batch, step=1, total_steps=2)
+    assert (metrics["actor/pg_loss"], metrics["actor/grad_norm"], metrics["actor/clipfrac"]) == (0.0, 0.0, 0.0)
+    assert (metrics["actor/ratio_mean"], metrics["actor/pg_clipfrac_lower"]) == (1.0, 0.0)
+
+
 def test_tgrl_low_rows_get_no_gradient_but_count_in_denominator(tiny):
     """TGRL after warm-up: low rows have advantage 0 (no gradient) yet stay in the token-mean denominator, so the
     loss equals the loss of the high rows alone times (high tokens / all tokens)."""

@@ -194,3 +194,5 @@ def test_env_rejects_unknown_dataset_and_double_step():
     env.step("\\boxed{70}")
     with pytest.raises(RuntimeError):
         env.step("\\boxed{70}")
+    with pytest.raises(ValueError, match=r"unknown reset options \['datset'\]; allowed: dataset, split, index"):
+        env.reset(options={"datset": "gsm8k"})  # a typo must not silently draw a random problem

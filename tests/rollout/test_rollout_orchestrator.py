@@ -120,6 +120,7 @@ def test_prompt_too_long_fails_group():
     orch, _ = make(SimplePool(), max_prompt_tokens=20)
     res = asyncio.run(orch.run_groups([GroupSpec(tasks(1)[0], [(1.0, False)] * 2)]))
     assert res.episodes == [] and res.dropped_groups == 1
+    assert len(res.failures) == 1 and res.failures[0].startswith("prompt_too_long (") and "> 20 tokens" in res.failures[0]
 
 
 def test_env_failure_retried_then_group_dropped():
@@ -146,6 +147,7 @@ def test_env_failure_retried_then_group_dropped():
     assert len(res.episodes) == 2 and all(ep.task.seed != bad_seed and ep.won for ep in res.episodes)
     # 2 good episodes (one retried once) + 2 bad episodes x 3 attempts = 2 + 1 + 6 reset calls.
     assert pool.reset_calls == 9
+    assert res.failures == ["env: ConnectionError: always down"]  # why the group was dropped (the trainer warns)
 
 
 def test_env_step_timeout_counts_as_failure():

@@ -259,6 +259,31 @@ def test_env_exception_is_500_and_closes_only_that_session():
     run(main())
 
 
+def test_invalid_env_kwargs_seed_or_options_are_422_not_500():
+    # make/reset rejecting what the client sent is the client's error: 422 invalid_request with the env's reason.
+    async def main():
+        async with serve_asgi(make_app()) as c:
+            other = (await open_session(c))["session_id"]
+            for body, reason in [({"env_id": CALC, "options": {"index": -1}}, "ValueError: expected non-negative"),
+                                 ({"env_id": CALC, "env_kwargs": {"bogus": 1}}, "unexpected keyword argument"),
+                                 ({"env_id": ECHO, "seed": -5}, "Seed must be greater or equal to zero"),
+                                 ({"env_id": ECHO, "options": {"raise": "IndexError"}}, "IndexError: reset raised")]:
+                r = await c.post("/sessions", json=body)
+                assert (r.status_code, r.json()["code"]) == (422, "invalid_request"), r.text
+                assert reason in r.json()["detail"] and r.json()["detail"].endswith("no session was opened")
+            sid = (await open_session(c, CALC, options=PROBLEM0))["session_id"]
+            r = await c.post(f"/sessions/{sid}/reset", json={"options": {"index": "x"}})
+            assert (r.status_code, r.json()["code"]) == (422, "invalid_request")
+            assert "invalid literal for int()" in r.json()["detail"]
+            assert r.json()["detail"].endswith("the session was closed")
+            r = await c.post("/sessions", json={"env_id": ECHO, "options": {"raise": "RuntimeError"}})
+            assert (r.status_code, r.json()["code"]) == (500, "env_error")  # any other exception: the env's fault
+            assert r.json()["detail"].endswith("reset raised on purpose; no session was opened")
+            assert (await c.get("/sessions")).json()["sessions"][0]["session_id"] == other  # only the good one left
+            await assert_bystander_ok(c, other)
+    run(main())
+
+
 def test_dead_worker_is_500_and_server_keeps_serving():
     async def main():
         async with serve_asgi(make_app()) as c:

@@ -76,6 +76,20 @@ def test_serve_cli_rejects_an_unknown_env_id():
     assert "unknown env ids ['agent_rl/NoSuch-v0']" in out and "agent_rl/Calculator-v0" in out
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--env", CALC, "--import", "no_such_module_xyz"], "error: No module named 'no_such_module_xyz'"),
+    (["--env", CALC, "--max-sessions", "0"], "error: invalid server settings: max_sessions=0"),
+    (["--env", CALC, "--ttl", "-1"], "error: invalid server settings: session_ttl_s=-1.0"),
+    (["--env", "agent_rl/NoSuch-v0"], "error: unknown env ids ['agent_rl/NoSuch-v0']"),
+])
+def test_serve_cli_bad_arguments_are_one_usage_error(args, message):
+    # exit code 2 with argparse's one-line error before anything starts, not a traceback or a failed startup
+    proc = start_server([*args, "--port", str(free_port())])
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, out
+    assert message in out and "Traceback" not in out
+
+
 def _alfworld_ready() -> str | None:
     try:
         import envs.alfworld.env  # noqa: F401

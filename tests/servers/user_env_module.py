@@ -5,6 +5,7 @@ Served in the tests with ``python -m servers.serve --import user_env_module --en
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import os
 import string
@@ -20,7 +21,8 @@ _INSTANCES = itertools.count()
 
 class EchoEnv(gymnasium.Env):
     """Echoes the action; ``"stop"`` terminates with reward 1. ``"raise"`` makes the env raise, ``"exit"`` kills
-    its process, ``"sleep:<s>"`` sleeps (a slow step). ``reset(options={"sleep": s})`` sleeps too (a slow reset).
+    its process, ``"sleep:<s>"`` sleeps (a slow step). ``reset(options={"sleep": s})`` sleeps too (a slow reset);
+    ``reset(options={"raise": "IndexError"})`` raises that builtin exception.
     ``info`` carries numpy values on purpose (the server must send them as JSON numbers)."""
 
     def __init__(self, prefix: str = "echo") -> None:
@@ -34,6 +36,8 @@ class EchoEnv(gymnasium.Env):
         super().reset(seed=seed)
         options = options or {}
         time.sleep(float(options.get("sleep", 0.0)))
+        if "raise" in options:  # {"raise": "IndexError"}: reset raises that builtin exception
+            raise getattr(builtins, options["raise"])("reset raised on purpose")
         self.t = 0
         return f"{self.prefix}: ready", {"pid": os.getpid(), "t": np.int64(0), "options": options,
                                          "nice": os.getpriority(os.PRIO_PROCESS, 0),

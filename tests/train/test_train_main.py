@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,6 +77,35 @@ def test_resume_continues_at_next_step(tmp_path):
     assert "trainer:" in (out / "config.yaml").read_text()
 
 
+def test_resume_after_a_crash_does_not_log_steps_twice(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = [*SMALL, f"trainer.output_dir={out}", "algo=grpo", "trainer.save_every=2"]
+    main([*args, "trainer.total_steps=3"])
+    # a crash after step 3 was logged but before its checkpoint: the newest checkpoint is step_2
+    shutil.rmtree(out / "checkpoints" / "step_3")
+    main([*args, "trainer.total_steps=3", "trainer.resume=auto"])
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    # resuming a finished run says so and changes nothing
+    main([*args, "trainer.total_steps=3", "trainer.resume=auto"])
+    assert "nothing to train: the checkpoint is at step 3 and trainer.total_steps=3" in capsys.readouterr().err
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_fresh_run_into_a_used_output_dir_is_refused(tmp_path):
+    run(tmp_path, "algo=grpo")
+    with pytest.raises(ConfigError, match="already holds a run .* trainer.resume=auto"):
+        run(tmp_path, "algo=grpo")  # would append a second step 1 to metrics.jsonl and mix checkpoints
+
+
+def test_broken_env_fails_fast_with_reason(tmp_path, capsys):
+    # A bad constructor kwarg makes every episode fail: the run must stop at step 1 naming the cause,
+    # not train on nothing for total_steps steps.
+    with pytest.raises(RuntimeError, match="every episode of step 1 failed.*unexpected keyword argument 'bogus'"):
+        run(tmp_path, "algo=grpo", "env.kwargs.bogus=1", "rollout.retry_backoff_s=0.01")
+    assert "warning: step 1: 1 group(s) dropped" in capsys.readouterr().err
+
+
 def test_unknown_key_names_valid_keys():
     with pytest.raises(ConfigError) as err:
         main(["trainer.total_step=3"])
@@ -86,6 +119,15 @@ def test_unknown_key_names_valid_keys():
         load_config(["rollout.mode=rows"])
     with pytest.raises(ConfigError, match="could not be converted"):
         load_config(["trainer.total_steps=many"])
+
+
+def test_cli_config_error_is_one_message_not_a_traceback():
+    proc = subprocess.run([sys.executable, "-m", "agent_rl.train", "trainer.total_step=2"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("config error: unknown config key 'trainer.total_step'")
+    assert "Did you mean 'trainer.total_steps'?" in proc.stderr
 
 
 def test_config_defaults():
