@@ -138,9 +138,9 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         if unknown:
             raise ValueError(f"unknown ALFWorld reset options {unknown}; expected gamefile, task_id, split, index")
         if options.get("gamefile"):
-            path = Path(options["gamefile"]).expanduser()
-            if path.is_dir():
-                path = path / GAME_FILENAME
+            path = Path(str(options["gamefile"])).expanduser()
+            if path.name != GAME_FILENAME:  # checked before touching the disk: a client of a server can't probe or
+                path = path / GAME_FILENAME  # read arbitrary files through this option, only game folders
             if not path.is_file():
                 raise ValueError(f"ALFWorld game file {path} does not exist")
             return str(path.resolve())

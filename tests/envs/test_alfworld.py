@@ -228,6 +228,11 @@ def test_task_type_filter_and_selection_options() -> None:
     assert env.reset(options={"split": "valid_unseen", "task_id": task_id.split("/", 1)[1]})[1]["task_id"] == task_id
     env.reset(options=FIRST | {"index": 1})
     assert env.reset(options={"gamefile": heat_games[0]})[1]["task_id"] == task_id
+    assert env.reset(options={"gamefile": str(Path(heat_games[0]).parent)})[1]["task_id"] == task_id  # the folder
+    # only game files: an arbitrary path is neither read nor reported as existing (served envs take client options)
+    for probe in ("/etc/passwd", "/etc/hostname", "/nonexistent"):
+        with pytest.raises(ValueError, match="game.tw-pddl does not exist"):
+            env.reset(options={"gamefile": probe})
     with pytest.raises(ValueError, match="out of range"):
         env.reset(options={"split": "valid_unseen", "index": len(heat_games)})
     with pytest.raises(ValueError, match="unknown ALFWorld task_id"):
