@@ -176,6 +176,20 @@ def task_type_of(gamefile: str | os.PathLike) -> str:
     return Path(gamefile).parent.parent.name.split("-", 1)[0]
 
 
+def check_selection(split: str, task_types: list[str] | tuple[str, ...] | None) -> None:
+    """Validate a split name and an optional task-type filter.
+
+    Raises:
+        ValueError: unknown split or task type (the message lists the valid names).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown ALFWorld split {split!r}; expected one of {list(SPLITS)}")
+    if task_types is not None:
+        unknown = sorted(set(task_types) - set(TASK_TYPES))
+        if unknown:
+            raise ValueError(f"unknown ALFWorld task types {unknown}; expected a subset of {list(TASK_TYPES)}")
+
+
 def list_games(
     split: str, task_types: list[str] | tuple[str, ...] | None = None, root: str | os.PathLike | None = None
 ) -> list[str]:
@@ -185,12 +199,7 @@ def list_games(
         ValueError: unknown split or task type (the message lists the valid names).
         FileNotFoundError: see :func:`games_home`.
     """
-    if split not in SPLITS:
-        raise ValueError(f"unknown ALFWorld split {split!r}; expected one of {list(SPLITS)}")
-    if task_types is not None:
-        unknown = sorted(set(task_types) - set(TASK_TYPES))
-        if unknown:
-            raise ValueError(f"unknown ALFWorld task types {unknown}; expected a subset of {list(TASK_TYPES)}")
+    check_selection(split, task_types)
     games = _list_split(str(games_home(root) / GAMES_DIRNAME), split)
     if task_types is None:
         return list(games)

@@ -24,8 +24,7 @@ from envs.alfworld import patches  # sets $ALFWORLD_DATA before alfworld is impo
 from envs.alfworld.data import (
     GAME_FILENAME,
     GAMES_DIRNAME,
-    SPLITS,
-    TASK_TYPES,
+    check_selection,
     games_home,
     list_games,
     task_id_of,
@@ -97,15 +96,10 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         split: str = "train",
         render_mode: str | None = None,
     ) -> None:
-        if split not in SPLITS:
-            raise ValueError(f"unknown ALFWorld split {split!r}; expected one of {list(SPLITS)}")
         if isinstance(task_types, str):  # one type, e.g. from the command line: env.kwargs.task_types=pick_...
             task_types = (task_types,)
-        if task_types is not None:
-            unknown = sorted(set(task_types) - set(TASK_TYPES))
-            if unknown:
-                raise ValueError(f"unknown ALFWorld task types {unknown}; expected a subset of {list(TASK_TYPES)}")
-            task_types = tuple(task_types)
+        task_types = None if task_types is None else tuple(task_types)
+        check_selection(split, task_types)
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.expert = bool(expert)
