@@ -124,6 +124,8 @@ class Learner:
             self.optimizer, lambda n: min(1.0, (n + 1) / warm) if warm > 0 else 1.0)
         self.generator = torch.Generator().manual_seed(seed)
         self._compiled_js = torch.compile(algos.js_divergence_from_logits, dynamic=False) if algo.compile_js else None
+        #: per-token tensors of the last ``update`` (see there); None before the first update.
+        self.last_token_stats: dict[str, Tensor] | None = None
 
     # ------------------------------------------------------------------------------------------------------------
     # Public API
@@ -170,6 +172,14 @@ class Learner:
                                  episode_index=b["episode_index"]),
         }
         metrics["time/update_s"] = time.perf_counter() - t0
+        # per-token view of this step for the episode store / viewer: (B, L) float32 on CPU, aligned with input_ids
+        self.last_token_stats = {
+            "advantages": advantages.detach().float().cpu(),
+            "loss_mask": loss_mask.detach().float().cpu(),
+            "old_logprobs": old["logprobs"].detach().float().cpu(),
+            "entropy": old["entropy"].detach().float().cpu(),
+            "js": old["js"].detach().float().cpu(),
+        }
         return metrics
 
     def evaluate(self, batch: RolloutBatch, *, with_js: bool = True) -> dict[str, Tensor]:
