@@ -47,7 +47,7 @@ async def train_loop(cfg: Config, out: Path) -> dict[str, Any]:
     device = resolve_device(cfg.trainer.device)
     model, tokenizer = load_policy(cfg.model)
     learner = Learner(model, tokenizer, cfg.algo, cfg.optim, credit=cfg.credit, schedule=cfg.schedule,
-                      device=device, seed=cfg.trainer.seed)
+                      device=device, seed=cfg.trainer.seed, top_k=cfg.engine.top_k, top_p=cfg.engine.top_p)
     engine = get_engine(cfg.engine.name, model, tokenizer, batch_size=cfg.engine.batch_size, seed=cfg.engine.seed,
                         gpu_memory_utilization=cfg.engine.gpu_memory_utilization, dtype=cfg.model.dtype)
     sampler = TaskSampler(cfg.env.id, cfg.env.sampler, env_kwargs=cfg.env_kwargs, seed=cfg.trainer.seed)

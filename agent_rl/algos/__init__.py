@@ -14,6 +14,8 @@ What the learner calls, by spec section:
     4  schedule_value(kind, step, total_steps, ...) -> S
     5  apply_credit(name, CreditInputs(...), S, level) -> (advantages (B, T), loss_mask (B, T));
        tp_mask, turn_tp_mask, forking_mask, entropy_adv, empg_advantages
+    pipeline: advantage_plan(...) -> AdvantagePlan; token_advantages(plan, CreditInputs) runs
+       base -> TGRL JS weights -> credit rule -> low-row mask -> clamp
 Registries (decorator registration): register_adv_estimator, register_policy_loss, register_credit_rule,
 register_schedule and get_* (see agent_rl.algos.registry).
 """
@@ -40,7 +42,15 @@ from .credit import (
     tp_mask,
     turn_tp_mask,
 )
-from .logits import LN2, entropy_from_logits, js_divergence_from_logits, js_divergence_rows, logprobs_from_logits
+from .logits import (
+    LN2,
+    entropy_from_logits,
+    js_divergence_from_logits,
+    js_divergence_rows,
+    logprobs_from_logits,
+    truncate_logits,
+    truncation_mask,
+)
 from .losses import agg_loss, gspo_loss, kl_penalty, masked_mean, policy_loss, ppo_clip_loss
 from .registry import (
     ADV_ESTIMATORS,
@@ -67,6 +77,14 @@ from .registry import (
     register_policy_loss,
     register_schedule,
 )
+from .pipeline import (
+    AdvantagePlan,
+    advantage_plan,
+    clamp_stage,
+    js_weight_stage,
+    low_row_stage,
+    token_advantages,
+)
 from .schedules import schedule_progress, schedule_value
 from .tgrl import masked_row_quantile, tgrl_advantages, tgrl_delta_r, tgrl_metrics, tgrl_token_weights
 
@@ -91,6 +109,8 @@ __all__ = [
     "masked_mean",
     # logits helpers (spec 0, 3.3)
     "logprobs_from_logits",
+    "truncate_logits",
+    "truncation_mask",
     "entropy_from_logits",
     "js_divergence_from_logits",
     "js_divergence_rows",
@@ -113,6 +133,13 @@ __all__ = [
     "entropy_adv",
     "empg_advantages",
     "next_turn_values",
+    # the advantage pipeline (base -> JS weights -> credit -> low rows -> clamp)
+    "AdvantagePlan",
+    "advantage_plan",
+    "js_weight_stage",
+    "low_row_stage",
+    "clamp_stage",
+    "token_advantages",
     # registries
     "Registry",
     "ADV_ESTIMATORS",

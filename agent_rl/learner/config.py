@@ -83,8 +83,10 @@ class AlgoConfig:
     """Clamp of the TGRL token advantage (s.3.5)."""
     ppo_epochs: int = 1
     """Passes over the batch per step."""
-    mini_batch_size: int = 0
-    """Rows per optimiser step (0 = the whole batch: one optimiser step per epoch)."""
+    num_mini_batches: int = 1
+    """Optimiser steps per epoch: the batch's groups are shuffled and split into this many mini-batches of whole
+    groups (every row of an episode in one). 1 = one step per batch (old log-probs then equal the new ones and the
+    PPO clip never binds); TGRL's reference recipe uses 4. Capped at the number of groups in the batch."""
     micro_batch_size: int = 4
     """Rows per forward/backward (gradient accumulation inside a mini-batch)."""
     gamma: float = 1.0
@@ -119,8 +121,8 @@ class AlgoConfig:
                              f"{self.n_low + self.n_high} for tgrl")
         if min(self.t_low, self.t_high, self.temperature) <= 0:
             raise ValueError("algo temperatures must be > 0")
-        if self.micro_batch_size < 1 or self.mini_batch_size < 0 or self.ppo_epochs < 1 or self.js_chunk_size < 1:
-            raise ValueError("algo.micro_batch_size, ppo_epochs, js_chunk_size must be >= 1, mini_batch_size >= 0")
+        if min(self.micro_batch_size, self.num_mini_batches, self.ppo_epochs, self.js_chunk_size) < 1:
+            raise ValueError("algo.micro_batch_size, num_mini_batches, ppo_epochs, js_chunk_size must be >= 1")
 
     @property
     def is_tgrl(self) -> bool:
@@ -164,8 +166,8 @@ class ScheduleConfig:
     s_max_ratio: float = 0.8
     """s_max = floor(N * s_max_ratio): S is 0 from there on."""
     value: float | None = None
-    """Fixed S for every step, overriding ``kind`` (static credit: e.g. ``schedule.value=0.8`` is the static forking
-    variant of algorithms.md section 5, keeping 20% of tokens); None = follow ``kind``."""
+    """Fixed S for every step, overriding ``kind`` (static credit, e.g. ``credit=tp schedule.value=0.5``; static
+    Forking-Tok is S = 1, ``schedule=constant``); None = follow ``kind``."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.s_min_ratio < self.s_max_ratio <= 1.0:

@@ -42,8 +42,38 @@ from agent_rl.learner.config import AlgoConfig, CreditConfig, OptimConfig, Sched
 from agent_rl.types import RolloutBatch
 
 
-#: credit rules that need (B,) turn advantages: under TGRL they act before the JS weighting, the others after it.
-ROW_ADVANTAGE_RULES = ("empg",)
+#: policy-loss metrics that compare the new policy with the old one (reported from optimiser steps 2..n).
+RATIO_METRICS = ("actor/clipfrac", "actor/approx_kl", "actor/pg_clipfrac_lower", "actor/ratio_mean")
+
+
+def group_mini_batches(group_index: Tensor, num_mini_batches: int, generator: torch.Generator) -> list[Tensor]:
+    """Split a batch's rows into mini-batches of whole groups (algorithms.md, TGRL "Reference training recipe": the
+    batch's groups split into ``algo.num_mini_batches`` mini-batches; every row of an episode, and so of a group,
+    lands in one mini-batch).
+
+    The groups are shuffled with ``generator`` and dealt into ``min(num_mini_batches, number of groups)`` chunks of
+    nearly equal group counts (the first ``n_groups % k`` chunks get one group more).
+
+    Args:
+        group_index: (B,) long, rows of a group share it. num_mini_batches: >= 1. generator: CPU generator.
+    Returns:
+        list of (b_i,) long row indices on ``group_index``'s device, each ascending; together a partition of 0..B-1.
+    Raises:
+        ValueError: ``num_mini_batches < 1``.
+    """
+    if num_mini_batches < 1:
+        raise ValueError(f"num_mini_batches must be >= 1, got {num_mini_batches}")
+    uniq, inv = torch.unique(group_index.cpu(), return_inverse=True)  # (G,), (B,) dense group id per row
+    n_groups = int(uniq.numel())
+    if n_groups == 0:
+        return []
+    perm = torch.randperm(n_groups, generator=generator)  # (G,) shuffled groups
+    k = min(num_mini_batches, n_groups)
+    chunk_of_group = torch.empty(n_groups, dtype=torch.long)
+    for i, groups in enumerate(perm.tensor_split(k)):
+        chunk_of_group[groups] = i
+    chunk = chunk_of_group[inv]  # (B,) mini-batch of each row
+    return [(chunk == i).nonzero(as_tuple=True)[0].to(group_index.device) for i in range(k)]
 
 
 def response_positions(response_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -77,6 +107,10 @@ class Learner:
         device: ``"cpu"`` / ``"cuda"``.
         mixed_precision: ``"auto"`` (bf16 autocast on CUDA, fp32 on CPU) | ``"bf16"`` | ``"no"``.
         seed: seed of the mini-batch shuffling generator.
+        top_k, top_p: the sampler's truncation (``engine.top_k`` / ``engine.top_p``; 0 / 1.0 = off). Old and new
+            log-probs are then taken under the same truncated distribution the engine sampled from
+            (``agent_rl.algos.truncate_logits``), so the PPO ratio compares like with like; entropy and JS stay
+            those of the full tempered distribution.
     Raises:
         ValueError: unknown estimator / loss / credit rule / schedule names (messages list the valid ones), or
             a credit rule at a level it does not define.
@@ -85,8 +119,10 @@ class Learner:
     def __init__(self, model: nn.Module, tokenizer: Any, algo: AlgoConfig, optim: OptimConfig, *,
                  credit: CreditConfig | None = None, schedule: ScheduleConfig | None = None,
                  ref_model: nn.Module | None = None, device: str | torch.device = "cpu",
-                 mixed_precision: str = "auto", seed: int = 0) -> None:
+                 mixed_precision: str = "auto", seed: int = 0, top_k: int = 0, top_p: float = 1.0) -> None:
         self.algo, self.optim_cfg = algo, optim
+        algos.truncation_mask(torch.zeros(1, 2), 1.0, top_k, top_p)  # validates top_k / top_p
+        self.top_k, self.top_p = int(top_k), float(top_p)
         self.credit = credit or CreditConfig(name="js" if algo.is_tgrl else "uniform")
         self.schedule = schedule or ScheduleConfig()
         # Fail early on unknown registry names (their errors list the valid names).
@@ -227,6 +263,8 @@ class Learner:
             out["won"] = torch.as_tensor(extras["episode_won"], device=self.device).bool()[out["episode_index"]]
         elif extras.get("won") is not None:  # (B,) per row
             out["won"] = torch.as_tensor(extras["won"], device=self.device).bool()
+        if extras.get("obs_key") is not None:  # (B,) per row: the observation each turn acted on (gigpo)
+            out["obs_key"] = torch.as_tensor(extras["obs_key"], device=self.device).long()
         return out
 
     def _micro_batches(self, rows: Tensor, attention_mask: Tensor) -> list[Tensor]:
@@ -273,7 +311,7 @@ class Learner:
                     with self._autocast():
                         z = lm_head(h[a:a + chunk])  # (n, V) logits of this chunk only
                     t = temps[a:a + chunk]
-                    lp.append(algos.logprobs_from_logits(z, tokens[a:a + chunk], t))
+                    lp.append(algos.logprobs_from_logits(self._truncate(z, t), tokens[a:a + chunk], t))
                     ent.append(algos.entropy_from_logits(z, t))
                     sel = high[a:a + chunk]
                     if with_js and bool(sel.any()):
@@ -288,12 +326,17 @@ class Learner:
                 if self.ref_model is not None:
                     h_ref = self._hidden(self.ref_model, b["input_ids"][rows], b["attention_mask"][rows])[rr, cc - 1]
                     _, ref_head = policy_trunk(self.ref_model)
-                    ref_lp = [algos.logprobs_from_logits(ref_head(h_ref[a:a + chunk]), tokens[a:a + chunk],
-                                                         temps[a:a + chunk]) for a in range(0, rr.numel(), chunk)]
+                    ref_lp = [algos.logprobs_from_logits(self._truncate(ref_head(h_ref[a:a + chunk]), temps[a:a + chunk]),
+                                                         tokens[a:a + chunk], temps[a:a + chunk])
+                              for a in range(0, rr.numel(), chunk)]
                     out["ref_logprobs"][grow, gcol] = torch.cat(ref_lp)
         finally:
             self.model.train(was_training)
         return out
+
+    def _truncate(self, z: Tensor, temps: Tensor) -> Tensor:
+        """The sampler's top-k / top-p truncation of logits z (n, V) at the rows' temperatures (n,) (no-op when off)."""
+        return algos.truncate_logits(z, temps, self.top_k, self.top_p)
 
     def _js(self, z: Tensor) -> Tensor:
         """Token JS (n,) of logits z (n, V), n <= js_chunk_size, at algo.t_low / t_high (no grad). Compiled: padded
@@ -314,7 +357,7 @@ class Learner:
         def chunk_fn(hc: Tensor, tc: Tensor, temp: Tensor) -> tuple[Tensor, Tensor]:
             with self._autocast():
                 z = lm_head(hc)  # (n, V)
-            lp = algos.logprobs_from_logits(z, tc, temp)
+            lp = algos.logprobs_from_logits(self._truncate(z, temp), tc, temp)
             ent = algos.entropy_from_logits(z, temp) if with_entropy else lp.new_zeros(())
             return lp, ent
 
@@ -333,7 +376,8 @@ class Learner:
     @torch.no_grad()
     def _advantages(self, b: dict[str, Tensor], old: dict[str, Tensor], rm: Tensor, S: float, warmup: bool
                     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Token advantages (B, L), loss mask (B, L) and, for PPO, returns (B, L)."""
+        """Token advantages (B, L), loss mask (B, L) and, for PPO, returns (B, L): stage 1 (base estimator) here,
+        stages 2-5 by ``agent_rl.algos.token_advantages`` (see ``agent_rl/algos/pipeline.py``)."""
         algo = self.algo
         ep_rewards = b["episode_rewards"].float()
         if algo.dapo_overlong:  # DAPO overlong shaping: each episode gets the mean penalty of its turns' lengths
@@ -354,53 +398,33 @@ class Learner:
             mean = (adv * rm).sum() / rm.sum().clamp_min(1.0)  # whiten over the batch's response tokens
             var = (((adv - mean) * rm) ** 2).sum() / rm.sum().clamp_min(1.0)
             base_adv: Tensor = torch.where(rm > 0, (adv - mean) / (var.sqrt() + 1e-8), 0.0)
+        elif algos.ADV_ESTIMATORS.meta(algo.adv_estimator).get("row_level", False):
+            # row-level estimators (gigpo) see every turn row: rewards broadcast, episodes, turns, observation keys
+            if "obs_key" not in b:
+                raise ValueError(f"algo.adv_estimator={algo.adv_estimator} needs each turn's observation key "
+                                 "(RolloutBatch.extras['obs_key'], per-turn mode)")
+            base_adv = algos.compute_advantages(
+                algo.adv_estimator, ep_rewards[b["episode_index"]], b["group_index"],
+                episode_index=b["episode_index"], turn_index=b["turn_index"], obs_key=b["obs_key"], std=algo.std)
         else:
-            kw = {"std": algo.std} if algo.adv_estimator == "grpo" else {}
-            ep_adv = algos.compute_advantages(algo.adv_estimator, ep_rewards, b["episode_group_index"], **kw)
+            ep_adv = algos.compute_advantages(algo.adv_estimator, ep_rewards, b["episode_group_index"],
+                                              std=algo.std)
             base_adv = ep_adv[b["episode_index"]]  # (E,) -> (B,) broadcast to the episode's rows
-        tgrl_active = self._tgrl_active(warmup)
-        credit, level = self.credit.name, self.credit.level
-        if tgrl_active and credit == "js" and (level == "turn" or self.schedule.kind != "none"):
-            # TGRL's JS credit at turn level or under a schedule: the js rule (w_S = 1 + S (w - 1); schedule=none
-            # means the full weights, S = 1) on the GRPO advantage, then low rows 0 and the clamp (3.5)
-            inputs = self._credit_inputs(b, old, base_adv, rm)
-            S_js = 1.0 if self.schedule.kind == "none" else S
-            advantages, loss_mask = algos.apply_credit("js", inputs, S_js, level=level,
-                                                       quantile_clip=algo.js_quantile_clip)
-            advantages = advantages.clamp(-algo.adv_clip, algo.adv_clip) * b["is_high"][:, None]
-        elif tgrl_active and credit in ROW_ADVANTAGE_RULES:
-            # a rule that reshapes the (B,) turn advantages (empg) acts first, then the JS weights (3.4-3.5)
-            advantages, loss_mask = algos.apply_credit(credit, self._credit_inputs(b, old, base_adv, rm), S,
-                                                       level=level, **self.credit.kwargs)
-            w = algos.tgrl_token_weights(old["js"], rm, quantile_clip=algo.js_quantile_clip)
-            advantages = (advantages * w).clamp(-algo.adv_clip, algo.adv_clip) * b["is_high"][:, None]
-        elif tgrl_active:
-            # sections 3.1-3.5 exactly: JS weights on high rows, low rows 0, clamp; another credit rule (tp,
-            # forking, ...) then acts on top of these token advantages
-            base_adv = algos.tgrl_advantages(ep_rewards[b["episode_index"]], b["group_index"], b["is_high"],
-                                             old["js"], rm, warmup=False, adv_clip=algo.adv_clip,
-                                             episode_index=b["episode_index"],
-                                             quantile_clip=algo.js_quantile_clip, std=algo.std)
-            advantages, loss_mask = base_adv, rm.clone()
-            if credit != "js":
-                advantages, loss_mask = algos.apply_credit(credit, self._credit_inputs(b, old, base_adv, rm), S,
-                                                           level=level, **self.credit.kwargs)
-        elif algo.is_tgrl and credit == "js":  # warm-up: plain GRPO over all G (3.7)
-            advantages, loss_mask = base_adv[:, None] * rm, rm.clone()
-        else:  # any other algo, TGRL with credit=uniform (mixed groups, uniform credit), warm-up + other rules
-            advantages, loss_mask = algos.apply_credit(credit, self._credit_inputs(b, old, base_adv, rm), S,
-                                                       level=level, **self.credit.kwargs)
-        if tgrl_active and not algo.low_rows_in_denominator:
-            loss_mask = loss_mask * b["is_high"][:, None].float()
-        return advantages.float() * (loss_mask > 0), loss_mask.float(), returns
-
-    def _tgrl_active(self, warmup: bool) -> bool:
-        """TGRL's JS weighting and low-row zeroing are on (after warm-up, unless credit=uniform)."""
-        return self.algo.is_tgrl and not warmup and self.credit.name != "uniform"
+        plan = algos.advantage_plan(
+            is_tgrl=algo.is_tgrl, warmup=warmup, credit=self.credit.name, level=self.credit.level, S=S,
+            scheduled=self.schedule.kind != "none" or self.schedule.value is not None, adv_clip=algo.adv_clip,
+            low_rows_in_denominator=algo.low_rows_in_denominator)
+        advantages, loss_mask = algos.token_advantages(
+            plan, self._credit_inputs(b, old, base_adv, rm), quantile_clip=algo.js_quantile_clip,
+            credit_kwargs=self.credit.kwargs)
+        return advantages, loss_mask, returns
 
     def _needs_js(self, warmup: bool) -> bool:
-        """JS is computed in the no-grad pass: TGRL high rows after warm-up; every row for credit=js elsewhere."""
-        return self._tgrl_active(warmup) or (self.credit.name == "js" and not self.algo.is_tgrl)
+        """JS is computed in the no-grad pass when the plan's JS stage can run: TGRL after warm-up (unless
+        credit=uniform), credit=js on any other algorithm."""
+        if self.algo.is_tgrl:
+            return not warmup and self.credit.name != "uniform"
+        return self.credit.name == "js"
 
     @staticmethod
     def _credit_inputs(b: dict[str, Tensor], old: dict[str, Tensor], advantages: Tensor, rm: Tensor
@@ -415,8 +439,6 @@ class Learner:
     def _optimise(self, b: dict[str, Tensor], old: dict[str, Tensor], advantages: Tensor, loss_mask: Tensor,
                   returns: Tensor | None) -> dict[str, float]:
         algo = self.algo
-        bsz = loss_mask.shape[0]
-        mini = algo.mini_batch_size or bsz
         extra_terms = algo.kl_coef > 0 or algo.ent_coef > 0 or self.value_head is not None
         # rows that can carry gradient (others only count in the denominators)
         active = (loss_mask.sum(-1) > 0) & (extra_terms | ((advantages != 0) & (loss_mask > 0)).any(-1))
@@ -431,9 +453,10 @@ class Learner:
             weights[name] = weights.get(name, 0.0) + weight
 
         self.model.train()
+        n_opt_steps = 0
         for _epoch in range(algo.ppo_epochs):
-            perm = torch.randperm(bsz, generator=self.generator).to(self.device)
-            for mb_rows in perm.split(mini):
+            for mb_rows in group_mini_batches(b["group_index"], algo.num_mini_batches, self.generator):
+                n_opt_steps += 1
                 mb_mask = loss_mask[mb_rows]
                 if algo.loss_agg == "token_mean":
                     den = mb_mask.sum().clamp_min(1.0)
@@ -451,7 +474,9 @@ class Learner:
                     mb_pg_loss += float(m.pop("actor/pg_loss"))  # micro losses share den: they sum to the mb loss
                     w = float(loss_mask[rows].sum())
                     for k, v in m.items():
-                        acc(k, v, w)
+                        # ratio statistics of the first optimiser step are trivial (the policy is the old one:
+                        # ratio 1, clipfrac 0): they are reported from steps 2..n when there are several
+                        acc(f"first:{k}" if n_opt_steps == 1 and k in RATIO_METRICS else k, v, w)
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     self.params, self.optim_cfg.max_grad_norm if self.optim_cfg.max_grad_norm > 0 else math.inf)
                 grad_norms.append(float(grad_norm))
@@ -459,6 +484,11 @@ class Learner:
                 self.scheduler.step()
                 acc("actor/pg_loss", mb_pg_loss, 1.0)
         out = {k: sums[k] / weights[k] if weights[k] > 0 else 0.0 for k in sums}
+        for k in RATIO_METRICS:  # a single optimiser step: its (trivial) ratio statistics are all there are
+            first = out.pop(f"first:{k}", None)
+            if k not in out and first is not None:
+                out[k] = first
+        out["actor/optimizer_steps"] = float(n_opt_steps)
         out.setdefault("actor/clipfrac", 0.0)  # no row carried gradient (e.g. all rewards of every group equal):
         out.setdefault("actor/approx_kl", 0.0)  # the policy did not move, ratio 1 everywhere
         out.setdefault("actor/pg_clipfrac_lower", 0.0)

@@ -101,7 +101,7 @@ def test_one_step_every_algo_credit_schedule(tiny, algo, credit, schedule):
     """Every algo x credit x schedule runs one step: finite section-6 metrics, and the weights change."""
     model, tok = tiny
     batch, _ = sample_batch(model, tok, max_new_tokens=6)
-    learner = _learner(model, tok, ALGOS[algo], credit, CREDITS[credit], schedule, mini_batch_size=6,
+    learner = _learner(model, tok, ALGOS[algo], credit, CREDITS[credit], schedule, num_mini_batches=2,
                        micro_batch_size=4)
     before = [p.detach().clone() for p in model.parameters()]
     metrics = learner.update(batch, step=2, total_steps=10)

@@ -172,7 +172,11 @@ def test_dapo_overlong_defaults_from_engine(tmp_path):
 
 
 def test_static_forking_fixed_S(tmp_path):
-    """schedule.value fixes S (forking's static variant: S = 0.8 keeps ceil(0.2 L) tokens of each row)."""
-    (rec,) = run(tmp_path, "algo=grpo", "credit=forking", "schedule.value=0.8", "engine.max_new_tokens=10")
-    assert rec["schedule/S"] == pytest.approx(0.8)
+    """schedule.value fixes S; forking's static variant is S = 1 (tokens at or above the batch's 80th entropy
+    percentile, about 20%); S = 0.5 relaxes the threshold and trains more."""
+    (rec,) = run(tmp_path, "algo=grpo", "credit=forking", "schedule.value=1.0", "engine.max_new_tokens=10")
+    assert rec["schedule/S"] == pytest.approx(1.0)
     assert 0.0 < rec["credit/trained_token_frac"] <= 0.5
+    shutil.rmtree(tmp_path / "run")
+    (rec2,) = run(tmp_path, "algo=grpo", "credit=forking", "schedule.value=0.5", "engine.max_new_tokens=10")
+    assert rec2["credit/trained_token_frac"] > rec["credit/trained_token_frac"]
