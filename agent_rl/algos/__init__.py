@@ -1,7 +1,7 @@
 """agent_rl.algos: the credit math as small pure torch functions (spec: docs/algorithms.md; map: docs/algorithms_impl.md).
 
-Imports only torch and the standard library. Dims used in every docstring: B rows, T response tokens (in the learner
-T == L, prompt positions carry response_mask 0), V vocabulary, G group size, E episodes, N flattened tokens.
+Imports only torch and the standard library. Dims: the package glossary of ``agent_rl.types`` (B rows, T response
+tokens, L row length, E episodes, G group size, K turns, V vocabulary, N flattened tokens).
 
 What the learner calls, by spec section:
     1  compute_advantages(name, rewards, group_index, episode_index=None, **kw) -> (B,)  (grpo, drgrpo, rloo,
@@ -51,7 +51,7 @@ from .logits import (
     truncate_logits,
     truncation_mask,
 )
-from .losses import agg_loss, gspo_loss, kl_penalty, masked_mean, policy_loss, ppo_clip_loss
+from .losses import agg_denominator, agg_loss, gspo_loss, kl_penalty, masked_mean, policy_loss, ppo_clip_loss
 from .registry import (
     ADV_ESTIMATORS,
     CREDIT_RULES,
@@ -103,6 +103,7 @@ __all__ = [
     # losses (spec 2)
     "policy_loss",
     "agg_loss",
+    "agg_denominator",
     "ppo_clip_loss",
     "gspo_loss",
     "kl_penalty",

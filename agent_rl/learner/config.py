@@ -1,8 +1,9 @@
 """Config dataclasses of the learner side: algorithm, credit, schedule, optimiser, model.
 
-D2 composes them into the root Hydra config (``agent_rl/config.py``) and writes one YAML preset per algorithm
-(``configs/algo/*.yaml``). Every field has a default; ``__post_init__`` checks fields against each other and raises
-``ValueError`` naming the allowed values (STYLE.md habit 5).
+The root Hydra config (``agent_rl/config.py``) composes them; ``configs/algo/*.yaml`` holds one preset per algorithm.
+Every field has a default; ``__post_init__`` checks fields against each other and raises ``ValueError`` naming the
+allowed values. Names that are registry entries (estimators, losses, credit rules, schedules) are checked against the
+``agent_rl.algos`` registries by the ``Learner``, whose errors list the valid names.
 """
 
 from __future__ import annotations
@@ -11,14 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ALGO_NAMES = ("tgrl", "grpo", "drgrpo", "dapo", "rloo", "ppo", "gspo")
-ADV_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gae")
-POLICY_LOSSES = ("ppo_clip", "gspo")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-CREDIT_NAMES = ("uniform", "js", "tp", "forking", "entropy_adv", "empg")
 CREDIT_LEVELS = ("token", "turn")
-SCHEDULE_KINDS = ("linear", "sigmoid", "power", "constant", "none")
-#: credit rules that need the old policy's token entropy (computed in the learner's no-grad pass).
-ENTROPY_CREDITS = ("forking", "entropy_adv", "empg")
 
 
 def _check(name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -55,7 +50,8 @@ class AlgoConfig:
     std: str = "sample"
     """GRPO std: sample (N-1) | population."""
     temperature: float = 1.0
-    """Sampling temperature of non-TGRL algorithms (every episode)."""
+    """Sampling temperature of every episode of the non-TGRL algorithms (GRPO@T0: 0.3, GRPO@T1: 1.2). TGRL ignores it:
+    its episodes are sampled at ``t_low`` / ``t_high`` (all at ``t_high`` in warm-up); see :meth:`group_temperatures`."""
     t_low: float = 0.3
     """TGRL T0 (section 3)."""
     t_high: float = 1.2
@@ -64,16 +60,19 @@ class AlgoConfig:
     """TGRL episodes per group at T0."""
     n_high: int = 3
     """TGRL episodes per group at T1."""
-    group_size: int = 4
-    """G episodes per task (TGRL: must equal n_low + n_high)."""
+    group_size: int = 0
+    """G episodes per task. 0 = derived: ``n_low + n_high`` for TGRL, 4 for the others. Under TGRL a non-zero value
+    must equal ``n_low + n_high`` (set those instead)."""
     warmup_steps: int = 20
     """TGRL warm-up: the first steps sample everything at T1 and use plain GRPO (s.3.7)."""
     js_quantile_clip: bool = True
-    """Clip JS weights to the row's 5th..95th percentiles (s.3.4)."""
-    js_chunk_size: int = 1024
-    """Rows (tokens) per chunk of every logits-sized computation (log-probs, JS, entropy): bounds memory."""
+    """Clip JS weights to the trajectory's 5th..95th percentiles (TGRL step 4). The one key for it: the ``js``
+    credit rule and TGRL's JS stage both read it."""
+    logits_chunk_size: int = 1024
+    """Tokens per chunk of every logits-sized computation (the (n, V) logits and from them log-probs, entropy, JS, in
+    the no-grad and the grad pass): bounds memory to a few (chunk, V) buffers."""
     compile_js: bool = False
-    """``torch.compile`` the JS in fixed-size chunks (of ``js_chunk_size`` rows): measured 2.7x faster on CPU after
+    """``torch.compile`` the JS in fixed-size chunks (of ``logits_chunk_size`` rows): measured 2.7x faster on CPU after
     a one-off compile of ~30 s per process (needs a C compiler); worth it for long runs, off for tests."""
     low_rows_in_denominator: bool = True
     """TGRL low rows (advantage 0) still count in the token-mean denominator (reference code)."""
@@ -114,15 +113,21 @@ class AlgoConfig:
         # Learner checks them against the registries of agent_rl.algos, whose errors list the valid names.
         _check("algo.loss_agg", self.loss_agg, LOSS_AGGS)
         _check("algo.std", self.std, ("sample", "population"))
+        if self.name == "tgrl":
+            if self.group_size not in (0, self.n_low + self.n_high):
+                raise ValueError(f"algo.group_size={self.group_size} must equal n_low + n_high = "
+                                 f"{self.n_low + self.n_high} for tgrl (it is derived from them: leave it 0)")
+            self.group_size = self.n_low + self.n_high
+        elif self.group_size == 0:
+            self.group_size = 4
         if (self.name == "ppo") != (self.adv_estimator == "gae"):
             raise ValueError("algo.adv_estimator=gae goes with algo.name=ppo (and only with it)")
-        if self.name == "tgrl" and self.n_low + self.n_high != self.group_size:
-            raise ValueError(f"algo.group_size={self.group_size} must equal n_low + n_high = "
-                             f"{self.n_low + self.n_high} for tgrl")
         if min(self.t_low, self.t_high, self.temperature) <= 0:
             raise ValueError("algo temperatures must be > 0")
-        if min(self.micro_batch_size, self.num_mini_batches, self.ppo_epochs, self.js_chunk_size) < 1:
-            raise ValueError("algo.micro_batch_size, num_mini_batches, ppo_epochs, js_chunk_size must be >= 1")
+        if min(self.micro_batch_size, self.num_mini_batches, self.ppo_epochs, self.logits_chunk_size) < 1:
+            raise ValueError("algo.micro_batch_size, num_mini_batches, ppo_epochs, logits_chunk_size must be >= 1")
+        if min(self.n_low, self.n_high) < 0 or self.group_size < 1:
+            raise ValueError("algo.n_low, n_high must be >= 0 and the group size >= 1")
 
     @property
     def is_tgrl(self) -> bool:
@@ -131,6 +136,21 @@ class AlgoConfig:
     @property
     def uses_critic(self) -> bool:
         return self.adv_estimator == "gae"
+
+    def in_warmup(self, step: int) -> bool:
+        """TGRL's warm-up (step 7 of algorithms.md, TGRL): 1-based ``step <= warmup_steps``; always False for the
+        other algorithms. The one place the rule lives: sampling and the learner both ask here."""
+        return self.is_tgrl and step <= self.warmup_steps
+
+    def group_temperatures(self, step: int) -> list[tuple[float, bool]]:
+        """``(temperature, is_high)`` of the G episodes of a group at 1-based ``step``: TGRL ``n_low`` at ``t_low``
+        then ``n_high`` at ``t_high`` (warm-up: all G at ``t_high``, all flagged high); the others ``group_size``
+        at ``temperature`` (flagged low)."""
+        if not self.is_tgrl:
+            return [(float(self.temperature), False)] * self.group_size
+        if self.in_warmup(step):
+            return [(float(self.t_high), True)] * self.group_size
+        return [(float(self.t_low), False)] * self.n_low + [(float(self.t_high), True)] * self.n_high
 
 
 @dataclass
@@ -147,10 +167,6 @@ class CreditConfig:
     def __post_init__(self) -> None:
         _check("credit.level", self.level, CREDIT_LEVELS)
 
-    @property
-    def needs_entropy(self) -> bool:
-        """Whether the rule reads the old policy's token entropy (built-ins: forking, entropy_adv, empg)."""
-        return self.name in ENTROPY_CREDITS
 
 
 @dataclass

@@ -53,16 +53,9 @@ class RolloutResult:
 
 
 def group_temperatures(algo: Any, step: int) -> list[tuple[float, bool]]:
-    """(temperature, is_high) of the G episodes of a group at 1-based ``step`` (algorithms.md section 3).
-
-    TGRL: ``n_low`` at ``t_low`` then ``n_high`` at ``t_high``; during warm-up (``step <= warmup_steps``) all G at
-    ``t_high`` (all flagged high). Other algos: ``group_size`` episodes at ``algo.temperature`` (flagged low).
-    """
-    if algo.name == "tgrl":
-        if step <= algo.warmup_steps:
-            return [(float(algo.t_high), True)] * (algo.n_low + algo.n_high)
-        return [(float(algo.t_low), False)] * algo.n_low + [(float(algo.t_high), True)] * algo.n_high
-    return [(float(algo.temperature), False)] * algo.group_size
+    """(temperature, is_high) of the G episodes of a group at 1-based ``step``: ``algo.group_temperatures(step)``
+    (``AlgoConfig``, the one home of the TGRL sampling and warm-up rule; algorithms.md, TGRL)."""
+    return algo.group_temperatures(step)
 
 
 class GenerationBatcher:

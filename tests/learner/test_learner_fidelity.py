@@ -157,9 +157,9 @@ def test_learner_logprobs_match_a_truncating_sampler(tiny, top_k, top_p):
     batch = build_batch(rows, tok.pad_token_id)
     rm = batch.response_mask > 0
     cfg = AlgoConfig(name="tgrl", warmup_steps=0)
-    same = Learner(model, tok, cfg, OptimConfig(), top_k=top_k, top_p=top_p).evaluate(batch)["logprobs"]
+    same = Learner(model, tok, cfg, OptimConfig(), top_k=top_k, top_p=top_p).evaluate(batch).logprobs
     assert float((same - batch.engine_logprobs).abs()[rm].max()) < 1e-4
-    full = Learner(model, tok, cfg, OptimConfig()).evaluate(batch)["logprobs"]
+    full = Learner(model, tok, cfg, OptimConfig()).evaluate(batch).logprobs
     assert float((full - batch.engine_logprobs).abs()[rm].max()) > 1e-3
 
 

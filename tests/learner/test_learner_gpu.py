@@ -82,6 +82,6 @@ def test_truncated_sampling_on_cuda_matches_learner(tiny):
                  reward=float(i % 2)) for i, (p, g, t) in enumerate(zip(prompts, gens, [0.3, 1.2, 1.2, 1.2]))]
     batch = build_batch(rows, tok.pad_token_id)
     lp = Learner(model, tok, AlgoConfig(name="tgrl"), OptimConfig(), device="cuda", mixed_precision="no",
-                 top_k=5).evaluate(batch)["logprobs"].cpu()
+                 top_k=5).evaluate(batch).logprobs.cpu()
     rm = batch.response_mask > 0
     assert float((lp - batch.engine_logprobs).abs()[rm].max()) < 1e-4
