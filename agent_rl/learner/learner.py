@@ -175,6 +175,8 @@ class Learner:
             raise ValueError(f"credit={self.credit.name} is not defined at credit.level={self.credit.level}; "
                              f"it supports {list(levels)}")
         algos.get_schedule(self.schedule.kind)
+        if "quantile_clip" in self.credit.kwargs:  # one key for one idea
+            raise ValueError("credit.kwargs.quantile_clip is not read: the JS percentile clip is algo.js_quantile_clip")
 
         self.device = torch.device(device)
         self.tokenizer = tokenizer

@@ -118,6 +118,25 @@ def test_one_step_every_algo_credit_schedule(tiny, algo, credit, schedule):
         assert metrics["credit/js_mean"] > 0
     if algo == "ppo":
         assert math.isfinite(metrics["critic/vf_loss"]) and "actor/kl_ref" in metrics
+    # value checks on what was trained (last_token_stats, (B, L))
+    st = learner.last_token_stats
+    rm = batch.response_mask > 0
+    assert metrics["credit/trained_token_frac"] == pytest.approx(float(st["loss_mask"].sum()) / float(rm.sum()))
+    assert metrics["actor/entropy"] == pytest.approx(float(st["entropy"][rm].mean()), rel=1e-5)
+    assert metrics["actor/optimizer_steps"] == 2.0  # 2 groups -> 2 mini-batches of whole groups
+    adv = st["advantages"]
+    assert (adv[~(st["loss_mask"] > 0)] == 0).all()  # untrained tokens carry no advantage
+    if algo == "tgrl":
+        assert (adv[~batch.is_high] == 0).all()  # T0 rows are never trained, whatever the credit rule
+    elif algo == "ppo":  # GAE whitened over the batch's response tokens
+        assert float(adv[rm].mean()) == pytest.approx(0.0, abs=1e-4)
+    elif credit in ("uniform", "tp", "forking"):  # zero-sum group estimators, advantage constant over an episode
+        first = [int(rm[r].nonzero()[0]) for r in range(batch.num_rows)]
+        for g in batch.group_index.unique():
+            eps = {int(e): float(adv[r, first[r]]) for r in range(batch.num_rows)
+                   if batch.group_index[r] == g and st["loss_mask"][r, first[r]] > 0 for e in [batch.episode_index[r]]}
+            if credit == "uniform" and algo != "dapo":
+                assert sum(eps.values()) == pytest.approx(0.0, abs=1e-4), eps
 
 
 def test_all_equal_rewards_still_report_every_actor_metric(tiny):
