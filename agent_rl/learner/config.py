@@ -12,6 +12,8 @@ from typing import Any
 
 ALGO_NAMES = ("tgrl", "grpo", "drgrpo", "dapo", "rloo", "ppo", "gspo")
 ADV_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gae")
+#: estimators whose baseline is the task's group: with group_size 1 every advantage is 0.
+GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "gigpo")
 POLICY_LOSSES = ("ppo_clip", "gspo")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 CREDIT_NAMES = ("uniform", "js", "tp", "forking", "entropy_adv", "empg")
@@ -117,6 +119,15 @@ class AlgoConfig:
         if self.name == "tgrl" and self.n_low + self.n_high != self.group_size:
             raise ValueError(f"algo.group_size={self.group_size} must equal n_low + n_high = "
                              f"{self.n_low + self.n_high} for tgrl")
+        if self.group_size < 1 or self.n_low < 0 or (self.name == "tgrl" and self.n_high < 1):
+            raise ValueError("algo.group_size >= 1, n_low >= 0 and (tgrl) n_high >= 1 required (TGRL trains T1 rows)")
+        if self.dapo_dynamic_sampling and self.group_size < 2:
+            raise ValueError(f"algo.dapo_dynamic_sampling needs algo.group_size >= 2 (got {self.group_size}): a group "
+                             "of one reward is always all-equal, so every group would be filtered and nothing trained")
+        if self.group_size < 2 and self.adv_estimator in GROUP_ESTIMATORS:
+            raise ValueError(f"algo.group_size={self.group_size} with algo.adv_estimator={self.adv_estimator} gives "
+                             "every advantage 0 (a group of one has no baseline to compare with): use group_size >= 2 "
+                             "or algo.adv_estimator=reinforce_pp (batch baseline)")
         if min(self.t_low, self.t_high, self.temperature) <= 0:
             raise ValueError("algo temperatures must be > 0")
         if self.micro_batch_size < 1 or self.mini_batch_size < 0 or self.ppo_epochs < 1 or self.js_chunk_size < 1:

@@ -72,7 +72,9 @@ def test_resume_continues_at_next_step(tmp_path):
     assert steps == [1, 2, 3]
     extra = json.loads((out / "checkpoints" / "step_3" / "extra.json").read_text())
     # one group per step: the data position after 3 steps is 3 tasks
-    assert extra == {"step": 3, "sampler": {"position": 3}}
+    assert (extra["step"], extra["sampler"]) == (3, {"position": 3})
+    assert extra["config"]["trainer"]["total_steps"] == 3  # the config this checkpoint was trained under
+    assert "trainer:" in (out / "config.resume-3.yaml").read_text()  # each config the run ran under is kept
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2", "step_3"]  # keep_checkpoints=2
     assert "trainer:" in (out / "config.yaml").read_text()
 
