@@ -26,6 +26,7 @@ from agent_rl.rollout.config import RolloutConfig, TaskSamplerConfig
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SCHEMA_NAME = "agent_rl_schema"
 SERVER_MODES = ("http", "local")
+LOCAL_KINDS = ("thread", "process")
 
 
 class ConfigError(ValueError):
@@ -80,6 +81,9 @@ class EnvServerConfig:
     def __post_init__(self) -> None:
         if self.mode not in SERVER_MODES:
             raise ValueError(f"env_server.mode={self.mode!r} is not valid; valid values: {', '.join(SERVER_MODES)}")
+        if self.local_kind not in LOCAL_KINDS:
+            raise ValueError(f"env_server.local_kind={self.local_kind!r} is not valid; valid values: "
+                             f"{', '.join(LOCAL_KINDS)}")
 
 
 @dataclass
@@ -213,7 +217,7 @@ def check_overrides(overrides: list[str]) -> list[str]:
 
 
 def _explain(exc: Exception) -> ConfigError:
-    """Turn an OmegaConf/Hydra error into a ConfigError that names the valid keys where it can."""
+    """Turn an OmegaConf/Hydra error into a one-line ConfigError that names the valid keys or options."""
     cause = exc.__cause__
     msg = str(exc) if cause is None else f"{exc}: {cause}"
     m = re.search(r"full_key: ([\w.\[\]]+)", msg)
@@ -221,8 +225,17 @@ def _explain(exc: Exception) -> ConfigError:
         try:
             _check_key(m.group(1).split("."), m.group(1))
         except ConfigError as err:
-            return ConfigError(f"{err}\n({msg.strip()})")
-    return ConfigError(msg)
+            return err
+    missing = re.search(r"Could not find '([\w-]+)/([^']*)'", msg)
+    if missing:  # unknown group option: Hydra's message spans many lines
+        group, option = missing.groups()
+        options = sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+        close = difflib.get_close_matches(option, options, n=1)
+        hint = f" Did you mean {group}={close[0]}?" if close else ""
+        return ConfigError(f"unknown option {group}={option}: available options in '{group}': "
+                           f"{', '.join(options)}.{hint}")
+    first = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
+    return ConfigError(f"{first} ({m.group(1)})" if m else " ".join(msg.split()))
 
 
 def load_config(overrides: list[str] | None = None, *, config_dir: str | Path | None = None,
@@ -281,12 +294,29 @@ def _registry_checks(cfg: Config) -> None:
     if cfg.credit.level not in levels:
         raise ValueError(f"credit={cfg.credit.name} is not defined at credit.level={cfg.credit.level}; "
                          f"it supports {list(levels)}")
+    rule_params = _keyword_params(algos.get_credit_rule(cfg.credit.name), skip=3)  # (inputs, S, level, ...)
+    unknown = sorted(set(cfg.credit.kwargs) - set(rule_params)) if rule_params is not None else []
+    if unknown:
+        raise ValueError(f"credit.kwargs {', '.join(unknown)} not accepted by credit={cfg.credit.name}; valid keys: "
+                         f"{', '.join(rule_params or []) or '(none)'}")
     algos.get_schedule(cfg.schedule.kind)
     if cfg.engine.name not in engine_names():
         close = difflib.get_close_matches(cfg.engine.name, engine_names(), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown engine {cfg.engine.name!r} (engine.name); valid names: {engine_names()}.{hint}")
     get_prompt(cfg.env.prompt)
+
+
+def _keyword_params(fn: Any, skip: int = 0) -> list[str] | None:
+    """Keyword parameter names of ``fn`` after its first ``skip`` parameters; None if it takes ``**kwargs`` (or
+    cannot be inspected), so any key is accepted."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params[skip:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def _import_all(key: str, modules: list[str]) -> None:
@@ -318,22 +348,23 @@ def _env_checks(cfg: Config) -> None:
     entry = spec.entry_point
     try:
         ctor = gymnasium.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
-        params = inspect.signature(ctor).parameters
-    except Exception:  # noqa: BLE001 (an entry point that cannot be inspected is checked when it is built)
+    except Exception:  # noqa: BLE001 (an entry point that cannot be loaded here fails, with its reason, when built)
         return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    accepted = _keyword_params(ctor)
+    if accepted is None:
         return
-    accepted = sorted(n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
     unknown = sorted(set(cfg.env_kwargs) - set(accepted))
     if unknown:
         raise ConfigError(f"env.kwargs {', '.join(unknown)} not accepted by {cfg.env.id} ({entry}); valid keys: "
-                          f"{', '.join(accepted) or '(none)'}")
+                          f"{', '.join(sorted(accepted)) or '(none)'}")
 
 
 def _device_checks(cfg: Config) -> None:
     import torch
 
     name = cfg.trainer.device
+    if cfg.engine.name == "vllm" and not torch.cuda.is_available():
+        raise ConfigError("engine=vllm needs a CUDA device and torch finds none; use engine=hf (runs anywhere)")
     if name == "auto":
         return
     try:
@@ -444,13 +475,27 @@ def config_dict(cfg: Config) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict) and node:
+def _schema_node(path: list[str]) -> Any:
+    """The dataclass type at dotted ``path`` of the Config tree, ``dict`` for a free-form dict field (``env.kwargs``,
+    ``credit.kwargs``, ``env.sampler.options``: compared whole), None for a path the schema does not have."""
+    node: Any = Config
+    for part in path:
+        if not (isinstance(node, type) and is_dataclass(node)):
+            return dict
+        node = _field_types(node).get(part)
+        if node is None:
+            return None
+    return node if isinstance(node, type) and is_dataclass(node) else dict
+
+
+def _flatten(node: Any, path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Dotted key -> value over the schema's fields; free-form dicts stay whole values."""
+    if isinstance(node, dict) and (not path or _schema_node(list(path)) is not dict):
         out: dict[str, Any] = {}
         for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(_flatten(value, (*path, str(key))))
         return out
-    return {prefix[:-1]: list(node) if isinstance(node, tuple) else node}
+    return {".".join(path): list(node) if isinstance(node, tuple) else node}
 
 
 def may_change_on_resume(key: str) -> bool:
@@ -478,7 +523,7 @@ def compare_for_resume(saved: dict[str, Any] | None, cfg: Config, *, source: str
     lines, refused = [], []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, _MISSING), new.get(key, _MISSING)
-        if a == b:
+        if a == b or key in ("trainer.resume", "trainer.resume_allow_changes"):  # the resume request itself
             continue
         if a is _MISSING or b is _MISSING:
             kind = "new key" if a is _MISSING else "removed key"

@@ -39,6 +39,11 @@ from agent_rl.config import (
 )
 
 
+class FirstStepFailed(RuntimeError):
+    """Every episode of the run's first step failed (bad env options or kwargs, an unreachable env server): nothing
+    can train. The CLI prints it as one line."""
+
+
 # ------------------------------------------------------------------------------------------------ the loop
 async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) -> dict[str, Any]:
     """Run steps ``start..trainer.total_steps``; returns the last step's logged record. ``config_file`` (the YAML
@@ -55,7 +60,11 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
     seed_everything(cfg.trainer.seed)
     set_torch_threads(cfg.engine.num_threads)
     device = resolve_device(cfg.trainer.device)
-    model, tokenizer = load_policy(cfg.model)
+    try:
+        model, tokenizer = load_policy(cfg.model)
+    except (OSError, ValueError) as exc:  # not found / not downloadable / an option transformers rejects
+        where = f"model.name={cfg.model.name}" + (f" model.path={cfg.model.path}" if cfg.model.path else "")
+        raise ConfigError(f"{where} could not be loaded: {' '.join(str(exc).split())[:400]}") from exc
     note = fit_prompt_budget(cfg, getattr(model.config, "max_position_embeddings", None),
                              "max_position_embeddings of the loaded model")
     if note:  # a hub model whose config was not available offline at load time
@@ -104,7 +113,7 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
                         print(f"warning: step {step}: {len(result.failures)} group(s) dropped; first reason: "
                               f"{result.failures[0]}", file=sys.stderr)
                         if step == start and not result.episodes and not result.filtered_groups:
-                            raise RuntimeError(f"every episode of step {step} failed, nothing to train on; "
+                            raise FirstStepFailed(f"every episode of step {step} failed, nothing to train on; "
                                                f"first reason: {result.failures[0]}")
                     if step < total:  # next step's env resets (seconds on ALFWorld) run during this update
                         rollout.prefetch(sampler.sample(cfg.trainer.tasks_per_step), cfg.algo.group_size)
@@ -166,7 +175,10 @@ def main(overrides: list[str] | None = None) -> dict[str, Any]:
             print(line, file=sys.stderr)
         if start <= cfg.trainer.total_steps:  # each config the run ran under is kept
             config_file = out / f"config.resume-{start}.yaml"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"trainer.output_dir={out} cannot be created: {exc.strerror or exc}") from None
     if cfg.data.root:  # the one data root, for envs in this process too (local mode; see envs.data.data_root)
         os.environ["AGENT_RL_DATA"] = cfg.data.root
     text = to_yaml(cfg)
@@ -335,12 +347,17 @@ async def open_env_pool(cfg: Config, out: Path) -> AsyncIterator[Any]:
 
 
 def cli() -> None:
-    """``python -m agent_rl.train``: :func:`main`, with a config error printed as one message (exit code 2)."""
+    """``python -m agent_rl.train``: :func:`main`, with a config error printed as one line ``config error: what,
+    where, the valid choices`` (exit code 2, no traceback). Every check that can run before training raises
+    ConfigError (:func:`agent_rl.config.load_config`, the output dir, the resume path and config)."""
     try:
         main()
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
+        print(f"config error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, no traceback
         raise SystemExit(2) from None
+    except FirstStepFailed as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

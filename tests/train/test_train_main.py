@@ -115,7 +115,7 @@ def test_unknown_key_names_valid_keys():
     assert "trainer.total_step" in msg and "total_steps" in msg and "tasks_per_step" in msg
     with pytest.raises(ConfigError, match="valid keys of the root config"):
         load_config(["trainr.total_steps=3"])
-    with pytest.raises(ConfigError, match="Available options in 'algo'"):
+    with pytest.raises(ConfigError, match="available options in 'algo'"):
         load_config(["algo=ppo2"])
     with pytest.raises(ConfigError, match="valid values: turn, trajectory"):
         load_config(["rollout.mode=rows"])
@@ -145,7 +145,7 @@ def test_config_defaults():
         assert load_config([f"env={env}"]).env.id.startswith("agent_rl/")
     for model in ("smollm2", "tiny", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-4b"):
         load_config([f"model={model}"])
-    assert load_config(["engine=vllm"]).engine.name == "vllm"
+    assert load_config(["engine=vllm"], check=False).engine.name == "vllm"  # composes; refused without CUDA
 
 
 def test_gym_env_calculator_one_step(tmp_path):
