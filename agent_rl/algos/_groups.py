@@ -6,6 +6,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+FLAT_RTOL = 1e-6
+"""Tolerance of the zero-variance test (:func:`flat_range`): a group whose reward range ``max - min`` is at most
+``FLAT_RTOL * max(1, max |R|)`` counts as all-equal and gets advantage 0 (algorithms.md section 1). Exact equality
+would let float rounding through: seven float32 0.3 and one 3e-8 away give REINFORCE++ advantages -0.181 / +1.270."""
+
+
+def flat_range(vmax: Tensor, vmin: Tensor) -> Tensor:
+    """The one zero-variance test of the algos package: True where a group with largest value ``vmax`` and smallest
+    ``vmin`` (same shape, any float dtype) is flat, i.e. ``vmax - vmin <= FLAT_RTOL * max(1, |vmax|, |vmin|)``
+    (absolute 1e-6 for rewards of magnitude <= 1, relative 1e-6 above). Returns a bool tensor of that shape."""
+    vmax, vmin = vmax.double(), vmin.double()
+    scale = torch.maximum(vmax.abs(), vmin.abs()).clamp_min(1.0)
+    return (vmax - vmin) <= FLAT_RTOL * scale
+
 
 def as_float(x: Tensor) -> Tensor:
     """Return ``x`` as a floating tensor (bool/int -> float32); floating tensors are returned unchanged."""
@@ -43,7 +57,8 @@ def group_stats(values: Tensor, group_index: Tensor, unbiased: bool = True) -> d
         unbiased: sample std (divide by n-1) if True, population std (divide by n) if False. A single-row group has
             std 0 with either choice (the n-1 = 0 case is defined as 0, never NaN).
     Returns:
-        dict of (B,) float64 tensors: ``mean``, ``std``, ``count``, ``sum``, ``all_equal`` (bool: group max == min).
+        dict of (B,) float64 tensors: ``mean``, ``std``, ``count``, ``sum``, ``all_equal`` (bool: the group's range
+        is within the tolerance of :func:`flat_range`, ``max - min <= 1e-6 * max(1, max |v|)``).
     """
     inv, n = group_ids(group_index)
     v = values.double()
@@ -60,7 +75,7 @@ def group_stats(values: Tensor, group_index: Tensor, unbiased: bool = True) -> d
         "std": var.sqrt()[inv],
         "count": count[inv],
         "sum": total[inv],
-        "all_equal": (vmax == vmin)[inv],
+        "all_equal": flat_range(vmax, vmin)[inv],
     }
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ALGO_NAMES = ("tgrl", "grpo", "drgrpo", "dapo", "rloo", "ppo", "gspo")
+#: estimators whose baseline is the task's group: with group_size 1 every advantage is 0.
+GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "gigpo")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 CREDIT_LEVELS = ("token", "turn")
 
@@ -122,6 +124,15 @@ class AlgoConfig:
             self.group_size = 4
         if (self.name == "ppo") != (self.adv_estimator == "gae"):
             raise ValueError("algo.adv_estimator=gae goes with algo.name=ppo (and only with it)")
+        if self.group_size < 1 or self.n_low < 0 or (self.name == "tgrl" and self.n_high < 1):
+            raise ValueError("algo.group_size >= 1, n_low >= 0 and (tgrl) n_high >= 1 required (TGRL trains T1 rows)")
+        if self.dapo_dynamic_sampling and self.group_size < 2:
+            raise ValueError(f"algo.dapo_dynamic_sampling needs algo.group_size >= 2 (got {self.group_size}): a group "
+                             "of one reward is always all-equal, so every group would be filtered and nothing trained")
+        if self.group_size < 2 and self.adv_estimator in GROUP_ESTIMATORS:
+            raise ValueError(f"algo.group_size={self.group_size} with algo.adv_estimator={self.adv_estimator} gives "
+                             "every advantage 0 (a group of one has no baseline to compare with): use group_size >= 2 "
+                             "or algo.adv_estimator=reinforce_pp (batch baseline)")
         if min(self.t_low, self.t_high, self.temperature) <= 0:
             raise ValueError("algo temperatures must be > 0")
         if min(self.micro_batch_size, self.num_mini_batches, self.ppo_epochs, self.logits_chunk_size) < 1:
