@@ -32,7 +32,8 @@ from servers.sessions import (
     SessionNotFound,
     UnknownEnv,
 )
-from servers.workers import EnvRejected, EnvTimeout
+from envs.errors import ENV_INFRA_ERROR_CODE
+from servers.workers import EnvInfraFailed, EnvRejected, EnvTimeout
 
 __all__ = ["create_app"]
 
@@ -128,6 +129,8 @@ def create_app(
         after = "no session was opened" if request.url.path.rstrip("/") == "/sessions" else "the session was closed"
         if isinstance(exc, EnvTimeout):
             return _error(504, "env_timeout", f"{exc}; {after}")
+        if isinstance(exc, EnvInfraFailed):  # the env could not judge (docs/env_errors.md): never a reward
+            return _error(500, ENV_INFRA_ERROR_CODE, f"the env could not judge: {exc}; {after}")
         if isinstance(exc, EnvRejected):  # bad env_kwargs / seed / options: the client's error
             return _error(422, "invalid_request", f"the env rejected the request: {exc}; {after}")
         return _error(500, "env_error", f"the env raised {exc}; {after}")

@@ -11,7 +11,9 @@ Contract (``gymnasium.Env[str, str]``):
 - ``step(response)``: always ``terminated=True``. ``reward`` 1.0 if the final answer (last ``\\boxed{}``, else
   GSM8K's ``####``) is equivalent to the reference by math-verify or by the normalised string match, else 0.0.
   ``info``: ``extracted``, ``reference``, ``correct``, ``reason`` (``correct``/``wrong_answer``/``no_answer``),
-  ``verifier`` (``math_verify``/``timeout``/``error: ...``), ``string_match``, plus the reset info.
+  ``verifier`` (``math_verify``/``timeout``/``error: ...``), ``string_match``, plus the reset info. Numbers
+  compare by value (exact for exact rationals, else relative tolerance 1e-6: ``envs.math.grader.numbers_equal``).
+  Raises :class:`envs.errors.EnvInfraError` when the verifier itself cannot judge (``docs/env_errors.md``).
 """
 
 from __future__ import annotations
