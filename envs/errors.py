@@ -14,12 +14,16 @@ Who sees it how:
 - rollout orchestrator: like any HTTP 5xx, the episode is re-run from its task (``rollout.episode_retries``), then
   its whole group is dropped and counted in ``rollout/dropped_groups``.
 
+The other loud failure is :class:`EnvDataError`: an env whose data is missing or empty at the resolved path says
+so, with the path and the counts it found, when it is built (the env server builds one before ``/health`` is
+up, so a server that cannot reset never reports ready).
+
 This module imports nothing of ``agent_rl`` (data flows one way).
 """
 
 from __future__ import annotations
 
-__all__ = ["ENV_INFRA_ERROR_CODE", "EnvInfraError"]
+__all__ = ["ENV_INFRA_ERROR_CODE", "EnvDataError", "EnvInfraError"]
 
 ENV_INFRA_ERROR_CODE = "env_infra_error"
 """Machine-readable error code of an :class:`EnvInfraError` over HTTP and in ``EnvServerError.code``."""
@@ -43,3 +47,8 @@ class EnvInfraError(RuntimeError):
 
 def _rebuild(message: str, component: str) -> EnvInfraError:
     return EnvInfraError(message, component=component)
+
+
+class EnvDataError(FileNotFoundError):
+    """The env's data is missing, empty or unusable at the resolved path (a deployment problem, never the
+    request's: over HTTP a 500, not a 422). The message names the path and the counts found."""

@@ -25,6 +25,7 @@ from servers.routers import meta, sessions
 from servers.sessions import (
     AtCapacity,
     EnvFailed,
+    EnvNotReady,
     EpisodeOver,
     ServerSettings,
     SessionBusy,
@@ -66,7 +67,7 @@ def create_app(
         max_action_bytes: largest action in UTF-8 bytes (413 beyond).
         imports: modules to import first (in the server and in every worker), e.g. a user's module that calls
             ``gymnasium.register``.
-        **settings: other :class:`servers.sessions.ServerSettings` fields (``prestart_workers``,
+        **settings: other :class:`servers.sessions.ServerSettings` fields (``prestart_workers``, ``check_envs``,
             ``env_timeout_s``, ``max_sessions_per_worker``, ``max_resets_per_worker``, ``max_worker_rss_mb``).
 
     Raises:
@@ -87,7 +88,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         manager = SessionManager(config)
-        await manager.start()
+        try:
+            await manager.start()  # EnvNotReady: an env that cannot reset never gets a green /health
+        except EnvNotReady as exc:
+            app.state.startup_error = str(exc)
+            raise
         app.state.manager = manager
         try:
             yield

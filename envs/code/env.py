@@ -23,11 +23,11 @@ from collections import Counter
 from typing import Any, Sequence
 
 import gymnasium
-from gymnasium import spaces
 
 from envs.code.datasets import LOADERS, CodeTask, humanevalplus_expected, load_code
 from envs.code.sandbox import RunResult, SandboxLimits, raise_if_infra, run_tests
 from envs.errors import EnvInfraError
+from envs.spaces import TextSpace, check_action
 
 DEFAULT_INSTRUCTION = "Write the complete Python solution in a single ```python code block."
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -144,8 +144,8 @@ class CodeEnv(gymnasium.Env[str, str]):
         self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
         self.plus_wall_s = plus_wall_s
         self.max_test_details = max_test_details
-        self.observation_space = spaces.Text(max_length=1_000_000)
-        self.action_space = spaces.Text(max_length=1_000_000)
+        self.observation_space = TextSpace(1_000_000)
+        self.action_space = TextSpace(1_000_000)
         self._task: CodeTask | None = None
         self._info: dict[str, Any] = {}
 
@@ -186,10 +186,11 @@ class CodeEnv(gymnasium.Env[str, str]):
         return summarize(result, self.reward_mode, self.max_test_details)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        action = check_action(self, action)  # TypeError for a non-str (HTTP: 422), before the episode is used up
         if self._task is None:
             raise RuntimeError("call reset() before step(); each episode has exactly one step")
         task, self._task = self._task, None
-        code = extract_code(str(action), task.entry_point)
+        code = extract_code(action, task.entry_point)
         if not code.strip():
             info = {**self._info, "reward": 0.0, "reason": "no_code", "passed": False, "n_passed": 0, "n_tests": 0}
             return "", 0.0, True, False, info

@@ -29,7 +29,8 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-from gymnasium import spaces
+
+from envs.spaces import TextSpace, check_action
 
 __all__ = ["CalculatorEnv", "safe_eval", "format_number", "TEMPLATES"]
 
@@ -108,8 +109,8 @@ class CalculatorEnv(gymnasium.Env[str, str]):
     _charset = string.printable
 
     def __init__(self, num_problems: int = 1000) -> None:
-        self.observation_space = spaces.Text(max_length=4096, charset=self._charset)
-        self.action_space = spaces.Text(max_length=256, charset=self._charset)
+        self.observation_space = TextSpace(4096, charset=self._charset)
+        self.action_space = TextSpace(256, charset=self._charset)
         self.num_problems = num_problems
         self._problem = ""
         self._solution = 0.0
@@ -161,7 +162,7 @@ class CalculatorEnv(gymnasium.Env[str, str]):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Run one tool call or answer -> ``(observation, reward, terminated, truncated=False, info)``."""
-        match = _ACTION.match(action) if isinstance(action, str) else None
+        match = _ACTION.match(check_action(self, action))  # TypeError for a non-str (HTTP: 422)
         if match is None:
             return ("Invalid action. Use calc[<expression>] or answer[<number>].", 0.0, False, False,
                     self._info(invalid=True))
