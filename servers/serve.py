@@ -64,7 +64,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(str(exc))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            access_log=False, timeout_graceful_shutdown=30))
-    server.run()
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits 3 itself when the startup fails
+        if server.started:
+            raise
     if not server.started:  # startup failed: an env that cannot serve (EnvNotReady) or a port in use
         reason = getattr(app.state, "startup_error", None) or "see the log above"
         print(f"env server did not start: {reason}", file=sys.stderr)

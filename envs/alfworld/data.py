@@ -112,14 +112,17 @@ def write_traj_data(games_dir: Path) -> int:
 
 
 def _check_member(member: tarfile.TarInfo, dest: Path) -> None:
-    """The ``"data"`` extraction filter's refusals (PEP 706), for interpreters without ``filter=``: absolute names,
-    names or link targets leaving ``dest``, device files and FIFOs.
+    """The ``"data"`` extraction filter (PEP 706), for interpreters without ``filter=``: leading slashes are
+    stripped from names; names or link targets leaving ``dest``, absolute link targets, device files and FIFOs
+    are refused.
 
     Raises:
         tarfile.TarError: a member that filter would refuse (the message names it).
     """
+    if member.name.startswith(("/", os.sep)):
+        member.name = member.name.lstrip("/" + os.sep)
     name = member.name
-    if name.startswith(("/", "\\")) or os.path.isabs(name):
+    if os.path.isabs(name):
         raise tarfile.TarError(f"refusing absolute path {name!r} in the archive")
     target = (dest / name).resolve()
     if target != dest and dest not in target.parents:
@@ -143,7 +146,7 @@ def safe_extractall(tar: tarfile.TarFile, dest: Path) -> None:
     extracted without owner, group or special mode bits.
 
     Raises:
-        tarfile.TarError: a member the ``data`` filter refuses (absolute, outside ``dest``, special file).
+        tarfile.TarError: a member the ``data`` filter refuses (outside ``dest``, absolute link, special file).
     """
     dest = Path(dest).resolve()
     if hasattr(tarfile, "data_filter"):

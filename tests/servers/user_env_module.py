@@ -16,7 +16,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from envs.errors import EnvInfraError
+from envs.errors import EnvDataError, EnvInfraError
 
 
 _INSTANCES = itertools.count()
@@ -66,3 +66,19 @@ class EchoEnv(gymnasium.Env):
 
 
 gymnasium.register(id="user/Echo-v0", entry_point=EchoEnv, max_episode_steps=20)
+
+
+class NoDataEnv(EchoEnv):
+    """An env whose data is missing unless ``data="ok"``: its default reset raises ``EnvDataError``."""
+
+    def __init__(self, data: str = "/nowhere/user-data") -> None:
+        super().__init__()
+        self.data = data
+
+    def reset(self, *, seed=None, options=None):
+        if self.data != "ok":
+            raise EnvDataError(f"no items in {self.data} (0 found, 1000 expected)")
+        return super().reset(seed=seed, options=options)
+
+
+gymnasium.register(id="user/NoData-v0", entry_point=NoDataEnv, max_episode_steps=20)
