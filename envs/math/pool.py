@@ -183,6 +183,34 @@ class VerifierPool:
             raise EnvInfraError(f"the math verifier ({self.python} -c 'envs.math.pool._worker_main') could not "
                                 f"judge: {type(exc).__name__}: {exc}", component="verifier") from exc
 
+    def _healthy(self) -> _Worker | None:
+        """Make sure the verifier itself still works after a check timed out: an idle live worker (if one is free
+        right now: no start-up cost) or else a fresh one must answer ``1 == 1`` within ``timeout_s``.
+
+        Returns:
+            the fresh worker when one had to be started (the caller keeps it), else None.
+
+        Raises:
+            EnvInfraError: no worker answers the trivial check (see :meth:`_fresh`).
+        """
+        try:
+            other = self._idle.get_nowait()
+        except queue.Empty:
+            return self._fresh()
+        if other is not None and other.is_alive():
+            try:
+                other.send("1", "1")
+                if other.recv(self.timeout_s) == [True, None]:
+                    self._idle.put(other)
+                    return None
+            except (EOFError, OSError, ValueError):
+                pass
+            self._forget(other)
+            other.kill()
+            other = None
+        self._idle.put(other)
+        return self._fresh()
+
     def check(self, reference: str, answer: str) -> tuple[bool | None, str]:
         """Verdict of math-verify for two bare answers, or ``(None, reason)`` when the ANSWER could not be judged.
 
@@ -215,12 +243,12 @@ class VerifierPool:
                     if attempt == 1:
                         return None, f"error: a verifier worker died twice on this answer ({type(exc).__name__})"
                     continue
-                if reply is None:  # deadline passed: kill only this worker; a healthy one must replace it
+                if reply is None:  # deadline passed: kill only this worker; the verifier must still answer 1 == 1
                     self._forget(worker)
                     worker.kill()
                     self.n_killed += 1
                     worker = None
-                    worker = self._fresh()
+                    worker = self._healthy()
                     return None, "timeout"
                 verdict, error = reply
                 return (verdict, "math_verify") if error is None else (None, f"error: {error}")
