@@ -28,6 +28,7 @@ from envs.alfworld.data import (
     task_id_of,
     task_type_of,
 )
+from envs.errors import EnvInfraError
 from envs.spaces import TextSpace, check_action
 
 import textworld  # noqa: E402
@@ -201,7 +202,11 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         if self._state is None:
             raise RuntimeError("step() before reset()")
         invalid = action.strip() not in self._state["admissible_commands"]
-        self._state, _score, _done = self._tw.step(action)
+        try:
+            self._state, _score, _done = self._tw.step(action)
+        except Exception as exc:  # the game engine failed (any action is a valid command): could not judge
+            raise EnvInfraError(f"the ALFWorld game {self.task_id} failed on {action!r}: {type(exc).__name__}: "
+                                f"{exc}", component="alfworld") from exc
         self.last_observation = str(self._state["feedback"])
         info = self._info()
         info["invalid_action"] = invalid

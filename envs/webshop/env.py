@@ -31,6 +31,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from envs.errors import EnvInfraError
 from envs.spaces import TextSpace, check_action
 from envs.webshop import pages
 from envs.webshop.catalog import Catalog, get_catalog
@@ -170,10 +171,18 @@ class WebShopEnv(gym.Env[str, str]):
             keywords = arg.split(" ")
             if keywords[0] == "<a>":
                 return self._invalid("the <a> (attribute) search prefix is disabled: it crashes the reference")
-            self._search(keywords, page=1)
-            return self._result(0.0)
+            try:
+                self._search(keywords, page=1)
+                return self._result(0.0)
+            except Exception as exc:  # the search engine or page rendering failed: not a judgement of the action
+                raise EnvInfraError(f"WebShop failed on {action!r}: {type(exc).__name__}: {exc}",
+                                    component="webshop") from exc
         if name == "click" and arg is not None and arg in self._clickables and arg != "search":
-            return self._click(arg)
+            try:
+                return self._click(arg)
+            except Exception as exc:  # a page or the reward (Buy Now) could not be computed
+                raise EnvInfraError(f"WebShop failed on {action!r}: {type(exc).__name__}: {exc}",
+                                    component="webshop") from exc
         return self._invalid(self._explain_invalid(action, name, arg))
 
     def search(self, query: str, k: int = SEARCH_RETURN_N) -> list[str]:

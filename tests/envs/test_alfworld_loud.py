@@ -89,6 +89,20 @@ def test_random_admissible_play_never_crashes_the_expert(expert_env):
     assert steps >= 4 * 10
 
 
+def test_game_engine_failure_is_could_not_judge(expert_env, monkeypatch):
+    # Issue 10: the game engine raising inside step is EnvInfraError (500 env_infra_error over HTTP), with the game.
+    from envs.errors import EnvInfraError
+
+    expert_env.reset(seed=0, options={"gamefile": game("valid_seen", "look_at_obj_in_light-KeyChain-None-DeskLamp-327")})
+
+    def broken(command):
+        raise OSError("libdownward: planner died")
+
+    monkeypatch.setattr(expert_env._tw, "step", broken)
+    with pytest.raises(EnvInfraError, match="look_at_obj_in_light-KeyChain-None-DeskLamp-327.*'look'.*planner died"):
+        expert_env.step("look")
+
+
 # --- data problems fail fast, naming the path and the counts -----------------------------------------------------
 def test_empty_data_root_and_cache_name_both_paths(tmp_path, monkeypatch):
     # Issue input: an empty data root and an empty cache. Used to fail on the first reset only.

@@ -229,3 +229,26 @@ def test_random_play_never_crashes(make_env, mode):
                 break
         episodes += 1
     assert episodes == 60
+
+
+def test_internal_failures_are_could_not_judge(env, monkeypatch):
+    # Issue 10: a failure inside the search engine or the reward is EnvInfraError (500 env_infra_error over HTTP,
+    # the orchestrator drops the group), never an invalid action with reward 0.
+    import envs.webshop.env as webshop_env
+    from envs.errors import EnvInfraError
+
+    env.reset(options={"goal_idx": 0})
+    for action in ("search[decorative pillows]", "click[b0743jkhbv]", 'click[28" x 28"]'):
+        env.step(action)
+
+    def broken(*args, **kwargs):
+        raise KeyError("price table")
+
+    monkeypatch.setattr(webshop_env, "get_reward", broken)
+    with pytest.raises(EnvInfraError, match="WebShop failed on 'click\\[buy now\\]': KeyError") as info:
+        env.step("click[buy now]")
+    assert info.value.component == "webshop"
+    env.reset(options={"goal_idx": 0})
+    monkeypatch.setattr(env.unwrapped, "_top_products", broken)
+    with pytest.raises(EnvInfraError, match="search\\[pillows\\]"):
+        env.step("search[pillows]")
