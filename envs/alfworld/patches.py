@@ -33,7 +33,8 @@ Patches (installed once per process by :func:`install`, idempotent; each returns
       see ..." text) and its tracker is told ``go to R``;
    e. it breaks ties with its own seeded RNG instead of the global ``random`` (reproducible expert episodes);
    f. an expert that gives up or fails (``HandCodedAgentFailed``, timeout, a policy's own ``IndexError``) answers
-      ``look`` instead of raising out of ``step``; the task parameters come from the game folder name when ``traj_data.json`` is missing.
+      ``look`` instead of raising out of ``step``; the task parameters come from the game folder name when
+      ``traj_data.json`` is missing.
 
 The on-disk translation cache holds pickles: it must stay as private as the rest of ``cache_dir()``.
 """

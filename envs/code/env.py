@@ -11,8 +11,8 @@ Contract (``gymnasium.Env[str, str]``):
   point (else the longest fenced block, else the whole response); for HumanEval(+) the prompt (imports, helpers) is
   prepended. ``reward`` = 1.0 if every test passes else 0.0 (``reward_mode="fraction"``: passed / total).
   ``info``: ``reason`` (passed, wrong_answer, runtime_error, timeout, memory, crashed, syntax_error, load_error,
-  no_code, no_tests), ``n_passed``, ``n_tests``, ``status_counts``, ``tests`` (first ``max_test_details`` per-test dicts),
-  ``load_error``, ``stdout``/``stderr`` excerpts and sizes, ``isolation``, ``wall_s``, plus the reset info.
+  no_code, no_tests), ``n_passed``, ``n_tests``, ``status_counts``, ``tests`` (first ``max_test_details`` per-test
+  dicts), ``load_error``, ``stdout``/``stderr`` excerpts and sizes, ``isolation``, ``wall_s``, plus the reset info.
   Raises :class:`envs.errors.EnvInfraError` when the sandbox could not judge (``docs/env_errors.md``).
 """
 

@@ -93,7 +93,8 @@ def test_game_engine_failure_is_could_not_judge(expert_env, monkeypatch):
     # Issue 10: the game engine raising inside step is EnvInfraError (500 env_infra_error over HTTP), with the game.
     from envs.errors import EnvInfraError
 
-    expert_env.reset(seed=0, options={"gamefile": game("valid_seen", "look_at_obj_in_light-KeyChain-None-DeskLamp-327")})
+    gamefile = game("valid_seen", "look_at_obj_in_light-KeyChain-None-DeskLamp-327")
+    expert_env.reset(seed=0, options={"gamefile": gamefile})
 
     def broken(command):
         raise OSError("libdownward: planner died")

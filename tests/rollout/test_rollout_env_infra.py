@@ -57,7 +57,8 @@ def test_sandbox_that_cannot_start_drops_the_groups(monkeypatch):
 
 
 def test_same_rollout_with_a_working_sandbox_is_judged():
-    # Control: the same answer with the real sandbox is a reward (the canonical solution of mbpp_sanitized 3), nothing dropped.
+    # Control: the same answer with the real sandbox is a reward (the canonical solution of mbpp_sanitized 3),
+    # nothing dropped.
     res, pool = play(groups=1)
     assert res.dropped_groups == 0 and len(res.episodes) == 2
     assert [ep.reward for ep in res.episodes] == [1.0, 1.0]
