@@ -256,27 +256,45 @@ class _Recorder(ast.NodeTransformer):
             index = len(self.names)
             self.names.append((ast.get_source_segment(self.source, stmt) or "stmt").strip().splitlines()[0])
             wrapped = ast.parse(
-                "__t0__ = __clock__()\n"
+                "__t0__ = __clock__()\n__n0__ = __asserts__[0]\n"
                 "try:\n    pass\nexcept BaseException as __exc__:\n"
-                f"    __record__({index}, __exc__, __t0__)\nelse:\n    __record__({index}, None, __t0__)\n"
+                f"    __record__({index}, __exc__, __t0__, __n0__)\n"
+                f"else:\n    __record__({index}, None, __t0__, __n0__)\n"
             ).body
-            wrapped[1].body = [stmt]
+            wrapped[2].body = [stmt]
             body.extend(wrapped)
         node.body = body
         return node
 
 
+class _CountAsserts(ast.NodeTransformer):
+    """Precede every ``assert`` of the test code with ``__assert_ran__()``: a test statement that raised nothing
+    and ran no assertion (a loop over nothing, an ``if`` not taken) checked nothing and is not counted."""
+
+    def visit_Assert(self, node):
+        count = ast.Expr(ast.Call(ast.Name("__assert_ran__", ast.Load()), [], []))
+        return [ast.copy_location(count, node), node]
+
+
 def run_check(spec, results):
     """HumanEval ``check`` mode. No test statement at all gives no results (the env scores that ``no_tests``),
-    never a made-up passing test."""
+    never a made-up passing test; a test statement that passes without running an assertion is not counted."""
     ns = {"__name__": "__test__"}
     exec(compile(spec.get("context", ""), "<context>", "exec"), ns)
     ns[spec["entry_point"]] = Remote(spec["entry_point"], spec["entry_point"])
     tree = ast.parse(spec["test"])
     recorder = _Recorder(spec["test"], tree, spec["entry_point"])
-    tree = ast.fix_missing_locations(recorder.visit(tree))
-    ns["__clock__"] = time.monotonic
-    ns["__record__"] = lambda i, exc, t0: results.append(_result(recorder.names[i], exc, t0))
+    tree = ast.fix_missing_locations(_CountAsserts().visit(recorder.visit(tree)))
+    asserts = [0]
+
+    def record(i, exc, t0, n0):
+        if exc is not None or asserts[0] > n0:  # passed without running an assertion: not a test
+            results.append(_result(recorder.names[i], exc, t0))
+
+    def assert_ran():
+        asserts[0] += 1
+
+    ns.update(__clock__=time.monotonic, __record__=record, __asserts__=asserts, __assert_ran__=assert_ran)
     exec(compile(tree, "<test>", "exec"), ns)
     started = time.monotonic()
     try:

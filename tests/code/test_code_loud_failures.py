@@ -47,6 +47,21 @@ def test_assert_true_is_not_a_test():
     assert (out["reward"], out["n_tests"]) == (0.0, 1)
 
 
+def test_a_test_that_runs_no_assertion_is_not_counted():
+    # A loop over nothing and an if not taken name the candidate and hold an assert, but check nothing: only the
+    # third statement is a test (wrong here), so 0/1, not 2/3 in fraction mode; with a right program 1/1.
+    test = ("def check(candidate):\n    for x in []:\n        assert candidate(x) == x\n"
+            "    if False:\n        assert candidate(0) == 0\n    assert candidate(2) == 2\n")
+    env = CodeEnv(reward_mode="fraction")
+    wrong = env.evaluate(check_task(test), "def f(x):\n    return 0\n")
+    assert (wrong["reward"], wrong["n_tests"]) == (0.0, 1)
+    right = env.evaluate(check_task(test), "def f(x):\n    return x\n")
+    assert (right["reward"], right["n_tests"], right["reason"]) == (1.0, 1, "passed")
+    only_empty = env.evaluate(check_task("def check(candidate):\n    for x in []:\n        assert candidate(x)\n"),
+                              "def f(x):\n    return x\n")
+    assert (only_empty["reward"], only_empty["reason"]) == (0.0, "no_tests")
+
+
 def test_helper_chains_and_module_level_helpers_count():
     # A module-level helper asserting through another helper: each call is one test; definitions are not.
     test = ("def near(a, b):\n    assert abs(a - b) < 1e-6\n\ndef close(c, x, y):\n    near(c(x), y)\n\n"
