@@ -124,7 +124,9 @@ class TrainerConfig:
     """Console progress bar with key numbers (a plain line per step when off)."""
     imports: list[str] = field(default_factory=list)
     """Modules imported before the learner is built, e.g. one that registers a user's own advantage estimator,
-    policy loss, credit rule or schedule with the ``agent_rl.algos`` registries."""
+    policy loss, credit rule or schedule with the ``agent_rl.algos`` registries. Kept apart from
+    ``env_server.imports`` on purpose: those run inside the env server process (its own container, no torch), these
+    in the trainer (no env dependencies); a module that registers both kinds goes in both lists."""
 
     def __post_init__(self) -> None:
         if self.total_steps < 1 or self.tasks_per_step < 1 or self.save_every < 1:

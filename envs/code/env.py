@@ -5,13 +5,13 @@ Contract (``gymnasium.Env[str, str]``):
 - ``reset(seed=None, options=None)``: ``options`` may hold ``dataset`` (humaneval, humanevalplus, mbpp,
   mbpp_sanitized) and ``index``; otherwise drawn with ``self.np_random``. Returns ``(prompt, info)``; the prompt is
   the task (HumanEval: signature + docstring; MBPP: description + its tests) followed by the instruction.
-  ``info``: ``dataset``, ``index``, ``uid``, ``task_type``, ``entry_point``, ``problem``, ``prompt``,
+  ``info``: ``dataset``, ``index``, ``uid`` (= ``task_id``), ``task_type``, ``entry_point``, ``problem``, ``prompt``,
   ``instruction``, ``n_tests`` (HumanEval+: -1 until the first step).
 - ``step(response)``: always ``terminated=True``. The program is the last fenced code block that defines the entry
   point (else the longest fenced block, else the whole response); for HumanEval(+) the prompt (imports, helpers) is
   prepended. ``reward`` = 1.0 if every test passes else 0.0 (``reward_mode="fraction"``: passed / total).
   ``info``: ``reason`` (passed, wrong_answer, runtime_error, timeout, memory, crashed, syntax_error, load_error,
-  no_code, no_tests), ``n_passed``, ``n_tests``, ``status_counts``, ``tests`` (first ``max_test_details`` per-test
+  no_code, no_tests), ``passed`` (= ``won``), ``n_passed``, ``n_tests``, ``status_counts``, ``tests`` (first ``max_test_details`` per-test
   dicts), ``load_error``, ``stdout``/``stderr`` excerpts and sizes, ``isolation``, ``wall_s``, plus the reset info.
   Raises :class:`envs.errors.EnvInfraError` when the sandbox could not judge (``docs/env_errors.md``).
 """
@@ -166,7 +166,8 @@ class CodeEnv(gymnasium.Env[str, str]):
         prompt = task.prompt if not self.instruction else f"{task.prompt}\n\n{self.instruction}"
         spec = task.spec
         n_tests = len(spec.get("asserts", spec.get("inputs", []))) if spec["mode"] != "check" else -1
-        self._info = {"dataset": name, "index": index, "uid": task.uid, "task_type": task.task_type or name,
+        self._info = {"dataset": name, "index": index, "uid": task.uid, "task_id": task.uid,
+                      "task_type": task.task_type or name,
                       "entry_point": task.entry_point, "problem": task.prompt, "prompt": prompt,
                       "instruction": self.instruction, "n_tests_declared": n_tests}
         return prompt, dict(self._info)
@@ -192,7 +193,8 @@ class CodeEnv(gymnasium.Env[str, str]):
         task, self._task = self._task, None
         code = extract_code(action, task.entry_point)
         if not code.strip():
-            info = {**self._info, "reward": 0.0, "reason": "no_code", "passed": False, "n_passed": 0, "n_tests": 0}
+            info = {**self._info, "reward": 0.0, "reason": "no_code", "passed": False, "won": False, "n_passed": 0,
+                    "n_tests": 0}
             return "", 0.0, True, False, info
         out = self.evaluate(task, code)
-        return "", float(out["reward"]), True, False, {**self._info, **out}
+        return "", float(out["reward"]), True, False, {**self._info, **out, "won": bool(out["passed"])}

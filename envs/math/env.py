@@ -6,11 +6,11 @@ Contract (``gymnasium.Env[str, str]``):
   ``split`` (gsm8k only) and ``index``; without ``index`` a problem is drawn with ``self.np_random``; without
   ``dataset`` one of the env's datasets is drawn. Returns ``(prompt, info)``: the prompt is the problem followed by
   the instruction (default: Qwen-Math's "Please reason step by step, and put your final answer within \\boxed{}.").
-  ``info``: ``dataset``, ``split``, ``index``, ``uid``, ``task_type``, ``problem``, ``prompt``, ``instruction``
+  ``info``: ``dataset``, ``split``, ``index``, ``uid`` (= ``task_id``), ``task_type``, ``problem``, ``prompt``, ``instruction``
   (and ``level`` for MATH500). The reference answer is NOT in the reset info.
 - ``step(response)``: always ``terminated=True``. ``reward`` 1.0 if the final answer (last ``\\boxed{}``, else
   GSM8K's ``####``) is equivalent to the reference by math-verify or by the normalised string match, else 0.0.
-  ``info``: ``extracted``, ``reference``, ``correct``, ``reason`` (``correct``/``wrong_answer``/``no_answer``),
+  ``info``: ``extracted``, ``reference``, ``correct`` (= ``won``), ``reason`` (``correct``/``wrong_answer``/``no_answer``),
   ``verifier`` (``math_verify``/``timeout``/``error: ...``), ``string_match``, plus the reset info. Numbers
   compare by value (exact for exact rationals, else relative tolerance 1e-6: ``envs.math.grader.numbers_equal``).
   Raises :class:`envs.errors.EnvInfraError` when the verifier itself cannot judge (``docs/env_errors.md``).
@@ -110,6 +110,7 @@ class MathEnv(gymnasium.Env[str, str]):
         self._problem = problems[index]
         prompt = self._problem.problem if not self.instruction else f"{self._problem.problem}\n\n{self.instruction}"
         self._info = {"dataset": name, "split": split, "index": index, "uid": self._problem.uid,
+                      "task_id": self._problem.uid,
                       "task_type": self._problem.task_type or name, "problem": self._problem.problem,
                       "prompt": prompt, "instruction": self.instruction,
                       **{k: v for k, v in self._problem.meta.items() if isinstance(v, (str, int, float, bool))}}
@@ -120,6 +121,6 @@ class MathEnv(gymnasium.Env[str, str]):
         if self._problem is None:
             raise RuntimeError("call reset() before step(); each episode has exactly one step")
         result = score_response(self._problem.answer, action, self.pool)
-        info = {**self._info, **result}
+        info = {**self._info, **result, "won": bool(result["correct"])}
         self._problem = None
         return "", float(result["reward"]), True, False, info

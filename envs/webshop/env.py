@@ -14,7 +14,9 @@ Contract:
     - An invalid action leaves the page unchanged (reward 0, not terminated) and sets ``info["invalid_action"]``
       and a readable ``info["error"]``; so does any action after Buy Now (until ``reset``).
     - ``info`` (JSON-serialisable): ``available_actions`` ({has_search_bar, clickables} as the reference),
-      ``admissible_actions``, ``instruction``, ``goal_idx``, ``page`` (search|results|item|sub|done),
+      ``admissible_actions``, ``instruction``, ``goal_idx``, ``task_id`` (``webshop-goal-<goal_idx>``),
+      ``task_type`` (the goal's category: beauty, electronics, fashion, food, furniture),
+      ``page`` (search|results|item|sub|done),
       ``results_page``, ``product`` (ASIN on product pages), ``selected_options``, ``won``, ``invalid_action``,
       ``error``;
       after Buy Now also ``score``, ``reward_details`` (every factor) and ``purchased``.
@@ -356,6 +358,8 @@ class WebShopEnv(gym.Env[str, str]):
             "admissible_actions": self.admissible_actions,
             "instruction": self.goal["instruction_text"],
             "goal_idx": self.goal_idx,
+            "task_id": f"webshop-goal-{self.goal_idx}",
+            "task_type": str(self.goal.get("category") or "webshop"),
             "page": s.kind,
             "results_page": s.page if s.kind == "results" else None,
             "product": s.asin if s.kind in ("item", "sub", "done") else None,
