@@ -114,10 +114,16 @@ class TrainerConfig:
     imports: list[str] = field(default_factory=list)
     """Modules imported before the learner is built, e.g. one that registers a user's own advantage estimator,
     policy loss, credit rule or schedule with the ``agent_rl.algos`` registries."""
+    save_episodes: str = "8"
+    """Episode store (``DIR/episodes/step_N.jsonl``, read by ``python -m agent_rl.viewer DIR``, docs/viewer.md):
+    none | all | N episodes per step, kept as whole groups drawn at random."""
 
     def __post_init__(self) -> None:
         if self.total_steps < 1 or self.tasks_per_step < 1 or self.save_every < 1:
             raise ValueError("trainer.total_steps, tasks_per_step, save_every must be >= 1")
+        from agent_rl.episodes import parse_save_episodes
+
+        parse_save_episodes(self.save_episodes)  # ValueError naming the valid values
 
 
 @dataclass
