@@ -107,20 +107,20 @@ def token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     if not ids:
         return []
     full = tokenizer.decode(ids, skip_special_tokens=False)
-    pieces = tokenizer.batch_decode([[t] for t in ids], skip_special_tokens=False)
+    pieces = [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
     if "".join(pieces) == full:
         return list(pieces)
-    pieces, prev = [], ""
+    inc: list[str] = []
+    prev = ""
     for i in range(1, len(ids) + 1):
         cur = tokenizer.decode(ids[:i], skip_special_tokens=False)
-        if cur.startswith(prev):
-            pieces.append(cur[len(prev):])
-            prev = cur
-        else:  # a byte-level piece not yet a whole character
-            pieces.append("")
-    if prev != full:  # rare tokenizers whose prefix decodes are not prefixes: put the rest on the last token
-        pieces[-1] += full[len(prev):] if full.startswith(prev) else ""
-    return pieces
+        if cur.endswith("\ufffd") and i < len(ids) or not cur.startswith(prev):
+            inc.append("")  # a byte-level piece that is not yet a whole character
+            continue
+        inc.append(cur[len(prev):])
+        prev = cur
+    # tokenizers whose prefix decodes are not prefixes of the whole: keep the one-token decodes
+    return inc if "".join(inc) == full else list(pieces)
 
 
 def task_id(ep: Any) -> str:

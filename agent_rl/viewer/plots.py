@@ -27,6 +27,9 @@ def curves_png(curves: list[tuple[str, dict[str, tuple[list[float], list[float]]
         for label, (xs, ys) in series.items():
             ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, linewidth=1.2, label=label)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        steps = {x for xs, _ in series.values() for x in xs}
+        if len(steps) == 1:  # one point: a readable integer axis around it
+            ax.set_xlim(min(steps) - 1, min(steps) + 1)
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.set_xlabel("step", fontsize=7)
