@@ -56,10 +56,11 @@ def token_rows(record: dict[str, Any], quantity: str) -> list[dict[str, Any]]:
         tokens = []
         for i in range(n):
             vals = {name: cols[name][i] for name in cols}
-            title = (f"token {turn['token_ids'][i]} | adv={fmt(vals['advantage']) or 'n/a'} | "
-                     f"JS={fmt(vals['js']) or 'n/a'} | entropy={fmt(vals['entropy']) or 'n/a'} | "
-                     f"logprob={fmt(vals['logprob']) or 'n/a'} | learner logprob={fmt(vals['learner_logprob']) or 'n/a'}"
-                     f" | {'trained' if vals['trained'] else 'masked' if vals['trained'] is not None else 'trained n/a'}")
+            shown = {label: fmt(vals[name]) or "n/a" for label, name in (
+                ("adv", "advantage"), ("JS", "js"), ("entropy", "entropy"), ("logprob", "logprob"),
+                ("learner logprob", "learner_logprob"))}
+            trained = {None: "trained n/a", 0: "masked", 1: "trained"}[vals["trained"]]
+            title = " | ".join([f"token {turn['token_ids'][i]}", *(f"{k}={v}" for k, v in shown.items()), trained])
             tokens.append({"text": texts[i], "id": turn["token_ids"][i], "adv": fmt(vals["advantage"]),
                            "js": fmt(vals["js"]), "entropy": fmt(vals["entropy"]), "logprob": fmt(vals["logprob"]),
                            "trained": fmt(vals["trained"]), "bg": colour(cols[field][i], scale), "title": title,

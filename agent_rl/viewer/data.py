@@ -1,12 +1,15 @@
 """Read-only access to a run (or eval output) directory for the viewer: episode files, metrics, config, eval
 summaries. Every file is re-read only when its size or modification time changed, so a run still training shows
-what is there at each request and an idle one costs nothing."""
+what is there at each request and an idle one costs nothing. Lists over many steps use per-file summaries (a few
+hundred bytes per episode); full records (tokens and numbers) are kept for the last :data:`FULL_FILES` step files
+read."""
 
 from __future__ import annotations
 
 import json
 import math
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,8 @@ CURVES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("S (schedule)", ("schedule/S",)),
     ("trained token fraction", ("credit/trained_token_frac",)),
 )
+#: Step files whose full records stay in memory (least recently used dropped first).
+FULL_FILES = 8
 #: Summary fields of an episode (what lists and the JSON API show; the full record adds prompt and turns).
 SUMMARY_KEYS = ("id", "step", "index", "source", "task_id", "task_type", "group", "slot", "temperature", "is_high",
                 "temp_label", "reward", "won", "failure", "num_turns", "num_tokens", "advantage_mean",
@@ -79,28 +84,41 @@ class RunReader:
         if not self.run_dir.is_dir():
             raise FileNotFoundError(f"no run directory {self.run_dir}")
         self.name = self.run_dir.name
-        self._cache: dict[Path, tuple[tuple[int, int], Any]] = {}
+        self._files: dict[Path, tuple[tuple[int, int], Any]] = {}  # small files and per-step summaries
+        self._full: OrderedDict[Path, tuple[tuple[int, int], Any]] = OrderedDict()  # LRU of full step records
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ cached file reads
-    def _cached(self, path: Path, read: Any) -> Any:
+    def _cached(self, path: Path, read: Any, cache: Any = None, max_items: int = 0) -> Any:
+        cache = self._files if cache is None else cache
         try:
             st = path.stat()
         except FileNotFoundError:
             return None
         key = (st.st_size, st.st_mtime_ns)
         with self._lock:
-            hit = self._cache.get(path)
+            hit = cache.get(path)
             if hit is not None and hit[0] == key:
+                if isinstance(cache, OrderedDict):
+                    cache.move_to_end(path)
                 return hit[1]
         value = read(path)
         with self._lock:
-            self._cache[path] = (key, value)
+            cache[path] = (key, value)
+            if max_items and len(cache) > max_items:
+                cache.popitem(last=False)
         return value
 
     def step_records(self, step: int) -> list[dict[str, Any]]:
         """Full records of one step ([] when the step has no file)."""
-        return self._cached(step_path(self.run_dir, step), read_step_file) or []
+        return self._cached(step_path(self.run_dir, step), read_step_file, self._full, FULL_FILES) or []
+
+    def step_summaries(self, step: int) -> list[dict[str, Any]]:
+        """``SUMMARY_KEYS`` of each record of one step (cached apart from the full records)."""
+        def read(path: Path) -> list[dict[str, Any]]:
+            return [{k: rec.get(k) for k in SUMMARY_KEYS} for rec in read_step_file(path)]
+
+        return self._cached(step_path(self.run_dir, step), read) or []
 
     def steps(self) -> list[int]:
         return list_steps(self.run_dir)
@@ -116,12 +134,7 @@ class RunReader:
     def summaries(self, filters: Filters, step: int | None = None) -> list[dict[str, Any]]:
         """Summaries (``SUMMARY_KEYS``) of the episodes matching ``filters`` (one step, or every step)."""
         steps = [step] if step is not None else [s for s in self.steps() if filters.step_ok(s)]
-        out = []
-        for s in steps:
-            for rec in self.step_records(s):
-                if filters.match(rec):
-                    out.append({k: rec.get(k) for k in SUMMARY_KEYS})
-        return out
+        return [rec for s in steps for rec in self.step_summaries(s) if filters.match(rec)]
 
     def step_table(self, filters: Filters) -> list[dict[str, Any]]:
         """One row per stored step in the filter's step range: episodes, groups, mean reward, success rate."""
@@ -129,7 +142,7 @@ class RunReader:
         for s in self.steps():
             if not filters.step_ok(s):
                 continue
-            recs = [r for r in self.step_records(s) if filters.match(r)]
+            recs = [r for r in self.step_summaries(s) if filters.match(r)]
             n = len(recs)
             rows.append({"step": s, "episodes": n, "groups": len({(r.get("source"), r.get("group")) for r in recs}),
                          "reward": sum(r.get("reward", 0.0) for r in recs) / n if n else None,
@@ -140,7 +153,7 @@ class RunReader:
         """Values the filters can take in this run: task types and sources."""
         types, sources = set(), set()
         for s in self.steps():
-            for rec in self.step_records(s):
+            for rec in self.step_summaries(s):
                 if rec.get("task_type"):
                     types.add(str(rec["task_type"]))
                 sources.add(str(rec.get("source", "")))

@@ -7,7 +7,6 @@ import html.parser
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 import pytest
@@ -152,6 +151,38 @@ def test_every_episode_string_is_escaped(hostile_run):
     # eval-style records: the learner attributes are present and empty
     assert spans[0]["data-adv"] == "" and spans[0]["data-js"] == "" and spans[0]["data-trained"] == ""
     assert "no final token advantage values" in episode
+
+
+def test_eval_output_directory(tmp_path):
+    """An eval output dir: no metrics or config, ``eval/<panel>.json`` summaries, episodes appended per panel (one
+    failed, with no turns), no learner numbers."""
+    from agent_rl.types import Episode, Task
+
+    tok = ByteTokenizer()
+    out = tmp_path / "eval-alfworld"
+    (out / "eval").mkdir(parents=True)
+    (out / "eval" / "valid_seen.json").write_text(
+        '{"success": 0.25, "mean_turns": 7.5, "per_task_type": {"pick": {"success": 0.5}}, "episodes": [{}]}')
+    seen = [make_episode(tok, 0, is_high=False, responses=["a"], observations=["o"], won=True),
+            Episode(task=Task("agent_rl/ALFWorld-v0", {"split": "valid_seen", "index": 3}, group_id=1),
+                    temperature=0.4, is_high=False, failure="env: ConnectError: refused")]
+    write_episodes(out, 0, seen, tokenizer=tok, source="eval/valid_seen", append=True)
+    write_episodes(out, 0, seen[:1], tokenizer=tok, source="eval/valid_unseen", append=True)
+    client = TestClient(create_app(out))
+    home = client.get("/").text
+    assert "valid_seen" in home and ">0.25<" in home and "mean_turns=7.5" in home and "per_task_type" not in home
+    assert client.get("/api/steps").json() == [0]
+    assert [e["source"] for e in client.get("/api/episodes", params={"step": 0}).json()] == [
+        "eval/valid_seen", "eval/valid_seen", "eval/valid_unseen"]
+    assert [e["id"] for e in client.get("/api/episodes", params={"source": "eval/valid_unseen"}).json()] == ["0-2"]
+    step = client.get("/steps/0").text
+    assert step.count('class="group"') == 3 and "failed: env: ConnectError: refused" in step
+    failed = client.get("/episodes/0-1")
+    assert failed.status_code == 200 and "env: ConnectError: refused" in failed.text
+    assert spans_of(failed.text).spans == []
+    page = client.get("/episodes/0-0", params={"color": "js"}).text
+    assert "no JS divergence (T0 vs T1) values" in page and spans_of(page).spans[0]["data-js"] == ""
+    assert float(spans_of(page).spans[0]["data-logprob"]) == pytest.approx(-0.1)  # the engine's, kept in eval
 
 
 def test_live_run_read_only_and_errors(tmp_path):
