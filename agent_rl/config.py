@@ -9,7 +9,11 @@ valid ones, and returns the typed :class:`Config` (each dataclass's ``__post_ini
 from __future__ import annotations
 
 import difflib
+import importlib
+import importlib.util
+import inspect
 import re
+import sys
 import time
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -22,6 +26,7 @@ from agent_rl.rollout.config import RolloutConfig, TaskSamplerConfig
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SCHEMA_NAME = "agent_rl_schema"
 SERVER_MODES = ("http", "local")
+LOCAL_KINDS = ("thread", "process")
 
 
 class ConfigError(ValueError):
@@ -76,6 +81,9 @@ class EnvServerConfig:
     def __post_init__(self) -> None:
         if self.mode not in SERVER_MODES:
             raise ValueError(f"env_server.mode={self.mode!r} is not valid; valid values: {', '.join(SERVER_MODES)}")
+        if self.local_kind not in LOCAL_KINDS:
+            raise ValueError(f"env_server.local_kind={self.local_kind!r} is not valid; valid values: "
+                             f"{', '.join(LOCAL_KINDS)}")
 
 
 @dataclass
@@ -103,6 +111,9 @@ class TrainerConfig:
     """Checkpoints kept (oldest deleted first; 0 = keep all)."""
     resume: str = ""
     """"" = fresh run; auto = continue from the latest checkpoint in output_dir if any; or a checkpoint path."""
+    resume_allow_changes: bool = False
+    """Resume even when keys that must match (``RESUME_MAY_CHANGE`` lists the others) differ from the checkpoint's
+    config; the differences are printed either way (docs/training.md, "Resume")."""
     seed: int = 0
     """Seed of python, numpy, torch and the task sampler."""
     device: str = "auto"
@@ -212,7 +223,7 @@ def check_overrides(overrides: list[str]) -> list[str]:
 
 
 def _explain(exc: Exception) -> ConfigError:
-    """Turn an OmegaConf/Hydra error into a ConfigError that names the valid keys where it can."""
+    """Turn an OmegaConf/Hydra error into a one-line ConfigError that names the valid keys or options."""
     cause = exc.__cause__
     msg = str(exc) if cause is None else f"{exc}: {cause}"
     m = re.search(r"full_key: ([\w.\[\]]+)", msg)
@@ -220,16 +231,28 @@ def _explain(exc: Exception) -> ConfigError:
         try:
             _check_key(m.group(1).split("."), m.group(1))
         except ConfigError as err:
-            return ConfigError(f"{err}\n({msg.strip()})")
-    return ConfigError(msg)
+            return err
+    missing = re.search(r"Could not find '([\w-]+)/([^']*)'", msg)
+    if missing:  # unknown group option: Hydra's message spans many lines
+        group, option = missing.groups()
+        options = sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+        close = difflib.get_close_matches(option, options, n=1)
+        hint = f" Did you mean {group}={close[0]}?" if close else ""
+        return ConfigError(f"unknown option {group}={option}: available options in '{group}': "
+                           f"{', '.join(options)}.{hint}")
+    first = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
+    return ConfigError(f"{first} ({m.group(1)})" if m else " ".join(msg.split()))
 
 
-def load_config(overrides: list[str] | None = None, *, config_dir: str | Path | None = None) -> Config:
-    """Compose ``configs/config.yaml`` with ``overrides`` (Hydra syntax: ``algo=grpo``, ``trainer.total_steps=2``).
+def load_config(overrides: list[str] | None = None, *, config_dir: str | Path | None = None,
+                check: bool = True) -> Config:
+    """Compose ``configs/config.yaml`` with ``overrides`` (Hydra syntax: ``algo=grpo``, ``trainer.total_steps=2``),
+    then (``check``) refuse what cannot train and print what was adjusted (:func:`check_trainable`).
 
     Raises:
         ConfigError: unknown key (the message lists the valid keys of that level), unknown group option (lists the
-            available ones), wrong type, or a value a dataclass ``__post_init__`` rejects.
+            available ones), wrong type, a value a dataclass ``__post_init__`` rejects, or a combination that
+            cannot train (:func:`check_trainable`).
     """
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -246,6 +269,9 @@ def load_config(overrides: list[str] | None = None, *, config_dir: str | Path | 
     except Exception as exc:  # noqa: BLE001 (Hydra/OmegaConf/ValueError from __post_init__: re-raised explained)
         raise _explain(exc) from exc
     assert isinstance(cfg, Config)
+    if check:
+        for note in check_trainable(cfg):
+            print(f"config: {note}", file=sys.stderr)
     return cfg
 
 
@@ -254,3 +280,274 @@ def to_yaml(cfg: Config) -> str:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+# ------------------------------------------------------------------------------------------ trainable configs
+DEVICE_HELP = "auto, cpu, cuda, cuda:N"
+
+
+def _registry_checks(cfg: Config) -> None:
+    """Registry names (after ``trainer.imports``, which may register a user's entries): ``ValueError`` listing the
+    valid names."""
+    from agent_rl import algos
+    from agent_rl.engines import engine_names
+    from agent_rl.rollout import get_prompt
+
+    if not cfg.algo.uses_critic:
+        algos.get_adv_estimator(cfg.algo.adv_estimator)
+    algos.get_policy_loss(cfg.algo.policy_loss)
+    levels = algos.CREDIT_RULES.meta(cfg.credit.name).get("levels", ("token", "turn"))
+    if cfg.credit.level not in levels:
+        raise ValueError(f"credit={cfg.credit.name} is not defined at credit.level={cfg.credit.level}; "
+                         f"it supports {list(levels)}")
+    rule_params = _keyword_params(algos.get_credit_rule(cfg.credit.name), skip=3)  # (inputs, S, level, ...)
+    unknown = sorted(set(cfg.credit.kwargs) - set(rule_params)) if rule_params is not None else []
+    if unknown:
+        raise ValueError(f"credit.kwargs {', '.join(unknown)} not accepted by credit={cfg.credit.name}; valid keys: "
+                         f"{', '.join(rule_params or []) or '(none)'}")
+    algos.get_schedule(cfg.schedule.kind)
+    if cfg.engine.name not in engine_names():
+        close = difflib.get_close_matches(cfg.engine.name, engine_names(), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown engine {cfg.engine.name!r} (engine.name); valid names: {engine_names()}.{hint}")
+    get_prompt(cfg.env.prompt)
+
+
+def _keyword_params(fn: Any, skip: int = 0) -> list[str] | None:
+    """Keyword parameter names of ``fn`` after its first ``skip`` parameters; None if it takes ``**kwargs`` (or
+    cannot be inspected), so any key is accepted."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params[skip:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _import_all(key: str, modules: list[str]) -> None:
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            raise ConfigError(f"{key}: cannot import {module!r} ({exc}); the module must be importable from the "
+                              "working directory or PYTHONPATH") from None
+
+
+def _env_checks(cfg: Config) -> None:
+    """``env.id`` registered (built-ins and ``env_server.imports``) and ``env.kwargs`` accepted by its constructor.
+    Skipped for env servers given by URL (their registry is theirs)."""
+    import gymnasium
+
+    import envs  # noqa: F401 (registers the built-in ids)
+
+    if cfg.env_server.mode == "http" and cfg.env_server.urls:
+        return
+    _import_all("env_server.imports", cfg.env_server.imports)
+    spec = gymnasium.registry.get(cfg.env.id)
+    if spec is None:
+        ids = sorted(k for k in gymnasium.registry if "/" in k)
+        close = difflib.get_close_matches(cfg.env.id, list(gymnasium.registry), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"env.id={cfg.env.id!r} is not a registered gymnasium id; registered: {', '.join(ids)} "
+                          f"(a user's env: env_server.imports=[module] calling gymnasium.register).{hint}")
+    entry = spec.entry_point
+    try:
+        ctor = gymnasium.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+    except Exception:  # noqa: BLE001 (an entry point that cannot be loaded here fails, with its reason, when built)
+        return
+    accepted = _keyword_params(ctor)
+    if accepted is None:
+        return
+    unknown = sorted(set(cfg.env_kwargs) - set(accepted))
+    if unknown:
+        raise ConfigError(f"env.kwargs {', '.join(unknown)} not accepted by {cfg.env.id} ({entry}); valid keys: "
+                          f"{', '.join(sorted(accepted)) or '(none)'}")
+
+
+def _device_checks(cfg: Config) -> None:
+    import torch
+
+    name = cfg.trainer.device
+    if cfg.engine.name == "vllm" and not torch.cuda.is_available():
+        raise ConfigError("engine=vllm needs a CUDA device and torch finds none; use engine=hf (runs anywhere)")
+    if name == "auto":
+        return
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"trainer.device={name!r} is not a device; valid: {DEVICE_HELP}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device={name!r} but torch finds no CUDA device; use trainer.device=cpu (or auto)")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"trainer.device={name!r}: only {torch.cuda.device_count()} CUDA device(s)")
+
+
+def fit_prompt_budget(cfg: Config, context: int | None, source: str) -> str | None:
+    """Keep every row inside the model's context: ``rollout.max_prompt_tokens + engine.max_new_tokens <= context``
+    (a row is at most one prompt plus one response, also in trajectory mode, whose prompt holds the history).
+    A larger prompt budget is capped to ``context - max_new_tokens`` in place (returns the one-line note to print);
+    ``engine.max_new_tokens >= context`` is refused (ConfigError). ``context`` None (unknown) checks nothing."""
+    if not context:
+        return None
+    budget, new = cfg.rollout.max_prompt_tokens, cfg.engine.max_new_tokens
+    if new >= context:
+        raise ConfigError(f"engine.max_new_tokens={new} does not fit the model's context of {context} positions "
+                          f"({source}); lower it below {context}")
+    if budget + new <= context:
+        return None
+    cfg.rollout.max_prompt_tokens = context - new
+    return (f"rollout.max_prompt_tokens capped {budget} -> {context - new}: the model's context is {context} "
+            f"positions ({source}) and engine.max_new_tokens={new}")
+
+
+def check_trainable(cfg: Config) -> list[str]:
+    """Refuse at load time what cannot train, and say what was adjusted (issue 10, docs/training.md "Refused
+    configs"). Imports ``trainer.imports`` (a user's registry entries) and, for in-process or auto-started envs,
+    ``env_server.imports``.
+
+    Checks: registry names (estimator, policy loss, credit rule and level, schedule, engine, prompt format); the env
+    id and its constructor kwargs; ``trainer.device``; the model's context (prompt budget capped, see
+    :func:`fit_prompt_budget`); batch-level estimators need >= 2 episodes per step; DAPO overlong ``L_c <= L_max``.
+    Single-group checks (``algo=dapo`` with G < 2, group estimators with G = 1, temperatures 0) are in the
+    dataclasses' ``__post_init__``.
+
+    Returns:
+        one-line notes (adjustments and warnings) that :func:`load_config` prints.
+    Raises:
+        ConfigError: what, where, and the valid choices.
+    """
+    from agent_rl.models import model_context_length
+
+    notes: list[str] = []
+    _import_all("trainer.imports", cfg.trainer.imports)
+    try:
+        _registry_checks(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    _env_checks(cfg)
+    _device_checks(cfg)
+    if cfg.model.path and not Path(cfg.model.path).is_dir():
+        raise ConfigError(f"model.path={cfg.model.path!r} is not a folder (a saved model or checkpoint)")
+    if cfg.model.name.startswith(("/", "./", "../", "~")) and not Path(cfg.model.name).expanduser().is_dir():
+        raise ConfigError(f"model.name={cfg.model.name!r} looks like a local path but is not a folder; valid: "
+                          "smollm2, tiny, a hub id (org/name) or an existing folder")
+    note = fit_prompt_budget(cfg, model_context_length(cfg.model), f"model={cfg.model.name}")
+    if note:
+        notes.append(note)
+    algo = cfg.algo
+    if algo.adv_estimator == "reinforce_pp" and cfg.trainer.tasks_per_step * algo.group_size < 2:
+        raise ConfigError("algo.adv_estimator=reinforce_pp whitens over the step's episodes: trainer.tasks_per_step x "
+                          f"algo.group_size = {cfg.trainer.tasks_per_step * algo.group_size} gives advantage 0; "
+                          "use >= 2 episodes per step")
+    if algo.dapo_overlong and algo.dapo_overlong_cache_len > algo.dapo_overlong_max_len:
+        raise ConfigError(f"algo.dapo_overlong_cache_len={algo.dapo_overlong_cache_len} must be <= "
+                          f"algo.dapo_overlong_max_len={algo.dapo_overlong_max_len}")
+    mini = getattr(algo, "num_mini_batches", 1)
+    if mini > cfg.trainer.tasks_per_step:
+        notes.append(f"algo.num_mini_batches={mini} > trainer.tasks_per_step={cfg.trainer.tasks_per_step}: "
+                     "mini-batches hold whole groups, so a step makes at most tasks_per_step optimiser steps")
+    if algo.high_repetition_penalty != 1.0:
+        notes.append(f"warning: algo.high_repetition_penalty={algo.high_repetition_penalty} samples T1 rows from "
+                     "the penalised distribution while the learner's log-probs are unpenalised (off-policy by that "
+                     "much; the reference code does the same)")
+    return notes
+
+
+# ------------------------------------------------------------------------------------------------------ resume
+RESUME_MAY_CHANGE = (
+    # length and bookkeeping of the run
+    "trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.resume",
+    "trainer.resume_allow_changes", "trainer.output_dir", "trainer.tensorboard", "trainer.progress",
+    # where things run and how fast (same algorithm, same data)
+    "trainer.device", "engine.batch_size", "engine.num_threads", "engine.gpu_memory_utilization", "env_server.",
+    "data.root", "rollout.max_concurrent_episodes", "rollout.gen_batch_size", "rollout.gen_wait_s",
+    "rollout.env_timeout_s", "rollout.retry_backoff_s", "rollout.episode_retries",
+    # memory layout of the same update (gradient accumulation, chunking, recomputation, attention kernel)
+    "algo.micro_batch_size", "algo.js_chunk_size", "algo.compile_js", "model.gradient_checkpointing",
+    "model.attn_implementation",
+    # evaluation settings (they do not touch training)
+    "eval.",
+)
+"""Keys (or prefixes ending in ".") a resumed run may change; every other key must match the checkpoint's config
+(algorithm, credit, schedule, model, optimiser, env and its tasks, rollout format, sampling, seeds), unless
+``trainer.resume_allow_changes=true``. Differences of either class are printed."""
+
+
+def config_dict(cfg: Config) -> dict[str, Any]:
+    """The resolved config as a plain nested dict (JSON-serialisable; saved in each checkpoint's ``extra.json``)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
+
+
+def _schema_node(path: list[str]) -> Any:
+    """The dataclass type at dotted ``path`` of the Config tree, ``dict`` for a free-form dict field (``env.kwargs``,
+    ``credit.kwargs``, ``env.sampler.options``: compared whole), None for a path the schema does not have."""
+    node: Any = Config
+    for part in path:
+        if not (isinstance(node, type) and is_dataclass(node)):
+            return dict
+        node = _field_types(node).get(part)
+        if node is None:
+            return None
+    return node if isinstance(node, type) and is_dataclass(node) else dict
+
+
+def _flatten(node: Any, path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Dotted key -> value over the schema's fields; free-form dicts stay whole values."""
+    if isinstance(node, dict) and (not path or _schema_node(list(path)) is not dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, (*path, str(key))))
+        return out
+    return {".".join(path): list(node) if isinstance(node, tuple) else node}
+
+
+def may_change_on_resume(key: str) -> bool:
+    """Whether dotted ``key`` is in :data:`RESUME_MAY_CHANGE`."""
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUME_MAY_CHANGE)
+
+
+_MISSING = "(absent)"
+
+
+def compare_for_resume(saved: dict[str, Any] | None, cfg: Config, *, source: str = "the checkpoint") -> list[str]:
+    """Compare the config a checkpoint was trained under (``saved``, nested dict) with ``cfg`` before resuming.
+
+    Returns the lines to print: one per differing key, ``resume: KEY: OLD -> NEW (may change | must match |
+    new key | removed key)``, plus a note when ``total_steps`` changes under a schedule that depends on it. Keys
+    added or removed by a code upgrade are reported, not refused.
+
+    Raises:
+        ConfigError: a key that must match differs and ``trainer.resume_allow_changes`` is false (one line naming
+            the keys with both values).
+    """
+    if saved is None:
+        return [f"resume: no saved config found ({source}); cannot check that the run resumes under the same one"]
+    old, new = _flatten(saved), _flatten(config_dict(cfg))
+    lines, refused = [], []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, _MISSING), new.get(key, _MISSING)
+        if a == b or key in ("trainer.resume", "trainer.resume_allow_changes"):  # the resume request itself
+            continue
+        if a is _MISSING or b is _MISSING:
+            kind = "new key" if a is _MISSING else "removed key"
+        elif may_change_on_resume(key):
+            kind = "may change"
+        else:
+            kind = "must match"
+            refused.append(f"{key}: {a!r} -> {b!r}")
+        lines.append(f"resume: {key}: {a!r} -> {b!r} ({kind})")
+    if refused and not cfg.trainer.resume_allow_changes:
+        raise ConfigError(f"resuming changes {len(refused)} key(s) that must match the checkpoint's config "
+                          f"({source}): {'; '.join(refused)}. Add trainer.resume_allow_changes=true to resume anyway, "
+                          "or use a new trainer.output_dir")
+    if refused:
+        lines.append(f"resume: WARNING: {len(refused)} key(s) that must match changed "
+                     "(trainer.resume_allow_changes=true): the resumed run is not the run it continues")
+    if old.get("trainer.total_steps") != new.get("trainer.total_steps") and cfg.schedule.value is None and \
+            cfg.schedule.kind not in ("none", "constant"):
+        lines.append(f"resume: note: schedule={cfg.schedule.kind} depends on trainer.total_steps; the remaining "
+                     "steps follow the new N")
+    return lines

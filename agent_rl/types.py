@@ -1,10 +1,11 @@
-"""The few types everything on the trainer side passes around (see docs/architecture.md).
+"""The few types everything on the trainer side passes around (data flow: docs/training.md).
 
-Dimension glossary used in every docstring of the package:
+Dimension glossary, the one used in every docstring of the package (``agent_rl.algos`` included):
     B  rows (one per turn in per-turn mode, one per episode in full-trajectory mode)
     L  padded row length (prompt + response tokens)
-    T  response tokens (in the learner, T == L and the prompt positions carry response_mask 0)
-    G  group size (episodes of one task), V vocabulary size.
+    T  response-token axis of a (B, T) tensor; in the learner T == L (prompt and padding carry response_mask 0)
+    E  episodes, G group size (episodes of one task), K turns of an episode
+    V  vocabulary size, N flattened (masked) tokens, d hidden size.
 """
 
 from __future__ import annotations
@@ -110,3 +111,35 @@ class RolloutBatch:
     @property
     def num_rows(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def to(self, device: str | torch.device) -> "RolloutBatch":
+        """A copy on ``device`` with the learner's dtypes (``is_high``/``episode_is_high`` bool, ``temperature``
+        float32); tensor ``extras`` move too, other extras are kept as they are."""
+        moved = {f: getattr(self, f).to(device) for f in _TENSOR_FIELDS}
+        moved["is_high"] = moved["is_high"].bool()
+        moved["episode_is_high"] = moved["episode_is_high"].bool()
+        moved["temperature"] = moved["temperature"].float()
+        extras = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in (self.extras or {}).items()}
+        return RolloutBatch(**moved, extras=extras)
+
+    @property
+    def won(self) -> torch.Tensor | None:
+        """(B,) bool, the row's episode was won (``extras["episode_won"]`` (E,) broadcast, or ``extras["won"]``
+        (B,)); None when the batch does not say (success is then ``reward > 0``)."""
+        ex = self.extras or {}
+        if ex.get("episode_won") is not None:
+            return torch.as_tensor(ex["episode_won"], device=self.episode_index.device).bool()[self.episode_index]
+        if ex.get("won") is not None:
+            return torch.as_tensor(ex["won"], device=self.episode_index.device).bool()
+        return None
+
+    @property
+    def obs_key(self) -> torch.Tensor | None:
+        """(B,) long key of the observation each turn row acted on (``extras["obs_key"]``, per-turn mode), or None."""
+        key = (self.extras or {}).get("obs_key")
+        return None if key is None else torch.as_tensor(key, device=self.episode_index.device).long()
+
+
+_TENSOR_FIELDS = ("input_ids", "attention_mask", "response_mask", "engine_logprobs", "temperature", "group_index",
+                  "episode_index", "is_high", "turn_index", "num_turns", "rewards", "episode_rewards",
+                  "episode_group_index", "episode_is_high")

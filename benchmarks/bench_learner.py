@@ -70,7 +70,7 @@ def worker(args: argparse.Namespace) -> None:
         converted = (models_cache_dir() / "smollm2-135m-instruct" / "config.json").is_file()
         name = "smollm2" if converted or find_smollm2_gguf() is not None else "tiny"
     model, tok = load_policy(ModelConfig(name=name))
-    algo = AlgoConfig(name=args.algo, warmup_steps=0, micro_batch_size=args.micro, js_chunk_size=args.chunk,
+    algo = AlgoConfig(name=args.algo, warmup_steps=0, micro_batch_size=args.micro, logits_chunk_size=args.chunk,
                       compile_js=args.compile_js)
     learner = Learner(model, tok, algo, OptimConfig(lr=1e-6))
     batch = _synthetic_batch(len(tok), args.rows, args.prompt_len, args.response_len)
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=192)
     parser.add_argument("--response-len", type=int, default=64)
     parser.add_argument("--micro", type=int, default=4, help="algo.micro_batch_size")
-    parser.add_argument("--chunk", type=int, default=1024, help="algo.js_chunk_size (tokens per logits chunk)")
+    parser.add_argument("--chunk", type=int, default=1024, help="algo.logits_chunk_size (tokens per logits chunk)")
     parser.add_argument("--compile-js", action="store_true", help="algo.compile_js (compiled in the untimed step)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)

@@ -1,7 +1,7 @@
 """agent_rl.algos: the credit math as small pure torch functions (spec: docs/algorithms.md; map: docs/algorithms_impl.md).
 
-Imports only torch and the standard library. Dims used in every docstring: B rows, T response tokens (in the learner
-T == L, prompt positions carry response_mask 0), V vocabulary, G group size, E episodes, N flattened tokens.
+Imports only torch and the standard library. Dims: the package glossary of ``agent_rl.types`` (B rows, T response
+tokens, L row length, E episodes, G group size, K turns, V vocabulary, N flattened tokens).
 
 What the learner calls, by spec section:
     1  compute_advantages(name, rewards, group_index, episode_index=None, **kw) -> (B,)  (grpo, drgrpo, rloo,
@@ -14,6 +14,8 @@ What the learner calls, by spec section:
     4  schedule_value(kind, step, total_steps, ...) -> S
     5  apply_credit(name, CreditInputs(...), S, level) -> (advantages (B, T), loss_mask (B, T));
        tp_mask, turn_tp_mask, forking_mask, entropy_adv, empg_advantages
+    pipeline: advantage_plan(...) -> AdvantagePlan; token_advantages(plan, CreditInputs) runs
+       base -> TGRL JS weights -> credit rule -> low-row mask -> clamp
 Registries (decorator registration): register_adv_estimator, register_policy_loss, register_credit_rule,
 register_schedule and get_* (see agent_rl.algos.registry).
 """
@@ -40,8 +42,16 @@ from .credit import (
     tp_mask,
     turn_tp_mask,
 )
-from .logits import LN2, entropy_from_logits, js_divergence_from_logits, js_divergence_rows, logprobs_from_logits
-from .losses import agg_loss, gspo_loss, kl_penalty, masked_mean, policy_loss, ppo_clip_loss
+from .logits import (
+    LN2,
+    entropy_from_logits,
+    js_divergence_from_logits,
+    js_divergence_rows,
+    logprobs_from_logits,
+    truncate_logits,
+    truncation_mask,
+)
+from .losses import agg_denominator, agg_loss, gspo_loss, kl_penalty, masked_mean, policy_loss, ppo_clip_loss
 from .registry import (
     ADV_ESTIMATORS,
     CREDIT_RULES,
@@ -67,6 +77,14 @@ from .registry import (
     register_policy_loss,
     register_schedule,
 )
+from .pipeline import (
+    AdvantagePlan,
+    advantage_plan,
+    clamp_stage,
+    js_weight_stage,
+    low_row_stage,
+    token_advantages,
+)
 from .schedules import schedule_progress, schedule_value
 from .tgrl import masked_row_quantile, tgrl_advantages, tgrl_delta_r, tgrl_metrics, tgrl_token_weights
 
@@ -85,12 +103,15 @@ __all__ = [
     # losses (spec 2)
     "policy_loss",
     "agg_loss",
+    "agg_denominator",
     "ppo_clip_loss",
     "gspo_loss",
     "kl_penalty",
     "masked_mean",
     # logits helpers (spec 0, 3.3)
     "logprobs_from_logits",
+    "truncate_logits",
+    "truncation_mask",
     "entropy_from_logits",
     "js_divergence_from_logits",
     "js_divergence_rows",
@@ -113,6 +134,13 @@ __all__ = [
     "entropy_adv",
     "empg_advantages",
     "next_turn_values",
+    # the advantage pipeline (base -> JS weights -> credit -> low rows -> clamp)
+    "AdvantagePlan",
+    "advantage_plan",
+    "js_weight_stage",
+    "low_row_stage",
+    "clamp_stage",
+    "token_advantages",
     # registries
     "Registry",
     "ADV_ESTIMATORS",

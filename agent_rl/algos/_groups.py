@@ -6,6 +6,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+FLAT_RTOL = 1e-6
+"""Tolerance of the zero-variance test (:func:`flat_range`): a group whose reward range ``max - min`` is at most
+``FLAT_RTOL * max(1, max |R|)`` counts as all-equal and gets advantage 0 (algorithms.md section 1). Exact equality
+would let float rounding through: seven float32 0.3 and one 3e-8 away give REINFORCE++ advantages -0.181 / +1.270."""
+
+
+def flat_range(vmax: Tensor, vmin: Tensor) -> Tensor:
+    """The one zero-variance test of the algos package: True where a group with largest value ``vmax`` and smallest
+    ``vmin`` (same shape, any float dtype) is flat, i.e. ``vmax - vmin <= FLAT_RTOL * max(1, |vmax|, |vmin|)``
+    (absolute 1e-6 for rewards of magnitude <= 1, relative 1e-6 above). Returns a bool tensor of that shape."""
+    vmax, vmin = vmax.double(), vmin.double()
+    scale = torch.maximum(vmax.abs(), vmin.abs()).clamp_min(1.0)
+    return (vmax - vmin) <= FLAT_RTOL * scale
+
 
 def as_float(x: Tensor) -> Tensor:
     """Return ``x`` as a floating tensor (bool/int -> float32); floating tensors are returned unchanged."""
@@ -43,7 +57,8 @@ def group_stats(values: Tensor, group_index: Tensor, unbiased: bool = True) -> d
         unbiased: sample std (divide by n-1) if True, population std (divide by n) if False. A single-row group has
             std 0 with either choice (the n-1 = 0 case is defined as 0, never NaN).
     Returns:
-        dict of (B,) float64 tensors: ``mean``, ``std``, ``count``, ``sum``, ``all_equal`` (bool: group max == min).
+        dict of (B,) float64 tensors: ``mean``, ``std``, ``count``, ``sum``, ``all_equal`` (bool: the group's range
+        is within the tolerance of :func:`flat_range`, ``max - min <= 1e-6 * max(1, max |v|)``).
     """
     inv, n = group_ids(group_index)
     v = values.double()
@@ -60,7 +75,7 @@ def group_stats(values: Tensor, group_index: Tensor, unbiased: bool = True) -> d
         "std": var.sqrt()[inv],
         "count": count[inv],
         "sum": total[inv],
-        "all_equal": (vmax == vmin)[inv],
+        "all_equal": flat_range(vmax, vmin)[inv],
     }
 
 
@@ -118,3 +133,49 @@ def masked_mean_rows(x: Tensor, mask: Tensor) -> Tensor:
     m = mask > 0
     total = torch.where(m, x, torch.zeros_like(x)).sum(-1)  # where, not x * m: a non-finite masked-out x stays out
     return total / m.sum(-1).clamp_min(1).to(x.dtype)
+
+
+def segment_mean(values: Tensor, seg: Tensor, n_seg: int) -> Tensor:
+    """Mean of ``values`` (N,) per segment id ``seg`` (N,) long in 0..n_seg-1; empty segments give 0. Returns
+    (n_seg,) in the dtype of ``values``."""
+    total = torch.zeros(n_seg, dtype=values.dtype, device=values.device).index_add_(0, seg, values)
+    count = torch.zeros(n_seg, dtype=values.dtype, device=values.device).index_add_(0, seg, torch.ones_like(values))
+    return total / count.clamp_min(1.0)
+
+
+def segment_quantile(values: Tensor, seg: Tensor, n_seg: int, q: float) -> Tensor:
+    """Quantile ``q`` of ``values`` (N,) within each segment (``seg`` (N,) long in 0..n_seg-1), linear
+    interpolation (numpy's default: position ``q (n - 1)`` in the segment's sorted values). Empty segments give 0.
+
+    Vectorised: one stable sort by value, then a stable sort by segment, so each segment's values lie contiguous and
+    ascending; the two neighbours of each quantile position are gathered from there. Returns (n_seg,).
+    """
+    if values.numel() == 0:
+        return torch.zeros(n_seg, dtype=values.dtype, device=values.device)
+    by_value = torch.sort(values, stable=True).indices  # (N,)
+    by_seg = torch.sort(seg[by_value], stable=True).indices  # (N,) segment-major, value-ascending inside
+    sorted_vals = values[by_value][by_seg]
+    count = torch.zeros(n_seg, dtype=torch.long, device=values.device).index_add_(0, seg, torch.ones_like(seg))
+    start = count.cumsum(0) - count  # (n_seg,) first position of each segment
+    pos = q * (count - 1).clamp_min(0).to(values.dtype)
+    lo = pos.floor().long()
+    hi = torch.minimum(lo + 1, (count - 1).clamp_min(0))
+    last = values.numel() - 1
+    v_lo = sorted_vals[(start + lo).clamp(0, last)]
+    v_hi = sorted_vals[(start + hi).clamp(0, last)]
+    out = v_lo + (pos - lo.to(values.dtype)) * (v_hi - v_lo)
+    return torch.where(count > 0, out, torch.zeros_like(out))
+
+
+def trajectory_ids(response_mask: Tensor, episode_index: Tensor | None) -> tuple[Tensor, int]:
+    """Dense trajectory id per row (B,) and their number: ``episode_index`` remapped to 0..E-1, or each row its own
+    trajectory when ``episode_index`` is None.
+
+    Raises:
+        ValueError: ``episode_index`` not (B,).
+    """
+    b = response_mask.shape[0]
+    if episode_index is None:
+        return torch.arange(b, device=response_mask.device), b
+    check_1d("episode_index", episode_index, b)
+    return group_ids(episode_index.to(response_mask.device))

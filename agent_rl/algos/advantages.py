@@ -6,6 +6,11 @@ Rows versus episodes: in per-turn mode an episode has several rows (one per turn
 Group statistics must count each *episode* once, so pass ``episode_index`` to :func:`compute_advantages` (or call it
 on the per-episode tensors ``RolloutBatch.episode_rewards`` / ``episode_group_index`` and broadcast with
 ``advantages[episode_index]``; both give the same result).
+
+All-equal groups (spec section 1: "a group whose rewards are all equal gets A = 0"): every estimator, the DAPO filter
+and TGRL (which calls ``grpo``) use one test, ``_groups.flat_range``: a group counts as all-equal when its reward range
+``max - min`` is at most ``1e-6 * max(1, max |R|)`` (absolute 1e-6 for rewards in [-1, 1], relative above), so float
+rounding (seven float32 0.3 and one value 3e-8 away) gives 0, not whitened noise.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._groups import as_float, check_1d, check_2d, episode_reduce, group_ids, group_stats
+from ._groups import as_float, check_1d, check_2d, episode_reduce, flat_range, group_ids, group_stats
 from .registry import ADV_ESTIMATORS, AdvEstimator, get_adv_estimator, register_adv_estimator
 
 __all__ = [
@@ -84,8 +89,9 @@ def grpo_advantages(
         std: ``"sample"`` (divide by n-1, the default, ``algo.std``) or ``"population"`` (divide by n).
         eps: added to the std.
     Returns:
-        (B,) advantages. A group whose rewards are all equal gets exactly 0 (checked explicitly, so float rounding of
-        the mean can never leak a tiny difference divided by eps); a single-row group therefore gets 0.
+        (B,) advantages. A group whose rewards are all equal (range <= 1e-6 * max(1, max |R|)) gets exactly 0
+        (checked explicitly, so float rounding can never leak a tiny difference divided by eps); a single-row group
+        therefore gets 0.
     Raises:
         ValueError: ``std`` not ``"sample"`` or ``"population"``.
     """
@@ -101,7 +107,8 @@ def grpo_advantages(
 @torch.no_grad()
 def drgrpo_advantages(rewards: Tensor, group_index: Tensor, **_: Any) -> Tensor:
     """Dr.GRPO: ``A_i = R_i - mean_g R`` (Liu et al. 2025; spec section 1), no std division. Pair it with
-    ``loss_agg="seq_mean_token_sum_norm"`` and ``max_len`` (constant divisor G * L_max).
+    ``loss_agg="seq_mean_token_sum_norm"`` and ``max_len`` (constant divisor G * L_max). An all-equal group (range
+    <= 1e-6 * max(1, max |R|)) gets exactly 0.
 
     Args: rewards (B,) float; group_index (B,) int. Returns: (B,) advantages, in reward units."""
     st = group_stats(rewards, group_index)
@@ -113,7 +120,7 @@ def drgrpo_advantages(rewards: Tensor, group_index: Tensor, **_: Any) -> Tensor:
 @torch.no_grad()
 def rloo_advantages(rewards: Tensor, group_index: Tensor, **_: Any) -> Tensor:
     """RLOO: ``A_i = R_i - (sum_g R - R_i) / (G - 1)`` (Ahmadian et al. 2024). A single-row group (G = 1) has no
-    other rows and gets 0 (spec section 1).
+    other rows and gets 0 (spec section 1); so does an all-equal group (range <= 1e-6 * max(1, max |R|)).
 
     Args: rewards (B,) float; group_index (B,) int. Returns: (B,) advantages, in reward units."""
     st = group_stats(rewards, group_index)
@@ -129,12 +136,12 @@ def rloo_advantages(rewards: Tensor, group_index: Tensor, **_: Any) -> Tensor:
 def reinforce_pp_advantages(rewards: Tensor, group_index: Tensor, eps: float = 1e-8, **_: Any) -> Tensor:
     """REINFORCE++: ``A = R - mean_batch R``, then whitened over the batch: ``A / (std_batch A + eps)``
     (spec section 1; ``group_index`` is ignored). The std is the sample std (n-1), as in verl's ``masked_whiten``;
-    a batch of equal rewards (or of one row) gets 0.
+    a batch of equal rewards (range <= 1e-6 * max(1, max |R|), so float rounding does not count) or of one row gets 0.
 
     Args: rewards (B,) float; group_index (B,) int (unused); eps: added to the std.
     Returns: (B,) whitened advantages (unitless; batch mean 0, sample std 1)."""
     r = rewards.double()
-    if r.numel() <= 1 or bool((r == r[0]).all()):
+    if r.numel() <= 1 or bool(flat_range(r.max(), r.min())):
         return torch.zeros_like(rewards)
     a = r - r.mean()
     return (a / (a.std(unbiased=True) + eps)).to(rewards.dtype)
@@ -184,7 +191,7 @@ def gigpo_advantages(
     ``A = A_episode + step_weight * A_step``. ``A_episode``: GRPO over the group's episode rewards (each episode once).
     ``A_step``: for each row (turn k) the discounted return ``G_k`` (gamma 0.95, :func:`discounted_turn_returns`),
     normalised GRPO-style (same ``std``/``eps``) among the rows with the same ``group_index`` and ``obs_key``; an anchor
-    group of one turn (or of equal returns) gets 0.
+    group of one turn (or of equal returns, within the tolerance of ``grpo``) gets 0.
 
     Args:
         rewards: (B,) float, episode reward broadcast to the episode's rows (per-turn mode: one row per turn).
@@ -291,7 +298,8 @@ def dapo_overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tens
 @torch.no_grad()
 def dapo_keep_groups(rewards: Tensor, group_index: Tensor) -> Tensor:
     """DAPO dynamic-sampling filter: keep rows whose group's rewards are not all equal (such groups give GRPO
-    advantage 0 everywhere). A single-row group is dropped. Args: rewards (B,), group_index (B,).
+    advantage 0 everywhere; equal means range <= 1e-6 * max(1, max |R|), the estimators' test). A single-row group
+    is dropped. The rollout orchestrator calls it on each group's episode rewards. Args: rewards (B,), group_index (B,).
     Returns: (B,) bool, True = keep. Raises: ValueError on bad shapes."""
     check_1d("rewards", rewards)
     check_1d("group_index", group_index, rewards.shape[0])

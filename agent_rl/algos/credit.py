@@ -3,7 +3,8 @@
 Dims: B rows, T response tokens. In the learner T == L (prompt + response): the response mask has leading zeros on
 the prompt and, in full-trajectory mode, zero gaps on observation tokens. Every positional rule here (the TP token
 index j and length L, forking top-k, quantiles) counts positions **among the row's masked tokens only** (cumsum of the
-mask), never raw column indices.
+mask), never raw column indices; a trajectory (TGRL weights, TP positions) is the episode: in per-turn mode the
+concatenation of its turn rows in turn order.
 
 Rows and turns (spec section 0):
 - per-turn mode: one row = one turn; ``turn_index``/``num_turns`` give the turn k of K, ``episode_index`` ties the
@@ -19,22 +20,24 @@ Levels each built-in rule supports (``credit.level``; any other pair raises ``Va
 rule          token  turn   effect
 ============  =====  =====  ===========================================================================
 uniform       yes    yes    advantages broadcast, mask unchanged (w = 1)
-js            yes    yes    token: TGRL weights w_t (3.4); turn: row mean J / episode mean; A * w
-tp            yes    yes    loss mask: token j of L kept iff j >= floor(L S) (last kept); turn k of K
+js            yes    yes    token: TGRL weights w_t normalised per trajectory; turn: row mean J / episode
+                            mean; A * w
+tp            yes    yes    loss mask: trajectory token j of L kept iff j >= floor(L S) (last kept; j, L
+                            over the episode's turn rows in order, ``scope=turn``: per row); turn k of K
                             kept iff k >= floor(K S) (last turn kept)
-forking       yes    no     loss mask: the ceil(L (1 - S)) highest-entropy tokens of the row
+forking       yes    no     loss mask: H_t >= S * eps, eps = 80th percentile of H over the batch's tokens
 entropy_adv   yes    yes    A + S min(alpha H, |A| / kappa); turn: H = row mean entropy
 empg          no     yes    EMPG turn advantages over the batch of rows (needs (B,) advantages)
 ============  =====  =====  ===========================================================================
 
-The schedule's S (section 4) applies to every rule, S = 0 always meaning plain optimisation. ``tp``, ``forking`` and
-``entropy_adv`` use S as the spec writes it. ``js`` and ``empg`` have no S in the spec: they are interpolated,
+The schedule's S applies to every rule, S = 0 always meaning plain optimisation. ``tp``, ``forking`` and
+``entropy_adv`` use S as the spec writes it (``forking``: the relaxed threshold S * eps, so S = 1 is static
+Forking-Tok and S = 0 trains every token). ``js`` and ``empg`` have no S in the spec: they are interpolated,
 ``w_S = 1 + S (w - 1)`` and ``A_S = (1 - S) A + S A_empg``, so S = 1 (``schedule=constant``) is the rule exactly as
 section 5 writes it (a documented choice).
 
-Composition with TGRL: with ``algo=tgrl`` pass the (B, T) output of ``tgrl_advantages`` (already JS-weighted, low rows
-0) as ``CreditInputs.advantages``; ``tp``/``forking`` then act on the loss mask on top of it, ``uniform`` keeps it as
-is. ``credit=js`` is for adding JS weights to a non-TGRL advantage (with ``algo=tgrl`` it would weight twice).
+Composition with TGRL: the learner runs these rules as one stage of the advantage pipeline of
+``agent_rl.algos.pipeline`` (base estimator -> TGRL JS weights -> credit rule -> low-row mask -> clamp).
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._groups import check_1d, check_2d, group_ids, masked_mean_rows, masked_positions
+from ._groups import (check_1d, check_2d, group_ids, masked_mean_rows, masked_positions, segment_quantile,
+                      trajectory_ids)
 from .registry import CREDIT_RULES, CreditLevel, CreditRuleName, as_name, get_credit_rule, register_credit_rule
 from .tgrl import tgrl_token_weights
 
@@ -159,25 +163,44 @@ def apply_credit(
 # The rule functions (public: usable directly)
 # ----------------------------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def tp_mask(response_mask: Tensor, S: float) -> Tensor:
-    """Trajectory-percentile mask, token level (TP-Schedule, spec section 5).
+def tp_mask(response_mask: Tensor, S: float, *, episode_index: Tensor | None = None) -> Tensor:
+    """Trajectory-percentile mask, token level (TP-Schedule, arXiv 2605.25381; algorithms.md, credit rule ``tp``).
 
-    A row's masked token j (0-based, counted among masked tokens) of L is kept iff ``j >= floor(L S)``; the last
-    masked token is always kept. Worked example: L = 5, S = 0.5 -> floor(2.5) = 2 -> tokens 2, 3, 4 kept.
+    A trajectory's action token j (0-based, counted among masked tokens) of L is kept iff ``j >= floor(L S)``; the
+    last token of the trajectory is always kept. With ``episode_index`` the rows sharing a value are one trajectory,
+    taken **in row order** (per-turn mode: the episode's turn rows in turn order, so j and L run over the
+    concatenation of its turn responses and early turns are switched on last); without it each row is its own
+    trajectory (full-trajectory mode, or ``credit.kwargs.scope=turn``).
+
+    Worked examples: one row, L = 5, S = 0.5 -> floor(2.5) = 2 -> tokens 2, 3, 4 kept. Three turn rows of 10 tokens
+    of one episode, S = 0.5 -> L = 30, cut 15: turn 0 untrained, turn 1 tokens 5..9, turn 2 all (15 of 30); per-row
+    reading: tokens 5..9 of each turn.
 
     Args:
         response_mask: (B, T) 0/1 (prompt zeros and observation gaps are skipped when counting).
         S: in [0, 1]. S = 0 keeps all masked tokens; S close to 1 keeps only the last.
+        episode_index: (B,) int or None (see above).
     Returns:
         (B, T) mask, dtype of ``response_mask``, a subset of it.
     Raises:
-        ValueError: ``response_mask`` not 2-D.
+        ValueError: ``response_mask`` not 2-D, ``episode_index`` not (B,).
     """
     check_2d("response_mask", response_mask)
     m = response_mask > 0
-    j, n = masked_positions(m)  # (B, T), (B,)
-    cut = torch.floor(n.double() * S + _ROUND_GUARD).long()  # (B,)
-    keep = m & ((j >= cut[:, None]) | (j == (n - 1)[:, None]))
+    j, n = masked_positions(m)  # (B, T) position inside the row, (B,) masked tokens of the row
+    traj, n_traj = trajectory_ids(response_mask, episode_index)  # (B,)
+    # offset of each row = masked tokens of the earlier rows of its trajectory (exclusive cumsum in row order)
+    order = torch.sort(traj, stable=True).indices  # (B,) trajectory-major, row order inside
+    n_sorted, traj_sorted = n[order], traj[order]
+    csum = n_sorted.cumsum(0) - n_sorted  # (B,) exclusive running count in that order
+    start = torch.zeros(n_traj, dtype=torch.long, device=m.device).scatter_reduce(
+        0, traj_sorted, csum, "amin", include_self=False)  # (E,) running count at each trajectory's first row
+    offset = torch.empty_like(n)
+    offset[order] = csum - start[traj_sorted]  # (B,)
+    total = torch.zeros(n_traj, dtype=torch.long, device=m.device).index_add_(0, traj, n)[traj]  # (B,) L
+    pos = j + offset[:, None]  # (B, T) position in the trajectory
+    cut = torch.floor(total.double() * S + _ROUND_GUARD).long()  # (B,)
+    keep = m & ((pos >= cut[:, None]) | (pos == (total - 1)[:, None]))
     return keep.to(response_mask.dtype)
 
 
@@ -203,30 +226,37 @@ def turn_tp_mask(turn_index: Tensor, num_turns: Tensor, S: float) -> Tensor:
 
 
 @torch.no_grad()
-def forking_mask(entropy: Tensor, response_mask: Tensor, S: float) -> Tensor:
-    """High-entropy "forking token" selection (Wang et al. 2025; spec section 5).
+def forking_mask(entropy: Tensor, response_mask: Tensor, S: float, *, quantile: float = 0.8) -> Tensor:
+    """High-entropy "forking token" selection with TP-Schedule's relaxed threshold (Wang et al. 2025; TP-Schedule
+    arXiv 2605.25381 section 3, "mu_t >= S(tau) * eps"; algorithms.md, credit rule ``forking``).
 
-    Per row keep the top ``k = ceil(L (1 - S))`` masked tokens by entropy (L = masked tokens of the row); ties are
-    broken by position (earlier first). The selection replaces the loss mask. S = 0 keeps every token; the static
-    variant of the paper is S = 0.8 (keep 20%). S = 1 keeps none (as written in the spec).
+    ``eps`` = the ``quantile`` (0.8) quantile of the entropy over **all masked tokens of the batch** (linear
+    interpolation): the static Forking-Tok threshold, the top 20% of tokens. Token t is kept iff
+    ``H_t >= S * eps``; the selection replaces the loss mask. S = 1 is static Forking-Tok, S = 0 keeps every token,
+    a decaying S starts at the static set and widens it.
+
+    Worked example: 100 tokens with H = 0.01 * rank (rank 1..100): eps = 0.802; S = 0.99 keeps the 21 tokens with
+    H >= 0.794, S = 0.5 the 60 with H >= 0.401.
 
     Args:
-        entropy: (B, T) token entropies (detached, at the row's temperature). response_mask: (B, T) 0/1. S: [0, 1].
+        entropy: (B, T) token entropies (old policy, detached, at the row's temperature).
+        response_mask: (B, T) 0/1. S: in [0, 1]. quantile: in [0, 1].
     Returns:
-        (B, T) mask, dtype of ``response_mask``.
+        (B, T) mask, dtype of ``response_mask``; all zeros when nothing is masked in.
     Raises:
-        ValueError: ``response_mask`` not 2-D or ``entropy`` of another shape.
+        ValueError: ``response_mask`` not 2-D, ``entropy`` of another shape, ``quantile`` outside [0, 1].
     """
     check_2d("response_mask", response_mask)
     check_2d("entropy", entropy, tuple(response_mask.shape))
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile must be in [0, 1], got {quantile}")
     m = response_mask > 0
-    n = m.sum(-1)  # (B,)
-    k = torch.ceil(n.double() * (1.0 - S) - _ROUND_GUARD).clamp_min(0).long()  # (B,)
-    e = torch.where(m, entropy.float(), -torch.inf)  # masked-out tokens rank last
-    order = torch.sort(e, dim=-1, descending=True, stable=True).indices  # (B, T)
-    ranks = torch.empty_like(order)
-    ranks.scatter_(-1, order, torch.arange(e.shape[-1], device=e.device).expand_as(order))  # rank of each position
-    keep = m & (ranks < k[:, None])
+    h = entropy.double()
+    if not bool(m.any()):
+        return torch.zeros_like(response_mask)
+    vals = h[m]  # (N,) the batch's masked tokens
+    eps = segment_quantile(vals, torch.zeros_like(vals, dtype=torch.long), 1, quantile)[0]  # linear interpolation
+    keep = m & (h >= S * eps)
     return keep.to(response_mask.dtype)
 
 
@@ -324,12 +354,13 @@ def _uniform(inputs: CreditInputs, S: float, level: str) -> tuple[Tensor, Tensor
 
 @register_credit_rule(CreditRuleName.JS, levels=("token", "turn"))
 def _js(inputs: CreditInputs, S: float, level: str, quantile_clip: bool = True) -> tuple[Tensor, Tensor]:
-    """Token: TGRL weights of spec 3.4; turn: w_k = (mean_t J of row + 1e-8) / (mean over the episode's rows
-    + 1e-8) (mean 1 over the episode; an episode of all-zero J gets 1). Scheduled as ``1 + S (w - 1)``."""
+    """Token: TGRL weights normalised per trajectory (:func:`tgrl_token_weights` over the episode's rows); turn:
+    w_k = (mean_t J of row + 1e-8) / (mean over the episode's rows + 1e-8) (mean 1 over the episode; an episode of
+    all-zero J gets 1). Scheduled as ``1 + S (w - 1)``."""
     js = inputs.require("js", "js")
     m = inputs.response_mask
     if level == "token":
-        w = tgrl_token_weights(js, m, quantile_clip=quantile_clip).float()  # (B, T)
+        w = tgrl_token_weights(js, m, episode_index=inputs.episode_index, quantile_clip=quantile_clip).float()
     else:
         j_row = masked_mean_rows(js.double(), m).double()  # (B,) turn mean J
         ep, n_ep = group_ids(inputs.episode_index)
@@ -341,21 +372,36 @@ def _js(inputs: CreditInputs, S: float, level: str, quantile_clip: bool = True) 
     return inputs.token_advantages.float() * w, m
 
 
+def _turn_order(inputs: CreditInputs) -> Tensor:
+    """(B,) permutation putting each episode's rows in turn order (episode-major), for rules that read rows of one
+    trajectory in order."""
+    by_turn = torch.sort(inputs.turn_index, stable=True).indices
+    return by_turn[torch.sort(inputs.episode_index[by_turn], stable=True).indices]
+
+
 @register_credit_rule(CreditRuleName.TP, levels=("token", "turn"))
-def _tp(inputs: CreditInputs, S: float, level: str) -> tuple[Tensor, Tensor]:
-    """Acts on the loss mask only (spec 5): :func:`tp_mask` (token) or :func:`turn_tp_mask` (turn)."""
+def _tp(inputs: CreditInputs, S: float, level: str, scope: str = "trajectory") -> tuple[Tensor, Tensor]:
+    """Acts on the loss mask only (algorithms.md, rule ``tp``). Token level: :func:`tp_mask` over the trajectory
+    (the episode's turn rows in turn order; ``scope="turn"``: each row alone); turn level: :func:`turn_tp_mask`."""
     m = inputs.response_mask
-    if level == "token":
+    if level == "turn":
+        keep_turn = turn_tp_mask(inputs.turn_index, inputs.num_turns, S)  # (B,)
+        return inputs.token_advantages, m * keep_turn[:, None].to(m.dtype)
+    if scope == "turn":
         return inputs.token_advantages, tp_mask(m, S)
-    keep_turn = turn_tp_mask(inputs.turn_index, inputs.num_turns, S)  # (B,)
-    return inputs.token_advantages, m * keep_turn[:, None].to(m.dtype)
+    if scope != "trajectory":
+        raise ValueError(f"credit.kwargs.scope={scope!r} is not valid; valid values: trajectory, turn")
+    order = _turn_order(inputs)  # (B,)
+    keep = torch.empty_like(m)
+    keep[order] = tp_mask(m[order], S, episode_index=inputs.episode_index[order])
+    return inputs.token_advantages, keep
 
 
 @register_credit_rule(CreditRuleName.FORKING, levels=("token",))
-def _forking(inputs: CreditInputs, S: float, level: str) -> tuple[Tensor, Tensor]:
-    """Loss mask = :func:`forking_mask` (token level only: the spec defines it per row's tokens)."""
+def _forking(inputs: CreditInputs, S: float, level: str, quantile: float = 0.8) -> tuple[Tensor, Tensor]:
+    """Loss mask = :func:`forking_mask` (token level only: the threshold is a quantile over the batch's tokens)."""
     h = inputs.require("entropy", "forking")
-    return inputs.token_advantages, forking_mask(h, inputs.response_mask, S)
+    return inputs.token_advantages, forking_mask(h, inputs.response_mask, S, quantile=quantile)
 
 
 @register_credit_rule(CreditRuleName.ENTROPY_ADV, levels=("token", "turn"))

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "truncate_logits",
     "logprobs_from_logits",
     "entropy_from_logits",
     "js_divergence_from_logits",
@@ -65,6 +66,52 @@ def _chunks(n: int, chunk_size: int | None) -> list[tuple[int, int]]:
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size}")
     step = n if not chunk_size else chunk_size
     return [(i, min(i + step, n)) for i in range(0, n, max(step, 1))]
+
+
+@torch.no_grad()
+def truncation_mask(logits: Tensor, temperature: float | Tensor = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """The tokens top-k / nucleus (top-p) sampling may draw, per row: True = kept (no grad; the mask is a constant).
+
+    Order and ties follow the samplers of Hugging Face / vLLM: top-k on the raw logits (temperature-invariant; every
+    token tied with the k-th is kept), then top-p on ``softmax(z / T)`` restricted to the top-k set: the smallest
+    prefix, in descending probability, whose mass reaches ``top_p`` (the token that crosses it is kept).
+
+    Args:
+        logits: (N, V) float. temperature: float or (N,) tensor, > 0. top_k: 0 = off. top_p: 1.0 = off, in (0, 1].
+    Returns:
+        (N, V) bool; all True when both are off.
+    Raises:
+        ValueError: ``top_k < 0`` or ``top_p`` outside (0, 1].
+    """
+    if top_k < 0 or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_k must be >= 0 and top_p in (0, 1], got top_k={top_k}, top_p={top_p}")
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (N, 1)
+        keep = logits >= kth
+    if top_p < 1.0:
+        t = temperature[:, None] if isinstance(temperature, Tensor) else temperature  # (N,) -> (N, 1)
+        x = (logits.float() / t).masked_fill(~keep, float("-inf"))
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        p_sorted = torch.softmax(sorted_x, dim=-1)
+        drop_sorted = (p_sorted.cumsum(-1) - p_sorted) > top_p  # mass before this token already reaches top_p
+        keep = keep & ~torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return keep
+
+
+def truncate_logits(logits: Tensor, temperature: float | Tensor = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """``logits`` with every token that top-k / top-p sampling cannot draw set to ``-inf`` (see
+    :func:`truncation_mask`), so ``log_softmax(truncate_logits(z) / T)`` is the log-prob of the distribution the
+    sampler actually drew from. Differentiable in the kept entries. Returns ``logits`` itself when both are off.
+
+    Args:
+        logits: (N, V). temperature: float or (N,). top_k, top_p: as :func:`truncation_mask`.
+    Returns:
+        (N, V), dtype of ``logits``.
+    """
+    if top_k <= 0 and top_p >= 1.0:
+        return logits
+    return logits.masked_fill(~truncation_mask(logits.detach(), temperature, top_k, top_p), float("-inf"))
 
 
 def logprobs_from_logits(

@@ -17,7 +17,7 @@ from torch import Tensor
 from ._groups import check_2d
 from .registry import LossAgg, PolicyLossName, as_name, get_policy_loss, register_policy_loss
 
-__all__ = ["policy_loss", "agg_loss", "ppo_clip_loss", "gspo_loss", "kl_penalty", "masked_mean"]
+__all__ = ["policy_loss", "agg_loss", "agg_denominator", "ppo_clip_loss", "gspo_loss", "kl_penalty", "masked_mean"]
 
 _LOG_RATIO_CLAMP = 20.0  # spec 2: exp(clamp(logp - old_logp, -20, 20))
 
@@ -36,6 +36,28 @@ def _broadcast_adv(advantages: Tensor, like: Tensor) -> Tensor:
         return advantages[:, None].expand_as(like)  # (B,) -> (B, T)
     check_2d("advantages", advantages, tuple(like.shape))
     return advantages
+
+
+def agg_denominator(response_mask: Tensor, loss_agg: str | Enum = "token_mean") -> Tensor:
+    """The normaliser of :func:`agg_loss` for ``loss_agg`` over ``response_mask`` (B, T): the number of masked
+    tokens (``token_mean``), of rows with >= 1 masked token (``seq_mean_token_mean``), or of rows B
+    (``seq_mean_token_sum_norm``, whose ``L_max`` factor :func:`agg_loss` applies itself). At least 1.
+
+    The learner computes it once per mini-batch and passes it as ``denominator=`` to each micro-batch's
+    :func:`agg_loss`, so the summed micro-batch losses equal the mini-batch loss.
+
+    Raises:
+        ValueError: unknown ``loss_agg``.
+    """
+    mode = as_name(loss_agg)
+    m = (response_mask > 0).float()
+    if mode == LossAgg.TOKEN_MEAN.value:
+        return m.sum().clamp_min(1.0)
+    if mode == LossAgg.SEQ_MEAN_TOKEN_MEAN.value:
+        return (m.sum(-1) > 0).float().sum().clamp_min(1.0)
+    if mode == LossAgg.SEQ_MEAN_TOKEN_SUM_NORM.value:
+        return torch.tensor(float(max(m.shape[0], 1)), device=m.device)
+    raise ValueError(f"unknown loss_agg {mode!r} (algo.loss_agg); valid names: {[e.value for e in LossAgg]}")
 
 
 def agg_loss(
@@ -72,19 +94,16 @@ def agg_loss(
     m = response_mask > 0
     lm = torch.where(m, loss_mat, torch.zeros_like(loss_mat))
     mf = m.to(lm.dtype)
+    den = agg_denominator(response_mask, mode) if denominator is None else denominator
     if mode == LossAgg.TOKEN_MEAN.value:
-        den = mf.sum().clamp_min(1.0) if denominator is None else denominator
         return lm.sum() / den
     if mode == LossAgg.SEQ_MEAN_TOKEN_MEAN.value:
-        n_tok = mf.sum(-1)  # (B,)
-        row_mean = lm.sum(-1) / n_tok.clamp_min(1.0)
-        den = (n_tok > 0).to(lm.dtype).sum().clamp_min(1.0) if denominator is None else denominator
+        row_mean = lm.sum(-1) / mf.sum(-1).clamp_min(1.0)  # (B,)
         return row_mean.sum() / den
     if mode == LossAgg.SEQ_MEAN_TOKEN_SUM_NORM.value:
         l_max = float(max_len) if max_len is not None else float(loss_mat.shape[-1])
         if l_max <= 0:
             raise ValueError(f"max_len must be > 0, got {max_len}")
-        den = float(max(loss_mat.shape[0], 1)) if denominator is None else denominator
         return (lm.sum(-1) / l_max).sum() / den
     raise ValueError(f"unknown loss_agg {mode!r} (algo.loss_agg); valid names: {[e.value for e in LossAgg]}")
 

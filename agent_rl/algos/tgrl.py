@@ -6,7 +6,7 @@ tokens carry mask 0; every per-row statistic below is over the row's masked toke
 Pipeline (what the learner calls, in order):
     js = js_divergence_from_logits(old_logits_of_high_rows, t_low, t_high, chunk_size)   # 3.3, (N,) -> scatter to (B, T)
     advantages = tgrl_advantages(rewards, group_index, is_high, js, response_mask,
-                                 warmup=step <= warmup_steps, episode_index=episode_index)  # 3.1, 3.4, 3.5, 3.7
+                                 episode_index=episode_index, warmup=step <= warmup_steps)  # 3.1, 3.4, 3.5, 3.7
     metrics = tgrl_metrics(rewards, group_index, is_high, success, episode_index)        # 3.2
 Low-temperature rows get advantage 0 but keep their loss mask, so they still count in the token-mean denominator
 (``algo.low_rows_in_denominator=true``); to drop them from it, zero their rows of the loss mask in the caller.
@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._groups import as_float, check_1d, check_2d, episode_reduce, group_ids, masked_mean_rows
+from ._groups import (as_float, check_1d, check_2d, episode_reduce, group_ids, segment_mean,
+                      segment_quantile, trajectory_ids)
 from .advantages import compute_advantages
 
 __all__ = ["tgrl_token_weights", "tgrl_advantages", "tgrl_delta_r", "tgrl_metrics", "masked_row_quantile"]
@@ -51,38 +52,55 @@ def masked_row_quantile(x: Tensor, mask: Tensor, q: float) -> Tensor:
 def tgrl_token_weights(
     js: Tensor,
     response_mask: Tensor,
+    *,
+    episode_index: Tensor | None = None,
     quantile_clip: bool = True,
     q_low: float = 0.05,
     q_high: float = 0.95,
 ) -> Tensor:
-    """TGRL token weights of one row (spec section 3.4), over the row's masked tokens.
+    """TGRL token weights per trajectory (algorithms.md, TGRL step 4), over the trajectory's masked action tokens.
 
-    ``Jbar = mean_t J_t``; ``omega_t = log(1 + (J_t + 1e-8) / (Jbar + 1e-8))``; if ``quantile_clip``
-    (``algo.js_quantile_clip``), clip omega to the row's own ``q_low``..``q_high`` quantiles (5th..95th, linear
-    interpolation); ``w_t = omega_t / mean_t omega_t``.
+    A trajectory is one episode: with ``episode_index`` the rows sharing a value are one trajectory (per-turn mode:
+    the episode's turn rows together), without it each row is its own (full-trajectory mode, single-turn envs). Over
+    the N_i masked tokens t of trajectory i (eps = 1e-8):
+    ``Jbar_i = mean_t J_t``; ``omega_t = log(1 + (J_t + eps) / (Jbar_i + eps))``; if ``quantile_clip``
+    (``algo.js_quantile_clip``) omega is clipped to the trajectory's own ``q_low``..``q_high`` quantiles (5th..95th,
+    linear interpolation); ``w_t = omega_t / mean_t omega_t`` (mean 1 over the trajectory). Source: TGRL (arXiv
+    2609.33589), "normalised so that each trajectory's mean is 1".
+
+    Worked example (per-turn mode, one episode of two turn rows, no clip effect): J = [0.1, 0.1] and [0.01, 0.01]:
+    Jbar = 0.055, omega = [1.036, 1.036], [0.167, 0.167], mean 0.602 -> w = [1.722, 1.722], [0.278, 0.278]. A
+    per-row normalisation would give w = 1 everywhere and lose the credit between turns.
 
     Args:
-        js: (B, T) token JS divergences (0 or anything where masked out; values there never matter).
+        js: (B, T) token JS divergences (values where masked out never matter).
         response_mask: (B, T) 0/1.
-        quantile_clip: clip omega to the row percentiles.
+        episode_index: (B,) int or None (see above).
+        quantile_clip, q_low, q_high: the percentile clip.
     Returns:
-        (B, T) float weights with mean exactly 1 over each row's masked tokens (up to rounding), 0 where masked out
-        and on rows without masked tokens. A row of all-zero J (e.g. a low-temperature row) gets w = 1.
+        (B, T) float weights (dtype of ``js``, float32 for integer input), mean 1 over each trajectory's masked tokens
+        (up to rounding), 0 where masked out. A trajectory of all-zero J (a low-temperature episode) gets w = 1.
     Raises:
-        ValueError: ``js`` not 2-D or ``response_mask`` of another shape.
+        ValueError: ``js`` not 2-D, ``response_mask`` of another shape, ``episode_index`` not (B,).
     """
     check_2d("js", js)
     check_2d("response_mask", response_mask, tuple(js.shape))
     m = response_mask > 0
-    j = torch.where(m, js.double(), 0.0)  # (B, T) float64: the weights are cheap, keep them exact
-    j_bar = masked_mean_rows(j, m)  # (B,)
-    omega = torch.log1p((j + _EPS) / (j_bar[:, None] + _EPS))  # (B, T), > 0
+    traj, n_traj = trajectory_ids(response_mask, episode_index)  # (B,)
+    rows, cols = m.nonzero(as_tuple=True)  # (N,) masked tokens
+    seg = traj[rows]  # (N,) trajectory of each masked token
+    j = js[rows, cols].double()  # (N,) float64: the weights are cheap, keep them exact
+    j_bar = segment_mean(j, seg, n_traj)  # (E,)
+    omega = torch.log1p((j + _EPS) / (j_bar[seg] + _EPS))  # (N,), > 0
     if quantile_clip:
-        lo = masked_row_quantile(omega, m, q_low)  # (B,)
-        hi = masked_row_quantile(omega, m, q_high)
-        omega = torch.minimum(torch.maximum(omega, lo[:, None]), hi[:, None])
-    w = omega / masked_mean_rows(omega, m).clamp_min(torch.finfo(torch.float64).tiny)[:, None]
-    return torch.where(m, w, 0.0).to(js.dtype if torch.is_floating_point(js) else torch.float32)
+        lo = segment_quantile(omega, seg, n_traj, q_low)[seg]  # (N,)
+        hi = segment_quantile(omega, seg, n_traj, q_high)[seg]
+        omega = torch.minimum(torch.maximum(omega, lo), hi)
+    w = omega / segment_mean(omega, seg, n_traj)[seg].clamp_min(torch.finfo(torch.float64).tiny)  # (N,)
+    out_dtype = js.dtype if torch.is_floating_point(js) else torch.float32
+    out = torch.zeros(js.shape, dtype=out_dtype, device=js.device)
+    out[rows, cols] = w.to(out_dtype)
+    return out
 
 
 @torch.no_grad()
@@ -92,27 +110,32 @@ def tgrl_advantages(
     is_high: Tensor,
     js: Tensor,
     response_mask: Tensor,
+    *,
+    episode_index: Tensor | None = None,
     warmup: bool = False,
     adv_clip: float | None = 10.0,
-    episode_index: Tensor | None = None,
     quantile_clip: bool = True,
     std: str = "sample",
 ) -> Tensor:
-    """TGRL token advantages (spec sections 3.1, 3.4, 3.5, 3.7).
+    """TGRL token advantages (algorithms.md, TGRL steps 1, 4, 5, 7).
 
-    1. ``A_i`` = GRPO over all G rewards of the group (sample std + 1e-6, section 3.1).
-    2. High rows: ``A_{i,t} = clamp(A_i * w_t, -adv_clip, adv_clip)`` with ``w`` = :func:`tgrl_token_weights`;
-       low rows: 0 (they still count in the token-mean denominator through their loss mask).
+    1. ``A_i`` = GRPO over all G rewards of the group (sample std + 1e-6); with ``episode_index`` each episode counts
+       once in the group statistics (per-turn mode).
+    2. High rows: ``A_{i,t} = clamp(A_i * w_t, -adv_clip, adv_clip)`` with ``w`` = :func:`tgrl_token_weights`,
+       normalised per trajectory (per episode when ``episode_index`` is given, else per row); low rows: 0 (they
+       still count in the token-mean denominator through their loss mask).
     3. ``warmup=True`` (first ``algo.warmup_steps``): plain GRPO ``A_i`` broadcast over the masked tokens of *all*
        rows (no JS, no zeroing, no clamp).
+
+    Worked example (per-turn mode): a winning high episode of two turns, J = [0.1, 0.1] and [0.01, 0.01], group
+    advantage 1.5 -> token advantages [2.58, 2.58] and [0.42, 0.42].
 
     Args:
         rewards: (B,) float. group_index: (B,) int. is_high: (B,) bool.
         js: (B, T) token JS of the row (only read on high rows; zeros elsewhere are fine).
         response_mask: (B, T) 0/1.
+        episode_index: (B,) int or None: rows of one episode (one trajectory).
         warmup: see 3. adv_clip: the clamp (None = no clamp).
-        episode_index: (B,) int, optional; in per-turn mode pass it so each episode counts once in the group
-            statistics (see :func:`agent_rl.algos.compute_advantages`).
         quantile_clip: ``algo.js_quantile_clip``. std: ``algo.std`` for the GRPO step.
     Returns:
         (B, T) float advantages, 0 where masked out.
@@ -132,8 +155,8 @@ def tgrl_advantages(
     if warmup:
         return torch.where(m, adv, 0.0)
     check_2d("js", js, tuple(response_mask.shape))
-    w = tgrl_token_weights(js, response_mask, quantile_clip=quantile_clip).to(adv.dtype)  # (B, T)
-    adv = adv * w
+    w = tgrl_token_weights(js, response_mask, episode_index=episode_index, quantile_clip=quantile_clip)
+    adv = adv * w.to(adv.dtype)
     if adv_clip is not None:
         adv = adv.clamp(-adv_clip, adv_clip)
     keep = m & is_high.bool()[:, None]  # low rows: 0

@@ -14,9 +14,10 @@ class EngineConfig:
     max_new_tokens: int = 128
     """Response budget per turn (tokens); a response that hits it finishes with reason ``length``."""
     top_p: float = 1.0
-    """Nucleus sampling (1 = off; TGRL uses 1)."""
+    """Nucleus sampling (1 = off; TGRL uses 1). The learner computes old and new log-probs under the same truncated
+    distribution (``agent_rl.algos.truncate_logits``), so what is sampled is what is learned."""
     top_k: int = 0
-    """Top-k sampling (0 = off; TGRL uses off)."""
+    """Top-k sampling (0 = off; TGRL uses off); truncation shared with the learner like ``top_p``."""
     batch_size: int = 32
     """hf: prompts per forward batch (prompts are sorted by length and cut into batches of this size)."""
     num_threads: int = 0

@@ -19,38 +19,30 @@ import inspect
 
 import torch
 
+from agent_rl.algos.logits import truncate_logits
 from agent_rl.engines.base import register_engine
 from agent_rl.types import Generation
 
 
 def _sample_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: float, top_k: int,
                         generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row and return its log-prob under the full tempered distribution.
+    """Sample one token per row from the tempered, truncated distribution and return its log-prob under it.
 
     Args:
         logits: (b, V) fp32 raw logits z.
-        temperature: (b,) fp32; a row with T == 0 is greedy (its log-prob is then taken at T = 1).
-        top_p, top_k: truncation applied to the sampling distribution only (1.0 / 0 = off).
+        temperature: (b,) fp32; a row with T == 0 is greedy (its log-prob is then taken at T = 1, untruncated).
+        top_p, top_k: truncation of the sampling distribution (1.0 / 0 = off; ``agent_rl.algos.truncation_mask``).
     Returns:
-        tokens (b,) long, logprobs (b,) fp32 = log softmax(z / T)[token].
+        tokens (b,) long, logprobs (b,) fp32 = log softmax(truncate(z) / T)[token]: the distribution sampled from,
+        which the learner recomputes with the same truncation.
     """
     greedy = temperature <= 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature)
-    logp = torch.log_softmax(logits / t[:, None], dim=-1)  # (b, V)
-    sample_logits = logp
-    if top_k > 0 and top_k < logp.shape[-1]:
-        kth = torch.topk(sample_logits, top_k, dim=-1).values[:, -1:]  # (b, 1)
-        sample_logits = sample_logits.masked_fill(sample_logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_lp, sorted_idx = torch.sort(sample_logits, dim=-1, descending=True)
-        cum = torch.softmax(sorted_lp, dim=-1).cumsum(-1)
-        drop_sorted = (cum - torch.softmax(sorted_lp, dim=-1)) > top_p  # keep the smallest prefix reaching top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
-        sample_logits = sample_logits.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(sample_logits, dim=-1)
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (b,)
+    logp = torch.log_softmax(truncate_logits(logits, t, top_k, top_p) / t[:, None], dim=-1)  # (b, V)
+    tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)  # (b,)
     tokens = torch.where(greedy, logits.argmax(-1), tokens)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    full = torch.log_softmax(logits / t[:, None], dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens, torch.where(greedy, full, logp.gather(-1, tokens[:, None]).squeeze(-1))
 
 
 @contextmanager

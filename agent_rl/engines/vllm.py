@@ -5,7 +5,7 @@
 - Prompts go in as token ids (``TokensPrompt``) and the sampled ids come back untouched (token-in/token-out).
 - Log-probs: the engine is built with ``logprobs_mode="processed_logprobs"`` so vLLM reports log-probs after the
   temperature is applied, i.e. log softmax(z / T_row), matching the learner (with top-p/top-k on, vLLM's processed
-  log-probs are also truncated: keep top_p=1, top_k=0 for RL, as TGRL does). Older vLLM versions without
+  log-probs are also truncated, as the learner's are: agent_rl.algos.truncate_logits). Older vLLM versions without
   ``logprobs_mode`` return raw log-probs (T = 1): the engine then warns, and the learner's recomputed old log-probs
   are what trains anyway (engine log-probs only feed the mismatch metric).
 - Weights sync (``sync_weights(model)``): after each learner step the policy's state dict is streamed into the vLLM

@@ -1,8 +1,9 @@
 """Config dataclasses of the learner side: algorithm, credit, schedule, optimiser, model.
 
-D2 composes them into the root Hydra config (``agent_rl/config.py``) and writes one YAML preset per algorithm
-(``configs/algo/*.yaml``). Every field has a default; ``__post_init__`` checks fields against each other and raises
-``ValueError`` naming the allowed values (STYLE.md habit 5).
+The root Hydra config (``agent_rl/config.py``) composes them; ``configs/algo/*.yaml`` holds one preset per algorithm.
+Every field has a default; ``__post_init__`` checks fields against each other and raises ``ValueError`` naming the
+allowed values. Names that are registry entries (estimators, losses, credit rules, schedules) are checked against the
+``agent_rl.algos`` registries by the ``Learner``, whose errors list the valid names.
 """
 
 from __future__ import annotations
@@ -11,14 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ALGO_NAMES = ("tgrl", "grpo", "drgrpo", "dapo", "rloo", "ppo", "gspo")
-ADV_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gae")
-POLICY_LOSSES = ("ppo_clip", "gspo")
+#: estimators whose baseline is the task's group: with group_size 1 every advantage is 0.
+GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "gigpo")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-CREDIT_NAMES = ("uniform", "js", "tp", "forking", "entropy_adv", "empg")
 CREDIT_LEVELS = ("token", "turn")
-SCHEDULE_KINDS = ("linear", "sigmoid", "power", "constant", "none")
-#: credit rules that need the old policy's token entropy (computed in the learner's no-grad pass).
-ENTROPY_CREDITS = ("forking", "entropy_adv", "empg")
 
 
 def _check(name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -55,7 +52,8 @@ class AlgoConfig:
     std: str = "sample"
     """GRPO std: sample (N-1) | population."""
     temperature: float = 1.0
-    """Sampling temperature of non-TGRL algorithms (every episode)."""
+    """Sampling temperature of every episode of the non-TGRL algorithms (GRPO@T0: 0.3, GRPO@T1: 1.2). TGRL ignores it:
+    its episodes are sampled at ``t_low`` / ``t_high`` (all at ``t_high`` in warm-up); see :meth:`group_temperatures`."""
     t_low: float = 0.3
     """TGRL T0 (section 3)."""
     t_high: float = 1.2
@@ -64,16 +62,19 @@ class AlgoConfig:
     """TGRL episodes per group at T0."""
     n_high: int = 3
     """TGRL episodes per group at T1."""
-    group_size: int = 4
-    """G episodes per task (TGRL: must equal n_low + n_high)."""
+    group_size: int = 0
+    """G episodes per task. 0 = derived: ``n_low + n_high`` for TGRL, 4 for the others. Under TGRL a non-zero value
+    must equal ``n_low + n_high`` (set those instead)."""
     warmup_steps: int = 20
     """TGRL warm-up: the first steps sample everything at T1 and use plain GRPO (s.3.7)."""
     js_quantile_clip: bool = True
-    """Clip JS weights to the row's 5th..95th percentiles (s.3.4)."""
-    js_chunk_size: int = 1024
-    """Rows (tokens) per chunk of every logits-sized computation (log-probs, JS, entropy): bounds memory."""
+    """Clip JS weights to the trajectory's 5th..95th percentiles (TGRL step 4). The one key for it: the ``js``
+    credit rule and TGRL's JS stage both read it."""
+    logits_chunk_size: int = 1024
+    """Tokens per chunk of every logits-sized computation (the (n, V) logits and from them log-probs, entropy, JS, in
+    the no-grad and the grad pass): bounds memory to a few (chunk, V) buffers."""
     compile_js: bool = False
-    """``torch.compile`` the JS in fixed-size chunks (of ``js_chunk_size`` rows): measured 2.7x faster on CPU after
+    """``torch.compile`` the JS in fixed-size chunks (of ``logits_chunk_size`` rows): measured 2.7x faster on CPU after
     a one-off compile of ~30 s per process (needs a C compiler); worth it for long runs, off for tests."""
     low_rows_in_denominator: bool = True
     """TGRL low rows (advantage 0) still count in the token-mean denominator (reference code)."""
@@ -83,8 +84,10 @@ class AlgoConfig:
     """Clamp of the TGRL token advantage (s.3.5)."""
     ppo_epochs: int = 1
     """Passes over the batch per step."""
-    mini_batch_size: int = 0
-    """Rows per optimiser step (0 = the whole batch: one optimiser step per epoch)."""
+    num_mini_batches: int = 1
+    """Optimiser steps per epoch: the batch's groups are shuffled and split into this many mini-batches of whole
+    groups (every row of an episode in one). 1 = one step per batch (old log-probs then equal the new ones and the
+    PPO clip never binds); TGRL's reference recipe uses 4. Capped at the number of groups in the batch."""
     micro_batch_size: int = 4
     """Rows per forward/backward (gradient accumulation inside a mini-batch)."""
     gamma: float = 1.0
@@ -112,15 +115,30 @@ class AlgoConfig:
         # Learner checks them against the registries of agent_rl.algos, whose errors list the valid names.
         _check("algo.loss_agg", self.loss_agg, LOSS_AGGS)
         _check("algo.std", self.std, ("sample", "population"))
+        if self.name == "tgrl":
+            if self.group_size not in (0, self.n_low + self.n_high):
+                raise ValueError(f"algo.group_size={self.group_size} must equal n_low + n_high = "
+                                 f"{self.n_low + self.n_high} for tgrl (it is derived from them: leave it 0)")
+            self.group_size = self.n_low + self.n_high
+        elif self.group_size == 0:
+            self.group_size = 4
         if (self.name == "ppo") != (self.adv_estimator == "gae"):
             raise ValueError("algo.adv_estimator=gae goes with algo.name=ppo (and only with it)")
-        if self.name == "tgrl" and self.n_low + self.n_high != self.group_size:
-            raise ValueError(f"algo.group_size={self.group_size} must equal n_low + n_high = "
-                             f"{self.n_low + self.n_high} for tgrl")
+        if self.group_size < 1 or self.n_low < 0 or (self.name == "tgrl" and self.n_high < 1):
+            raise ValueError("algo.group_size >= 1, n_low >= 0 and (tgrl) n_high >= 1 required (TGRL trains T1 rows)")
+        if self.dapo_dynamic_sampling and self.group_size < 2:
+            raise ValueError(f"algo.dapo_dynamic_sampling needs algo.group_size >= 2 (got {self.group_size}): a group "
+                             "of one reward is always all-equal, so every group would be filtered and nothing trained")
+        if self.group_size < 2 and self.adv_estimator in GROUP_ESTIMATORS:
+            raise ValueError(f"algo.group_size={self.group_size} with algo.adv_estimator={self.adv_estimator} gives "
+                             "every advantage 0 (a group of one has no baseline to compare with): use group_size >= 2 "
+                             "or algo.adv_estimator=reinforce_pp (batch baseline)")
         if min(self.t_low, self.t_high, self.temperature) <= 0:
             raise ValueError("algo temperatures must be > 0")
-        if self.micro_batch_size < 1 or self.mini_batch_size < 0 or self.ppo_epochs < 1 or self.js_chunk_size < 1:
-            raise ValueError("algo.micro_batch_size, ppo_epochs, js_chunk_size must be >= 1, mini_batch_size >= 0")
+        if min(self.micro_batch_size, self.num_mini_batches, self.ppo_epochs, self.logits_chunk_size) < 1:
+            raise ValueError("algo.micro_batch_size, num_mini_batches, ppo_epochs, logits_chunk_size must be >= 1")
+        if min(self.n_low, self.n_high) < 0 or self.group_size < 1:
+            raise ValueError("algo.n_low, n_high must be >= 0 and the group size >= 1")
 
     @property
     def is_tgrl(self) -> bool:
@@ -129,6 +147,21 @@ class AlgoConfig:
     @property
     def uses_critic(self) -> bool:
         return self.adv_estimator == "gae"
+
+    def in_warmup(self, step: int) -> bool:
+        """TGRL's warm-up (step 7 of algorithms.md, TGRL): 1-based ``step <= warmup_steps``; always False for the
+        other algorithms. The one place the rule lives: sampling and the learner both ask here."""
+        return self.is_tgrl and step <= self.warmup_steps
+
+    def group_temperatures(self, step: int) -> list[tuple[float, bool]]:
+        """``(temperature, is_high)`` of the G episodes of a group at 1-based ``step``: TGRL ``n_low`` at ``t_low``
+        then ``n_high`` at ``t_high`` (warm-up: all G at ``t_high``, all flagged high); the others ``group_size``
+        at ``temperature`` (flagged low)."""
+        if not self.is_tgrl:
+            return [(float(self.temperature), False)] * self.group_size
+        if self.in_warmup(step):
+            return [(float(self.t_high), True)] * self.group_size
+        return [(float(self.t_low), False)] * self.n_low + [(float(self.t_high), True)] * self.n_high
 
 
 @dataclass
@@ -145,10 +178,6 @@ class CreditConfig:
     def __post_init__(self) -> None:
         _check("credit.level", self.level, CREDIT_LEVELS)
 
-    @property
-    def needs_entropy(self) -> bool:
-        """Whether the rule reads the old policy's token entropy (built-ins: forking, entropy_adv, empg)."""
-        return self.name in ENTROPY_CREDITS
 
 
 @dataclass
@@ -164,8 +193,8 @@ class ScheduleConfig:
     s_max_ratio: float = 0.8
     """s_max = floor(N * s_max_ratio): S is 0 from there on."""
     value: float | None = None
-    """Fixed S for every step, overriding ``kind`` (static credit: e.g. ``schedule.value=0.8`` is the static forking
-    variant of algorithms.md section 5, keeping 20% of tokens); None = follow ``kind``."""
+    """Fixed S for every step, overriding ``kind`` (static credit, e.g. ``credit=tp schedule.value=0.5``; static
+    Forking-Tok is S = 1, ``schedule=constant``); None = follow ``kind``."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.s_min_ratio < self.s_max_ratio <= 1.0:

@@ -1,20 +1,21 @@
-"""The learner: one RL update from a ``RolloutBatch`` (algorithms.md sections 0-3, 6).
+"""The learner: one RL update from a ``RolloutBatch`` (docs/algorithms.md, sections 0-3 and 6).
 
 One step, top to bottom (``Learner.update``):
 
-1. **No-grad pass** over the batch (micro-batches of rows, sorted by length): hidden states from the policy trunk,
-   then, only at response positions and in chunks of ``algo.js_chunk_size`` tokens, ``logits = lm_head(h)`` and from
-   those same logits: old log-probs at each row's own temperature, token entropy at that temperature, and for TGRL's
+1. **No-grad pass** over the batch (micro-batches of rows, sorted by length) -> :class:`OldPolicyOutputs`: hidden
+   states from the policy trunk, then, only at response positions and in chunks of ``algo.logits_chunk_size``
+   tokens, ``logits = lm_head(h)`` and from those same logits: old log-probs at each row's own temperature, token entropy at that temperature, and for TGRL's
    high rows (after warm-up) the JS divergence between softmax(z/T0) and softmax(z/T1). No (B, L, V) tensor is ever
    built, the JS needs no extra forward pass, and its weights never carry gradient. ``algo=ppo``: old values from the
    value head; ``kl_coef > 0``: reference log-probs from the frozen reference model.
-2. **Advantages**: episode-level (``agent_rl.algos.compute_advantages`` over ``episode_rewards`` grouped by
-   ``episode_group_index``, broadcast to rows via ``episode_index``); TGRL: ``tgrl_advantages`` (JS weights, low rows
-   0, clamp; warm-up = plain GRPO); PPO: GAE on the value head. Then the credit rule (``apply_credit``) at strength
-   ``S = schedule_value(...)``.
-3. **PPO epochs** over shuffled mini-batches, each split into micro-batches (gradient accumulation; every
-   aggregation uses the whole mini-batch's denominator so the accumulated gradient equals the mini-batch loss's),
-   AdamW, global grad-norm clip, LR warm-up.
+2. **Advantages** (:meth:`Learner.advantages` -> :class:`StepAdvantages`): the base estimator (episode-level
+   ``agent_rl.algos.compute_advantages`` broadcast to rows via ``episode_index``; row-level GiGPO; GAE for PPO), then
+   ``agent_rl.algos.token_advantages``: TGRL JS weights -> credit rule -> low-row mask -> clamp, as
+   ``algos.advantage_plan`` decides for the config and the step.
+3. **PPO epochs** over ``algo.num_mini_batches`` mini-batches of whole groups (:func:`group_mini_batches`), each
+   split into micro-batches (gradient accumulation; every aggregation uses the whole mini-batch's denominator,
+   ``algos.agg_denominator``, so the accumulated gradient equals the mini-batch loss's), AdamW, global grad-norm
+   clip, LR warm-up. Ratio statistics are reported from optimiser steps 2..n.
 
 Memory: logits-sized work is chunked; in the grad pass each chunk's ``lm_head`` + log-softmax is recomputed in
 backward (``torch.utils.checkpoint``) so only the (N, d) hidden states are kept. Rows that carry no gradient (no
@@ -31,6 +32,7 @@ import copy
 import math
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,8 +44,77 @@ from agent_rl.learner.config import AlgoConfig, CreditConfig, OptimConfig, Sched
 from agent_rl.types import RolloutBatch
 
 
-#: credit rules that need (B,) turn advantages: under TGRL they act before the JS weighting, the others after it.
-ROW_ADVANTAGE_RULES = ("empg",)
+@dataclass
+class StepAdvantages:
+    """Output of :meth:`Learner.advantages` (each tensor (B, L), aligned with ``input_ids``).
+
+    Attributes:
+        advantages: token advantages, 0 wherever ``loss_mask`` is 0.
+        loss_mask: 1 on trained tokens (the response mask after the credit rule's mask, e.g. TP / forking).
+        returns: GAE returns (``algo=ppo``), else None.
+        S: the schedule's credit strength of the step. plan: which pipeline stages ran.
+    """
+
+    advantages: Tensor
+    loss_mask: Tensor
+    returns: Tensor | None
+    S: float
+    plan: algos.AdvantagePlan
+
+
+@dataclass
+class OldPolicyOutputs:
+    """What the no-grad pass over the sampling (old) policy gives, each (B, L) float32 aligned with ``input_ids``
+    (0 off the response mask), at each row's own temperature.
+
+    Attributes:
+        logprobs: old log-probs of the sampled tokens (``old_logprobs`` of the PPO ratio; under the engine's top-k /
+            top-p truncation when set).
+        entropy: token entropy of softmax(z / T_row) (detached; forking / entropy_adv / empg read it).
+        js: TGRL's token JS divergence between softmax(z / T0) and softmax(z / T1) (0 where not computed).
+        values: old values of the value head (``algo=ppo``), else None.
+        ref_logprobs: reference-model log-probs (``algo.kl_coef > 0``), else None.
+    """
+
+    logprobs: Tensor
+    entropy: Tensor
+    js: Tensor
+    values: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+
+
+#: policy-loss metrics that compare the new policy with the old one (reported from optimiser steps 2..n).
+RATIO_METRICS = ("actor/clipfrac", "actor/approx_kl", "actor/pg_clipfrac_lower", "actor/ratio_mean")
+
+
+def group_mini_batches(group_index: Tensor, num_mini_batches: int, generator: torch.Generator) -> list[Tensor]:
+    """Split a batch's rows into mini-batches of whole groups (algorithms.md, TGRL "Reference training recipe": the
+    batch's groups split into ``algo.num_mini_batches`` mini-batches; every row of an episode, and so of a group,
+    lands in one mini-batch).
+
+    The groups are shuffled with ``generator`` and dealt into ``min(num_mini_batches, number of groups)`` chunks of
+    nearly equal group counts (the first ``n_groups % k`` chunks get one group more).
+
+    Args:
+        group_index: (B,) long, rows of a group share it. num_mini_batches: >= 1. generator: CPU generator.
+    Returns:
+        list of (b_i,) long row indices on ``group_index``'s device, each ascending; together a partition of 0..B-1.
+    Raises:
+        ValueError: ``num_mini_batches < 1``.
+    """
+    if num_mini_batches < 1:
+        raise ValueError(f"num_mini_batches must be >= 1, got {num_mini_batches}")
+    uniq, inv = torch.unique(group_index.cpu(), return_inverse=True)  # (G,), (B,) dense group id per row
+    n_groups = int(uniq.numel())
+    if n_groups == 0:
+        return []
+    perm = torch.randperm(n_groups, generator=generator)  # (G,) shuffled groups
+    k = min(num_mini_batches, n_groups)
+    chunk_of_group = torch.empty(n_groups, dtype=torch.long)
+    for i, groups in enumerate(perm.tensor_split(k)):
+        chunk_of_group[groups] = i
+    chunk = chunk_of_group[inv]  # (B,) mini-batch of each row
+    return [(chunk == i).nonzero(as_tuple=True)[0].to(group_index.device) for i in range(k)]
 
 
 def response_positions(response_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -77,6 +148,10 @@ class Learner:
         device: ``"cpu"`` / ``"cuda"``.
         mixed_precision: ``"auto"`` (bf16 autocast on CUDA, fp32 on CPU) | ``"bf16"`` | ``"no"``.
         seed: seed of the mini-batch shuffling generator.
+        top_k, top_p: the sampler's truncation (``engine.top_k`` / ``engine.top_p``; 0 / 1.0 = off). Old and new
+            log-probs are then taken under the same truncated distribution the engine sampled from
+            (``agent_rl.algos.truncate_logits``), so the PPO ratio compares like with like; entropy and JS stay
+            those of the full tempered distribution.
     Raises:
         ValueError: unknown estimator / loss / credit rule / schedule names (messages list the valid ones), or
             a credit rule at a level it does not define.
@@ -85,8 +160,10 @@ class Learner:
     def __init__(self, model: nn.Module, tokenizer: Any, algo: AlgoConfig, optim: OptimConfig, *,
                  credit: CreditConfig | None = None, schedule: ScheduleConfig | None = None,
                  ref_model: nn.Module | None = None, device: str | torch.device = "cpu",
-                 mixed_precision: str = "auto", seed: int = 0) -> None:
+                 mixed_precision: str = "auto", seed: int = 0, top_k: int = 0, top_p: float = 1.0) -> None:
         self.algo, self.optim_cfg = algo, optim
+        algos.truncation_mask(torch.zeros(1, 2), 1.0, top_k, top_p)  # validates top_k / top_p
+        self.top_k, self.top_p = int(top_k), float(top_p)
         self.credit = credit or CreditConfig(name="js" if algo.is_tgrl else "uniform")
         self.schedule = schedule or ScheduleConfig()
         # Fail early on unknown registry names (their errors list the valid names).
@@ -98,6 +175,8 @@ class Learner:
             raise ValueError(f"credit={self.credit.name} is not defined at credit.level={self.credit.level}; "
                              f"it supports {list(levels)}")
         algos.get_schedule(self.schedule.kind)
+        if "quantile_clip" in self.credit.kwargs:  # one key for one idea
+            raise ValueError("credit.kwargs.quantile_clip is not read: the JS percentile clip is algo.js_quantile_clip")
 
         self.device = torch.device(device)
         self.tokenizer = tokenizer
@@ -141,50 +220,49 @@ class Learner:
         """
         t0 = time.perf_counter()
         b = self._to_device(batch)
-        rm = b["response_mask"].float()  # (B, L)
-        warmup = self.algo.is_tgrl and step <= self.algo.warmup_steps
+        rm = b.response_mask  # (B, L) float 0/1
+        warmup = self.algo.in_warmup(step)  # TGRL step 7
 
         # 1. one no-grad pass: old log-probs, entropy, JS (TGRL high rows), old values, reference log-probs
         old = self._no_grad_pass(b, with_js=self._needs_js(warmup))
 
-        # 2. advantages + credit
-        S = self.schedule.value if self.schedule.value is not None else algos.schedule_value(
-            self.schedule.kind, step, total_steps, m=self.schedule.m,
-            s_min_ratio=self.schedule.s_min_ratio, s_max_ratio=self.schedule.s_max_ratio)
-        advantages, loss_mask, returns = self._advantages(b, old, rm, S, warmup)
+        # 2. advantages: base estimator -> TGRL JS weights -> credit rule -> low-row mask -> clamp
+        adv = self.advantages(b, old, step=step, total_steps=total_steps)
+        advantages, loss_mask, returns, S = adv.advantages, adv.loss_mask, adv.returns, adv.S
 
         # 3. PPO epochs over mini-batches with gradient accumulation
         stats = self._optimise(b, old, advantages, loss_mask, returns)
 
         # 4. metrics (names of algorithms.md section 6)
         n_resp = rm.sum().clamp_min(1.0)
-        high_tok = rm * b["is_high"][:, None].float() if self.algo.is_tgrl else rm  # where JS was computed
-        success = b.get("won")  # None: success = reward > 0
+        high_tok = rm * b.is_high[:, None].float() if self.algo.is_tgrl else rm  # where JS was computed
+        success = b.won  # None: success = reward > 0
         metrics = {
             **stats,
-            "actor/entropy": float((old["entropy"] * rm).sum() / n_resp),
+            "actor/entropy": float((old.entropy * rm).sum() / n_resp),
             "actor/lr": float(self.scheduler.get_last_lr()[0]),
-            "actor/engine_logprob_diff": float(((old["logprobs"] - b["engine_logprobs"]).abs() * rm).sum() / n_resp),
+            "actor/engine_logprob_diff": float(((old.logprobs - b.engine_logprobs).abs() * rm).sum() / n_resp),
             "credit/trained_token_frac": float(loss_mask.sum() / n_resp),
-            "credit/js_mean": float((old["js"] * high_tok).sum() / high_tok.sum().clamp_min(1.0)),
+            "credit/js_mean": float((old.js * high_tok).sum() / high_tok.sum().clamp_min(1.0)),
             "schedule/S": float(S),
-            **algos.tgrl_metrics(b["rewards"], b["group_index"], b["is_high"], success=success,
-                                 episode_index=b["episode_index"]),
+            **algos.tgrl_metrics(b.rewards, b.group_index, b.is_high, success=success,
+                                 episode_index=b.episode_index),
         }
         metrics["time/update_s"] = time.perf_counter() - t0
         # per-token view of this step for the episode store / viewer: (B, L) float32 on CPU, aligned with input_ids
         self.last_token_stats = {
             "advantages": advantages.detach().float().cpu(),
             "loss_mask": loss_mask.detach().float().cpu(),
-            "old_logprobs": old["logprobs"].detach().float().cpu(),
-            "entropy": old["entropy"].detach().float().cpu(),
-            "js": old["js"].detach().float().cpu(),
+            "old_logprobs": old.logprobs.detach().float().cpu(),
+            "entropy": old.entropy.detach().float().cpu(),
+            "js": old.js.detach().float().cpu(),
         }
         return metrics
 
-    def evaluate(self, batch: RolloutBatch, *, with_js: bool = True) -> dict[str, Tensor]:
-        """The update's no-grad pass alone: ``logprobs``, ``entropy``, ``js`` (+ ``values``, ``ref_logprobs``), each
-        (B, L) float32 aligned with ``input_ids`` (0 off the response mask), at each row's temperature."""
+    def evaluate(self, batch: RolloutBatch, *, with_js: bool = True) -> OldPolicyOutputs:
+        """The update's no-grad pass alone (:class:`OldPolicyOutputs`: ``logprobs``, ``entropy``, ``js``, ``values``,
+        ``ref_logprobs``, each (B, L) float32 aligned with ``input_ids``, 0 off the response mask, at each row's
+        temperature)."""
         return self._no_grad_pass(self._to_device(batch), with_js=with_js)
 
     def state_dict(self) -> dict[str, Any]:
@@ -213,21 +291,12 @@ class Learner:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _to_device(self, batch: RolloutBatch) -> dict[str, Tensor]:
-        names = ("input_ids", "attention_mask", "response_mask", "engine_logprobs", "temperature", "group_index",
-                 "episode_index", "is_high", "turn_index", "num_turns", "rewards", "episode_rewards",
-                 "episode_group_index", "episode_is_high")
-        out = {n: getattr(batch, n).to(self.device) for n in names}
-        out["is_high"] = out["is_high"].bool()
-        out["temperature"] = out["temperature"].float()
-        if bool((out["temperature"] <= 0).any()):
+    def _to_device(self, batch: RolloutBatch) -> RolloutBatch:
+        """``batch`` on the learner's device (:meth:`RolloutBatch.to`), checked for trainable temperatures."""
+        b = batch.to(self.device)
+        if bool((b.temperature <= 0).any()):
             raise ValueError("every row needs a sampling temperature > 0 (greedy rows cannot be trained on)")
-        extras = batch.extras or {}
-        if extras.get("episode_won") is not None:  # (E,) per episode (build_rollout_batch) -> (B,) per row
-            out["won"] = torch.as_tensor(extras["episode_won"], device=self.device).bool()[out["episode_index"]]
-        elif extras.get("won") is not None:  # (B,) per row
-            out["won"] = torch.as_tensor(extras["won"], device=self.device).bool()
-        return out
+        return b
 
     def _micro_batches(self, rows: Tensor, attention_mask: Tensor) -> list[Tensor]:
         """Split ``rows`` (n,) into micro-batches of ``algo.micro_batch_size`` rows of similar length."""
@@ -245,62 +314,65 @@ class Learner:
             return trunk(input_ids=ids, attention_mask=am, position_ids=position_ids, use_cache=False).last_hidden_state
 
     @torch.no_grad()
-    def _no_grad_pass(self, b: dict[str, Tensor], with_js: bool) -> dict[str, Tensor]:
+    def _no_grad_pass(self, b: RolloutBatch, with_js: bool) -> OldPolicyOutputs:
         """Old log-probs, entropy, JS, old values, reference log-probs; each (B, L), 0 off the response mask."""
-        bsz, seq = b["input_ids"].shape
+        bsz, seq = b.input_ids.shape
         zeros = lambda: torch.zeros(bsz, seq, dtype=torch.float32, device=self.device)  # noqa: E731
-        out = {"logprobs": zeros(), "entropy": zeros(), "js": zeros()}
-        if self.value_head is not None:
-            out["values"] = zeros()
-        if self.ref_model is not None:
-            out["ref_logprobs"] = zeros()
-        chunk = self.algo.js_chunk_size
+        out = OldPolicyOutputs(logprobs=zeros(), entropy=zeros(), js=zeros(),
+                               values=zeros() if self.value_head is not None else None,
+                               ref_logprobs=zeros() if self.ref_model is not None else None)
+        chunk = self.algo.logits_chunk_size
         was_training = self.model.training
         self.model.eval()
         try:
-            for rows in self._micro_batches(torch.arange(bsz, device=self.device), b["attention_mask"]):
-                rr, cc = response_positions(b["response_mask"][rows])
+            for rows in self._micro_batches(torch.arange(bsz, device=self.device), b.attention_mask):
+                rr, cc = response_positions(b.response_mask[rows])
                 if rr.numel() == 0:
                     continue
-                h = self._hidden(self.model, b["input_ids"][rows], b["attention_mask"][rows])[rr, cc - 1]  # (N, d)
-                tokens = b["input_ids"][rows][rr, cc]  # (N,)
-                temps = b["temperature"][rows][rr]  # (N,) each token at its row's temperature
+                h = self._hidden(self.model, b.input_ids[rows], b.attention_mask[rows])[rr, cc - 1]  # (N, d)
+                tokens = b.input_ids[rows][rr, cc]  # (N,)
+                temps = b.temperature[rows][rr]  # (N,) each token at its row's temperature
                 # JS rows: TGRL's high rows; with credit=js on another algo, every row (at algo.t_low / t_high)
-                high = b["is_high"][rows][rr] if self.algo.is_tgrl else torch.ones_like(rr, dtype=torch.bool)
+                high = b.is_high[rows][rr] if self.algo.is_tgrl else torch.ones_like(rr, dtype=torch.bool)
                 _, lm_head = policy_trunk(self.model)
                 lp, ent, js = [], [], torch.zeros(rr.numel(), device=self.device)
                 for a in range(0, rr.numel(), chunk):
                     with self._autocast():
                         z = lm_head(h[a:a + chunk])  # (n, V) logits of this chunk only
                     t = temps[a:a + chunk]
-                    lp.append(algos.logprobs_from_logits(z, tokens[a:a + chunk], t))
+                    lp.append(algos.logprobs_from_logits(self._truncate(z, t), tokens[a:a + chunk], t))
                     ent.append(algos.entropy_from_logits(z, t))
                     sel = high[a:a + chunk]
                     if with_js and bool(sel.any()):
                         js[a:a + chunk][sel] = self._js(z[sel])
                     del z
                 grow, gcol = rows[rr], cc
-                out["logprobs"][grow, gcol] = torch.cat(lp)
-                out["entropy"][grow, gcol] = torch.cat(ent)
-                out["js"][grow, gcol] = js
+                out.logprobs[grow, gcol] = torch.cat(lp)
+                out.entropy[grow, gcol] = torch.cat(ent)
+                out.js[grow, gcol] = js
                 if self.value_head is not None:
-                    out["values"][grow, gcol] = self.value_head(h.float()).squeeze(-1)
+                    out.values[grow, gcol] = self.value_head(h.float()).squeeze(-1)
                 if self.ref_model is not None:
-                    h_ref = self._hidden(self.ref_model, b["input_ids"][rows], b["attention_mask"][rows])[rr, cc - 1]
+                    h_ref = self._hidden(self.ref_model, b.input_ids[rows], b.attention_mask[rows])[rr, cc - 1]
                     _, ref_head = policy_trunk(self.ref_model)
-                    ref_lp = [algos.logprobs_from_logits(ref_head(h_ref[a:a + chunk]), tokens[a:a + chunk],
-                                                         temps[a:a + chunk]) for a in range(0, rr.numel(), chunk)]
-                    out["ref_logprobs"][grow, gcol] = torch.cat(ref_lp)
+                    ref_lp = [algos.logprobs_from_logits(self._truncate(ref_head(h_ref[a:a + chunk]), temps[a:a + chunk]),
+                                                         tokens[a:a + chunk], temps[a:a + chunk])
+                              for a in range(0, rr.numel(), chunk)]
+                    out.ref_logprobs[grow, gcol] = torch.cat(ref_lp)
         finally:
             self.model.train(was_training)
         return out
 
+    def _truncate(self, z: Tensor, temps: Tensor) -> Tensor:
+        """The sampler's top-k / top-p truncation of logits z (n, V) at the rows' temperatures (n,) (no-op when off)."""
+        return algos.truncate_logits(z, temps, self.top_k, self.top_p)
+
     def _js(self, z: Tensor) -> Tensor:
-        """Token JS (n,) of logits z (n, V), n <= js_chunk_size, at algo.t_low / t_high (no grad). Compiled: padded
-        to exactly ``js_chunk_size`` rows (zero rows give JS 0) so one compiled graph serves every call."""
+        """Token JS (n,) of logits z (n, V), n <= logits_chunk_size, at algo.t_low / t_high (no grad). Compiled: padded
+        to exactly ``logits_chunk_size`` rows (zero rows give JS 0) so one compiled graph serves every call."""
         if self._compiled_js is None:
             return algos.js_divergence_from_logits(z, self.algo.t_low, self.algo.t_high)
-        n, chunk = z.shape[0], self.algo.js_chunk_size
+        n, chunk = z.shape[0], self.algo.logits_chunk_size
         padded = z.new_zeros(chunk, z.shape[1])
         padded[:n] = z
         return self._compiled_js(padded, self.algo.t_low, self.algo.t_high)[:n]
@@ -314,11 +386,11 @@ class Learner:
         def chunk_fn(hc: Tensor, tc: Tensor, temp: Tensor) -> tuple[Tensor, Tensor]:
             with self._autocast():
                 z = lm_head(hc)  # (n, V)
-            lp = algos.logprobs_from_logits(z, tc, temp)
+            lp = algos.logprobs_from_logits(self._truncate(z, temp), tc, temp)
             ent = algos.entropy_from_logits(z, temp) if with_entropy else lp.new_zeros(())
             return lp, ent
 
-        chunk = self.algo.js_chunk_size
+        chunk = self.algo.logits_chunk_size
         lps, ents = [], []
         for a in range(0, h.shape[0], chunk):
             args = (h[a:a + chunk], tokens[a:a + chunk], temps[a:a + chunk])
@@ -331,97 +403,89 @@ class Learner:
     # Advantages and credit
     # ------------------------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def _advantages(self, b: dict[str, Tensor], old: dict[str, Tensor], rm: Tensor, S: float, warmup: bool
-                    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Token advantages (B, L), loss mask (B, L) and, for PPO, returns (B, L)."""
+    def advantages(self, batch: RolloutBatch, old: OldPolicyOutputs, *, step: int, total_steps: int
+                   ) -> StepAdvantages:
+        """The token advantages and loss mask of ``batch`` at 1-based ``step`` of ``total_steps``, from the no-grad
+        pass ``old`` (:meth:`evaluate`): stage 1 (base estimator) here, stages 2-5 by
+        ``agent_rl.algos.token_advantages`` with ``algos.advantage_plan`` (see ``agent_rl/algos/pipeline.py``).
+
+        Returns:
+            :class:`StepAdvantages` ((B, L) tensors on the learner's device).
+        Raises:
+            ValueError: a row-level estimator (gigpo) without observation keys, DAPO overlong without L_max.
+        """
+        b = self._to_device(batch)
+        rm = b.response_mask
+        warmup = self.algo.in_warmup(step)
+        S = self.schedule.value if self.schedule.value is not None else algos.schedule_value(
+            self.schedule.kind, step, total_steps, m=self.schedule.m,
+            s_min_ratio=self.schedule.s_min_ratio, s_max_ratio=self.schedule.s_max_ratio)
         algo = self.algo
-        ep_rewards = b["episode_rewards"].float()
+        ep_rewards = b.episode_rewards.float()
         if algo.dapo_overlong:  # DAPO overlong shaping: each episode gets the mean penalty of its turns' lengths
             if algo.dapo_overlong_max_len <= 0:
                 raise ValueError("algo.dapo_overlong needs algo.dapo_overlong_max_len > 0")
             pen = algos.dapo_overlong_penalty(rm.sum(-1), algo.dapo_overlong_max_len, algo.dapo_overlong_cache_len)
             e = ep_rewards.shape[0]
-            tot = torch.zeros(e, device=self.device).index_add_(0, b["episode_index"], pen)
-            cnt = torch.zeros(e, device=self.device).index_add_(0, b["episode_index"], torch.ones_like(pen))
+            tot = torch.zeros(e, device=self.device).index_add_(0, b.episode_index, pen)
+            cnt = torch.zeros(e, device=self.device).index_add_(0, b.episode_index, torch.ones_like(pen))
             ep_rewards = ep_rewards + tot / cnt.clamp_min(1.0)
         returns = None
         if algo.uses_critic:
             # GAE per row: the row's (episode) reward on its last response token, values from the value head.
             last = (rm * torch.arange(rm.shape[1], device=self.device)).argmax(-1)  # (B,) last response column
             token_rewards = torch.zeros_like(rm)
-            token_rewards[torch.arange(rm.shape[0]), last] = ep_rewards[b["episode_index"]]
-            adv, returns = algos.compute_gae(token_rewards, old["values"], rm, algo.gamma, algo.lam)
+            token_rewards[torch.arange(rm.shape[0]), last] = ep_rewards[b.episode_index]
+            adv, returns = algos.compute_gae(token_rewards, old.values, rm, algo.gamma, algo.lam)
             mean = (adv * rm).sum() / rm.sum().clamp_min(1.0)  # whiten over the batch's response tokens
             var = (((adv - mean) * rm) ** 2).sum() / rm.sum().clamp_min(1.0)
             base_adv: Tensor = torch.where(rm > 0, (adv - mean) / (var.sqrt() + 1e-8), 0.0)
+        elif algos.ADV_ESTIMATORS.meta(algo.adv_estimator).get("row_level", False):
+            # row-level estimators (gigpo) see every turn row: rewards broadcast, episodes, turns, observation keys
+            if b.obs_key is None:
+                raise ValueError(f"algo.adv_estimator={algo.adv_estimator} needs each turn's observation key "
+                                 "(RolloutBatch.extras['obs_key'], per-turn mode)")
+            base_adv = algos.compute_advantages(
+                algo.adv_estimator, ep_rewards[b.episode_index], b.group_index,
+                episode_index=b.episode_index, turn_index=b.turn_index, obs_key=b.obs_key, std=algo.std)
         else:
-            kw = {"std": algo.std} if algo.adv_estimator == "grpo" else {}
-            ep_adv = algos.compute_advantages(algo.adv_estimator, ep_rewards, b["episode_group_index"], **kw)
-            base_adv = ep_adv[b["episode_index"]]  # (E,) -> (B,) broadcast to the episode's rows
-        tgrl_active = self._tgrl_active(warmup)
-        credit, level = self.credit.name, self.credit.level
-        if tgrl_active and credit == "js" and (level == "turn" or self.schedule.kind != "none"):
-            # TGRL's JS credit at turn level or under a schedule: the js rule (w_S = 1 + S (w - 1); schedule=none
-            # means the full weights, S = 1) on the GRPO advantage, then low rows 0 and the clamp (3.5)
-            inputs = self._credit_inputs(b, old, base_adv, rm)
-            S_js = 1.0 if self.schedule.kind == "none" else S
-            advantages, loss_mask = algos.apply_credit("js", inputs, S_js, level=level,
-                                                       quantile_clip=algo.js_quantile_clip)
-            advantages = advantages.clamp(-algo.adv_clip, algo.adv_clip) * b["is_high"][:, None]
-        elif tgrl_active and credit in ROW_ADVANTAGE_RULES:
-            # a rule that reshapes the (B,) turn advantages (empg) acts first, then the JS weights (3.4-3.5)
-            advantages, loss_mask = algos.apply_credit(credit, self._credit_inputs(b, old, base_adv, rm), S,
-                                                       level=level, **self.credit.kwargs)
-            w = algos.tgrl_token_weights(old["js"], rm, quantile_clip=algo.js_quantile_clip)
-            advantages = (advantages * w).clamp(-algo.adv_clip, algo.adv_clip) * b["is_high"][:, None]
-        elif tgrl_active:
-            # sections 3.1-3.5 exactly: JS weights on high rows, low rows 0, clamp; another credit rule (tp,
-            # forking, ...) then acts on top of these token advantages
-            base_adv = algos.tgrl_advantages(ep_rewards[b["episode_index"]], b["group_index"], b["is_high"],
-                                             old["js"], rm, warmup=False, adv_clip=algo.adv_clip,
-                                             episode_index=b["episode_index"],
-                                             quantile_clip=algo.js_quantile_clip, std=algo.std)
-            advantages, loss_mask = base_adv, rm.clone()
-            if credit != "js":
-                advantages, loss_mask = algos.apply_credit(credit, self._credit_inputs(b, old, base_adv, rm), S,
-                                                           level=level, **self.credit.kwargs)
-        elif algo.is_tgrl and credit == "js":  # warm-up: plain GRPO over all G (3.7)
-            advantages, loss_mask = base_adv[:, None] * rm, rm.clone()
-        else:  # any other algo, TGRL with credit=uniform (mixed groups, uniform credit), warm-up + other rules
-            advantages, loss_mask = algos.apply_credit(credit, self._credit_inputs(b, old, base_adv, rm), S,
-                                                       level=level, **self.credit.kwargs)
-        if tgrl_active and not algo.low_rows_in_denominator:
-            loss_mask = loss_mask * b["is_high"][:, None].float()
-        return advantages.float() * (loss_mask > 0), loss_mask.float(), returns
-
-    def _tgrl_active(self, warmup: bool) -> bool:
-        """TGRL's JS weighting and low-row zeroing are on (after warm-up, unless credit=uniform)."""
-        return self.algo.is_tgrl and not warmup and self.credit.name != "uniform"
+            ep_adv = algos.compute_advantages(algo.adv_estimator, ep_rewards, b.episode_group_index,
+                                              std=algo.std)
+            base_adv = ep_adv[b.episode_index]  # (E,) -> (B,) broadcast to the episode's rows
+        plan = algos.advantage_plan(
+            is_tgrl=algo.is_tgrl, warmup=warmup, credit=self.credit.name, level=self.credit.level, S=S,
+            scheduled=self.schedule.kind != "none" or self.schedule.value is not None, adv_clip=algo.adv_clip,
+            low_rows_in_denominator=algo.low_rows_in_denominator)
+        advantages, loss_mask = algos.token_advantages(
+            plan, self._credit_inputs(b, old, base_adv, rm), quantile_clip=algo.js_quantile_clip,
+            credit_kwargs=self.credit.kwargs)
+        return StepAdvantages(advantages=advantages, loss_mask=loss_mask, returns=returns, S=float(S), plan=plan)
 
     def _needs_js(self, warmup: bool) -> bool:
-        """JS is computed in the no-grad pass: TGRL high rows after warm-up; every row for credit=js elsewhere."""
-        return self._tgrl_active(warmup) or (self.credit.name == "js" and not self.algo.is_tgrl)
+        """JS is computed in the no-grad pass when the plan's JS stage can run: TGRL after warm-up (unless
+        credit=uniform), credit=js on any other algorithm."""
+        if self.algo.is_tgrl:
+            return not warmup and self.credit.name != "uniform"
+        return self.credit.name == "js"
 
     @staticmethod
-    def _credit_inputs(b: dict[str, Tensor], old: dict[str, Tensor], advantages: Tensor, rm: Tensor
+    def _credit_inputs(b: RolloutBatch, old: OldPolicyOutputs, advantages: Tensor, rm: Tensor
                        ) -> Any:
         return algos.CreditInputs(
-            advantages=advantages, response_mask=rm, turn_index=b["turn_index"], num_turns=b["num_turns"],
-            episode_index=b["episode_index"], entropy=old["entropy"], js=old["js"], is_high=b["is_high"])
+            advantages=advantages, response_mask=rm, turn_index=b.turn_index, num_turns=b.num_turns,
+            episode_index=b.episode_index, entropy=old.entropy, js=old.js, is_high=b.is_high)
 
     # ------------------------------------------------------------------------------------------------------------
     # Optimisation
     # ------------------------------------------------------------------------------------------------------------
-    def _optimise(self, b: dict[str, Tensor], old: dict[str, Tensor], advantages: Tensor, loss_mask: Tensor,
+    def _optimise(self, b: RolloutBatch, old: OldPolicyOutputs, advantages: Tensor, loss_mask: Tensor,
                   returns: Tensor | None) -> dict[str, float]:
         algo = self.algo
-        bsz = loss_mask.shape[0]
-        mini = algo.mini_batch_size or bsz
         extra_terms = algo.kl_coef > 0 or algo.ent_coef > 0 or self.value_head is not None
         # rows that can carry gradient (others only count in the denominators)
         active = (loss_mask.sum(-1) > 0) & (extra_terms | ((advantages != 0) & (loss_mask > 0)).any(-1))
         # Dr.GRPO's constant L_max: the configured one, else the longest response (trained tokens) of the batch
-        max_len = algo.loss_max_len or max(int(b["response_mask"].sum(-1).max()), 1)
+        max_len = algo.loss_max_len or max(int(b.response_mask.sum(-1).max()), 1)
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
         grad_norms: list[float] = []
@@ -431,27 +495,25 @@ class Learner:
             weights[name] = weights.get(name, 0.0) + weight
 
         self.model.train()
+        n_opt_steps = 0
         for _epoch in range(algo.ppo_epochs):
-            perm = torch.randperm(bsz, generator=self.generator).to(self.device)
-            for mb_rows in perm.split(mini):
+            for mb_rows in group_mini_batches(b.group_index, algo.num_mini_batches, self.generator):
+                n_opt_steps += 1
                 mb_mask = loss_mask[mb_rows]
-                if algo.loss_agg == "token_mean":
-                    den = mb_mask.sum().clamp_min(1.0)
-                elif algo.loss_agg == "seq_mean_token_mean":
-                    den = (mb_mask.sum(-1) > 0).float().sum().clamp_min(1.0)
-                else:
-                    den = torch.tensor(float(mb_rows.numel()), device=self.device)
+                den = algos.agg_denominator(mb_mask, algo.loss_agg)  # the whole mini-batch's, for every micro-batch
                 tok_den = mb_mask.sum().clamp_min(1.0)
                 self.optimizer.zero_grad(set_to_none=True)
                 mb_pg_loss = 0.0
                 fwd_rows = mb_rows[active[mb_rows]]
-                for rows in self._micro_batches(fwd_rows, b["attention_mask"]) if fwd_rows.numel() else []:
+                for rows in self._micro_batches(fwd_rows, b.attention_mask) if fwd_rows.numel() else []:
                     loss, m = self._micro_loss(b, old, advantages, loss_mask, returns, rows, den, tok_den, max_len)
                     loss.backward()
                     mb_pg_loss += float(m.pop("actor/pg_loss"))  # micro losses share den: they sum to the mb loss
                     w = float(loss_mask[rows].sum())
                     for k, v in m.items():
-                        acc(k, v, w)
+                        # ratio statistics of the first optimiser step are trivial (the policy is the old one:
+                        # ratio 1, clipfrac 0): they are reported from steps 2..n when there are several
+                        acc(f"first:{k}" if n_opt_steps == 1 and k in RATIO_METRICS else k, v, w)
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     self.params, self.optim_cfg.max_grad_norm if self.optim_cfg.max_grad_norm > 0 else math.inf)
                 grad_norms.append(float(grad_norm))
@@ -459,6 +521,11 @@ class Learner:
                 self.scheduler.step()
                 acc("actor/pg_loss", mb_pg_loss, 1.0)
         out = {k: sums[k] / weights[k] if weights[k] > 0 else 0.0 for k in sums}
+        for k in RATIO_METRICS:  # a single optimiser step: its (trivial) ratio statistics are all there are
+            first = out.pop(f"first:{k}", None)
+            if k not in out and first is not None:
+                out[k] = first
+        out["actor/optimizer_steps"] = float(n_opt_steps)
         out.setdefault("actor/clipfrac", 0.0)  # no row carried gradient (e.g. all rewards of every group equal):
         out.setdefault("actor/approx_kl", 0.0)  # the policy did not move, ratio 1 everywhere
         out.setdefault("actor/pg_clipfrac_lower", 0.0)
@@ -466,29 +533,29 @@ class Learner:
         out["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         return out
 
-    def _micro_loss(self, b: dict[str, Tensor], old: dict[str, Tensor], advantages: Tensor, loss_mask: Tensor,
+    def _micro_loss(self, b: RolloutBatch, old: OldPolicyOutputs, advantages: Tensor, loss_mask: Tensor,
                     returns: Tensor | None, rows: Tensor, den: Tensor, tok_den: Tensor, max_len: int | None
                     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Loss of one micro-batch, already divided by the mini-batch denominators (``den`` of ``algo.loss_agg``,
         ``tok_den`` = trained tokens of the mini-batch, for the value loss); and its metrics (0-dim tensors)."""
         algo = self.algo
-        am = b["attention_mask"][rows]
-        h_full = self._hidden(self.model, b["input_ids"][rows], am)  # (b, L', d)
+        am = b.attention_mask[rows]
+        h_full = self._hidden(self.model, b.input_ids[rows], am)  # (b, L', d)
         seq = h_full.shape[1]
-        rm = b["response_mask"][rows][:, :seq]
+        rm = b.response_mask[rows][:, :seq]
         rr, cc = response_positions(rm)
         h = h_full[rr, cc - 1]  # (N, d)
-        tokens = b["input_ids"][rows][rr, cc]
-        temps = b["temperature"][rows][rr]
+        tokens = b.input_ids[rows][rr, cc]
+        temps = b.temperature[rows][rr]
         lp_flat, ent_flat = self._grad_logprobs(h, tokens, temps, with_entropy=algo.ent_coef > 0)
         logprobs = torch.zeros(rows.numel(), seq, device=self.device).index_put((rr, cc), lp_flat)  # (b, L')
         mask = loss_mask[rows][:, :seq]
         loss, metrics = algos.policy_loss(
-            algo.policy_loss, logprobs, old["logprobs"][rows][:, :seq], advantages[rows][:, :seq], mask,
+            algo.policy_loss, logprobs, old.logprobs[rows][:, :seq], advantages[rows][:, :seq], mask,
             clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip, loss_agg=algo.loss_agg,
             max_len=max_len, denominator=den)
         if algo.kl_coef > 0:
-            kl = algos.kl_penalty(logprobs, old["ref_logprobs"][rows][:, :seq], kind="k3")
+            kl = algos.kl_penalty(logprobs, old.ref_logprobs[rows][:, :seq], kind="k3")
             kl_loss = algos.agg_loss(kl, mask, algo.loss_agg, max_len=max_len, denominator=den)
             loss = loss + algo.kl_coef * kl_loss
             metrics["actor/kl_ref"] = (kl * mask).sum().detach() / mask.sum().clamp_min(1.0)
@@ -499,7 +566,7 @@ class Learner:
         if self.value_head is not None and returns is not None:
             values = torch.zeros(rows.numel(), seq, device=self.device).index_put(
                 (rr, cc), self.value_head(h.float()).squeeze(-1))
-            old_v, ret = old["values"][rows][:, :seq], returns[rows][:, :seq]
+            old_v, ret = old.values[rows][:, :seq], returns[rows][:, :seq]
             vf = (values - ret) ** 2
             if algo.value_clip > 0:
                 v_clip = old_v + (values - old_v).clamp(-algo.value_clip, algo.value_clip)

@@ -8,6 +8,7 @@ tokens) plus the last response; every turn's response positions carry mask 1, ob
 
 from __future__ import annotations
 
+import hashlib
 from typing import Sequence
 
 import torch
@@ -15,6 +16,17 @@ import torch
 from agent_rl.types import Episode, RolloutBatch
 
 MODES = ("turn", "trajectory")
+
+
+def observation_key(text: str) -> int:
+    """Stable 63-bit key of an observation text (blake2b; identical across processes and runs, unlike ``hash``)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little") & (2 ** 63 - 1)
+
+
+def _obs_keys(ep: Episode) -> list[int]:
+    """Per turn, the key of the observation it acted on: turn k > 0 acted on turn k-1's observation; turn 0 on the
+    task's initial state, which every episode of a group shares (same task instance and seed): key 0."""
+    return [0] + [observation_key(t.observation) for t in ep.turns[:-1]]
 
 
 def _trajectory_row(ep: Episode) -> tuple[list[int], list[float], list[float]]:
@@ -48,7 +60,8 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
         episode_rewards/episode_group_index/episode_is_high (E,). L = longest row. ``rewards`` broadcasts
         ``episode.reward`` (already including any invalid-action penalty) to the episode's rows. ``extras``:
         ``episode_won`` (E,) bool (the env's ``won``; the learner's TGRL success rates), ``response_lengths`` (one per
-        turn, in episode order; equals the rows only in per-turn mode).
+        turn, in episode order; equals the rows only in per-turn mode), and in per-turn mode ``obs_key`` (B,) long:
+        the observation each turn acted on (:func:`observation_key`; GiGPO's anchor states).
 
     Raises:
         ValueError: unknown mode, a failed or empty episode, no episodes.
@@ -87,6 +100,12 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
         response_mask[i, :n] = torch.tensor(mask)
         engine_logprobs[i, :n] = torch.tensor(logp)
     temp, grp, epi, high, turn, num, rew = zip(*meta)
+    extras = {
+        "episode_won": torch.tensor([ep.won for ep in episodes], dtype=torch.bool),
+        "response_lengths": torch.tensor([len(t.response_ids) for ep in episodes for t in ep.turns]),
+    }
+    if mode == "turn":
+        extras["obs_key"] = torch.tensor([k for ep in episodes for k in _obs_keys(ep)], dtype=torch.long)
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -102,8 +121,5 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
         episode_rewards=torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
         episode_group_index=torch.tensor([group_ids[ep.task.group_id] for ep in episodes], dtype=torch.long),
         episode_is_high=torch.tensor([ep.is_high for ep in episodes], dtype=torch.bool),
-        extras={
-            "episode_won": torch.tensor([ep.won for ep in episodes], dtype=torch.bool),
-            "response_lengths": torch.tensor([len(t.response_ids) for ep in episodes for t in ep.turns]),
-        },
+        extras=extras,
     )

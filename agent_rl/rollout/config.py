@@ -48,6 +48,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.mode={self.mode!r} is not valid; valid values: {', '.join(ROLLOUT_MODES)}")
         if self.max_turns < 1 or self.history_length < 0 or self.episode_retries < 0:
             raise ValueError("rollout.max_turns >= 1, history_length >= 0, episode_retries >= 0 required")
+        if self.max_prompt_tokens < 1 or self.max_action_chars < 1 or self.env_timeout_s <= 0:
+            raise ValueError("rollout.max_prompt_tokens >= 1, max_action_chars >= 1, env_timeout_s > 0 required")
 
 
 @dataclass

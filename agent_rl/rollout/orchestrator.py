@@ -53,16 +53,9 @@ class RolloutResult:
 
 
 def group_temperatures(algo: Any, step: int) -> list[tuple[float, bool]]:
-    """(temperature, is_high) of the G episodes of a group at 1-based ``step`` (algorithms.md section 3).
-
-    TGRL: ``n_low`` at ``t_low`` then ``n_high`` at ``t_high``; during warm-up (``step <= warmup_steps``) all G at
-    ``t_high`` (all flagged high). Other algos: ``group_size`` episodes at ``algo.temperature`` (flagged low).
-    """
-    if algo.name == "tgrl":
-        if step <= algo.warmup_steps:
-            return [(float(algo.t_high), True)] * (algo.n_low + algo.n_high)
-        return [(float(algo.t_low), False)] * algo.n_low + [(float(algo.t_high), True)] * algo.n_high
-    return [(float(algo.temperature), False)] * algo.group_size
+    """(temperature, is_high) of the G episodes of a group at 1-based ``step``: ``algo.group_temperatures(step)``
+    (``AlgoConfig``, the one home of the TGRL sampling and warm-up rule; algorithms.md, TGRL)."""
+    return algo.group_temperatures(step)
 
 
 class GenerationBatcher:
@@ -400,7 +393,7 @@ class RolloutOrchestrator:
             generate += res.metrics["time/generate_s"]
             for i in range(0, len(res.episodes), len(temps)):
                 group = res.episodes[i:i + len(temps)]
-                if filter_groups and len({ep.reward for ep in group}) == 1:
+                if filter_groups and _all_equal([ep.reward for ep in group]):
                     total.filtered_groups += 1
                 else:
                     kept.append(group)
@@ -420,6 +413,17 @@ class RolloutOrchestrator:
             "throughput/tokens_per_s": tokens / wall if wall > 0 else 0.0,
         })
         return total
+
+
+def _all_equal(rewards: Sequence[float]) -> bool:
+    """DAPO filter of one group: its rewards are all equal within the estimators' tolerance (``dapo_keep_groups``:
+    range <= 1e-6 * max(1, max |R|)), so float rounding does not keep a group whose advantages are all 0."""
+    import torch
+
+    from agent_rl.algos import dapo_keep_groups
+
+    r = torch.tensor(rewards, dtype=torch.float64)
+    return not bool(dapo_keep_groups(r, torch.zeros(len(rewards), dtype=torch.long)).any())
 
 
 def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:

@@ -56,16 +56,42 @@ def test_uniform(level):
 
 
 def test_tp_token_level_hand():
-    # S = 0.5: turn 0 L = 4, floor(2) = 2 -> masked j = 2, 3 (columns 4, 5); turn 1 L = 2, floor(1) = 1 -> j = 1
-    # (column 4); turn 2 L = 5, floor(2.5) = 2 -> j = 2, 3, 4 (columns 3, 4, 5). Advantages unchanged.
+    # Positions run over the trajectory (the episode's turn rows in turn order): L = 4 + 2 + 5 = 11.
+    # S = 0.5: cut floor(5.5) = 5 -> j >= 5: turn 1's 2nd token (j = 5, col 4) and all of turn 2 (j = 6..10).
     adv, mask = apply_credit("tp", _inputs(), 0.5, "token")
-    torch.testing.assert_close(mask, _rows([0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 1, 0], [0, 0, 0, 1, 1, 1]))
+    torch.testing.assert_close(mask, _rows([0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0], [0, 1, 1, 1, 1, 1]))
     torch.testing.assert_close(adv, MASK)
-    # S = 0 trains every token; S = 0.99 (and 1) only the last masked token of each row
+    # S = 0 trains every token; S = 0.99 (cut 10) and 1 (cut 11) only the trajectory's last token
     assert torch.equal(apply_credit("tp", _inputs(), 0.0, "token")[1], MASK)
-    last = _rows([0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 1])
+    last = _rows([0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 1])
     assert torch.equal(apply_credit("tp", _inputs(), 0.99, "token")[1], last)
     assert torch.equal(apply_credit("tp", _inputs(), 1.0, "token")[1], last)
+    # credit.kwargs.scope=turn keeps the per-row reading: turn 0 L = 4, floor(2) = 2 -> j = 2, 3 (cols 4, 5);
+    # turn 1 L = 2 -> j = 1 (col 4); turn 2 L = 5, floor(2.5) = 2 -> j = 2, 3, 4 (cols 3, 4, 5)
+    _, mask = apply_credit("tp", _inputs(), 0.5, "token", scope="turn")
+    torch.testing.assert_close(mask, _rows([0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 1, 0], [0, 0, 0, 1, 1, 1]))
+    with pytest.raises(ValueError, match="scope"):
+        apply_credit("tp", _inputs(), 0.5, "token", scope="episode")
+
+
+def test_tp_trajectory_issue_case_and_turn_order():
+    # 3 turns of 10 action tokens, S = 0.5 -> turn 0 untrained, turn 1 tokens 5..9, turn 2 all (15 of 30);
+    # the per-row reading trains tokens 5..9 of each turn
+    m = torch.ones(3, 10)
+    got = tp_mask(m, 0.5, episode_index=torch.tensor([4, 4, 4]))
+    want = torch.zeros(3, 10)
+    want[1, 5:] = 1
+    want[2] = 1
+    torch.testing.assert_close(got, want)
+    assert tp_mask(m, 0.5).sum(-1).tolist() == [5.0, 5.0, 5.0]
+    # the rule reads the turns in turn order even when the batch's rows are not: rows (turn 2, turn 0, turn 1)
+    inp = CreditInputs(torch.ones(3), m, turn_index=torch.tensor([2, 0, 1]), num_turns=torch.tensor([3, 3, 3]),
+                       episode_index=torch.tensor([4, 4, 4]))
+    _, mask = apply_credit("tp", inp, 0.5, "token")
+    torch.testing.assert_close(mask, want[[2, 0, 1]])
+    # two episodes interleaved in one batch are two trajectories
+    got = tp_mask(torch.ones(4, 10), 0.5, episode_index=torch.tensor([0, 1, 0, 1]))
+    assert got.sum(-1).tolist() == [0.0, 0.0, 10.0, 10.0]
 
 
 def test_tp_turn_level_hand():
@@ -80,17 +106,28 @@ def test_tp_turn_level_hand():
 
 
 def test_forking_token_level_hand():
-    # S = 0.5: keep ceil(L / 2): turn 0 k = 2 -> entropies 2.0 (col 3), 1.0 (col 4); turn 1 k = 1 -> 4.0 (col 3);
-    # turn 2 k = ceil(2.5) = 3 -> 3.0 (col 3), 2.5 (col 4), 2.0 (col 1). Masked-out entropy 9 is never picked.
+    # eps = 80th percentile of H over the batch's 11 masked tokens: sorted [0.5 0.5 1 1 1.5 2 2 2 2.5 3 4],
+    # position 0.8 * 10 = 8 -> eps = 2.5. S = 0.5: keep H >= 1.25; masked-out entropy 9 is never picked.
     _, mask = apply_credit("forking", _inputs(), 0.5, "token")
-    torch.testing.assert_close(mask, _rows([0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 0, 0], [0, 1, 0, 1, 1, 0]))
-    # static variant S = 0.8 keeps ceil(0.2 L): 1, 1, 1 tokens; S = 0 keeps all
-    _, mask = apply_credit("forking", _inputs(), 0.8, "token")
-    torch.testing.assert_close(mask, _rows([0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 0, 0]))
+    torch.testing.assert_close(mask, _rows([0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 1, 0], [0, 1, 0, 1, 1, 1]))
+    # S = 1 is static Forking-Tok: H >= 2.5 -> 4.0 (turn 1), 3.0 and 2.5 (turn 2); S = 0 keeps all
+    _, mask = apply_credit("forking", _inputs(), 1.0, "token")
+    torch.testing.assert_close(mask, _rows([0, 0, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 1, 0]))
     assert torch.equal(apply_credit("forking", _inputs(), 0.0, "token")[1], MASK)
-    # ties are broken by position (earlier first): entropies all equal -> the first ceil(L (1 - S)) tokens
-    m = forking_mask(torch.ones(1, 5), torch.ones(1, 5), 0.6)
-    assert m.tolist() == [[1, 1, 0, 0, 0]]
+    # equal entropies: eps = that value, S <= 1 keeps every token
+    assert forking_mask(torch.ones(1, 5), torch.ones(1, 5), 0.6).tolist() == [[1, 1, 1, 1, 1]]
+
+
+def test_forking_relaxed_threshold_issue_case():
+    # 100 tokens with H = 0.01 * rank (rank 1..100), spread over 4 rows: eps = 0.80 + 0.2 * 0.01 = 0.802;
+    # S = 0.99 -> H >= 0.794: 21 tokens (ranks 80..100); S = 0.5 -> H >= 0.401: 60 tokens (ranks 41..100)
+    h = (torch.arange(1, 101, dtype=torch.float64) * 0.01)[torch.randperm(100, generator=torch.Generator().manual_seed(0))]
+    h, m = h.reshape(4, 25), torch.ones(4, 25)
+    assert int(forking_mask(h, m, 0.99).sum()) == 21
+    assert int(forking_mask(h, m, 0.5).sum()) == 60
+    assert int(forking_mask(h, m, 1.0).sum()) == 20  # static Forking-Tok: the top 20%
+    assert int(forking_mask(h, m, 0.0).sum()) == 100
+    assert int(forking_mask(h, m, 1.0, quantile=0.5).sum()) == 50
 
 
 def test_forking_and_empg_levels_that_make_no_sense_raise():
@@ -145,11 +182,18 @@ def test_empg_turn_level_hand():
 
 
 def test_js_token_and_turn_hand():
-    # token, S = 1, no quantile clip: turn 0 J [0.1 0.3 0.2 0.2], Jbar 0.2 -> omega [ln1.5 ln2.5 ln2 ln2]
-    #   -> w = [0.598903, 1.353432, 1.023832, 1.023832]; turn 1 J [0.5 0.3], Jbar 0.4 -> omega [ln2.25 ln1.75]
-    #   -> w = [1.183368, 0.816632]; turn 2 J = 0 -> w = 1
+    # token, S = 1, no quantile clip, normalised over the trajectory (all 11 tokens of the episode):
+    #   J = [0.1 0.3 0.2 0.2 | 0.5 0.3 | 0 0 0 0 0], Jbar = 1.6 / 11 = 0.145455, omega = log(1 + J / Jbar)
+    #   -> w = omega / mean omega = [0.962207 2.058168 1.590654 1.590654 | 2.740147 2.058168 | ~0 x5]
+    #   (a zero-J turn inside a trajectory gets ~0: omega = log(1 + 1e-8 / (Jbar + 1e-8)))
     adv, _ = apply_credit("js", _inputs(), 1.0, "token", quantile_clip=False)
-    want = _rows([0, 0, 0.598903, 1.353432, 1.023832, 1.023832], [0, 0, 0, 1.183368, 0.816632, 0], [0, 1, 1, 1, 1, 1])
+    want = _rows([0, 0, 0.962207, 2.058168, 1.590654, 1.590654], [0, 0, 0, 2.740147, 2.058168, 0],
+                 [0, 0, 0, 0, 0, 0])
+    torch.testing.assert_close(adv, want, atol=2e-6, rtol=0)
+    assert abs(float(adv.sum()) / 11 - 1.0) < 1e-6  # mean 1 over the trajectory
+    # with the 5th..95th percentile clip: omega clipped to [0 (5th), 1.157 (95th)] -> 2.740147 becomes 2.475908
+    adv, _ = apply_credit("js", _inputs(), 1.0, "token")
+    want = _rows([0, 0, 0.992989, 2.124011, 1.64154, 1.64154], [0, 0, 0, 2.475908, 2.124011, 0], [0, 0, 0, 0, 0, 0])
     torch.testing.assert_close(adv, want, atol=2e-6, rtol=0)
     # turn: mean J per turn [0.2, 0.4, 0], episode mean 0.2 -> turn weights [1, 2, 0] (up to the 1e-8 eps)
     adv, _ = apply_credit("js", _inputs(), 1.0, "turn")
@@ -184,9 +228,10 @@ def test_full_trajectory_mode_hand():
     assert mask.tolist() == [[0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 1]]
     # tp turn: the turn structure is not visible (K = 1): the whole row is trained
     assert torch.equal(apply_credit("tp", _ft_inputs(), 0.5, "turn")[1], FT_MASK)
-    # forking S = 0.5: keep ceil(5.5) = 6 highest entropies: 4.0 (7), 3.0 (12), 2.5 (13), 2.0 (3), 2.0 (8), 2.0 (10)
+    # forking S = 0.5: the same 11 entropies -> eps = 2.5, keep H >= 1.25: 2.0 (3), 4.0 (7), 2.0 (8), 2.0 (10),
+    # 3.0 (12), 2.5 (13), 1.5 (14)
     _, mask = apply_credit("forking", _ft_inputs(), 0.5, "token")
-    assert mask.tolist() == [[0, 0, 0, 1, 0, 0, 0, 1, 1, 0, 1, 0, 1, 1, 0]]
+    assert mask.tolist() == [[0, 0, 0, 1, 0, 0, 0, 1, 1, 0, 1, 0, 1, 1, 1]]
     # empg on one row: Hn = 0, g = 1, no next turn, minus the batch mean -> 0
     assert (apply_credit("empg", _ft_inputs(), 1.0, "turn")[0] == 0).all()
 
@@ -243,8 +288,10 @@ def test_tp_and_forking_loop_vs_vectorised():
     torch.manual_seed(7)
     mask = (torch.rand(20, 17) > 0.4).float()
     ent = torch.randint(0, 4, (20, 17)).float()  # many ties
+    episode = torch.randint(0, 6, (20,))  # rows of an episode taken in row order
     for s in (0.0, 0.13, 0.29, 0.5, 0.7, 0.99, 1.0):
         tp = tp_mask(mask, s)
+        tp_ep = tp_mask(mask, s, episode_index=episode)
         fk = forking_mask(ent, mask, s)
         for i in range(20):
             pos = mask[i].nonzero().flatten().tolist()
@@ -254,18 +301,25 @@ def test_tp_and_forking_loop_vs_vectorised():
             for j, p in enumerate(pos):
                 want[p] = float(j >= cut or j == n - 1)
             torch.testing.assert_close(tp[i], want)
-            k = math.ceil(round(n * (1 - s), 9))
-            order = sorted(pos, key=lambda p: (-ent[i, p].item(), p))[:k]
-            want = torch.zeros(17)
-            want[order] = 1.0
-            torch.testing.assert_close(fk[i], want)
+        for e in episode.unique().tolist():
+            rows = (episode == e).nonzero().flatten().tolist()
+            flat = [(r, p) for r in rows for p in mask[r].nonzero().flatten().tolist()]
+            cut = math.floor(round(len(flat) * s, 9))
+            want = torch.zeros(20, 17)
+            for j, (r, p) in enumerate(flat):
+                want[r, p] = float(j >= cut or j == len(flat) - 1)
+            torch.testing.assert_close(tp_ep[rows], want[rows])
+        h = sorted(ent[mask > 0].tolist())
+        q = 0.8 * (len(h) - 1)
+        eps = h[int(q)] + (q - int(q)) * (h[min(int(q) + 1, len(h) - 1)] - h[int(q)])
+        want = ((ent >= s * eps) & (mask > 0)).float()
+        torch.testing.assert_close(fk, want)
 
 
 def test_decimal_s_rounds_like_the_math():
     # 0.29 * 100 = 28.999999999999996 in binary; floor must give 29 -> tokens 29..99 trained (71 tokens)
     assert int(tp_mask(torch.ones(1, 100), 0.29).sum()) == 71
-    # ceil(10 * (1 - 0.7)) = 3, not ceil(3.0000000000000004) = 4
-    assert int(forking_mask(torch.rand(1, 10), torch.ones(1, 10), 0.7).sum()) == 3
+    assert int(tp_mask(torch.ones(4, 25), 0.29, episode_index=torch.zeros(4, dtype=torch.long)).sum()) == 71
 
 
 def test_next_turn_values_loop_vs_vectorised():

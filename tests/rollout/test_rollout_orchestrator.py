@@ -204,8 +204,9 @@ def test_sampler_is_resumable():
 
 
 def test_env_wait_fraction_accounting():
-    # One episode: reset waits 0.3 s, generation takes 0.2 s, the step is instant:
-    # env_wait_frac = 1 - 0.2 / (0.3 + 0.2) = 0.6 (loose bounds: scheduling overhead on a busy machine).
+    # One episode: reset waits >= 0.3 s, generation takes >= 0.2 s, the step is instant. Wall-clock values grow on a
+    # loaded machine, so the test checks the accounting (env_wait_frac = 1 - generate_s / rollout_s) and the lower
+    # bounds that sleeping guarantees, not seconds.
     class SlowReset(SimplePool):
         async def reset(self, env_id, **kw):
             await asyncio.sleep(0.3)
@@ -214,8 +215,10 @@ def test_env_wait_fraction_accounting():
     orch, engine = make(SlowReset())
     engine.delay_s = 0.2
     res = asyncio.run(orch.run_groups([GroupSpec(tasks(1)[0], [(1.0, False)])]))
-    assert 0.4 < res.metrics["time/env_wait_frac"] < 0.75
-    assert res.metrics["time/generate_s"] >= 0.2
+    m = res.metrics
+    assert m["time/generate_s"] >= 0.2 and m["time/rollout_s"] >= 0.5
+    assert m["time/env_wait_frac"] == pytest.approx(1.0 - m["time/generate_s"] / m["time/rollout_s"])
+    assert 0.0 < m["time/env_wait_frac"] < 1.0
 
 
 def test_prefetch_resets_are_used_by_next_collect():
@@ -227,7 +230,10 @@ def test_prefetch_resets_are_used_by_next_collect():
     async def go():
         orch.prefetch(sampler.sample(2), 3)
         assert orch.num_prefetched_tasks == 2
-        await asyncio.sleep(0.05)  # the resets run while "the learner updates"
+        for _ in range(1000):  # the resets run while "the learner updates": wait for them by count, not by time
+            if pool.resets == 6:
+                break
+            await asyncio.sleep(0.01)
         assert pool.resets == 6
         res = await orch.collect(sampler.sample, 2, algo, step=1)
         await orch.aclose()

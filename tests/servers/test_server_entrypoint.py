@@ -90,22 +90,8 @@ def test_serve_cli_bad_arguments_are_one_usage_error(args, message):
     assert message in out and "Traceback" not in out
 
 
-def _alfworld_ready() -> str | None:
-    try:
-        import envs.alfworld.env  # noqa: F401
-        from envs.alfworld import list_games
-
-        list_games("valid_unseen")
-    except Exception as exc:  # A's env or its data is not there: say why
-        return f"ALFWorld env not usable here: {type(exc).__name__}: {exc}"
-    return None
-
-
 @pytest.mark.slow
-def test_alfworld_expert_wins_over_http_with_the_compose_command():
-    reason = _alfworld_ready()
-    if reason:
-        pytest.skip(reason)
+def test_alfworld_expert_wins_over_http_with_the_compose_command(require_alfworld):
     command = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["alfworld"]["command"]
     assert command[:3] == ["python", "-m", "servers.serve"]
     args = list(command[3:])

@@ -21,18 +21,8 @@ CMD = [sys.executable, "-m", "agent_rl.train", "env=alfworld", "algo=tgrl", "mod
        "rollout.max_turns=3", "engine.max_new_tokens=16", "trainer.progress=false"]
 
 
-def _alfworld_ready() -> str | None:
-    """None when the ALFWorld env (engineer A) and the server (engineer B) are importable, else the reason."""
-    probe = "import envs.alfworld, servers.serve; envs.alfworld.ALFWorldEnv"
-    res = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
-    return None if res.returncode == 0 else f"ALFWorld env or env server not importable yet: {res.stderr[-300:]}"
-
-
 @pytest.mark.slow
-def test_alfworld_train_then_resume(tmp_path):
-    reason = _alfworld_ready()
-    if reason:
-        pytest.skip(reason)
+def test_alfworld_train_then_resume(tmp_path, require_alfworld):
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     first = subprocess.run([*CMD, "trainer.total_steps=2", f"trainer.output_dir={out}"], cwd=REPO, env=env,

@@ -1,0 +1,201 @@
+"""Issue 10 sections 4 and 7: configs that cannot train are refused at load time (``load_config``), with one clear
+line naming what, where and the valid choices; what is adjusted instead is said in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agent_rl.config import ConfigError, compare_for_resume, config_dict, fit_prompt_budget, load_config
+from agent_rl.models import TINY_MAX_POSITIONS
+
+CHEAP = ["env=choose_item", "model=tiny", "env_server.mode=local"]
+
+
+# ------------------------------------------------------------------------------------------- section 4
+def test_dapo_group_size_one_is_refused():
+    # the issue's input: every group of one reward is all-equal, so DAPO filtered every group and trained nothing
+    with pytest.raises(ConfigError, match=r"dapo_dynamic_sampling needs algo.group_size >= 2 \(got 1\)"):
+        load_config([*CHEAP, "algo=dapo", "algo.group_size=1"])
+    assert load_config([*CHEAP, "algo=dapo", "algo.group_size=2"]).algo.group_size == 2
+
+
+@pytest.mark.parametrize("algo", ["grpo", "drgrpo", "rloo", "gspo"])
+def test_group_estimator_with_one_episode_per_group_is_refused(algo):
+    # a group of one has no baseline: every advantage is 0 (tests/algos: single-row groups get exactly 0)
+    with pytest.raises(ConfigError, match="gives every advantage 0"):
+        load_config([*CHEAP, f"algo={algo}", "algo.group_size=1"])
+
+
+def test_batch_estimator_needs_two_episodes_per_step():
+    ok = load_config([*CHEAP, "algo=grpo", "algo.adv_estimator=reinforce_pp", "algo.group_size=1",
+                      "trainer.tasks_per_step=2"])
+    assert ok.algo.group_size == 1  # reinforce_pp's baseline is the batch: 2 episodes are enough
+    with pytest.raises(ConfigError, match="reinforce_pp whitens over the step's episodes"):
+        load_config([*CHEAP, "algo=grpo", "algo.adv_estimator=reinforce_pp", "algo.group_size=1",
+                     "trainer.tasks_per_step=1"])
+
+
+def test_tgrl_without_high_rows_is_refused():
+    with pytest.raises(ConfigError, match=r"\(tgrl\) n_high >= 1"):
+        load_config([*CHEAP, "algo.n_low=1", "algo.n_high=0", "algo.group_size=1"])
+
+
+def test_zero_temperature_is_refused():
+    with pytest.raises(ConfigError, match="temperatures must be > 0"):
+        load_config([*CHEAP, "algo=grpo", "algo.temperature=0"])
+
+
+def test_tiny_defaults_fit_the_context(capsys):
+    # the issue's input: model=tiny with the defaults (ALFWorld: prompt budget 4096 + engine.max_new_tokens 256)
+    # exceeds the tiny model's 4096 positions. Right: the prompt budget is capped to 4096 - 256 = 3840, said in one line
+    cfg = load_config(["model=tiny"])
+    assert TINY_MAX_POSITIONS == 4096
+    assert (cfg.rollout.max_prompt_tokens, cfg.engine.max_new_tokens) == (3840, 256)
+    err = capsys.readouterr().err
+    assert "config: rollout.max_prompt_tokens capped 4096 -> 3840: the model's context is 4096 positions" in err
+    # a budget that fits is untouched and nothing is printed; SmolLM2 has 8192 positions
+    assert load_config(["model=tiny", "rollout.max_prompt_tokens=1000"]).rollout.max_prompt_tokens == 1000
+    assert load_config([]).rollout.max_prompt_tokens == 4096
+    assert "capped" not in capsys.readouterr().err
+    # a response budget that alone fills the context is refused
+    with pytest.raises(ConfigError, match="engine.max_new_tokens=4096 does not fit the model's context of 4096"):
+        load_config(["model=tiny", "engine.max_new_tokens=4096"])
+
+
+def test_fit_prompt_budget_after_loading():
+    # the trainer checks again with the loaded model's max_position_embeddings (hub models not cached offline)
+    cfg = load_config(CHEAP, check=False)
+    cfg.rollout.max_prompt_tokens, cfg.engine.max_new_tokens = 4096, 32
+    assert fit_prompt_budget(cfg, None, "x") is None and cfg.rollout.max_prompt_tokens == 4096
+    assert fit_prompt_budget(cfg, 2048, "loaded") == ("rollout.max_prompt_tokens capped 4096 -> 2016: the model's "
+                                                       "context is 2048 positions (loaded) and engine.max_new_tokens=32")
+    assert cfg.rollout.max_prompt_tokens == 2016
+    assert fit_prompt_budget(cfg, 2048, "loaded") is None  # idempotent
+
+
+def test_repetition_penalty_off_policy_is_said(capsys):
+    load_config([*CHEAP, "algo.high_repetition_penalty=1.05"])
+    assert "warning: algo.high_repetition_penalty=1.05 samples T1 rows from the penalised distribution" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_vllm_without_cuda_is_refused():
+    with pytest.raises(ConfigError, match="engine=vllm needs a CUDA device"):
+        load_config([*CHEAP, "engine=vllm"])
+
+
+# ------------------------------------------------------------------------------------------- section 7
+BAD = [
+    ("algo.adv_estimator=grpoo", "unknown advantage estimator 'grpoo' (algo.adv_estimator); valid names: ['drgrpo', "
+                                 "'gigpo', 'grpo', 'reinforce_pp', 'rloo']. Did you mean 'grpo'?"),
+    ("algo.policy_loss=ppo", "unknown policy loss 'ppo' (algo.policy_loss); valid names: ['gspo', 'ppo_clip']"),
+    ("credit.name=jss", "unknown credit rule 'jss' (credit); valid names: ['empg', 'entropy_adv', 'forking', 'js', "
+                        "'tp', 'uniform']. Did you mean 'js'?"),
+    ("schedule.kind=linea", "unknown schedule 'linea' (schedule); valid names: ['constant', 'linear', 'none', "
+                            "'power', 'sigmoid']. Did you mean 'linear'?"),
+    ("engine.name=vlm", "unknown engine 'vlm' (engine.name); valid names: ['hf', 'vllm']. Did you mean 'vllm'?"),
+    ("env.prompt=mathh", "unknown prompt format 'mathh'; valid: ['alfworld', 'code', 'generic', 'math', 'webshop']"),
+    ("credit=forking credit.level=turn", "credit=forking is not defined at credit.level=turn; it supports ['token']"),
+    ("credit=uniform credit.kwargs.alpha=1", "credit.kwargs alpha not accepted by credit=uniform; valid keys: (none)"),
+    ("credit=entropy_adv credit.kwargs.alpah=1", "credit.kwargs alpah not accepted by credit=entropy_adv; valid "
+                                                 "keys: alpha, kappa"),
+    ("env.id=agent_rl/ChoseItem-v0", "env.id='agent_rl/ChoseItem-v0' is not a registered gymnasium id; registered: "
+                                     "agent_rl/ALFWorld-v0, "),
+    ("env.kwargs.bogus=1", "env.kwargs bogus not accepted by agent_rl/ChooseItem-v0 "
+                           "(envs.examples.choose_item:ChooseItemEnv); valid keys: items, targets"),
+    ("trainer.device=gpu", "trainer.device='gpu' is not a device; valid: auto, cpu, cuda, cuda:N"),
+    ("trainer.imports=[no_such_module_xyz]", "trainer.imports: cannot import 'no_such_module_xyz'"),
+    ("env_server.imports=[no_such_module_xyz]", "env_server.imports: cannot import 'no_such_module_xyz'"),
+    ("model.name=/no/such/model", "model.name='/no/such/model' looks like a local path but is not a folder; valid: "
+                                  "smollm2, tiny, a hub id (org/name) or an existing folder"),
+    ("model.path=/no/such/model", "model.path='/no/such/model' is not a folder"),
+    ("env_server.local_kind=threads", "env_server.local_kind='threads' is not valid; valid values: thread, process"),
+    ("rollout.max_prompt_tokens=0", "rollout.max_prompt_tokens >= 1"),
+    ("algo=grp", "unknown option algo=grp: available options in 'algo': dapo, drgrpo, grpo, gspo, ppo, rloo, tgrl. "
+                 "Did you mean algo=grpo?"),
+    ("trainer.total_steps=many", "could not be converted to Integer (trainer.total_steps)"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), BAD, ids=[b[0] for b in BAD])
+def test_config_errors_are_one_line_with_the_valid_choices(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config([*CHEAP, *override.split()])
+    text = str(err.value)
+    assert message in text
+    assert "\n" not in text
+
+
+def test_good_choices_pass_the_same_checks():
+    load_config([*CHEAP, "credit=entropy_adv", "credit.kwargs.alpha=0.5", "algo=grpo"])
+    load_config([*CHEAP, "env.kwargs.items=[a,b]", "trainer.device=cpu"])
+    for env in ("alfworld", "webshop", "math", "code", "gym"):  # every preset's env id and kwargs check out
+        load_config([f"env={env}"])
+
+
+# ------------------------------------------------------------------------------------------- section 5 (unit)
+MUST_MATCH = ["algo.name", "algo.adv_estimator", "algo.clip_high", "algo.group_size", "credit.name", "credit.kwargs",
+              "schedule.kind", "model.name", "model.dtype", "env.id", "env.kwargs", "env.sampler.options",
+              "engine.max_new_tokens", "engine.top_p",
+              "optim.lr", "rollout.mode", "rollout.max_turns", "trainer.seed", "trainer.tasks_per_step"]
+MAY_CHANGE = ["trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.progress",
+              "trainer.tensorboard", "trainer.output_dir", "trainer.device", "engine.batch_size", "env_server.urls",
+              "env_server.mode", "data.root", "algo.micro_batch_size", "model.gradient_checkpointing"]
+
+
+def _changed(saved: dict, key: str) -> dict:
+    """A copy of ``saved`` with ``key``'s value replaced by a different one of the same kind."""
+    import copy
+
+    out = copy.deepcopy(saved)
+    node = out
+    *path, last = key.split(".")
+    for part in path:
+        node = node[part]
+    value = node[last]
+    node[last] = (not value if isinstance(value, bool) else value + 1 if isinstance(value, (int, float))
+                  else {"changed": 1} if isinstance(value, dict) else ["changed"] if isinstance(value, list)
+                  else f"{value}-changed")
+    return out
+
+
+@pytest.mark.parametrize("key", MUST_MATCH)
+def test_resume_refuses_a_key_that_must_match(key):
+    cfg = load_config(CHEAP, check=False)
+    saved = _changed(config_dict(cfg), key)
+    with pytest.raises(ConfigError, match=rf"resuming changes 1 key\(s\) that must match .*{key}: .*"
+                                          "trainer.resume_allow_changes=true"):
+        compare_for_resume(saved, cfg)
+    cfg.trainer.resume_allow_changes = True
+    lines = compare_for_resume(saved, cfg)
+    assert any(line.startswith(f"resume: {key}: ") and line.endswith("(must match)") for line in lines)
+    assert "not the run it continues" in lines[-1]
+
+
+@pytest.mark.parametrize("key", MAY_CHANGE)
+def test_resume_accepts_a_key_that_may_change(key):
+    cfg = load_config(CHEAP, check=False)
+    lines = compare_for_resume(_changed(config_dict(cfg), key), cfg)
+    assert len(lines) == 1 and lines[0].startswith(f"resume: {key}: ") and lines[0].endswith("(may change)")
+
+
+def test_resume_reports_keys_added_or_removed_by_a_code_upgrade():
+    cfg = load_config(CHEAP, check=False)
+    saved = config_dict(cfg)
+    saved["algo"]["old_key"] = 0  # a key the new code no longer has
+    del saved["trainer"]["tasks_per_step"]  # a key the old code did not have
+    assert compare_for_resume(saved, cfg) == [
+        "resume: algo.old_key: 0 -> '(absent)' (removed key)",
+        "resume: trainer.tasks_per_step: '(absent)' -> 8 (new key)",
+    ]
+    assert compare_for_resume(config_dict(cfg), cfg) == []  # the same config: silent
+    assert "no saved config found" in compare_for_resume(None, cfg)[0]
+
+
+def test_resume_total_steps_under_a_schedule_is_noted():
+    cfg = load_config([*CHEAP, "schedule=linear"], check=False)
+    lines = compare_for_resume(_changed(config_dict(cfg), "trainer.total_steps"), cfg)
+    assert lines[-1] == "resume: note: schedule=linear depends on trainer.total_steps; the remaining steps follow " \
+                        "the new N"
