@@ -459,6 +459,7 @@ RESUME_MAY_CHANGE = (
     # length and bookkeeping of the run
     "trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.resume",
     "trainer.resume_allow_changes", "trainer.output_dir", "trainer.tensorboard", "trainer.progress",
+    "trainer.save_episodes",
     # where things run and how fast (same algorithm, same data)
     "trainer.device", "engine.batch_size", "engine.num_threads", "engine.gpu_memory_utilization", "env_server.",
     "data.root", "rollout.max_concurrent_episodes", "rollout.gen_batch_size", "rollout.gen_wait_s",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from agent_rl.config import ConfigError, load_config
+from agent_rl.config import ConfigError, compare_for_resume, config_dict, load_config
 from agent_rl.episodes import (load_episodes, list_steps, parse_episode_id, parse_save_episodes, read_step_file,
                                select_episodes, step_path, token_texts, write_episodes)
 from agent_rl.rollout.batch import build_rollout_batch
@@ -27,6 +27,9 @@ def test_save_episodes_setting():
     assert load_config([]).trainer.save_episodes == "8"  # the default: two TGRL groups of 4 per step
     with pytest.raises(ConfigError, match="none, all, or a number"):
         load_config(["trainer.save_episodes=sometimes"])
+    # what is stored does not change training: a resumed run may change it
+    lines = compare_for_resume(config_dict(load_config([])), load_config(["trainer.save_episodes=all"]))
+    assert lines == ["resume: trainer.save_episodes: '8' -> 'all' (may change)"]
 
 
 def _groups(n_groups: int, g: int) -> list:
