@@ -163,10 +163,16 @@ class Config:
 
     @property
     def env_kwargs(self) -> dict[str, Any]:
-        """Env constructor kwargs: ``env.kwargs`` plus ``{env.data_root_kwarg: data.root}`` when ``data.root`` is set."""
+        """``gymnasium.make`` kwargs of every env of the run: ``env.kwargs``, ``{env.data_root_kwarg: data.root}`` when
+        ``data.root`` is set, and the turn budget ``max_episode_steps = rollout.max_turns`` (gymnasium's TimeLimit:
+        the env itself truncates at the rollout's last turn, so the two can never disagree) for multi-turn budgets;
+        with ``rollout.max_turns=1`` (single-turn envs) the env's own registration decides, so a one-step answer is
+        terminated, not truncated."""
         kwargs = dict(self.env.kwargs)
         if self.data.root and self.env.data_root_kwarg:
             kwargs.setdefault(self.env.data_root_kwarg, self.data.root)
+        if self.rollout.max_turns > 1:
+            kwargs["max_episode_steps"] = self.rollout.max_turns
         return kwargs
 
     @property
@@ -336,11 +342,14 @@ def _import_all(key: str, modules: list[str]) -> None:
 
 def _env_checks(cfg: Config) -> None:
     """``env.id`` registered (built-ins and ``env_server.imports``) and ``env.kwargs`` accepted by its constructor.
-    Skipped for env servers given by URL (their registry is theirs)."""
+    Skipped for env servers given by URL (their registry is theirs). The turn budget has one key, rollout.max_turns."""
     import gymnasium
 
     import envs  # noqa: F401 (registers the built-in ids)
 
+    if "max_episode_steps" in cfg.env.kwargs:
+        raise ConfigError("env.kwargs.max_episode_steps is not a key here: the turn budget is rollout.max_turns "
+                          "(passed to the env as gymnasium's max_episode_steps)")
     if cfg.env_server.mode == "http" and cfg.env_server.urls:
         return
     _import_all("env_server.imports", cfg.env_server.imports)
@@ -359,7 +368,7 @@ def _env_checks(cfg: Config) -> None:
     accepted = _keyword_params(ctor)
     if accepted is None:
         return
-    unknown = sorted(set(cfg.env_kwargs) - set(accepted))
+    unknown = sorted(set(cfg.env_kwargs) - set(accepted) - {"max_episode_steps"})  # that one is gymnasium.make's
     if unknown:
         raise ConfigError(f"env.kwargs {', '.join(unknown)} not accepted by {cfg.env.id} ({entry}); valid keys: "
                           f"{', '.join(sorted(accepted)) or '(none)'}")

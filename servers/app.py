@@ -25,6 +25,7 @@ from servers.routers import meta, sessions
 from servers.sessions import (
     AtCapacity,
     EnvFailed,
+    EnvNotReady,
     EpisodeOver,
     ServerSettings,
     SessionBusy,
@@ -32,7 +33,8 @@ from servers.sessions import (
     SessionNotFound,
     UnknownEnv,
 )
-from servers.workers import EnvRejected, EnvTimeout
+from envs.errors import ENV_INFRA_ERROR_CODE
+from servers.workers import EnvInfraFailed, EnvRejected, EnvTimeout
 
 __all__ = ["create_app"]
 
@@ -65,7 +67,7 @@ def create_app(
         max_action_bytes: largest action in UTF-8 bytes (413 beyond).
         imports: modules to import first (in the server and in every worker), e.g. a user's module that calls
             ``gymnasium.register``.
-        **settings: other :class:`servers.sessions.ServerSettings` fields (``prestart_workers``,
+        **settings: other :class:`servers.sessions.ServerSettings` fields (``prestart_workers``, ``check_envs``,
             ``env_timeout_s``, ``max_sessions_per_worker``, ``max_resets_per_worker``, ``max_worker_rss_mb``).
 
     Raises:
@@ -86,7 +88,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         manager = SessionManager(config)
-        await manager.start()
+        try:
+            await manager.start()  # EnvNotReady: an env that cannot reset never gets a green /health
+        except EnvNotReady as exc:
+            app.state.startup_error = str(exc)
+            raise
         app.state.manager = manager
         try:
             yield
@@ -128,6 +134,8 @@ def create_app(
         after = "no session was opened" if request.url.path.rstrip("/") == "/sessions" else "the session was closed"
         if isinstance(exc, EnvTimeout):
             return _error(504, "env_timeout", f"{exc}; {after}")
+        if isinstance(exc, EnvInfraFailed):  # the env could not judge (docs/env_errors.md): never a reward
+            return _error(500, ENV_INFRA_ERROR_CODE, f"the env could not judge: {exc}; {after}")
         if isinstance(exc, EnvRejected):  # bad env_kwargs / seed / options: the client's error
             return _error(422, "invalid_request", f"the env rejected the request: {exc}; {after}")
         return _error(500, "env_error", f"the env raised {exc}; {after}")

@@ -3,7 +3,9 @@
     python -m servers.serve --env agent_rl/ALFWorld-v0 --host 127.0.0.1 --port 8001
     python -m servers.serve --import mypkg.myenv --env mypkg/MyEnv-v0 --token "$TOKEN"
 
-Binds 127.0.0.1 unless ``--host`` says otherwise. ``GET /health`` answers 200 once the server is ready.
+Binds 127.0.0.1 unless ``--host`` says otherwise. ``GET /health`` answers 200 once the server is ready: every
+served env has made and reset one session with its defaults; if one cannot (missing or empty data), the server
+exits with status 3 and one last line naming the env, the resolved data path and the counts found.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import importlib
 import logging
 import os
+import sys
 from collections.abc import Sequence
 
 __all__ = ["build_parser", "main"]
@@ -59,8 +62,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                          reset_nice=args.reset_nice)
     except (ImportError, ValueError) as exc:
         parser.error(str(exc))
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                timeout_graceful_shutdown=30)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           access_log=False, timeout_graceful_shutdown=30))
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits 3 itself when the startup fails
+        if server.started:
+            raise
+    if not server.started:  # startup failed: an env that cannot serve (EnvNotReady) or a port in use
+        reason = getattr(app.state, "startup_error", None) or "see the log above"
+        print(f"env server did not start: {reason}", file=sys.stderr)
+        sys.exit(3)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from servers.workers import AtCapacity, EnvFailed, StepReply, WorkerPool
 __all__ = [
     "AtCapacity",
     "EnvFailed",
+    "EnvNotReady",
     "EpisodeOver",
     "Session",
     "SessionBusy",
@@ -43,6 +44,12 @@ class EpisodeOver(RuntimeError):
 
 class SessionBusy(RuntimeError):
     """Another request on the same session is still running."""
+
+
+class EnvNotReady(RuntimeError):
+    """A served env cannot make and reset with its defaults (missing or empty data, ...): the server refuses to
+    start, so ``/health`` is never green on an env that cannot reset. The message is the env's own error, which
+    names the resolved data path and the counts found."""
 
 
 @dataclass
@@ -72,6 +79,9 @@ class ServerSettings:
     """A worker is recycled when idle after this many resets (bounds any leak inside an env)."""
     max_worker_rss_mb: float | None = 2048.0
     """A worker is recycled when idle above this RSS (MiB)."""
+    check_envs: bool = True
+    """Before ``/health`` is up, open and reset one session of every served env with its defaults (no kwargs, no
+    options) and refuse to start if one fails (:class:`EnvNotReady`). The env stays in its worker for reuse."""
     reset_nice: int = 10
     """Resets run this many nice levels below steps (needs CAP_SYS_NICE; 0: off), so they yield the cores to steps."""
     retry_after_s: int = 1
@@ -132,8 +142,22 @@ class SessionManager:
         self.expired = 0
 
     async def start(self) -> None:
-        """Start the first workers and the TTL reaper."""
+        """Start the first workers, check that every env can serve, start the TTL reaper.
+
+        Raises:
+            EnvNotReady: a served env failed to make/reset with its defaults (``check_envs``); every worker is
+                ended first.
+        """
         await self.pool.prestart(self.settings.prestart_workers)
+        if self.settings.check_envs:
+            for env_id in self.settings.env_ids:
+                probe = f"startup-check-{uuid.uuid4().hex}"
+                try:
+                    await self.pool.open(probe, env_id)
+                except EnvFailed as exc:
+                    await self.pool.aclose()
+                    raise EnvNotReady(f"env {env_id} cannot serve, refusing to start: {exc}") from None
+                await self.pool.close(probe)
         self._reaper = asyncio.create_task(self._reap_forever())
 
     async def aclose(self) -> None:

@@ -50,6 +50,7 @@ from typing import Any
 __all__ = [
     "AtCapacity",
     "EnvFailed",
+    "EnvInfraFailed",
     "EnvRejected",
     "EnvTimeout",
     "StepReply",
@@ -70,6 +71,12 @@ class EnvRejected(EnvFailed):
     """``make``/``reset`` raised ValueError, LookupError (KeyError, IndexError), TypeError or
     ``gymnasium.error.Error``: the request's env kwargs, seed or options are invalid (a client error, HTTP 422).
     The session is not usable either way."""
+
+
+class EnvInfraFailed(EnvFailed):
+    """The env raised :class:`envs.errors.EnvInfraError`: it could not judge (sandbox, verifier, game engine
+    failure), which is never a reward. HTTP 500 with code ``env_infra_error``; the orchestrator retries, then drops
+    the group (``docs/env_errors.md``)."""
 
 
 class EnvTimeout(EnvFailed):
@@ -190,6 +197,7 @@ def _worker_main(conn: Any, imports: Sequence[str], reset_nice: int = 0, keep_en
     import gymnasium
 
     import envs  # noqa: F401  (registers the built-in ids)
+    from envs.errors import EnvInfraError
 
     for name in imports:
         importlib.import_module(name)
@@ -267,7 +275,8 @@ def _worker_main(conn: Any, imports: Sequence[str], reset_nice: int = 0, keep_en
             # make/reset rejecting the client's kwargs/seed/options is the client's error, not the env's
             rejected = op in ("open", "reset") and isinstance(exc, (ValueError, LookupError, TypeError,
                                                                      gymnasium.error.Error))
-            reply = ("rejected" if rejected else "error", f"{type(exc).__name__}: {exc}",
+            status = "infra" if isinstance(exc, EnvInfraError) else "rejected" if rejected else "error"
+            reply = (status, f"{type(exc).__name__}: {exc}",
                      traceback.format_exc(limit=20), _rss_bytes())
         try:
             conn.send(reply)
@@ -375,6 +384,8 @@ class _Worker:
         self.rss = rss
         if status == "rejected":
             raise EnvRejected(payload)
+        if status == "infra":
+            raise EnvInfraFailed(payload)
         if status != "ok":
             raise EnvFailed(payload)
         return payload

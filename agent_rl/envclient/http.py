@@ -167,7 +167,10 @@ class HTTPEnvPool:
         raise error or EnvUnavailable("no server answered")  # pragma: no cover (loop always returns or raises)
 
     async def step(self, session_id: str, action: str) -> StepResult:
-        """``POST /sessions/{id}/step``; retried only on connect errors."""
+        """``POST /sessions/{id}/step``; retried only on connect errors. A non-``str`` action is refused here
+        (``EnvClientError``, ``code="invalid_request"``), as the server would (422) if it could be sent at all."""
+        if not isinstance(action, str):
+            raise EnvClientError(f"action must be a str, got {type(action).__name__}", code="invalid_request")
         url = self._url_for(session_id)
         for attempt in range(self.retries + 1):
             try:

@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any
 
 from agent_rl.envclient.base import (
+    EnvClientError,
     EnvServerError,
     EnvUnavailable,
     EpisodeOver,
@@ -30,7 +31,9 @@ __all__ = ["LocalEnvPool"]
 
 class LocalEnvPool:
     """In-process env sessions (implements :class:`agent_rl.envclient.EnvPool`); env work never runs on the event
-    loop. Errors are those of ``HTTPEnvPool``: an env that raises closes its session (``EnvServerError``).
+    loop. Errors are those of ``HTTPEnvPool``: an env that raises closes its session (``EnvServerError``, with
+    ``code="env_infra_error"`` when the env could not judge, see ``docs/env_errors.md``); a non-``str`` action is
+    refused before the env sees it (``EnvClientError`` with ``code="invalid_request"``, HTTP's 422).
 
     Args:
         max_workers: threads (``"thread"``) or worker processes (``"process"``, one session per process while
@@ -88,6 +91,7 @@ class LocalEnvPool:
         """Open a session: ``gymnasium.make`` + ``reset`` off the event loop."""
         import gymnasium
 
+        from envs.errors import ENV_INFRA_ERROR_CODE, EnvInfraError
         from servers.workers import AtCapacity, EnvFailed, to_jsonable
 
         if self.max_sessions is not None and len(self._done) >= self.max_sessions:
@@ -102,11 +106,13 @@ class LocalEnvPool:
             except AtCapacity as exc:
                 raise EnvUnavailable(str(exc)) from exc
             except EnvFailed as exc:
-                raise EnvServerError(str(exc), code="env_error") from exc
+                raise EnvServerError(str(exc), code=_code(exc)) from exc
         else:
             try:
                 env = await self._run(gymnasium.make, env_id, **(env_kwargs or {}))
                 observation, info = await self._run(env.reset, seed=seed, options=options)
+            except EnvInfraError as exc:
+                raise EnvServerError(f"the env could not judge: {exc}", code=ENV_INFRA_ERROR_CODE) from exc
             except Exception as exc:
                 raise EnvServerError(f"the env raised {type(exc).__name__}: {exc}", code="env_error") from exc
             self._envs[session_id] = env
@@ -118,6 +124,8 @@ class LocalEnvPool:
         """``env.step(action)`` off the event loop."""
         from servers.workers import EnvFailed, to_jsonable
 
+        if not isinstance(action, str):  # the HTTP API answers 422 (pydantic): same contract in-process
+            raise EnvClientError(f"action must be a str, got {type(action).__name__}", code="invalid_request")
         if session_id not in self._done:
             raise SessionNotFound(f"no live session {session_id!r}")
         if self._done[session_id]:
@@ -136,7 +144,7 @@ class LocalEnvPool:
                                     to_jsonable(info))
         except (EnvFailed, Exception) as exc:
             await self.close(session_id)
-            raise EnvServerError(f"the env raised {exc}", code="env_error") from exc
+            raise EnvServerError(f"the env raised {type(exc).__name__}: {exc}", code=_code(exc)) from exc
         finally:
             self._busy.discard(session_id)
         if session_id in self._done:
@@ -166,3 +174,11 @@ class LocalEnvPool:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def _code(exc: BaseException) -> str:
+    """The server's error code of an env failure: ``env_infra_error`` when the env could not judge."""
+    from envs.errors import ENV_INFRA_ERROR_CODE, EnvInfraError
+    from servers.workers import EnvInfraFailed
+
+    return ENV_INFRA_ERROR_CODE if isinstance(exc, (EnvInfraError, EnvInfraFailed)) else "env_error"

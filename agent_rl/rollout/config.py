@@ -17,7 +17,9 @@ class RolloutConfig:
     """turn: one row per turn (prompt = task + last ``history_length`` turns); trajectory: one row per episode,
     observation tokens masked."""
     max_turns: int = 50
-    """Actions per episode at most (ALFWorld standard: 50); an episode cut here counts as truncated."""
+    """The turn budget of an episode, the one knob for it: the trainer passes it to the env as gymnasium's
+    ``max_episode_steps`` (TimeLimit, ``truncated=True`` at the last turn) when it is > 1, and the orchestrator never
+    plays more turns. The env's registered default (e.g. ALFWorld's 50) only applies to direct ``gymnasium.make``."""
     history_length: int = 2
     """Past (observation, action) pairs in each per-turn prompt (verl-agent/GiGPO convention: 2)."""
     max_prompt_tokens: int = 4096

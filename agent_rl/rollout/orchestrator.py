@@ -8,7 +8,9 @@ are the ids the engine sampled; generated text is only parsed, never re-tokenise
 
 Failures: an env call that raises or times out (after the client's own retries) fails the episode attempt; the
 episode is re-run from the same task up to ``rollout.episode_retries`` times; a group with an episode that still
-fails is dropped whole and counted (``rollout/dropped_groups``). Engine errors propagate (they are bugs).
+fails is dropped whole and counted (``rollout/dropped_groups``). That includes an env that could not judge
+(``envs.errors.EnvInfraError``: HTTP 500 ``env_infra_error``, ``EnvServerError`` in-process), which is never a
+reward (``docs/env_errors.md``). Engine errors propagate (they are bugs).
 """
 
 from __future__ import annotations

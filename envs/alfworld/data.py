@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from envs.data import cache_dir, data_root
+from envs.errors import EnvDataError
 
 ARCHIVE_NAME = "json_2.1.1_tw-pddl.tar.xz"
 GAMES_DIRNAME = "json_2.1.1"
@@ -110,6 +111,60 @@ def write_traj_data(games_dir: Path) -> int:
     return written
 
 
+def _check_member(member: tarfile.TarInfo, dest: Path) -> None:
+    """The ``"data"`` extraction filter (PEP 706), for interpreters without ``filter=``: leading slashes are
+    stripped from names; names or link targets leaving ``dest``, absolute link targets, device files and FIFOs
+    are refused.
+
+    Raises:
+        tarfile.TarError: a member that filter would refuse (the message names it).
+    """
+    if member.name.startswith(("/", os.sep)):
+        member.name = member.name.lstrip("/" + os.sep)
+    name = member.name
+    if os.path.isabs(name):
+        raise tarfile.TarError(f"refusing absolute path {name!r} in the archive")
+    target = (dest / name).resolve()
+    if target != dest and dest not in target.parents:
+        raise tarfile.TarError(f"refusing {name!r}: it would be written outside {dest}")
+    if member.issym() or member.islnk():
+        base = dest if member.islnk() else target.parent
+        if os.path.isabs(member.linkname):
+            raise tarfile.TarError(f"refusing link {name!r} to the absolute path {member.linkname!r}")
+        link = (base / member.linkname).resolve()
+        if link != dest and dest not in link.parents:
+            raise tarfile.TarError(f"refusing link {name!r} -> {member.linkname!r}: it leaves {dest}")
+    elif not (member.isfile() or member.isdir()):
+        raise tarfile.TarError(f"refusing special file {name!r} (device or FIFO)")
+
+
+def safe_extractall(tar: tarfile.TarFile, dest: Path) -> None:
+    """``tar.extractall(dest, filter="data")`` on every interpreter ``requires-python`` admits.
+
+    CPython 3.10.0-3.10.11 and 3.11.0-3.11.3 have no ``filter`` argument (PEP 706 came in 3.10.12 / 3.11.4 /
+    3.12): there every member is checked first as the ``data`` filter would (:func:`_check_member`), and
+    extracted without owner, group or special mode bits.
+
+    Raises:
+        tarfile.TarError: a member the ``data`` filter refuses (outside ``dest``, absolute link, special file).
+    """
+    dest = Path(dest).resolve()
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter="data")
+        return
+    members = tar.getmembers()
+    for member in members:
+        _check_member(member, dest)
+        if member.isfile():  # the data filter's modes: no set-id/sticky/group-or-other-write bits, owner rw
+            mode = member.mode & 0o755
+            member.mode = (mode if mode & 0o100 else mode & ~0o111) | 0o600
+        elif member.isdir():  # the data filter ignores directory modes
+            member.mode = 0o755
+        member.uid = member.gid = 0
+        member.uname = member.gname = ""
+    tar.extractall(dest, members=members, numeric_owner=True)
+
+
 def unpack_archive(archive: Path, home: Path) -> Path:
     """Unpack ``archive`` (``json_2.1.1/...``) into ``home/json_2.1.1`` once; return that folder.
 
@@ -117,18 +172,20 @@ def unpack_archive(archive: Path, home: Path) -> Path:
     into place; if another process renamed first, ours is deleted and theirs is used. Idempotent.
 
     Raises:
-        FileNotFoundError: if ``archive`` is missing.
+        EnvDataError: (a ``FileNotFoundError``) ``archive`` is missing.
     """
     target = home / GAMES_DIRNAME
     if (target / _UNPACKED_MARKER).exists():
         return target
     if not archive.is_file():
-        raise FileNotFoundError(f"{archive} not found; run `python -m envs.fetch alfworld` or set $AGENT_RL_DATA")
+        raise EnvDataError(f"no ALFWorld games: neither {archive.parent / GAMES_DIRNAME}/ nor the archive {archive} "
+                           f"exists (unpacked copy expected in {target}); run `python -m envs.fetch alfworld` or "
+                           "set $AGENT_RL_DATA / data.root")
     home.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=home))
     try:
         with tarfile.open(archive, "r:xz") as tar:
-            tar.extractall(tmp, filter="data")
+            safe_extractall(tar, tmp)
         write_traj_data(tmp / GAMES_DIRNAME)
         (tmp / GAMES_DIRNAME / _UNPACKED_MARKER).write_text(archive.name + "\n")
         try:
@@ -148,7 +205,8 @@ def games_home(root: str | os.PathLike | None = None) -> Path:
         root: data root override (``data.root`` config key); ``None`` uses :func:`envs.data.data_root`.
 
     Raises:
-        FileNotFoundError: if neither an unpacked game folder nor the archive can be found.
+        EnvDataError: (a ``FileNotFoundError``) neither an unpacked game folder nor the archive exists (the message
+            names both paths).
     """
     source = data_root(root) / "alfworld"
     if (source / GAMES_DIRNAME).is_dir():  # a real user's download (alfworld-download / envs.fetch layout)
@@ -197,10 +255,16 @@ def list_games(
 
     Raises:
         ValueError: unknown split or task type (the message lists the valid names).
-        FileNotFoundError: see :func:`games_home`.
+        EnvDataError: (a ``FileNotFoundError``) no data (see :func:`games_home`), or no game at all in ``split``:
+            the message names the resolved folder and the games per split.
     """
     check_selection(split, task_types)
-    games = _list_split(str(games_home(root) / GAMES_DIRNAME), split)
+    games_dir = games_home(root) / GAMES_DIRNAME
+    games = _list_split(str(games_dir), split)
+    if not games:  # the data is broken (an empty or partial download), not the request
+        counts = {s: len(_list_split(str(games_dir), s)) for s in SPLITS}
+        raise EnvDataError(f"no ALFWorld games in split {split!r} under {games_dir.resolve()} (games per split: "
+                           f"{counts}); run `python -m envs.fetch alfworld` or set $AGENT_RL_DATA / data.root")
     if task_types is None:
         return list(games)
     wanted = set(task_types)

@@ -13,12 +13,10 @@ loaded skips the load altogether.
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 from typing import Any
 
 import gymnasium
-from gymnasium import spaces
 
 from envs.alfworld import patches  # sets $ALFWORLD_DATA before alfworld is imported
 from envs.alfworld.data import (
@@ -30,6 +28,8 @@ from envs.alfworld.data import (
     task_id_of,
     task_type_of,
 )
+from envs.errors import EnvInfraError
+from envs.spaces import TextSpace, check_action
 
 import textworld  # noqa: E402
 from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos  # noqa: E402
@@ -107,8 +107,8 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         self.data_root = data_root
         self.split = split
         self.render_mode = render_mode
-        self.observation_space = spaces.Text(max_length=MAX_TEXT, charset=string.printable)
-        self.action_space = spaces.Text(max_length=MAX_TEXT, charset=string.printable)
+        self.observation_space = TextSpace(MAX_TEXT)
+        self.action_space = TextSpace(MAX_TEXT)
 
         # The game: PddlEnv -> AlfredDemangler -> AlfredInfos (-> FixedAlfredExpert). Facts only feed the expert.
         infos = textworld.EnvInfos(admissible_commands=True, won=True, facts=self.expert, extras=["gamefile"])
@@ -198,11 +198,15 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Play ``action`` (a command such as ``"go to fridge 1"``); see the class docstring for the return."""
+        action = check_action(self, action)  # TypeError for a non-str (HTTP: 422)
         if self._state is None:
             raise RuntimeError("step() before reset()")
-        action = str(action)
         invalid = action.strip() not in self._state["admissible_commands"]
-        self._state, _score, _done = self._tw.step(action)
+        try:
+            self._state, _score, _done = self._tw.step(action)
+        except Exception as exc:  # the game engine failed (any action is a valid command): could not judge
+            raise EnvInfraError(f"the ALFWorld game {self.task_id} failed on {action!r}: {type(exc).__name__}: "
+                                f"{exc}", component="alfworld") from exc
         self.last_observation = str(self._state["feedback"])
         info = self._info()
         info["invalid_action"] = invalid

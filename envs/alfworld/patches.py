@@ -32,8 +32,9 @@ Patches (installed once per process by :func:`install`, idempotent; each returns
       wrapper then wastes a ``look`` and then a random command), it plays ``examine R`` (the same "On the R, you
       see ..." text) and its tracker is told ``go to R``;
    e. it breaks ties with its own seeded RNG instead of the global ``random`` (reproducible expert episodes);
-   f. an expert that gives up (``HandCodedAgentFailed``, timeout) answers ``look`` instead of raising out of
-      ``step``; the task parameters come from the game folder name when ``traj_data.json`` is missing.
+   f. an expert that gives up or fails (``HandCodedAgentFailed``, timeout, a policy's own ``IndexError``) answers
+      ``look`` instead of raising out of ``step``; the task parameters come from the game folder name when
+      ``traj_data.json`` is missing.
 
 The on-disk translation cache holds pickles: it must stay as private as the rest of ``cache_dir()``.
 """
@@ -64,7 +65,7 @@ import textworld.envs.pddl.textgen as _textgen  # noqa: E402
 import textworld.logic as _tw_logic  # noqa: E402
 from alfworld.agents.expert import handcoded_expert as _handcoded_expert  # noqa: E402
 from alfworld.agents.environment.alfred_tw_env import AlfredExpert  # noqa: E402
-from alfworld.agents.expert import HandCodedAgentFailed, HandCodedTWAgent  # noqa: E402
+from alfworld.agents.expert import HandCodedTWAgent  # noqa: E402
 
 from envs.alfworld.data import traj_data_from_dirname  # noqa: E402
 
@@ -409,11 +410,18 @@ class FixedHandCodedTWAgent(HandCodedTWAgent):
 
 
 class FixedAlfredExpert(AlfredExpert):
-    """``AlfredExpert`` (handcoded) using :class:`FixedHandCodedTWAgent`; an expert that gives up says ``look``.
+    """``AlfredExpert`` (handcoded) using :class:`FixedHandCodedTWAgent`; an expert that gives up or fails says
+    ``look``.
 
-    ALFWorld's wrapper lets ``HandCodedAgentFailed`` escape from ``step``; here the plan falls back to ``["look"]``
-    (what ALFWorld itself uses when the expert's action is not admissible), so the game never crashes.
+    ALFWorld's wrapper lets the expert's exceptions escape from ``step`` (``HandCodedAgentFailed``, its timeout, and
+    bugs of its policies such as ``IndexError: Cannot choose from an empty sequence`` when a policy has no object of
+    interest left, e.g. after the agent moved the pot of ``pick_cool_then_place_in_recep-Pot-None-StoveBurner-25``
+    back). The game has already stepped when the expert runs, so here any expert failure makes the plan
+    ``["look"]`` (what ALFWorld itself uses when the expert's action is not admissible): the game never crashes
+    because of the expert. ``expert_failures`` counts them.
     """
+
+    expert_failures = 0
 
     def load(self, gamefile: str) -> None:
         super().load(gamefile)
@@ -427,11 +435,11 @@ class FixedAlfredExpert(AlfredExpert):
             self._handcoded_expert.seed(seed)
 
     def _gather_infos(self) -> None:
+        # AlfredExpert._gather_infos runs only the expert (the inner wrappers built the state already), so an
+        # exception here is the expert's own: HandCodedAgentFailed, Exception("Timeout") (its HandCodedAgentTimeout),
+        # or a bug of a policy (IndexError from random.choice([])).
         try:
             super()._gather_infos()
-        except HandCodedAgentFailed:
-            self.state["extra.expert_plan"] = ["look"]
-        except Exception as err:  # AlfredExpert turns HandCodedAgentTimeout into Exception("Timeout")
-            if str(err) != "Timeout":
-                raise
+        except Exception:  # noqa: BLE001 (see above: never the game's failure)
+            self.expert_failures += 1
             self.state["extra.expert_plan"] = ["look"]

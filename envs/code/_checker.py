@@ -7,7 +7,9 @@ to this process's original stdout, which the worker has no handle on.
 
 Spec modes:
 - ``check`` (HumanEval): ``context`` (the prompt, for helpers such as ``poly``), ``test`` (defines ``check``),
-  ``entry_point``. Each top-level statement of ``check`` that contains an ``assert`` is one test.
+  ``entry_point``. Each top-level statement of ``check`` that asserts about the candidate is one test (it holds an
+  ``assert`` and names the candidate, or calls a helper of the test code that asserts); definitions of helpers and
+  ``assert True`` are not tests.
 - ``asserts`` (MBPP): ``setup`` code, ``asserts`` (list of statements). Each assert is one test; names they use
   that the setup does not define are looked up in the program.
 - ``io`` (HumanEval+, EvalPlus semantics): ``inputs``, ``expected`` (encoded), ``atol``; each input is one test.
@@ -185,51 +187,120 @@ def _result(name, exc, started):
     return out
 
 
-class _Recorder(ast.NodeTransformer):
-    """Wrap each top-level statement of ``check`` that contains an assert in try/except -> __record__(i, exc)."""
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
-    def __init__(self, source):
+
+def _own_nodes(node):
+    """Nodes of ``node`` that run when it runs: not the bodies of functions, lambdas or classes it defines."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(c for c in ast.iter_child_nodes(current) if not isinstance(c, _SCOPES))
+
+
+def _calls(node, names):
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names
+               for n in _own_nodes(node))
+
+
+def _asserting_helpers(tree):
+    """Names of the functions in the test code that assert when called (directly, or through another one)."""
+    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name != "check"]
+    helpers = set()
+    changed = True
+    while changed:
+        changed = False
+        for node in defs:
+            if node.name in helpers:
+                continue
+            body = [n for stmt in node.body for n in _own_nodes(stmt)]
+            if any(isinstance(n, ast.Assert) for n in body) or any(
+                    isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in helpers for n in body):
+                helpers.add(node.name)
+                changed = True
+    return helpers
+
+
+def _is_test(stmt, candidate_names, helpers):
+    """A statement of ``check`` is one test when running it asserts something about the candidate: it holds an
+    ``assert`` (outside any function it defines) and names the candidate, or it calls an asserting helper.
+    A definition (``def h(x, y): assert ...``) is not a test, nor is ``assert True``."""
+    if isinstance(stmt, _SCOPES):
+        return False
+    if _calls(stmt, helpers):
+        return True
+    own = list(_own_nodes(stmt))
+    return any(isinstance(n, ast.Assert) for n in own) and any(
+        isinstance(n, ast.Name) and n.id in candidate_names for n in own)
+
+
+class _Recorder(ast.NodeTransformer):
+    """Wrap each test statement of ``check`` (see :func:`_is_test`) in try/except -> __record__(i, exc)."""
+
+    def __init__(self, source, tree, entry_point):
         self.source = source
         self.names = []
+        self.helpers = _asserting_helpers(tree)
+        self.entry_point = entry_point
 
     def visit_FunctionDef(self, node):
         if node.name != "check":
             return node
+        candidate_names = {self.entry_point} | {a.arg for a in node.args.args[:1]}
         body = []
         for stmt in node.body:
-            if not any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
+            if not _is_test(stmt, candidate_names, self.helpers):
                 body.append(stmt)
                 continue
             index = len(self.names)
             self.names.append((ast.get_source_segment(self.source, stmt) or "stmt").strip().splitlines()[0])
             wrapped = ast.parse(
-                "__t0__ = __clock__()\n"
+                "__t0__ = __clock__()\n__n0__ = __asserts__[0]\n"
                 "try:\n    pass\nexcept BaseException as __exc__:\n"
-                f"    __record__({index}, __exc__, __t0__)\nelse:\n    __record__({index}, None, __t0__)\n"
+                f"    __record__({index}, __exc__, __t0__, __n0__)\n"
+                f"else:\n    __record__({index}, None, __t0__, __n0__)\n"
             ).body
-            wrapped[1].body = [stmt]
+            wrapped[2].body = [stmt]
             body.extend(wrapped)
         node.body = body
         return node
 
 
+class _CountAsserts(ast.NodeTransformer):
+    """Precede every ``assert`` of the test code with ``__assert_ran__()``: a test statement that raised nothing
+    and ran no assertion (a loop over nothing, an ``if`` not taken) checked nothing and is not counted."""
+
+    def visit_Assert(self, node):
+        count = ast.Expr(ast.Call(ast.Name("__assert_ran__", ast.Load()), [], []))
+        return [ast.copy_location(count, node), node]
+
+
 def run_check(spec, results):
+    """HumanEval ``check`` mode. No test statement at all gives no results (the env scores that ``no_tests``),
+    never a made-up passing test; a test statement that passes without running an assertion is not counted."""
     ns = {"__name__": "__test__"}
     exec(compile(spec.get("context", ""), "<context>", "exec"), ns)
     ns[spec["entry_point"]] = Remote(spec["entry_point"], spec["entry_point"])
     tree = ast.parse(spec["test"])
-    recorder = _Recorder(spec["test"])
-    tree = ast.fix_missing_locations(recorder.visit(tree))
-    ns["__clock__"] = time.monotonic
-    ns["__record__"] = lambda i, exc, t0: results.append(_result(recorder.names[i], exc, t0))
+    recorder = _Recorder(spec["test"], tree, spec["entry_point"])
+    tree = ast.fix_missing_locations(_CountAsserts().visit(recorder.visit(tree)))
+    asserts = [0]
+
+    def record(i, exc, t0, n0):
+        if exc is not None or asserts[0] > n0:  # passed without running an assertion: not a test
+            results.append(_result(recorder.names[i], exc, t0))
+
+    def assert_ran():
+        asserts[0] += 1
+
+    ns.update(__clock__=time.monotonic, __record__=record, __asserts__=asserts, __assert_ran__=assert_ran)
     exec(compile(tree, "<test>", "exec"), ns)
     started = time.monotonic()
     try:
         ns["check"](ns[spec["entry_point"]])
     except BaseException as exc:  # a failing setup statement: count it as one failed test
         results.append(_result("check setup", exc, started))
-    if not results:
-        results.append(_result("check", None, started))
 
 
 def _bind_program_names(tree, ns, program_names):
@@ -335,7 +406,17 @@ def _checker_main():
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(0)
     RPC = Rpc(req_fd, resp_fd, limits["call_timeout_s"])
-    verdict = {"load_error": None, "tests": [], "outputs": None}
+    verdict = {"load_error": None, "tests": [], "outputs": None, "infra": None}
+    try:  # the worker's first message comes before any program code runs: without it the sandbox did not start
+        started = RPC.recv(limits["load_timeout_s"] + 2.0)
+        if type(started) is not list or started != ["started"]:
+            raise WorkerGone("bad_reply")
+    except WorkerGone as exc:
+        verdict["infra"] = "the sandboxed worker did not start (" + str(exc) + ")"
+        verdict["worker"] = RPC.dead
+        verdict_out.write(json.dumps(verdict, separators=(",", ":")))
+        verdict_out.flush()
+        return
     try:
         ready = RPC.recv(limits["load_timeout_s"] + 2.0)
         if type(ready) is not list or len(ready) != 3 or ready[0] != "ready":

@@ -55,6 +55,9 @@ def _worker_main():
             return {k: unwrap(v) for k, v in value.items()}
         return value
 
+    # The interpreter is up and holds its pipes: say so BEFORE any program code runs, so the checker can tell
+    # "the sandbox could not start" (an infrastructure failure, never a reward) from "the program crashed".
+    send(["started"])
     signal.signal(signal.SIGALRM, _on_alarm)
     namespace = {"__name__": "__candidate__", "__builtins__": builtins}
     try:

@@ -11,8 +11,9 @@ Contract (``gymnasium.Env[str, str]``):
   point (else the longest fenced block, else the whole response); for HumanEval(+) the prompt (imports, helpers) is
   prepended. ``reward`` = 1.0 if every test passes else 0.0 (``reward_mode="fraction"``: passed / total).
   ``info``: ``reason`` (passed, wrong_answer, runtime_error, timeout, memory, crashed, syntax_error, load_error,
-  no_code), ``n_passed``, ``n_tests``, ``status_counts``, ``tests`` (first ``max_test_details`` per-test dicts),
-  ``load_error``, ``stdout``/``stderr`` excerpts and sizes, ``isolation``, ``wall_s``, plus the reset info.
+  no_code, no_tests), ``n_passed``, ``n_tests``, ``status_counts``, ``tests`` (first ``max_test_details`` per-test
+  dicts), ``load_error``, ``stdout``/``stderr`` excerpts and sizes, ``isolation``, ``wall_s``, plus the reset info.
+  Raises :class:`envs.errors.EnvInfraError` when the sandbox could not judge (``docs/env_errors.md``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from collections import Counter
 from typing import Any, Sequence
 
 import gymnasium
-from gymnasium import spaces
 
 from envs.code.datasets import LOADERS, CodeTask, humanevalplus_expected, load_code
-from envs.code.sandbox import RunResult, SandboxLimits, run_tests
+from envs.code.sandbox import RunResult, SandboxLimits, raise_if_infra, run_tests
+from envs.errors import EnvInfraError
+from envs.spaces import TextSpace, check_action
 
 DEFAULT_INSTRUCTION = "Write the complete Python solution in a single ```python code block."
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -59,8 +61,13 @@ def build_program(task: CodeTask, code: str) -> str:
 def summarize(result: RunResult, reward_mode: str = "all", max_test_details: int = 20) -> dict[str, Any]:
     """Reward and JSON-serialisable info of one sandboxed run.
 
-    Returns ``reward`` plus the step-info fields listed in the module docstring.
+    Returns ``reward`` plus the step-info fields listed in the module docstring. A run without a single test
+    scores 0.0 with ``reason="no_tests"`` (zero checks never pass).
+
+    Raises:
+        EnvInfraError: the sandbox could not judge the program (it did not start, or wrote no verdict).
     """
+    raise_if_infra(result)
     tests = result.tests
     n_tests, n_passed = len(tests), sum(1 for t in tests if t["passed"])
     counts = Counter(t["status"] for t in tests)
@@ -78,9 +85,9 @@ def summarize(result: RunResult, reward_mode: str = "all", max_test_details: int
             reason = "load_error"
     elif result.timed_out:
         reason = "timeout"
-    elif result.checker_error is not None:
-        reason = "sandbox_error"
-    elif n_tests and n_passed == n_tests:
+    elif not n_tests:
+        reason = "no_tests"
+    elif n_passed == n_tests:
         reason = "passed"
     else:
         first = next((t for t in tests if not t["passed"]), {"status": "error"})
@@ -96,7 +103,6 @@ def summarize(result: RunResult, reward_mode: str = "all", max_test_details: int
         "status_counts": dict(counts), "tests": failed_first, "load_error": result.load_error,
         "stdout": result.stdout, "stderr": result.stderr, "stdout_bytes": result.stdout_bytes,
         "stderr_bytes": result.stderr_bytes, "isolation": result.isolation, "wall_s": round(result.wall_s, 3),
-        "checker_error": result.checker_error,
     }
 
 
@@ -138,8 +144,8 @@ class CodeEnv(gymnasium.Env[str, str]):
         self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
         self.plus_wall_s = plus_wall_s
         self.max_test_details = max_test_details
-        self.observation_space = spaces.Text(max_length=1_000_000)
-        self.action_space = spaces.Text(max_length=1_000_000)
+        self.observation_space = TextSpace(1_000_000)
+        self.action_space = TextSpace(1_000_000)
         self._task: CodeTask | None = None
         self._info: dict[str, Any] = {}
 
@@ -169,17 +175,22 @@ class CodeEnv(gymnasium.Env[str, str]):
         """Run ``code`` (already extracted) against ``task``'s tests; returns :func:`summarize`'s dict."""
         spec, limits = task.spec, self.limits
         if spec["mode"] == "io":
-            spec = {**spec, "expected": humanevalplus_expected(task)}
+            try:
+                expected = humanevalplus_expected(task)
+            except RuntimeError as exc:  # the ground truth could not be recorded: nothing to judge against
+                raise EnvInfraError(str(exc), component="sandbox") from exc
+            spec = {**spec, "expected": expected}
             limits = SandboxLimits(**{**self.limits.__dict__, "wall_s": max(self.limits.wall_s, self.plus_wall_s),
                                       "cpu_s": max(self.limits.cpu_s, int(self.plus_wall_s))})
         result = run_tests(build_program(task, code), spec, limits)
         return summarize(result, self.reward_mode, self.max_test_details)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        action = check_action(self, action)  # TypeError for a non-str (HTTP: 422), before the episode is used up
         if self._task is None:
             raise RuntimeError("call reset() before step(); each episode has exactly one step")
         task, self._task = self._task, None
-        code = extract_code(str(action), task.entry_point)
+        code = extract_code(action, task.entry_point)
         if not code.strip():
             info = {**self._info, "reward": 0.0, "reason": "no_code", "passed": False, "n_passed": 0, "n_tests": 0}
             return "", 0.0, True, False, info

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.code import _codec
+from envs.errors import EnvInfraError
 
 _HERE = Path(__file__).resolve().parent
 _UID_RANGE = (1_000_000, 2_000_000_000)  # fresh uids, never in /etc/passwd
@@ -210,6 +211,8 @@ class RunResult:
     ``tests``: per-test dicts (name, passed, status in passed/wrong_answer/error/timeout/memory/crashed, time_s,
     error). ``load_error``: ``[exception type, message]`` when the program's top level failed. ``outputs``: encoded
     outputs (record mode only). ``stdout``/``stderr``: the worker's first bytes; ``*_bytes`` their full size.
+    ``checker_error`` (the checker wrote no verdict) and ``infra_error`` (the worker never started) mean the run
+    could not judge the program: :func:`raise_if_infra` turns them into :class:`envs.errors.EnvInfraError`.
     """
 
     tests: list[dict[str, Any]] = field(default_factory=list)
@@ -223,6 +226,7 @@ class RunResult:
     stdout_bytes: int = 0
     stderr_bytes: int = 0
     checker_error: str | None = None
+    infra_error: str | None = None
     isolation: str = ""
     wall_s: float = 0.0
     uids: list[int] = field(default_factory=list)
@@ -261,11 +265,20 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
         try:
             def start(source: str, fds: tuple[int, int], uid: int, stdin: Path, out: Path, err: Path,
                       cfg: dict[str, Any]) -> subprocess.Popen:
-                argv = [sandbox_python(), "-I", "-c", source, str(fds[0]), str(fds[1]), json.dumps(cfg)]
+                try:
+                    python = sandbox_python()
+                except RuntimeError as exc:
+                    raise EnvInfraError(str(exc), component="sandbox") from exc
+                argv = [python, "-I", "-c", source, str(fds[0]), str(fds[1]), json.dumps(cfg)]
                 fin, fout, ferr = open(stdin, "rb"), open(out, "wb"), open(err, "wb")
                 files.extend([fin, fout, ferr])
-                proc = subprocess.Popen(launcher_argv(level, uid, argv), stdin=fin, stdout=fout, stderr=ferr,
-                                        pass_fds=fds, env=clean_env(home), cwd=str(work), start_new_session=True)
+                launch = launcher_argv(level, uid, argv)
+                try:
+                    proc = subprocess.Popen(launch, stdin=fin, stdout=fout, stderr=ferr, pass_fds=fds,
+                                            env=clean_env(home), cwd=str(work), start_new_session=True)
+                except OSError as exc:  # no such interpreter / unshare: the sandbox cannot start
+                    raise EnvInfraError(f"cannot start the sandbox ({launch[0]}): {exc}",
+                                        component="sandbox") from exc
                 procs.append((proc, uid))
                 return proc
 
@@ -300,8 +313,25 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
                 result.load_error = verdict["load_error"]
                 result.outputs = verdict["outputs"]
                 result.worker_state = verdict.get("worker")
+                if verdict.get("infra"):
+                    err, _ = _read_capped(tmpdir / "w.err", 2000)
+                    result.infra_error = (f"{verdict['infra']}; worker exit {worker.returncode}, "
+                                          f"stderr: {err[-1000:]!r}")
             except (ValueError, KeyError, TypeError):
                 err, _ = _read_capped(tmpdir / "c.err", 2000)
                 result.checker_error = f"checker exit {checker.returncode}: {err[-1000:]}"
     result.wall_s = time.monotonic() - started
     return result
+
+
+def raise_if_infra(result: RunResult) -> None:
+    """Raise :class:`envs.errors.EnvInfraError` when ``result`` is not a judgement of the program: the checker
+    wrote no verdict (it could not start, or crashed) or the worker never started (``docs/env_errors.md``)."""
+    problem = result.infra_error or result.checker_error
+    if problem is not None:
+        try:
+            python = sandbox_python()
+        except RuntimeError as exc:
+            python = f"unusable: {exc}"
+        raise EnvInfraError(f"the code sandbox could not judge the program ({result.isolation} isolation, "
+                            f"interpreter {python}): {problem}", component="sandbox")

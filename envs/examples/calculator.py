@@ -8,7 +8,7 @@ Actions (text):
     ``calc[<expr>]``    evaluate an arithmetic expression (numbers, ``+ - * / // % **``, parentheses; evaluated
                         on the ``ast``, never ``eval``) -> observation ``"Result: <value>"``;
     ``answer[<number>]`` submit the answer: the episode terminates, reward 1.0 if it equals the solution
-                        (absolute tolerance 1e-6), else 0.0.
+                        by value (relative tolerance 1e-6: ``1e-9`` is not ``2e-9``), else 0.0.
 Anything else, or a bad expression, is answered with an error message and ``info["invalid_action"] = True``.
 
 ``reset(options=...)``: ``{"index": i}`` selects problem i (the same problem every time); ``{"problem": str,
@@ -29,7 +29,8 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-from gymnasium import spaces
+
+from envs.spaces import TextSpace, check_action
 
 __all__ = ["CalculatorEnv", "safe_eval", "format_number", "TEMPLATES"]
 
@@ -108,8 +109,8 @@ class CalculatorEnv(gymnasium.Env[str, str]):
     _charset = string.printable
 
     def __init__(self, num_problems: int = 1000) -> None:
-        self.observation_space = spaces.Text(max_length=4096, charset=self._charset)
-        self.action_space = spaces.Text(max_length=256, charset=self._charset)
+        self.observation_space = TextSpace(4096, charset=self._charset)
+        self.action_space = TextSpace(256, charset=self._charset)
         self.num_problems = num_problems
         self._problem = ""
         self._solution = 0.0
@@ -161,7 +162,7 @@ class CalculatorEnv(gymnasium.Env[str, str]):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Run one tool call or answer -> ``(observation, reward, terminated, truncated=False, info)``."""
-        match = _ACTION.match(action) if isinstance(action, str) else None
+        match = _ACTION.match(check_action(self, action))  # TypeError for a non-str (HTTP: 422)
         if match is None:
             return ("Invalid action. Use calc[<expression>] or answer[<number>].", 0.0, False, False,
                     self._info(invalid=True))
@@ -177,6 +178,7 @@ class CalculatorEnv(gymnasium.Env[str, str]):
             given = float(argument.strip().replace(",", ""))
         except ValueError:
             return f"Error: {argument!r} is not a number", 0.0, False, False, self._info(invalid=True)
-        self._won = math.isclose(given, self._solution, rel_tol=0.0, abs_tol=1e-6)
+        # by value at every magnitude: an absolute tolerance would call 1e-9 and 2e-9 equal (issue 10)
+        self._won = math.isclose(given, self._solution, rel_tol=1e-6, abs_tol=0.0)
         observation = "Correct!" if self._won else f"Wrong: the answer is {format_number(self._solution)}."
         return observation, float(self._won), True, False, self._info(invalid=False)

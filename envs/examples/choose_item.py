@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium
-from gymnasium import spaces
+
+from envs.spaces import TextSpace, check_action
 
 DEFAULT_ITEMS = ("sock", "cup", "pen", "mug")
 
@@ -44,8 +45,8 @@ class ChooseItemEnv(gymnasium.Env[str, str]):
         unknown = sorted(set(self.targets) - set(self.items))
         if unknown:
             raise ValueError(f"targets {unknown} are not among items {self.items}")
-        self.observation_space = spaces.Text(max_length=4096)
-        self.action_space = spaces.Text(max_length=4096)
+        self.observation_space = TextSpace(4096)
+        self.action_space = TextSpace(4096)
         self._target = self.targets[0]
         self._order: list[str] = list(self.items)
         self._done = True
@@ -85,9 +86,10 @@ class ChooseItemEnv(gymnasium.Env[str, str]):
         return None
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        action = check_action(self, action)  # TypeError for a non-str (HTTP: 422)
         if self._done:
             raise RuntimeError("step() called after the episode ended; call reset()")
-        item = self._resolve(str(action))
+        item = self._resolve(action)
         info = self._info()
         if item is None:
             info["invalid_action"] = True

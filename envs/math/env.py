@@ -11,7 +11,9 @@ Contract (``gymnasium.Env[str, str]``):
 - ``step(response)``: always ``terminated=True``. ``reward`` 1.0 if the final answer (last ``\\boxed{}``, else
   GSM8K's ``####``) is equivalent to the reference by math-verify or by the normalised string match, else 0.0.
   ``info``: ``extracted``, ``reference``, ``correct``, ``reason`` (``correct``/``wrong_answer``/``no_answer``),
-  ``verifier`` (``math_verify``/``timeout``/``error: ...``), ``string_match``, plus the reset info.
+  ``verifier`` (``math_verify``/``timeout``/``error: ...``), ``string_match``, plus the reset info. Numbers
+  compare by value (exact for exact rationals, else relative tolerance 1e-6: ``envs.math.grader.numbers_equal``).
+  Raises :class:`envs.errors.EnvInfraError` when the verifier itself cannot judge (``docs/env_errors.md``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import gymnasium
-from gymnasium import spaces
 
 from envs.math.datasets import SPLITS, MathProblem, canonical_name, load_math
 from envs.math.grader import extract_answer, strings_match
 from envs.math.pool import VerifierPool, default_pool
+from envs.spaces import TextSpace, check_action
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
@@ -79,8 +81,8 @@ class MathEnv(gymnasium.Env[str, str]):
         self.root = root
         self.instruction = instruction
         self.pool = default_pool(n_workers=n_workers, timeout_s=verify_timeout_s)
-        self.observation_space = spaces.Text(max_length=1_000_000)
-        self.action_space = spaces.Text(max_length=1_000_000)
+        self.observation_space = TextSpace(1_000_000)
+        self.action_space = TextSpace(1_000_000)
         self._problem: MathProblem | None = None
         self._info: dict[str, Any] = {}
 
@@ -114,9 +116,10 @@ class MathEnv(gymnasium.Env[str, str]):
         return prompt, dict(self._info)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        action = check_action(self, action)  # TypeError for a non-str (HTTP: 422), before the episode is used up
         if self._problem is None:
             raise RuntimeError("call reset() before step(); each episode has exactly one step")
-        result = score_response(self._problem.answer, str(action), self.pool)
+        result = score_response(self._problem.answer, action, self.pool)
         info = {**self._info, **result}
         self._problem = None
         return "", float(result["reward"]), True, False, info

@@ -116,25 +116,68 @@ def _exact_rational(value: Any) -> Any:
     return None
 
 
+REL_TOL = 1e-6
+"""Relative tolerance of two numbers when at least one is inexact (a decimal, or irrational like ``2\\sqrt{3}``):
+``|a - b| <= REL_TOL * max(|a|, |b|)``. Scale-free, so ``1.6e-19`` is not ``3.2e-19`` (math-verify's own rule,
+rounding to 6 decimals, calls every pair below 5e-7 equal), while ``0.0833333333333333`` is ``1/12``."""
+
+# "1e-10", "2.5E+3": scientific notation, which the LaTeX parser would read as Euler's e ("1e-10" -> E - 10).
+_SCIENTIFIC = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?![\w.])")
+
+
+def _numeric_value(value: Any) -> Any:
+    """``value`` as a 30-digit sympy Float (complex allowed) when it is a plain number (no symbols, not a set,
+    interval, equation or matrix), else None."""
+    try:
+        import sympy
+
+        if isinstance(value, sympy.Expr) and value.is_number:
+            number = sympy.N(value, 30)
+            return number if number.is_number and number.is_finite else None
+    except Exception:  # sympy raises many types on odd input: not a plain number then
+        return None
+    return None
+
+
+def numbers_equal(gold: Any, pred: Any, rel_tol: float = REL_TOL) -> bool | None:
+    """Value comparison of two parsed answers: exact when both are exact rationals, else relative (``rel_tol``)
+    when both are plain numbers; None when either is not a plain number (math-verify decides then)."""
+    exact_gold, exact_pred = _exact_rational(gold), _exact_rational(pred)
+    if exact_gold is not None and exact_pred is not None:
+        return bool(exact_gold == exact_pred)
+    a, b = _numeric_value(gold), _numeric_value(pred)
+    if a is None or b is None:
+        return None
+    import sympy
+
+    return bool(sympy.Abs(a - b) <= rel_tol * sympy.Max(sympy.Abs(a), sympy.Abs(b)))
+
+
+def clean_for_parse(answer: str) -> str:
+    """What :func:`math_verify_equal` parses: percent signs and degree marks removed, scientific notation
+    (``1e-10``) written as LaTeX (``1\\times10^{-10}``)."""
+    s = answer.replace("\\%", "").replace("%", "")
+    s = re.sub(r"\^\s*\{?\\circ\}?", "", s)
+    return _SCIENTIFIC.sub(lambda m: f"{m.group(1)}\\times10^{{{m.group(2)}}}", s)
+
+
 def math_verify_equal(reference: str, answer: str, timeout_s: int = 5) -> bool:
     """math-verify verdict for two bare answers (no ``\\boxed``). Runs in the calling process: use it only in a
     worker process (see :class:`envs.math.pool.VerifierPool`).
 
-    Both sides are cleaned with :func:`normalize_answer`-style percent/degree removal, then wrapped in ``\\boxed{}``
-    and parsed. One correction on top of math-verify: when both sides are exact rationals (``1/2004!``,
-    ``1/2006!``) they must be exactly equal; math-verify would call them equal after rounding to 6 decimals.
+    Both sides go through :func:`clean_for_parse`, are wrapped in ``\\boxed{}`` and parsed. Numbers compare by
+    value (:func:`numbers_equal`): exactly when both sides are exact rationals (``1/2004!`` is not ``1/2006!``),
+    else with the relative tolerance :data:`REL_TOL`; math-verify's own rounding to 6 decimals, which calls
+    ``1.6\\times10^{-19}`` and ``3.2\\times10^{-19}`` equal, is only used for what is not a plain number (sets,
+    intervals, equations, matrices, expressions with symbols).
     """
     from math_verify import parse, verify
 
-    def clean(s: str) -> str:
-        s = s.replace("\\%", "").replace("%", "")
-        return re.sub(r"\^\s*\{?\\circ\}?", "", s)
-
-    gold = parse("\\boxed{" + clean(reference) + "}", parsing_timeout=timeout_s)
-    pred = parse("\\boxed{" + clean(answer) + "}", parsing_timeout=timeout_s)
+    gold = parse("\\boxed{" + clean_for_parse(reference) + "}", parsing_timeout=timeout_s)
+    pred = parse("\\boxed{" + clean_for_parse(answer) + "}", parsing_timeout=timeout_s)
     if not gold or not pred:
         return False
-    exact_gold, exact_pred = _exact_rational(gold[0]), _exact_rational(pred[0])
-    if exact_gold is not None and exact_pred is not None:
-        return bool(exact_gold == exact_pred)
+    by_value = numbers_equal(gold[0], pred[0])
+    if by_value is not None:
+        return by_value
     return bool(verify(gold, pred, timeout_seconds=timeout_s))

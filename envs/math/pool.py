@@ -7,6 +7,10 @@ request and waits at most ``timeout_s``; if no reply comes the
 worker is killed (SIGKILL) and replaced, and the caller gets ``None`` (the env then uses the string fallback). Other
 callers hold other workers, so one stuck check never stalls them. Thread-safe; workers start lazily.
 
+"Could not judge the answer" (it timed out, math-verify raised on it) is the answer's; "could not judge at all"
+(a worker cannot start or cannot answer ``1 == 1`` in time) is the verifier's: :class:`envs.errors.EnvInfraError`,
+never a reward (``docs/env_errors.md``).
+
 Why not ``concurrent.futures.ProcessPoolExecutor``: it cannot kill a single stuck worker; a timeout there leaves the
 worker busy forever, and terminating the executor breaks every other pending check.
 """
@@ -24,6 +28,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from envs.errors import EnvInfraError
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 _CHECK_CPU_BUDGET_S = 60
@@ -54,11 +60,11 @@ def _worker_main(inner_timeout_s: int) -> None:
 class _Worker:
     """One verifier subprocess (a plain ``subprocess``, so it also works inside daemonic server workers)."""
 
-    def __init__(self, inner_timeout_s: int) -> None:
+    def __init__(self, inner_timeout_s: int, python: str = sys.executable) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         self.process = subprocess.Popen(
-            [sys.executable, "-c", f"from envs.math.pool import _worker_main; _worker_main({int(inner_timeout_s)})"],
+            [python, "-c", f"from envs.math.pool import _worker_main; _worker_main({int(inner_timeout_s)})"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
         )
         self._buf = b""
@@ -111,14 +117,17 @@ class VerifierPool:
         timeout_s: outer deadline per check in seconds, measured after a worker is acquired. The first check also
             waits for the worker to import math-verify (about 1-2 s); that start-up is not counted.
         inner_timeout_s: math-verify's own ``signal.alarm`` budget inside the worker (integer seconds).
+        python: interpreter of the workers (tests point it at a broken one to simulate a verifier failure).
     """
 
-    def __init__(self, n_workers: int = 2, timeout_s: float = 5.0, inner_timeout_s: int = 3) -> None:
+    def __init__(self, n_workers: int = 2, timeout_s: float = 5.0, inner_timeout_s: int = 3,
+                 python: str = sys.executable) -> None:
         if n_workers < 1:
             raise ValueError(f"n_workers must be >= 1, got {n_workers}")
         self.n_workers = n_workers
         self.timeout_s = timeout_s
         self.inner_timeout_s = inner_timeout_s
+        self.python = python
         self._idle: queue.Queue[_Worker | None] = queue.Queue()
         self._lock = threading.Lock()
         self._all: list[_Worker] = []
@@ -139,7 +148,7 @@ class VerifierPool:
             self._started = True
 
     def _spawn(self) -> _Worker:
-        worker = _Worker(self.inner_timeout_s)
+        worker = _Worker(self.inner_timeout_s, self.python)
         with self._lock:
             self._all.append(worker)
         return worker
@@ -149,47 +158,103 @@ class VerifierPool:
             if worker in self._all:
                 self._all.remove(worker)
 
-    def check(self, reference: str, answer: str) -> tuple[bool | None, str]:
-        """Verdict of math-verify for two bare answers, or ``(None, reason)`` on timeout / worker error.
+    def _fresh(self) -> _Worker:
+        """A new worker that has answered a trivial check: the import within 120 s (not charged to any check's
+        deadline), then ``1 == 1`` within ``timeout_s``.
 
-        Reasons: ``"math_verify"`` (a verdict came back), ``"timeout"``, ``"error: ..."``.
+        Raises:
+            EnvInfraError: the verifier cannot start or cannot answer a trivial check (it could not judge anything).
         """
-        self._start()
-        worker = self._idle.get()
-        if worker is None or not worker.is_alive():
+        worker = None
+        try:
+            worker = self._spawn()
+            worker.send("1", "1")  # warm-up: the import of math-verify and sympy
+            if worker.recv(120.0) is None:
+                raise TimeoutError("no answer to the warm-up check within 120 s")
+            worker.send("1", "1")
+            reply = worker.recv(self.timeout_s)
+            if reply != [True, None]:
+                raise TimeoutError(f"trivial check 1 == 1 answered {reply!r} within {self.timeout_s} s")
+            return worker
+        except (OSError, EOFError, ValueError, TimeoutError) as exc:
             if worker is not None:
                 self._forget(worker)
                 worker.kill()
+            raise EnvInfraError(f"the math verifier ({self.python} -c 'envs.math.pool._worker_main') could not "
+                                f"judge: {type(exc).__name__}: {exc}", component="verifier") from exc
+
+    def _healthy(self) -> _Worker | None:
+        """Make sure the verifier itself still works after a check timed out: an idle live worker (if one is free
+        right now: no start-up cost) or else a fresh one must answer ``1 == 1`` within ``timeout_s``.
+
+        Returns:
+            the fresh worker when one had to be started (the caller keeps it), else None.
+
+        Raises:
+            EnvInfraError: no worker answers the trivial check (see :meth:`_fresh`).
+        """
+        try:
+            other = self._idle.get_nowait()
+        except queue.Empty:
+            return self._fresh()
+        if other is not None and other.is_alive():
             try:
-                worker = self._spawn()
-                # warm-up: wait for the import without charging it to this check's deadline
-                worker.send("1", "1")
-                if worker.recv(120.0) is None:
-                    raise EOFError("verifier worker did not start")
-            except (OSError, EOFError, ValueError) as exc:
+                other.send("1", "1")
+                if other.recv(self.timeout_s) == [True, None]:
+                    self._idle.put(other)
+                    return None
+            except (EOFError, OSError, ValueError):
+                pass
+            self._forget(other)
+            other.kill()
+            other = None
+        self._idle.put(other)
+        return self._fresh()
+
+    def check(self, reference: str, answer: str) -> tuple[bool | None, str]:
+        """Verdict of math-verify for two bare answers, or ``(None, reason)`` when the ANSWER could not be judged.
+
+        Reasons: ``"math_verify"`` (a verdict came back), ``"timeout"`` (this answer ran past ``timeout_s``),
+        ``"error: ..."`` (math-verify raised on it, or a worker died twice on it). After a timeout or a dead worker a
+        fresh worker must answer ``1 == 1`` in time, else the verifier itself is at fault.
+
+        Raises:
+            EnvInfraError: the verifier itself failed: it cannot start, or cannot answer a trivial check
+                (``docs/env_errors.md``: never turned into a reward).
+        """
+        self._start()
+        worker = self._idle.get()
+        try:
+            if worker is None or not worker.is_alive():
                 if worker is not None:
                     self._forget(worker)
                     worker.kill()
-                self._idle.put(None)
-                return None, f"error: {exc}"
-        try:
-            worker.send(reference, answer)
-            reply = worker.recv(self.timeout_s)
-            if reply is not None:
+                worker = None
+                worker = self._fresh()
+            for attempt in range(2):
+                try:
+                    worker.send(reference, answer)
+                    reply = worker.recv(self.timeout_s)
+                except (EOFError, OSError, ValueError) as exc:  # the worker died under this answer
+                    self._forget(worker)
+                    worker.kill()
+                    worker = None
+                    worker = self._fresh()  # the verifier still works (else EnvInfraError): retry once
+                    if attempt == 1:
+                        return None, f"error: a verifier worker died twice on this answer ({type(exc).__name__})"
+                    continue
+                if reply is None:  # deadline passed: kill only this worker; the verifier must still answer 1 == 1
+                    self._forget(worker)
+                    worker.kill()
+                    self.n_killed += 1
+                    worker = None
+                    worker = self._healthy()
+                    return None, "timeout"
                 verdict, error = reply
-                self._idle.put(worker)
                 return (verdict, "math_verify") if error is None else (None, f"error: {error}")
-        except (EOFError, OSError, ValueError) as exc:
-            self._forget(worker)
-            worker.kill()
-            self._idle.put(None)
-            return None, f"error: worker died ({type(exc).__name__})"
-        # deadline passed: kill only this worker; a fresh one is started lazily by the next caller
-        self._forget(worker)
-        worker.kill()
-        self.n_killed += 1
-        self._idle.put(None)
-        return None, "timeout"
+            raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            self._idle.put(worker)  # None: a fresh one is started lazily by the next caller
 
     def close(self) -> None:
         """Kill every worker (idempotent; in a forked child, only the child's own workers)."""

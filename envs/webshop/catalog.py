@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.data import dataset_dir
+from envs.errors import EnvDataError
 
 PRODUCTS_FILE = "items_shuffle_1000.reconstructed.json"
 ATTRIBUTES_FILE = "items_ins_v2_1000.json"
@@ -230,11 +231,22 @@ def human_goals_list(products: list[Product], prices: dict[str, float], rng: ran
 
 
 def build_catalog(root: Path, human_goals: bool = False, seed: int = 0) -> Catalog:
-    """Build products, prices and shuffled goals as the reference does after ``random.seed(seed)``."""
+    """Build products, prices and shuffled goals as the reference does after ``random.seed(seed)``.
+
+    Raises:
+        EnvDataError: (a ``FileNotFoundError``) the catalog has no product or no goal (an empty or truncated data
+            file): the message names the files and the counts found (the published catalog: 1000 products).
+    """
     products = load_products(root, human_goals=human_goals)
     rng = random.Random(seed)
     prices = sample_prices(products, rng)
     goals = (human_goals_list if human_goals else synthetic_goals)(products, prices, rng)
+    if not products or not goals:
+        raise EnvDataError(
+            f"the WebShop catalog cannot serve: {len(products)} products in {(root / PRODUCTS_FILE).resolve()}, "
+            f"{len(goals)} {'human' if human_goals else 'synthetic'} goals (instructions from "
+            f"{(root / (HUMAN_FILE if human_goals else ATTRIBUTES_FILE)).resolve()}); the published catalog has 1000 "
+            "products: run `python -m envs.fetch webshop` or set $AGENT_RL_DATA / data.root")
     random.Random(GOAL_SHUFFLE_SEED).shuffle(goals)
     return Catalog(
         products=products,

@@ -30,8 +30,9 @@ import re
 from typing import Any
 
 import gymnasium as gym
-from gymnasium import spaces
 
+from envs.errors import EnvInfraError
+from envs.spaces import TextSpace, check_action
 from envs.webshop import pages
 from envs.webshop.catalog import Catalog, get_catalog
 from envs.webshop.pages import PageState
@@ -95,8 +96,8 @@ class WebShopEnv(gym.Env[str, str]):
         self.catalog: Catalog = get_catalog(data_dir, human_goals=human_goals, seed=goal_seed)
         self.index = get_index(self.catalog)
         # Text spaces bound the length only: product text is arbitrary Unicode
-        self.observation_space = spaces.Text(max_length=1_000_000)
-        self.action_space = spaces.Text(max_length=self.max_action_chars)
+        self.observation_space = TextSpace(1_000_000)
+        self.action_space = TextSpace(1_000_000)  # longer than max_action_chars: an invalid action, not an error
         self.goal_idx: int | None = None
         self.goal: dict[str, Any] | None = None
         self.session_id = ""
@@ -156,12 +157,11 @@ class WebShopEnv(gym.Env[str, str]):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Apply ``search[...]`` / ``click[...]``; see the module docstring for rewards and invalid actions."""
+        action = check_action(self, action)  # TypeError for a non-str (HTTP: 422)
         if self.goal is None:
             raise RuntimeError("call reset() before step()")
         if self.state.kind == "done":
             return self._invalid("the episode is over (Buy Now was clicked); call reset()", terminated=True)
-        if not isinstance(action, str):
-            return self._invalid(f"an action must be a string, got {type(action).__name__}")
         if len(action) > self.max_action_chars:
             return self._invalid(f"action too long ({len(action)} chars > {self.max_action_chars})")
         name, arg = parse_action(action)
@@ -171,10 +171,18 @@ class WebShopEnv(gym.Env[str, str]):
             keywords = arg.split(" ")
             if keywords[0] == "<a>":
                 return self._invalid("the <a> (attribute) search prefix is disabled: it crashes the reference")
-            self._search(keywords, page=1)
-            return self._result(0.0)
+            try:
+                self._search(keywords, page=1)
+                return self._result(0.0)
+            except Exception as exc:  # the search engine or page rendering failed: not a judgement of the action
+                raise EnvInfraError(f"WebShop failed on {action!r}: {type(exc).__name__}: {exc}",
+                                    component="webshop") from exc
         if name == "click" and arg is not None and arg in self._clickables and arg != "search":
-            return self._click(arg)
+            try:
+                return self._click(arg)
+            except Exception as exc:  # a page or the reward (Buy Now) could not be computed
+                raise EnvInfraError(f"WebShop failed on {action!r}: {type(exc).__name__}: {exc}",
+                                    component="webshop") from exc
         return self._invalid(self._explain_invalid(action, name, arg))
 
     def search(self, query: str, k: int = SEARCH_RETURN_N) -> list[str]:

@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))  # user
 from servers_helpers import CALC, ECHO, free_port, make_app, serve_asgi, uvicorn_in_thread  # noqa: E402
 
 from agent_rl.envclient import (  # noqa: E402
+    EnvClientError,
     EnvPool,
     EnvServerError,
     EnvUnavailable,
@@ -78,6 +79,34 @@ def test_user_env_and_env_errors_through_both_pools():
                     await pool.step(r.session_id, "raise")
                 with pytest.raises(SessionNotFound):  # the failed session was closed
                     await pool.step(r.session_id, "x")
+                await pool.aclose()
+    asyncio.run(main())
+
+
+def test_could_not_judge_and_non_str_actions_through_every_pool():
+    # Issue 10: EnvInfraError reaches the client as EnvServerError(code="env_infra_error") in-process, in worker
+    # processes and over HTTP; a non-str action is refused before the env sees it (HTTP: 422) in all three.
+    async def main():
+        app = make_app()
+        async with serve_asgi(app):
+            pools = [HTTPEnvPool("http://testserver", transport=httpx.ASGITransport(app=app)),
+                     LocalEnvPool(max_workers=1, mode="thread", imports=["user_env_module"]),
+                     LocalEnvPool(max_workers=1, mode="process", imports=["user_env_module"])]
+            for pool in pools:
+                r = await pool.reset(ECHO)
+                with pytest.raises(EnvServerError) as info:
+                    await pool.step(r.session_id, "infra")
+                assert info.value.code == "env_infra_error" and "could not judge on purpose" in str(info.value)
+                with pytest.raises(EnvServerError) as info:
+                    await pool.reset(ECHO, options={"raise": "infra"})
+                assert info.value.code == "env_infra_error"
+                r = await pool.reset(ECHO)
+                for bad in (1, None, ["stop"], b"stop"):
+                    with pytest.raises(EnvClientError) as info:
+                        await pool.step(r.session_id, bad)  # type: ignore[arg-type]
+                    assert not isinstance(info.value, EnvServerError) and info.value.status in (None, 422)
+                s = await pool.step(r.session_id, "stop")  # the session survived the refused actions
+                assert s.terminated
                 await pool.aclose()
     asyncio.run(main())
 

@@ -98,6 +98,30 @@ TRICKY = [
     ("18", "\\boxed{\\$18}", 1),  # dollars
     ("0.5", "\\boxed{0.50}", 1),
     ("1", "\\boxed{9^9^9^9}", 0),  # pathological, but math-verify's own alarm answers in ~1 s
+    # numbers compare by value (issue 10): exact when both sides are exact, else relative tolerance 1e-6
+    ("3.2\\times10^{-19}", "\\boxed{1.6\\times10^{-19}}", 0),  # small magnitudes: 6 decimals called these equal
+    ("0.0000002", "\\boxed{0.0000001}", 0),
+    ("1\\times 10^{-34}", "\\boxed{6.6\\times 10^{-34}}", 0),
+    ("6.6\\times 10^{-34}", "\\boxed{6.6\\times10^{-34}}", 1),
+    ("\\frac{1}{12}", "\\boxed{0.0833333333333333}", 1),  # a float against an exact rational: relative
+    ("1\\times10^{-10}", "\\boxed{1e-10}", 1),  # scientific notation (was read as Euler's e - 10)
+    ("1e-10", "\\boxed{1\\times10^{-10}}", 1),
+    ("1e-10", "\\boxed{2\\times10^{-10}}", 0),
+    ("6.02\\times10^{23}", "\\boxed{6.02E23}", 1),  # large magnitudes
+    ("6.02\\times10^{23}", "\\boxed{6.03\\times10^{23}}", 0),
+    ("10^{20}", "\\boxed{10^{20} + 1}", 0),  # exact integers: exact, not 1 part in 1e20
+    ("123456789", "\\boxed{123456788}", 0),
+    ("1.5\\times10^{-7}", "\\boxed{1.5000001\\times10^{-7}}", 1),  # within 1e-6 relative
+    ("1.5\\times10^{-7}", "\\boxed{1.51\\times10^{-7}}", 0),
+    ("3.2\\times10^{-19}", "\\boxed{3.2\\times10^{-19}\\text{ C}}", 1),  # units around numbers
+    ("3.2\\times10^{-19}", "\\boxed{1.6\\times10^{-19}\\text{ C}}", 0),
+    ("3\\times10^{8}", "\\boxed{3 \\times 10^{8} \\mathrm{~m/s}}", 1),
+    ("1.5", "\\boxed{1.5 \\mathrm{~kg}}", 1),
+    ("1.5", "\\boxed{1.6 \\mathrm{~kg}}", 0),
+    ("\\frac{1}{3}", "\\boxed{0.3333333}", 1),  # 7 significant digits
+    ("-4500", "\\boxed{-4.5e+3}", 1),
+    ("0", "\\boxed{0.0}", 1),
+    ("0", "\\boxed{1\\times10^{-9}}", 0),  # nothing is relatively close to zero but zero
 ]
 
 

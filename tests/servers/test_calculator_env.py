@@ -58,3 +58,20 @@ def test_every_problem_has_a_whole_answer_and_seeds_repeat():
         assert env._task_type == sorted(TEMPLATES)[index % len(TEMPLATES)]
     first = env.reset(seed=123)[0]
     assert env.reset(seed=123)[0] == first
+
+
+@pytest.mark.parametrize("solution, given, won", [
+    (1e-9, "2e-9", False),  # an absolute 1e-6 tolerance called these equal (issue 10: numbers compare by value)
+    (1e-9, "1e-9", True),
+    (1e-9, "1.0000001e-9", True),  # within 1e-6 relative
+    (3.2e-19, "1.6e-19", False),
+    (215.0, "215", True),
+    (215.0, "215.001", False),
+    (0.0, "0.0000001", False),
+    (6.02e23, "6.02e23", True),
+])
+def test_answers_compare_by_value(solution, given, won):
+    env = gymnasium.make("agent_rl/Calculator-v0")
+    env.reset(options={"problem": "custom", "answer": solution})
+    _, reward, terminated, _, info = env.step(f"answer[{given}]")
+    assert (reward, terminated, info["won"]) == (float(won), True, won)

@@ -259,6 +259,24 @@ def test_env_exception_is_500_and_closes_only_that_session():
     run(main())
 
 
+def test_could_not_judge_is_500_env_infra_error_never_a_reward():
+    # Issue 10: EnvInfraError from step or reset is the env's 5xx with its own code (docs/env_errors.md), not a
+    # 422 (even though a reset raised it) and not a 200 with a reward.
+    async def main():
+        async with serve_asgi(make_app()) as c:
+            other = (await open_session(c))["session_id"]
+            sid = (await open_session(c, options={"k": 4}))["session_id"]
+            r = await c.post(f"/sessions/{sid}/step", json={"action": "infra"})
+            assert (r.status_code, r.json()["code"]) == (500, "env_infra_error")
+            assert "could not judge on purpose" in r.json()["detail"]
+            assert (await c.post(f"/sessions/{sid}/step", json={"action": "x"})).status_code == 404
+            r = await c.post("/sessions", json={"env_id": ECHO, "options": {"raise": "infra"}})
+            assert (r.status_code, r.json()["code"]) == (500, "env_infra_error")
+            assert r.json()["detail"].endswith("no session was opened")
+            await assert_bystander_ok(c, other)
+    run(main())
+
+
 def test_invalid_env_kwargs_seed_or_options_are_422_not_500():
     # make/reset rejecting what the client sent is the client's error: 422 invalid_request with the env's reason.
     async def main():

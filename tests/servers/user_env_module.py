@@ -1,4 +1,5 @@
-"""A user's own env module, registered with plain ``gymnasium.register`` (nothing of ours imported).
+"""A user's own env module, registered with plain ``gymnasium.register`` (of ours it imports only
+``envs.errors.EnvInfraError``, the documented way to say "could not judge").
 
 Served in the tests with ``python -m servers.serve --import user_env_module --env user/Echo-v0``.
 """
@@ -15,6 +16,8 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+from envs.errors import EnvDataError, EnvInfraError
+
 
 _INSTANCES = itertools.count()
 
@@ -22,7 +25,8 @@ _INSTANCES = itertools.count()
 class EchoEnv(gymnasium.Env):
     """Echoes the action; ``"stop"`` terminates with reward 1. ``"raise"`` makes the env raise, ``"exit"`` kills
     its process, ``"sleep:<s>"`` sleeps (a slow step). ``reset(options={"sleep": s})`` sleeps too (a slow reset);
-    ``reset(options={"raise": "IndexError"})`` raises that builtin exception.
+    ``reset(options={"raise": "IndexError"})`` raises that builtin exception; ``"infra"`` as an action or a
+    ``raise`` option raises ``EnvInfraError`` (the env could not judge).
     ``info`` carries numpy values on purpose (the server must send them as JSON numbers)."""
 
     def __init__(self, prefix: str = "echo") -> None:
@@ -36,6 +40,8 @@ class EchoEnv(gymnasium.Env):
         super().reset(seed=seed)
         options = options or {}
         time.sleep(float(options.get("sleep", 0.0)))
+        if options.get("raise") == "infra":
+            raise EnvInfraError("reset could not reach its backend on purpose", component="echo")
         if "raise" in options:  # {"raise": "IndexError"}: reset raises that builtin exception
             raise getattr(builtins, options["raise"])("reset raised on purpose")
         self.t = 0
@@ -47,6 +53,8 @@ class EchoEnv(gymnasium.Env):
         self.t += 1
         if action == "raise":
             raise RuntimeError("boom on purpose")
+        if action == "infra":
+            raise EnvInfraError("could not judge on purpose", component="echo")
         if action == "exit":
             os._exit(3)
         if action.startswith("sleep:"):
@@ -58,3 +66,19 @@ class EchoEnv(gymnasium.Env):
 
 
 gymnasium.register(id="user/Echo-v0", entry_point=EchoEnv, max_episode_steps=20)
+
+
+class NoDataEnv(EchoEnv):
+    """An env whose data is missing unless ``data="ok"``: its default reset raises ``EnvDataError``."""
+
+    def __init__(self, data: str = "/nowhere/user-data") -> None:
+        super().__init__()
+        self.data = data
+
+    def reset(self, *, seed=None, options=None):
+        if self.data != "ok":
+            raise EnvDataError(f"no items in {self.data} (0 found, 1000 expected)")
+        return super().reset(seed=seed, options=options)
+
+
+gymnasium.register(id="user/NoData-v0", entry_point=NoDataEnv, max_episode_steps=20)

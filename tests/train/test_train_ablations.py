@@ -67,3 +67,24 @@ def test_paper_ablation_runs_one_step(tmp_path: Path, row: str):
         assert rec["credit/trained_token_frac"] < 1.0
     if row == "TGRL":
         assert rec["actor/optimizer_steps"] == 2.0  # 4 mini-batches capped at the 2 groups of the step
+
+
+def test_turn_budget_has_one_knob():
+    """rollout.max_turns is the turn budget: it reaches the env as gymnasium's max_episode_steps (TimeLimit), so the
+    env truncates exactly at the rollout's last turn; single-turn envs keep their own registration."""
+    import gymnasium
+
+    import envs  # noqa: F401
+    from agent_rl.config import ConfigError
+
+    cfg = load_config(["env=choose_item", "rollout.max_turns=2"])
+    assert cfg.env_kwargs["max_episode_steps"] == 2
+    env = gymnasium.make(cfg.env.id, **cfg.env_kwargs)
+    env.reset(seed=0)
+    wrong = "go to the moon"  # never the target: the episode runs until the budget
+    _, _, term1, trunc1, _ = env.step(wrong)
+    _, _, term2, trunc2, _ = env.step(wrong)
+    assert (term1, trunc1, term2, trunc2) == (False, False, False, True)
+    assert "max_episode_steps" not in load_config(["env=math"]).env_kwargs  # rollout.max_turns=1: terminated only
+    with pytest.raises(ConfigError, match="rollout.max_turns"):
+        load_config(["env=choose_item", "+env.kwargs.max_episode_steps=3"])

@@ -59,9 +59,12 @@ def test_ten_kilobyte_query_is_rejected_clearly(env):
 
 
 def test_non_string_action(env):
+    # The same contract as over HTTP (422 there): refused before the env acts, the page and turn untouched.
     obs, _ = env.reset(options={"goal_idx": 0})
-    _assert_unchanged_invalid(obs, env.step(None), "must be a string, got NoneType")
-    _assert_unchanged_invalid(obs, env.step(7), "must be a string, got int")
+    for bad, name in [(None, "NoneType"), (7, "int")]:
+        with pytest.raises(TypeError, match=f"takes a str action .* got {name}"):
+            env.step(bad)
+    assert env.step("search[pillow]")[4]["page"] == "results"
 
 
 def test_blank_search_gives_empty_results(env):
@@ -226,3 +229,26 @@ def test_random_play_never_crashes(make_env, mode):
                 break
         episodes += 1
     assert episodes == 60
+
+
+def test_internal_failures_are_could_not_judge(env, monkeypatch):
+    # Issue 10: a failure inside the search engine or the reward is EnvInfraError (500 env_infra_error over HTTP,
+    # the orchestrator drops the group), never an invalid action with reward 0.
+    import envs.webshop.env as webshop_env
+    from envs.errors import EnvInfraError
+
+    env.reset(options={"goal_idx": 0})
+    for action in ("search[decorative pillows]", "click[b0743jkhbv]", 'click[28" x 28"]'):
+        env.step(action)
+
+    def broken(*args, **kwargs):
+        raise KeyError("price table")
+
+    monkeypatch.setattr(webshop_env, "get_reward", broken)
+    with pytest.raises(EnvInfraError, match="WebShop failed on 'click\\[buy now\\]': KeyError") as info:
+        env.step("click[buy now]")
+    assert info.value.component == "webshop"
+    env.reset(options={"goal_idx": 0})
+    monkeypatch.setattr(env.unwrapped, "_top_products", broken)
+    with pytest.raises(EnvInfraError, match="search\\[pillows\\]"):
+        env.step("search[pillows]")
