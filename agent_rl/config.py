@@ -127,10 +127,16 @@ class TrainerConfig:
     policy loss, credit rule or schedule with the ``agent_rl.algos`` registries. Kept apart from
     ``env_server.imports`` on purpose: those run inside the env server process (its own container, no torch), these
     in the trainer (no env dependencies); a module that registers both kinds goes in both lists."""
+    save_episodes: str = "8"
+    """Episode store (``DIR/episodes/step_N.jsonl``, read by ``python -m agent_rl.viewer DIR``, docs/viewer.md):
+    none | all | N episodes per step, kept as whole groups drawn at random."""
 
     def __post_init__(self) -> None:
         if self.total_steps < 1 or self.tasks_per_step < 1 or self.save_every < 1:
             raise ValueError("trainer.total_steps, tasks_per_step, save_every must be >= 1")
+        from agent_rl.episodes import parse_save_episodes
+
+        parse_save_episodes(self.save_episodes)  # ValueError naming the valid values
 
 
 @dataclass
@@ -464,6 +470,7 @@ RESUME_MAY_CHANGE = (
     # length and bookkeeping of the run
     "trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.resume",
     "trainer.resume_allow_changes", "trainer.output_dir", "trainer.tensorboard", "trainer.progress",
+    "trainer.save_episodes",
     # where things run and how fast (same algorithm, same data)
     "trainer.device", "engine.batch_size", "engine.num_threads", "engine.gpu_memory_utilization", "env_server.",
     "data.root", "rollout.max_concurrent_episodes", "rollout.gen_batch_size", "rollout.gen_wait_s",

@@ -49,6 +49,7 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
     """Run steps ``start..trainer.total_steps``; returns the last step's logged record. ``config_file`` (the YAML
     :func:`main` saved) is rewritten if the loaded model's context caps the prompt budget further."""
     from agent_rl.engines import get_engine, set_torch_threads
+    from agent_rl.episodes import save_step_episodes
     from agent_rl.learner import Learner
     from agent_rl.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from agent_rl.logging import MetricsLogger
@@ -122,6 +123,9 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
                     if result.episodes:
                         batch = build_rollout_batch(result.episodes, pad_token_id=pad_id, mode=cfg.rollout.mode)
                         metrics.update(await asyncio.to_thread(learner.update, batch, step=step, total_steps=total))
+                        await asyncio.to_thread(save_step_episodes, out, step, result.episodes,  # DIR/episodes
+                                                cfg.trainer.save_episodes, tokenizer=tokenizer, batch=batch,
+                                                token_stats=learner.last_token_stats, seed=cfg.trainer.seed)
                         engine.sync_weights(model)
                         metrics["batch/rows"] = batch.num_rows
                     else:  # loud: a run that never trains must not look like one that did
