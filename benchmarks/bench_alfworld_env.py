@@ -41,13 +41,13 @@ class Timer:
 
 def bench_load(n_games: int) -> None:
     """Start each of ``n_games`` games: cold, again in the same env, in a fresh env, and from the disk cache only."""
-    from envs.alfworld import patches
+    from envs.alfworld import speedups
     from envs.alfworld.data import list_games
     from envs.alfworld.env import ALFWorldEnv
 
     def clear_memory_caches() -> None:  # what a fresh process starts with
-        patches.SAS_CACHE.clear()
-        for cache in patches.PARSE_CACHES.values():
+        speedups.SAS_CACHE.clear()
+        for cache in speedups.PARSE_CACHES.values():
             cache.clear()
 
     games = list_games("valid_unseen")[:: max(1, 134 // n_games)][:n_games]

@@ -2,7 +2,8 @@
 
 ``ALFWorldEnv`` and the game-file helpers are imported lazily: importing this package does not import alfworld or
 textworld until ``ALFWorldEnv`` is touched (``import alfworld`` needs ``$ALFWORLD_DATA`` set first, which
-:mod:`envs.alfworld.patches` does).
+:func:`envs.alfworld.patches.install` does, before importing :mod:`envs.alfworld.speedups` and
+:mod:`envs.alfworld.expert`).
 """
 
 from __future__ import annotations

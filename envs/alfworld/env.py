@@ -1,13 +1,13 @@
 """ALFWorld (Shridhar et al., ICLR 2021) text games as a ``gymnasium.Env[str, str]``, in-process, one game at a time.
 
 Per env: TextWorld's ``PddlEnv`` wrapped by ALFWorld's ``AlfredDemangler(shuffle=False)`` and ``AlfredInfos``, plus
-the fixed handcoded expert (:class:`envs.alfworld.patches.FixedAlfredExpert`) when ``expert=True``. No batch env,
+the fixed handcoded expert (:class:`envs.alfworld.expert.FixedAlfredExpert`) when ``expert=True``. No batch env,
 no subprocesses. The 50-step limit is gymnasium's ``TimeLimit`` (registered with the id), reward scaling is
 ``gymnasium.wrappers.TransformReward``: neither is a flag here.
 
 Cost (2 busy cores): the first start of a game in a process translates PDDL to SAS (~0.5-5 CPU-s); later starts of
 the same game, in this env or another env of the process or (through the on-disk cache) another process, reuse the
-translation and parsed grammar (see :mod:`envs.alfworld.patches`), ~0.05 s. Restarting the game that is already
+translation and parsed grammar (see :mod:`envs.alfworld.speedups`), ~0.05 s. Restarting the game that is already
 loaded skips the load altogether.
 """
 
@@ -18,7 +18,9 @@ from typing import Any
 
 import gymnasium
 
-from envs.alfworld import patches  # sets $ALFWORLD_DATA before alfworld is imported
+from envs.alfworld import patches
+
+patches.install()  # $ALFWORLD_DATA first, then the speed-ups and the expert fixes: before the alfworld imports below
 from envs.alfworld.data import (
     GAME_FILENAME,
     GAMES_DIRNAME,
@@ -35,7 +37,9 @@ import textworld  # noqa: E402
 from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos  # noqa: E402
 from textworld.envs.pddl import PddlEnv  # noqa: E402
 
-patches.install()  # once, on import (``patches.uninstall()`` restores TextWorld's originals, e.g. to compare)
+from envs.alfworld import speedups  # noqa: E402
+from envs.alfworld.expert import FixedAlfredExpert  # noqa: E402
+
 
 NOTHING_HAPPENS = "Nothing happens."
 MAX_TEXT = 1 << 16
@@ -43,11 +47,11 @@ MAX_TEXT = 1 << 16
 
 class _PooledPddlEnv(PddlEnv):
     """TextWorld's ``PddlEnv`` taking its fast-downward library copy from the process pool
-    (:func:`envs.alfworld.patches.acquire_downward_lib`) instead of loading a new copy per env."""
+    (:func:`envs.alfworld.speedups.acquire_downward_lib`) instead of loading a new copy per env."""
 
     def __init__(self, infos: textworld.EnvInfos | None = None) -> None:
         textworld.Environment.__init__(self, infos)  # PddlEnv.__init__ minus its fast_downward.load_lib()
-        self.downward_lib = patches.acquire_downward_lib()
+        self.downward_lib = speedups.acquire_downward_lib()
 
 
 class ALFWorldEnv(gymnasium.Env[str, str]):
@@ -115,7 +119,7 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         self._pddl = _PooledPddlEnv(infos)
         tw: textworld.core.Wrapper = AlfredInfos(AlfredDemangler(self._pddl, shuffle=False))
         if self.expert:
-            tw = patches.FixedAlfredExpert(tw)
+            tw = FixedAlfredExpert(tw)
         self._tw = tw
         self._gamefile: str | None = None  # the game currently loaded in ``self._tw``
         self._state: Any = None
@@ -232,7 +236,7 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
                 self._pddl.__dict__.pop(name, None)
             if lib is not None:
                 self._pddl.downward_lib = None
-                patches.release_downward_lib(lib)
+                speedups.release_downward_lib(lib)
         super().close()
 
     def __del__(self) -> None:
@@ -245,10 +249,10 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
     @staticmethod
     def cache_stats() -> dict[str, dict[str, int]]:
         """Process-wide cache counters: ``{"sas": {...}, "sas_disk": {...}, "<module>": {"hits", "misses"}}``."""
-        stats = {"sas": {"hits": patches.SAS_CACHE.hits, "misses": patches.SAS_CACHE.misses,
-                         "size": len(patches.SAS_CACHE)},
-                 "sas_disk": dict(patches.SAS_DISK_STATS),
-                 "downward_lib": dict(patches.LIB_STATS, free=patches.free_lib_count())}
-        for name, cache in patches.PARSE_CACHES.items():
+        stats = {"sas": {"hits": speedups.SAS_CACHE.hits, "misses": speedups.SAS_CACHE.misses,
+                         "size": len(speedups.SAS_CACHE)},
+                 "sas_disk": dict(speedups.SAS_DISK_STATS),
+                 "downward_lib": dict(speedups.LIB_STATS, free=speedups.free_lib_count())}
+        for name, cache in speedups.PARSE_CACHES.items():
             stats[name] = {"hits": cache.hits, "misses": cache.misses, "size": len(cache)}
         return stats

@@ -149,7 +149,7 @@ def test_expert_is_reproducible_from_the_seed() -> None:
 
 
 def test_expert_fixes() -> None:
-    from envs.alfworld.patches import _move_as_put
+    from envs.alfworld.expert import _move_as_put
 
     assert _move_as_put("move cd 3 to safe 1") == "put cd 3 in/on safe 1"
     assert _move_as_put("go to safe 1") == "go to safe 1"
@@ -271,11 +271,11 @@ def test_info_is_json_serialisable_and_complete() -> None:
 
 
 def test_second_load_of_a_game_hits_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    from envs.alfworld import patches
+    from envs.alfworld import speedups
     from envs.alfworld.env import ALFWorldEnv
 
     monkeypatch.setenv("AGENT_RL_ALFWORLD_SAS_DISK", "0")  # count the in-memory cache only
-    patches.SAS_CACHE.clear()
+    speedups.SAS_CACHE.clear()
     options = FIRST
     first = ALFWorldEnv()
     first.reset(options=options)
@@ -292,20 +292,20 @@ def test_second_load_of_a_game_hits_the_cache(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_disk_cache_serves_another_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from envs.alfworld import patches
+    from envs.alfworld import speedups
     from envs.alfworld.env import ALFWorldEnv
 
     game = alf_data.list_games("valid_unseen")[0]
     monkeypatch.setenv("AGENT_RL_CACHE", str(tmp_path))  # an empty disk cache (games stay where they are)
-    patches.SAS_CACHE.clear()
+    speedups.SAS_CACHE.clear()
     env = ALFWorldEnv()
     env.reset(options={"gamefile": game})
     assert len(list((tmp_path / "alfworld" / "sas").glob("*.pkl"))) == 2
-    patches.SAS_CACHE.clear()  # a fresh process has an empty memory cache
-    before = dict(patches.SAS_DISK_STATS)
+    speedups.SAS_CACHE.clear()  # a fresh process has an empty memory cache
+    before = dict(speedups.SAS_DISK_STATS)
     other = ALFWorldEnv()
     other.reset(options={"gamefile": game})
-    assert patches.SAS_DISK_STATS["hits"] == before["hits"] + 2
+    assert speedups.SAS_DISK_STATS["hits"] == before["hits"] + 2
     env.close()
     other.close()
 
@@ -334,17 +334,17 @@ def test_patches_keep_observations_identical() -> None:
 
 
 def test_close_frees_the_game_and_pools_the_planner_library() -> None:
-    from envs.alfworld import patches
+    from envs.alfworld import speedups
     from envs.alfworld.env import ALFWorldEnv
 
     env = ALFWorldEnv()
     lib = env._pddl.downward_lib
     env.reset(options=FIRST)
-    free = patches.free_lib_count()
+    free = speedups.free_lib_count()
     env.close()
     env.close()  # idempotent
     assert env._pddl.downward_lib is None and "_pddl_state" not in env._pddl.__dict__
-    assert patches.free_lib_count() == free + 1  # handed back, not unloaded (dlclose + dlopen can crash)
+    assert speedups.free_lib_count() == free + 1  # handed back, not unloaded (dlclose + dlopen can crash)
     with pytest.raises(RuntimeError, match="closed"):
         env.reset(options=FIRST)
     other = ALFWorldEnv()  # the next env reuses that copy and plays the same game identically
@@ -354,9 +354,32 @@ def test_close_frees_the_game_and_pools_the_planner_library() -> None:
 
 
 def test_alfworld_data_points_at_the_cache() -> None:
-    from envs.alfworld import patches  # noqa: F401  (imports alfworld after setting $ALFWORLD_DATA)
+    from envs.alfworld import patches
 
+    patches.install()
     assert os.environ["ALFWORLD_DATA"]
     import alfworld.info
 
     assert alfworld.info.ALFWORLD_DATA == os.environ["ALFWORLD_DATA"]
+
+
+def test_uninstall_undoes_every_side_effect() -> None:
+    """Importing ``patches`` changes nothing; ``install`` makes every change (the expert's RNG shim, TextWorld's
+    memoised functions) and ``uninstall`` undoes each of them."""
+    import random
+
+    import textworld.envs.pddl.logic as pddl_logic
+    from alfworld.agents.expert import handcoded_expert
+
+    from envs.alfworld import patches, speedups
+
+    patches.install()
+    assert handcoded_expert.random is not random and pddl_logic.fast_downward is not speedups.fast_downward
+    patches.uninstall()
+    try:
+        assert handcoded_expert.random is random
+        assert pddl_logic.fast_downward is speedups.fast_downward
+        for module, name, _ in speedups._PARSE_TARGETS:
+            assert getattr(module, name) is speedups._ORIGINAL_PARSERS[module.__name__]
+    finally:
+        patches.install()
