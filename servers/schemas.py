@@ -34,6 +34,11 @@ class CreateSessionRequest(_Strict):
     seed: int | None = Field(default=None, description="seed of the first reset")
     options: dict[str, Any] | None = Field(default=None, description="reset options selecting the task, e.g. {split, index}")
     env_kwargs: dict[str, Any] | None = Field(default=None, description="keyword arguments of gymnasium.make, e.g. {expert: true}")
+    session_id: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_-]{16,64}$",
+        description="id chosen by the client (e.g. a uuid4 hex; default: the server picks one), so that a client "
+                    "that never got the answer (timeout, dropped connection) can still close the session; "
+                    "409 session_exists if a live session has it")
 
 
 class ResetRequest(_Strict):
@@ -111,4 +116,5 @@ class ErrorResponse(BaseModel):
     detail: str
     code: str = Field(description="machine-readable: session_not_found, unknown_env, episode_over, session_busy, "
                                   "action_too_large, at_capacity, env_error, env_timeout, unauthorized, body_too_large, "
-                                  "invalid_request (422: the env rejected env_kwargs, seed or options)")
+                                  "invalid_request (422: the env rejected env_kwargs, seed or options), "
+                                  "session_exists (409: a live session has the client-chosen session_id)")

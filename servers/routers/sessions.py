@@ -25,11 +25,12 @@ _E = {"model": ErrorResponse}
 
 
 @router.post("", response_model=ResetResponse, status_code=status.HTTP_201_CREATED,
-             responses={404: _E, 500: _E, 503: _E, 504: _E})
+             responses={404: _E, 409: _E, 500: _E, 503: _E, 504: _E})
 async def create_session(body: CreateSessionRequest, manager: Manager) -> ResetResponse:
-    """Open a session on ``env_id`` and return its first observation."""
+    """Open a session on ``env_id`` and return its first observation (409 if the client-chosen ``session_id`` is
+    taken by a live session)."""
     session_id, observation, info = await manager.create(
-        body.env_id, seed=body.seed, options=body.options, env_kwargs=body.env_kwargs
+        body.env_id, seed=body.seed, options=body.options, env_kwargs=body.env_kwargs, session_id=body.session_id
     )
     return ResetResponse(session_id=session_id, observation=observation, info=info)
 
