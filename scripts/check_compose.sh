@@ -128,7 +128,7 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 assert [r['step'] for r in rows] == [1, 2], rows
 assert all(r.get('batch/rows', 0) > 0 for r in rows), 'a step trained on no rows'
-print(sum(r['batch/rows'] for r in rows))" "$work/train_$env/metrics.jsonl") || die "metrics of the $env run"
+print(int(sum(r['batch/rows'] for r in rows)))" "$work/train_$env/metrics.jsonl") || die "metrics of the $env run"
   echo "$env: steps 1-2 trained (${trained[$env]} rows)"
 done
 

@@ -20,6 +20,7 @@ __all__ = [
     "SessionsResponse",
     "StepRequest",
     "StepResponse",
+    "UnprocessableResponse",
 ]
 
 
@@ -84,6 +85,7 @@ class SessionInfo(BaseModel):
     done: bool = Field(description="the current episode ended; step is 409 until reset")
     busy: bool
     worker: int | None = Field(description="index of the worker process holding it")
+    worker_pid: int | None = Field(default=None, description="process id of that worker")
 
 
 class SessionsResponse(BaseModel):
@@ -118,3 +120,13 @@ class ErrorResponse(BaseModel):
                                   "action_too_large, at_capacity, env_error, env_timeout, unauthorized, body_too_large, "
                                   "invalid_request (422: the env rejected env_kwargs, seed or options), "
                                   "session_exists (409: a live session has the client-chosen session_id)")
+
+
+class UnprocessableResponse(BaseModel):
+    """Body of a 422: FastAPI's list of validation errors (malformed body, wrong types, unknown fields, invalid
+    UTF-8), or ``{"detail": str, "code": "invalid_request"}`` when the env's ``make``/``reset`` rejected the
+    ``env_kwargs``, ``seed`` or ``options``."""
+
+    detail: str | list[dict[str, Any]]
+    code: str | None = Field(default=None, description="invalid_request (the env rejected the request); absent for "
+                                                       "a validation error list")
