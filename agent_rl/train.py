@@ -35,7 +35,8 @@ async def train_loop(cfg: Config, out: Path) -> dict[str, Any]:
     """Run steps ``start..trainer.total_steps``; returns the last step's logged record."""
     from agent_rl.engines import get_engine, set_torch_threads
     from agent_rl.learner import Learner
-    from agent_rl.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from agent_rl.learner.checkpoint import (latest_checkpoint, load_checkpoint, recover_checkpoints,
+                                             save_checkpoint)
     from agent_rl.logging import MetricsLogger
     from agent_rl.models import load_policy
     from agent_rl.rollout import RolloutOrchestrator, TaskSampler, build_rollout_batch, get_prompt
@@ -54,6 +55,9 @@ async def train_loop(cfg: Config, out: Path) -> dict[str, Any]:
     total, start = cfg.trainer.total_steps, 1
 
     # Resume: model, optimizer, scheduler, RNG states (restored by load_checkpoint), step and data position.
+    if cfg.trainer.resume:  # a save interrupted by a crash: undo a half-done replace, drop its temporary folder
+        for line in recover_checkpoints(out / "checkpoints"):
+            print(f"checkpoints: {line}", file=sys.stderr)
     ckpt = resume_path(cfg, out, latest_checkpoint)
     if ckpt is not None:
         extra = load_checkpoint(ckpt, model, learner)
