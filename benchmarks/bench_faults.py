@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 ENVS = {"webshop": ("agent_rl/WebShop-v0", ["--workers", "4", "--import", "envs.webshop.preload"], 8002),
         "alfworld": ("agent_rl/ALFWorld-v0", [], 8001)}
 ALL_FAULTS = ["worker_kill", "server_restart", "sigstop", "conn_drop", "trainer_ckpt", "autoserver"]
+HITS_EPISODES = {"worker_kill", "server_restart", "sigstop", "conn_drop", "autoserver"}  # must re-run some
 
 
 def free_port() -> int:
@@ -153,7 +154,8 @@ class ComposeServer:
         return await wait_healthy(self.url, timeout_s)
 
     async def kill_worker(self, pid: int) -> None:  # pid as the container sees it (GET /health)
-        await asyncio.to_thread(self._run, "exec", self.container(), "kill", "-9", str(pid))
+        await asyncio.to_thread(self._run, "exec", self.container(), "python", "-c",
+                                f"import os, signal; os.kill({int(pid)}, signal.SIGKILL)")
 
     async def crash_and_restart(self) -> float:
         """SIGKILL the container's main process from the host (a crash, not a stop): the restart policy brings it
@@ -346,8 +348,12 @@ async def run_training(args: argparse.Namespace, fault: str, url: str | None, in
         finally:
             if not injector.done():
                 injector.cancel()
-            with contextlib.suppress(BaseException):
+            try:
                 await injector
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:  # noqa: BLE001 (the injection itself failed: reported)
+                outcome.problems.append(f"injector failed: {type(exc).__name__}: {exc}")
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()] \
         if (out_dir / "metrics.jsonl").is_file() else []
     outcome.steps = len(rows)
@@ -360,7 +366,7 @@ async def after_run(outcome: Outcome, url: str, args: argparse.Namespace) -> Non
     """Sessions left on the server (the trainer closed its pool; a server-side request still finishing gets a
     moment), then the checks."""
     await asyncio.sleep(1.0)
-    outcome.sessions_after = (await get_json(url + "/health"))["sessions"]
+    outcome.sessions_after = (await get_json(url + "/health", 60.0))["sessions"]
     check(outcome, args)
 
 
@@ -370,6 +376,8 @@ def check(outcome: Outcome, args: argparse.Namespace) -> None:
         p.append("fault not injected")
     if outcome.lost:
         p.append(f"lost={outcome.lost}")
+    if outcome.fault in HITS_EPISODES and outcome.injected and not (outcome.retried or outcome.failed):
+        p.append("no episode was affected (the fault missed every env call: lengthen it)")
     if outcome.sessions_after:
         p.append(f"{outcome.sessions_after} sessions left on the server")
     if outcome.trained < args.steps and not outcome.note.startswith("expected stop"):
@@ -412,14 +420,18 @@ async def fault_sigstop(args, server) -> Outcome:
         while obs.step < args.fault_step:
             await asyncio.sleep(0.05)
         await sessions_mid_episode(server.url)
+        t0 = time.monotonic()
         await server.pause()
+        t_paused = time.monotonic()
         out.injected = True
         try:
             await asyncio.sleep(args.stop_s)
         finally:
+            t1 = time.monotonic()
             await server.unpause()
-        out.recovery_s = args.stop_s
-        out.note = f"stopped {args.stop_s:g} s (client deadline {args.env_timeout:g} s)"
+            out.recovery_s = time.monotonic() - t_paused
+            out.note = (f"stopped {args.stop_s:g} s (client deadline {args.env_timeout:g} s); pause took "
+                        f"{t_paused - t0:.1f} s, unpause {time.monotonic() - t1:.1f} s")
 
     outcome, _ = await run_training(args, "sigstop", server.url, inject)
     await after_run(outcome, server.url, args)
@@ -474,6 +486,7 @@ async def fault_trainer_ckpt(args, server) -> Outcome:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", CHILD.format(kill_step=2), *base],
                                     cwd=ROOT, env=env, capture_output=True, text=True)
+    t_kill = time.time()
     partial = sorted(p.name for p in (out_dir / "checkpoints").glob(".step_2.tmp-*"))
     latest = latest_checkpoint(out_dir)
     outcome.injected = child.returncode == -signal.SIGKILL and bool(partial)
@@ -491,7 +504,11 @@ async def fault_trainer_ckpt(args, server) -> Outcome:
     if resumed.returncode != 0 or steps != [1, 2, 3] or not (out_dir / "checkpoints" / "step_3").is_dir():
         outcome.problems.append(f"resume rc={resumed.returncode}, logged steps {steps}: {resumed.stderr[-500:]}")
     args_steps, args.steps = args.steps, 3
-    outcome.sessions_after = (await get_json(server.url + "/health"))["sessions"]
+    # the killed trainer's open sessions stay until the server's TTL reaps them (nobody can name them); the
+    # resumed run must leave none of its own
+    live = (await get_json(server.url + "/sessions", 30.0))["sessions"]
+    outcome.sessions_after = sum(s["created_at"] > t_kill for s in live)
+    outcome.note += f"; {len(live) - outcome.sessions_after} session(s) of the killed trainer left to the TTL"
     check(outcome, args)
     args.steps = args_steps
     return outcome
@@ -596,7 +613,7 @@ async def main_async(args: argparse.Namespace) -> int:
             for o in result if isinstance(result, list) else [result]:
                 outcomes.append(o)
                 print(f"{o.fault}: {'ok' if o.ok else 'FAIL ' + '; '.join(o.problems)} ({time.monotonic() - t0:.0f} s)"
-                      f"  {o.note}", flush=True)
+                      f"  {o.note}\n" + table([o]).splitlines()[-1], flush=True)
     finally:
         server.close()
         if not args.keep:
@@ -625,7 +642,7 @@ def main() -> int:
     p.add_argument("--tasks-per-step", type=int, default=2, help="groups per step (G=4 episodes each)")
     p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--env-timeout", type=float, default=5.0, help="rollout.env_timeout_s (client deadline), s")
-    p.add_argument("--stop-s", type=float, default=8.0, help="sigstop: how long the server stays stopped, s")
+    p.add_argument("--stop-s", type=float, default=12.0, help="sigstop: how long the server stays stopped, s")
     p.add_argument("--drops", type=int, default=4, help="conn_drop: responses cut")
     p.add_argument("--episode-retries", type=int, default=3, help="rollout.episode_retries")
     p.add_argument("--retry-backoff", type=float, default=2.0, help="rollout.retry_backoff_s")
