@@ -174,8 +174,10 @@ class ComposeServer:
     async def unpause(self) -> None:
         await asyncio.to_thread(self._run, "unpause", self.container())
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # never leave the container paused
+        with contextlib.suppress(Exception):
+            if self._run("inspect", "--format", "{{.State.Status}}", self.container()) == "paused":
+                self._run("unpause", self.container())
 
 
 # ------------------------------------------------------------------------------------------------ proxy
@@ -420,11 +422,11 @@ async def fault_sigstop(args, server) -> Outcome:
         while obs.step < args.fault_step:
             await asyncio.sleep(0.05)
         await sessions_mid_episode(server.url)
-        t0 = time.monotonic()
-        await server.pause()
-        t_paused = time.monotonic()
-        out.injected = True
-        try:
+        t0 = t_paused = time.monotonic()
+        try:  # unpause even when cancelled while the pause command runs (it may complete after the cancel)
+            await server.pause()
+            t_paused = time.monotonic()
+            out.injected = True
             await asyncio.sleep(args.stop_s)
         finally:
             t1 = time.monotonic()

@@ -94,6 +94,7 @@ def fuzz(url: str, env_ids: list[str], examples: int) -> tuple[Counter, list[str
     statuses: Counter = Counter()
     problems: list[str] = []
     opened: list[str] = []
+    server_errors: list[str] = []
     live: dict[str, str] = {}
     http = httpx.Client(base_url=url, timeout=120)
 
@@ -120,6 +121,9 @@ def fuzz(url: str, env_ids: list[str], examples: int) -> tuple[Counter, list[str
                     case.body["env_id"] = env_ids[env_index]
                 response = case.call(base_url=url, timeout=120)
                 statuses[response.status_code] += 1
+                if response.status_code >= 500:  # documented ones pass the checks; say which requests got them
+                    server_errors.append(f"{case.method} {operation.path} -> {response.status_code}: "
+                                         f"{response.text[:160]}")
                 if response.status_code == 201:
                     opened.append(response.json()["session_id"])
                 check_answer(case, response, problems)
@@ -129,6 +133,8 @@ def fuzz(url: str, env_ids: list[str], examples: int) -> tuple[Counter, list[str
             except Unsatisfiable:  # nothing to make invalid (GET /health, /envs, /sessions take no input)
                 assert mode == GenerationMode.NEGATIVE
     http.close()
+    for line in server_errors:
+        print("  documented 5xx:", line)
     return statuses, problems, opened
 
 
