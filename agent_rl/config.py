@@ -73,6 +73,9 @@ class EnvServerConfig:
     module calling ``gymnasium.register``."""
     startup_timeout_s: float = 300.0
     """How long to wait for the auto-started server's ``/health``."""
+    max_restarts: int = 3
+    """The auto-started server is started again when it dies, this many times per run; then the run stops with an
+    error naming the cause (0: stop at the first death)."""
     local_workers: int = 0
     """Local mode: worker threads/processes of ``LocalEnvPool`` (0 = its default)."""
     local_kind: str = "thread"

@@ -51,7 +51,8 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
     from agent_rl.engines import get_engine, set_torch_threads
     from agent_rl.episodes import save_step_episodes
     from agent_rl.learner import Learner
-    from agent_rl.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from agent_rl.learner.checkpoint import (latest_checkpoint, load_checkpoint, recover_checkpoints,
+                                             save_checkpoint)
     from agent_rl.logging import MetricsLogger
     from agent_rl.models import load_policy
     from agent_rl.rollout import RolloutOrchestrator, TaskSampler, build_rollout_batch, get_prompt
@@ -81,6 +82,9 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
 
     # Resume: model, optimizer, scheduler, RNG states (restored by load_checkpoint), step and data position
     # (main has compared the checkpoint's config with this one).
+    if cfg.trainer.resume:  # a save interrupted by a crash: undo a half-done replace, drop its temporary folder
+        for line in recover_checkpoints(out / "checkpoints"):
+            print(f"checkpoints: {line}", file=sys.stderr)
     ckpt = resume_path(cfg, out, latest_checkpoint)
     if ckpt is not None:
         extra = load_checkpoint(ckpt, model, learner)
@@ -274,51 +278,110 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextlib.contextmanager
-def env_server(cfg: Config, log_path: Path) -> Iterator[str]:
-    """Start ``python -m servers.serve --env <env.id>`` on a free 127.0.0.1 port, wait for ``/health``, yield its URL,
-    stop it at exit (SIGTERM, then SIGKILL after 15 s). ``RuntimeError`` with the server log's tail if it exits or
-    is not healthy within ``env_server.startup_timeout_s``."""
-    import httpx
+class EnvServerProcess:
+    """The run's own env server (``env_server.urls`` empty): ``python -m servers.serve --env <env.id>`` on a free
+    127.0.0.1 port. :meth:`start` waits for ``/health``; a server that dies is started again on the same port by
+    :func:`supervise_env_server` (the URL the env client holds stays valid), at most ``env_server.max_restarts``
+    times."""
 
-    es = cfg.env_server
-    port = free_port()
-    cmd = [sys.executable, "-m", "servers.serve", "--env", cfg.env.id, "--host", "127.0.0.1", "--port", str(port)]
-    cmd += [arg for mod in es.imports for arg in ("--import", mod)]
-    cmd += ["--workers", str(es.workers)] if es.workers > 0 else []
-    cmd += ["--max-sessions", str(es.max_sessions)] if es.max_sessions > 0 else []
-    cmd += ["--token", es.token] if es.token else []
-    env = dict(os.environ)
-    if cfg.data.root:
-        env["AGENT_RL_DATA"] = cfg.data.root
-    repo = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    url = f"http://127.0.0.1:{port}"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo)
-    try:
-        deadline = time.monotonic() + es.startup_timeout_s
+    def __init__(self, cfg: Config, log_path: Path) -> None:
+        es = cfg.env_server
+        self.cfg, self.log_path = cfg, log_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "servers.serve", "--env", cfg.env.id, "--host", "127.0.0.1",
+               "--port", str(self.port)]
+        cmd += [arg for mod in es.imports for arg in ("--import", mod)]
+        cmd += ["--workers", str(es.workers)] if es.workers > 0 else []
+        cmd += ["--max-sessions", str(es.max_sessions)] if es.max_sessions > 0 else []
+        cmd += ["--token", es.token] if es.token else []
+        self.cmd = cmd
+        env = dict(os.environ)
+        if cfg.data.root:
+            env["AGENT_RL_DATA"] = cfg.data.root
+        self.repo = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = self.repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self.starts = 0  # successful starts (healthy)
+        self.failure: str | None = None  # set when the supervisor gave up (the run then stops with this message)
+
+    def start(self) -> None:
+        """Start the server and wait for ``/health``. ``RuntimeError`` with the log's tail if it exits or is not
+        healthy within ``env_server.startup_timeout_s``."""
+        import httpx
+
+        timeout_s = self.cfg.env_server.startup_timeout_s
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.repo)
+        deadline = time.monotonic() + timeout_s
         while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"env server exited with code {proc.returncode}: {cmd}\n{_tail(log_path)}")
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"env server exited with code {self.proc.returncode}: {self.cmd}\n"
+                                   f"{_tail(self.log_path)}")
             try:
-                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"env server not healthy after {es.startup_timeout_s} s: {cmd}\n{_tail(log_path)}")
+                self.stop()
+                raise RuntimeError(f"env server not healthy after {timeout_s} s: {self.cmd}\n{_tail(self.log_path)}")
             time.sleep(0.25)
-        print(f"env server {cfg.env.id} at {url} (log: {log_path})", file=sys.stderr)
-        yield url
-    finally:
-        if proc.poll() is None:
+        self.starts += 1
+        print(f"env server {self.cfg.env.id} at {self.url} (log: {self.log_path})", file=sys.stderr)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 15 s."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextlib.contextmanager
+def env_server(cfg: Config, log_path: Path) -> Iterator[EnvServerProcess]:
+    """Start the run's env server (:class:`EnvServerProcess`), yield it, stop it at exit."""
+    server = EnvServerProcess(cfg, log_path)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+async def supervise_env_server(server: EnvServerProcess, on_failure: Any, *, interval_s: float = 0.5) -> None:
+    """Watch the run's env server: when it exits, start it again on the same port (in-flight episodes fail and are
+    re-run by the orchestrator); after ``env_server.max_restarts`` restarts, or when a restart fails, set
+    ``server.failure`` and call ``on_failure()`` (which stops the run: never a run that hangs or trains on
+    nothing)."""
+    limit = server.cfg.env_server.max_restarts
+    while True:
+        await asyncio.sleep(interval_s)
+        proc = server.proc
+        if proc is None or proc.poll() is None:
+            continue
+        code = proc.returncode
+        if server.restarts >= limit:
+            server.failure = (f"the env server ({server.url}) exited with code {code} after {server.restarts} "
+                              f"restart(s) (env_server.max_restarts={limit}); stopping the run. Server log "
+                              f"{server.log_path}:\n{_tail(server.log_path, 1500)}")
+            on_failure()
+            return
+        server.restarts += 1
+        print(f"warning: the env server ({server.url}) exited with code {code}; restarting it "
+              f"({server.restarts}/{limit})", file=sys.stderr)
+        try:
+            await asyncio.to_thread(server.start)
+        except RuntimeError as exc:
+            server.failure = f"the env server exited with code {code} and could not be restarted: {exc}"
+            on_failure()
+            return
 
 
 def _tail(path: Path, n: int = 3000) -> str:
@@ -331,10 +394,14 @@ def _tail(path: Path, n: int = 3000) -> str:
 @contextlib.asynccontextmanager
 async def open_env_pool(cfg: Config, out: Path) -> AsyncIterator[Any]:
     """The env client of the run: ``LocalEnvPool`` (``env_server.mode=local``) or ``HTTPEnvPool`` over
-    ``env_server.urls`` (a server started for the run when empty); closed (and the server stopped) at exit."""
+    ``env_server.urls`` (a server started for the run when empty, restarted when it dies, and the run stopped with
+    ``RuntimeError`` naming the cause once it cannot be: :func:`supervise_env_server`); closed (and the server
+    stopped) at exit."""
     from agent_rl.envclient import HTTPEnvPool, LocalEnvPool
 
     es = cfg.env_server
+    server: EnvServerProcess | None = None
+    supervisor: asyncio.Task[None] | None = None
     with contextlib.ExitStack() as stack:
         if es.mode == "local":
             kwargs: dict[str, Any] = {"mode": es.local_kind, "imports": list(es.imports)}
@@ -342,11 +409,26 @@ async def open_env_pool(cfg: Config, out: Path) -> AsyncIterator[Any]:
                 kwargs["max_workers"] = es.local_workers
             pool = LocalEnvPool(**kwargs)
         else:
-            urls = list(es.urls) or [stack.enter_context(env_server(cfg, out / "env_server.log"))]
+            if es.urls:
+                urls = list(es.urls)
+            else:
+                server = stack.enter_context(env_server(cfg, out / "env_server.log"))
+                urls = [server.url]
+                main_task = asyncio.current_task()
+                assert main_task is not None
+                supervisor = asyncio.create_task(supervise_env_server(server, main_task.cancel))
             pool = HTTPEnvPool(urls, token=es.token)
         try:
             yield pool
+        except asyncio.CancelledError:
+            if server is not None and server.failure:  # the supervisor stopped the run: say why
+                raise RuntimeError(server.failure) from None
+            raise
         finally:
+            if supervisor is not None:
+                supervisor.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await supervisor
             await pool.aclose()
 
 

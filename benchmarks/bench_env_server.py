@@ -8,6 +8,7 @@ after its last step, so at 8 and 32 sessions other sessions keep resetting while
 
     python benchmarks/bench_env_server.py                         # the table (about 4-5 minutes)
     python benchmarks/bench_env_server.py --sessions 1,8 --duration 20 --modes http
+    python benchmarks/bench_env_server.py --sessions 1,8 --modes http --url http://127.0.0.1:8001   # a container
     python benchmarks/bench_env_server.py --resets 1000 --sessions 4            # RSS every 100 resets
     python benchmarks/bench_env_server.py --resets 1000 --sessions 4 --games 8  # same, game caches full early
     python benchmarks/bench_env_server.py --probe --sessions 8,32  # one session steps while the others reset
@@ -219,7 +220,8 @@ async def bench_table(args: argparse.Namespace) -> None:
     max_sessions = max(counts)
     # HTTP first: the local rows then run with the warmer game cache, so the overhead is not understated.
     if "http" in args.modes:
-        proc, url = start_server(args, max_sessions)
+        # --url: an env server already running (e.g. the compose container: the container network's cost)
+        proc, url = (None, args.url) if args.url else start_server(args, max_sessions)
         try:
             pool = HTTPEnvPool(url, max_connections=2 * max_sessions)
             for n in counts:
@@ -227,7 +229,8 @@ async def bench_table(args: argparse.Namespace) -> None:
                 runs["http", n] = await measure(pool, "http", n, args, n_games)
             await pool.aclose()
         finally:
-            stop_server(proc)
+            if proc is not None:
+                stop_server(proc)
 
     if "local" in args.modes:
         pool = LocalEnvPool(max_workers=args.workers or max_sessions, mode="process", preload_envs=[args.env])
@@ -390,6 +393,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="seconds run before measuring (every session's first reset starts at once)")
     p.add_argument("--episode-steps", type=int, default=20)
     p.add_argument("--modes", default="local,http", help="local, http or both")
+    p.add_argument("--url", default=None, help="http mode: measure this running server (e.g. the compose container "
+                                               "http://127.0.0.1:8001) instead of starting one on loopback")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per session)")
     p.add_argument("--resets", type=int, default=0, help="memory mode: this many resets, RSS every 100")
     p.add_argument("--seed", type=int, default=0)

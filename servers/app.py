@@ -29,6 +29,7 @@ from servers.sessions import (
     EpisodeOver,
     ServerSettings,
     SessionBusy,
+    SessionExists,
     SessionManager,
     SessionNotFound,
     UnknownEnv,
@@ -122,6 +123,10 @@ def create_app(
     @app.exception_handler(SessionBusy)
     async def _busy(request: Request, exc: SessionBusy) -> JSONResponse:
         return _error(409, "session_busy", str(exc))
+
+    @app.exception_handler(SessionExists)
+    async def _exists(request: Request, exc: SessionExists) -> JSONResponse:
+        return _error(409, "session_exists", str(exc))
 
     @app.exception_handler(AtCapacity)
     async def _capacity(request: Request, exc: AtCapacity) -> JSONResponse:

@@ -20,6 +20,7 @@ __all__ = [
     "SessionsResponse",
     "StepRequest",
     "StepResponse",
+    "UnprocessableResponse",
 ]
 
 
@@ -34,6 +35,11 @@ class CreateSessionRequest(_Strict):
     seed: int | None = Field(default=None, description="seed of the first reset")
     options: dict[str, Any] | None = Field(default=None, description="reset options selecting the task, e.g. {split, index}")
     env_kwargs: dict[str, Any] | None = Field(default=None, description="keyword arguments of gymnasium.make, e.g. {expert: true}")
+    session_id: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_-]{16,64}$",
+        description="id chosen by the client (e.g. a uuid4 hex; default: the server picks one), so that a client "
+                    "that never got the answer (timeout, dropped connection) can still close the session; "
+                    "409 session_exists if a live session has it")
 
 
 class ResetRequest(_Strict):
@@ -79,6 +85,7 @@ class SessionInfo(BaseModel):
     done: bool = Field(description="the current episode ended; step is 409 until reset")
     busy: bool
     worker: int | None = Field(description="index of the worker process holding it")
+    worker_pid: int | None = Field(default=None, description="process id of that worker")
 
 
 class SessionsResponse(BaseModel):
@@ -111,4 +118,15 @@ class ErrorResponse(BaseModel):
     detail: str
     code: str = Field(description="machine-readable: session_not_found, unknown_env, episode_over, session_busy, "
                                   "action_too_large, at_capacity, env_error, env_timeout, unauthorized, body_too_large, "
-                                  "invalid_request (422: the env rejected env_kwargs, seed or options)")
+                                  "invalid_request (422: the env rejected env_kwargs, seed or options), "
+                                  "session_exists (409: a live session has the client-chosen session_id)")
+
+
+class UnprocessableResponse(BaseModel):
+    """Body of a 422: FastAPI's list of validation errors (malformed body, wrong types, unknown fields, invalid
+    UTF-8), or ``{"detail": str, "code": "invalid_request"}`` when the env's ``make``/``reset`` rejected the
+    ``env_kwargs``, ``seed`` or ``options``."""
+
+    detail: str | list[dict[str, Any]]
+    code: str | None = Field(default=None, description="invalid_request (the env rejected the request); absent for "
+                                                       "a validation error list")

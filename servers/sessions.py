@@ -23,6 +23,7 @@ __all__ = [
     "EpisodeOver",
     "Session",
     "SessionBusy",
+    "SessionExists",
     "SessionManager",
     "SessionNotFound",
     "ServerSettings",
@@ -32,6 +33,10 @@ __all__ = [
 
 class SessionNotFound(KeyError):
     """No live session with this id (never created, closed, expired, or broken by an env failure)."""
+
+
+class SessionExists(RuntimeError):
+    """A live session already has the client-chosen session id."""
 
 
 class UnknownEnv(KeyError):
@@ -220,16 +225,21 @@ class SessionManager:
         seed: int | None = None,
         options: dict[str, Any] | None = None,
         env_kwargs: dict[str, Any] | None = None,
+        session_id: str | None = None,
     ) -> tuple[str, Any, dict[str, Any]]:
         """Open a session: ``gymnasium.make`` + ``reset`` in a worker -> ``(session_id, observation, info)``.
 
-        Raises ``UnknownEnv`` (404), ``AtCapacity`` (503), ``EnvFailed`` (500/504).
+        ``session_id``: the client's choice (default: a new uuid4 hex), so a client that lost the answer can still
+        close the session. Raises ``UnknownEnv`` (404), ``SessionExists`` (409), ``AtCapacity`` (503),
+        ``EnvFailed`` (500/504).
         """
         if env_id not in self.settings.env_ids:
             raise UnknownEnv(f"env id {env_id!r} is not served here; served: {self.settings.env_ids}")
+        if session_id is not None and session_id in self.sessions:
+            raise SessionExists(f"a live session has the id {session_id!r}")
         if len(self.sessions) >= self.settings.max_sessions:
             raise AtCapacity(f"{len(self.sessions)} live sessions (max_sessions={self.settings.max_sessions})")
-        session = Session(uuid.uuid4().hex, env_id, busy=True)
+        session = Session(session_id or uuid.uuid4().hex, env_id, busy=True)
         self.sessions[session.session_id] = session
         try:
             observation, info = await self.pool.open(session.session_id, env_id, env_kwargs=env_kwargs, seed=seed,

@@ -617,6 +617,11 @@ class WorkerPool:
         worker = self._by_session.get(session_id)
         return None if worker is None else worker.index
 
+    def pid_of(self, session_id: str) -> int | None:
+        """Process id of the worker holding the session (``None`` if unknown)."""
+        worker = self._by_session.get(session_id)
+        return None if worker is None else worker.pid
+
     def broken_sessions(self) -> list[str]:
         """Sessions whose worker died (they cannot be stepped any more)."""
         return [sid for sid, w in self._by_session.items() if not w.alive]

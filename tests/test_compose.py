@@ -60,6 +60,17 @@ def test_envs_service_waits_for_every_env_server_to_be_healthy():
     services = compose()["services"]
     assert set(services) == {*ENV_SERVICES, "envs"}
     assert services["envs"]["depends_on"] == {name: {"condition": "service_healthy"} for name in ENV_SERVICES}
+    # podman 4.3 ignores the condition: the target itself waits for every server's /health (compose network)
+    command = services["envs"]["command"]
+    assert command[:3] == ["python", "-m", "servers.wait"]
+    assert set(command[3:3 + len(ENV_SERVICES)]) == {f"http://{name}:8000" for name in ENV_SERVICES}
+
+
+def test_env_services_are_read_only_but_for_the_cache_and_tmp():
+    for name in ENV_SERVICES:
+        spec = compose()["services"][name]
+        assert spec["read_only"] is True and spec["tmpfs"] == ["/tmp"]
+        assert "agent_rl_cache:/cache" in spec["volumes"]
 
 
 @pytest.mark.parametrize("service,env_id", sorted(ENV_SERVICES.items()))
@@ -113,8 +124,13 @@ def test_dockerfiles_install_only_server_extras_and_never_torch(service, env_id)
     froms = [args.split()[0] for op, args in instructions if op == "FROM"]
     assert froms and all(image == "python:3.11-slim" for image in froms)
     installs = [args for op, args in instructions if op == "RUN" and re.search(r"pip (install|wheel)", args)]
-    extras = {e for line in installs for group in re.findall(r"\[([a-z0-9_,\s]+)\]", line) for e in group.split(",")}
+    # the requirements list is made from pyproject.toml's dependencies and the extras named by ARG EXTRAS; the
+    # project itself is installed without dependencies
+    args = dict(a.split("=", 1) for op, a in instructions if op == "ARG" and "=" in a)
+    extras = set(args["EXTRAS"].split(","))
     assert extras == {"server", service}
+    assert any("-r /tmp/requirements.txt" in line for line in installs)
+    assert all("-r /tmp/requirements.txt" in line or "--no-deps" in line for line in installs)
     assert not re.search(r"\btorch\b", " ".join(installs))
     optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     requirements = [r for extra in extras for r in optional[extra]] + tomllib.loads(

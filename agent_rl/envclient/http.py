@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import time
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +40,11 @@ class HTTPEnvPool:
     session moves on to the next URL when one fails. A step is retried only when its request never reached the
     server (connect errors), since a step is not idempotent.
 
+    Sessions whose fate is unknown are never left behind: the pool names each new session itself (``session_id`` in
+    ``POST /sessions``), so a reset whose answer was lost (timeout, dropped connection, cancelled) and a close that
+    failed (server down or stopped) leave an *orphan* that the pool deletes later: in the background at its next
+    ``reset`` and, bounded by ``orphan_timeout_s``, in :meth:`aclose` (a server that restarted has none: 404 is fine).
+
     Args:
         urls: one base URL or several (``"http://127.0.0.1:8001"``).
         token: bearer token of the servers (``--token``).
@@ -46,6 +53,7 @@ class HTTPEnvPool:
         retries: extra attempts after a connect error or a 503.
         backoff_s: first backoff, seconds.
         transport: an httpx transport (tests pass ``httpx.ASGITransport(app)``).
+        orphan_timeout_s: deadline of one orphan ``DELETE`` and of the final clean-up in :meth:`aclose`.
     """
 
     def __init__(
@@ -59,6 +67,7 @@ class HTTPEnvPool:
         backoff_s: float = 0.5,
         max_backoff_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        orphan_timeout_s: float = 10.0,
     ) -> None:
         self.urls = [urls.rstrip("/")] if isinstance(urls, str) else [u.rstrip("/") for u in urls]
         if not self.urls:
@@ -76,6 +85,10 @@ class HTTPEnvPool:
         self._url_of: dict[str, str] = {}  # session id -> URL of the server that holds it
         self._load: Counter[str] = Counter({u: 0 for u in self.urls})
         self._turn = 0
+        self.orphan_timeout_s = orphan_timeout_s
+        self._orphans: dict[str, str] = {}  # session id -> URL: sessions that may exist, to delete when reachable
+        self._reaper: asyncio.Task[None] | None = None
+        self.orphans_closed = 0  # orphans deleted so far (they existed on the server)
 
     # ---- plumbing --------------------------------------------------------------------------------------------
     def _backoff(self, attempt: int, response: httpx.Response | None = None) -> float:
@@ -143,7 +156,10 @@ class HTTPEnvPool:
         env_kwargs: dict[str, Any] | None = None,
     ) -> ResetResult:
         """Open a session on the least-loaded server (``POST /sessions``); see the class docstring for retries."""
-        body = {"env_id": env_id, "seed": seed, "options": options, "env_kwargs": env_kwargs}
+        self._reap_orphans_soon()
+        session_id = uuid.uuid4().hex
+        body = {"env_id": env_id, "seed": seed, "options": options, "env_kwargs": env_kwargs,
+                "session_id": session_id}
         self._turn += 1
         order = sorted(self.urls, key=lambda u: (self._load[u], (self.urls.index(u) - self._turn) % len(self.urls)))
         error: EnvClientError | None = None
@@ -151,9 +167,15 @@ class HTTPEnvPool:
             url = order[attempt % len(order)]
             response = None
             try:
-                response = await self._send("POST", url, "/sessions", body)
+                try:
+                    response = await self._send("POST", url, "/sessions", body)
+                except (EnvServerError, asyncio.CancelledError):
+                    # the request may have reached the server (timeout, connection dropped mid-answer,
+                    # cancelled by the caller's deadline): the session may exist, delete it later
+                    self._orphans[session_id] = url
+                    raise
                 payload = self._check(response)
-            except EnvUnavailable as exc:
+            except EnvUnavailable as exc:  # never reached the server, or 503: no session was opened
                 error = exc
                 if attempt < self.retries:
                     # Move on at once to another server if there is one; back off once all were tried.
@@ -185,19 +207,61 @@ class HTTPEnvPool:
                           bool(payload["truncated"]), payload.get("info") or {})
 
     async def close(self, session_id: str) -> None:
-        """``DELETE /sessions/{id}``; an unknown or expired session is not an error."""
+        """``DELETE /sessions/{id}``; an unknown or expired session is not an error. When the server cannot be
+        reached (down, stopped, connection lost) the session becomes an orphan, deleted later (class docstring)."""
         url = self._url_of.pop(session_id, None)
         if url is None:
             return
         self._load[url] -= 1
         try:
             self._check(await self._send("DELETE", url, f"/sessions/{session_id}"))
-        except (SessionNotFound, EnvUnavailable):
+        except SessionNotFound:
             pass
+        except (EnvUnavailable, EnvServerError):
+            self._orphans[session_id] = url
+        except asyncio.CancelledError:  # e.g. the caller's deadline: the DELETE may not have been applied
+            self._orphans[session_id] = url
+            raise
+
+    # ---- orphans ---------------------------------------------------------------------------------------------
+    @property
+    def orphans(self) -> dict[str, str]:
+        """Sessions this pool could not confirm closed (id -> URL), deleted when their server answers again."""
+        return dict(self._orphans)
+
+    async def close_orphans(self, timeout_s: float | None = None) -> int:
+        """Try once to delete every orphan (``DELETE``, each bounded by ``timeout_s``, default
+        ``orphan_timeout_s``); returns how many are left (server still unreachable)."""
+        timeout_s = self.orphan_timeout_s if timeout_s is None else timeout_s
+
+        async def one(session_id: str, url: str) -> None:
+            try:
+                response = await asyncio.wait_for(self._send("DELETE", url, f"/sessions/{session_id}"), timeout_s)
+                self._check(response)
+                self.orphans_closed += 1
+            except SessionNotFound:
+                pass  # never opened, already expired, or the server restarted
+            except (EnvClientError, asyncio.TimeoutError):
+                return  # still unreachable: keep it for the next try
+            self._orphans.pop(session_id, None)
+
+        await asyncio.gather(*(one(s, u) for s, u in list(self._orphans.items())))
+        return len(self._orphans)
+
+    def _reap_orphans_soon(self) -> None:
+        """Delete orphans in the background (one clean-up task at a time; never delays the caller)."""
+        if self._orphans and (self._reaper is None or self._reaper.done()):
+            self._reaper = asyncio.ensure_future(self.close_orphans())
 
     async def aclose(self) -> None:
-        """Close this pool's open sessions (best effort), then the HTTP client."""
+        """Close this pool's open sessions and orphans (best effort, bounded), then the HTTP client."""
         await asyncio.gather(*(self.close(s) for s in list(self._url_of)), return_exceptions=True)
+        if self._reaper is not None and not self._reaper.done():
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._reaper, self.orphan_timeout_s)
+        if self._orphans:
+            with contextlib.suppress(Exception):
+                await self.close_orphans()
         await self._client.aclose()
 
     async def health(self) -> list[dict[str, Any]]:

@@ -9,8 +9,11 @@ Layout of one checkpoint folder (``DIR/checkpoints/step_N`` by convention of ``t
     rng.pt                                         RNG states
     extra.json                                     the caller's ``extra`` dict
 
-The folder is written under a temporary name in the same parent and renamed into place (``os.replace``), so a
-crash never leaves a half-written checkpoint where :func:`latest_checkpoint` would pick it up.
+The folder is written under a temporary name in the same parent, its files and the folder flushed to disk
+(``fsync``), and renamed into place (``os.replace``), so a crash (SIGKILL, power loss) never leaves a half-written
+checkpoint where :func:`latest_checkpoint` would pick it up. Replacing an existing checkpoint moves the old one
+aside first; a crash between the two renames is undone by :func:`recover_checkpoints` (the trainer calls it before
+resuming), which also deletes the temporary folders of interrupted saves.
 """
 
 from __future__ import annotations
@@ -29,6 +32,25 @@ import numpy as np
 import torch
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
+_TMP_RE = re.compile(r"^\.(step_\d+)\.tmp-")
+_OLD_RE = re.compile(r"^\.(step_\d+)\.old-")
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file under ``folder`` and the folder itself to disk."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -70,6 +92,7 @@ def save_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, tokeni
             torch.save(learner.state_dict(), tmp / "learner.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
         (tmp / "extra.json").write_text(json.dumps(extra or {}, indent=1))
+        _fsync_tree(tmp)
         if target.exists():  # replace: move the old one aside first (os.replace cannot overwrite a non-empty dir)
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
             os.replace(target, old)
@@ -77,6 +100,7 @@ def save_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, tokeni
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, target)
+        _fsync_dir(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -130,3 +154,28 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
                 if best is None or int(m.group(1)) > best[0]:
                     best = (int(m.group(1)), child)
     return best[1] if best else None
+
+
+def recover_checkpoints(folder: str | os.PathLike) -> list[str]:
+    """Clean up after a crash during :func:`save_checkpoint` in ``folder`` (e.g. ``DIR/checkpoints``): an old
+    checkpoint moved aside (``.step_N.old-*``) whose replacement never arrived is renamed back to ``step_N``; the
+    temporary folders of interrupted saves (``.step_N.tmp-*``) and leftover moved-aside ones are deleted.
+    Returns what was done, one line per folder. Call it only when no other process writes checkpoints there."""
+    root = Path(folder)
+    done: list[str] = []
+    if not root.is_dir():
+        return done
+    for child in sorted(root.iterdir()):
+        old, tmp = _OLD_RE.match(child.name), _TMP_RE.match(child.name)
+        if old and child.is_dir():
+            target = root / old.group(1)
+            if not target.exists() and (child / "extra.json").is_file():
+                os.replace(child, target)
+                done.append(f"restored {target.name} from {child.name}")
+            else:
+                shutil.rmtree(child, ignore_errors=True)
+                done.append(f"deleted {child.name}")
+        elif tmp and child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+            done.append(f"deleted {child.name} (interrupted save)")
+    return done

@@ -180,6 +180,7 @@ class RolloutOrchestrator:
         self._batcher: GenerationBatcher | None = None
         self.last_batcher: GenerationBatcher | None = None
         self._env_s = 0.0
+        self._retries = 0  # episode re-runs after an env failure, in the current run_groups call
         self._prefetched: dict[tuple[int, int], asyncio.Future] = {}  # (group_id, slot) -> reset in flight
         self._prefetched_tasks: list[Task] = []
         self._runs = 0
@@ -299,6 +300,7 @@ class RolloutOrchestrator:
         reason = ""
         for attempt in range(self.cfg.episode_retries + 1):
             if attempt:
+                self._retries += 1
                 await asyncio.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
             try:
                 return await self._play(task, temperature, is_high, slot)
@@ -316,10 +318,12 @@ class RolloutOrchestrator:
 
         Returns:
             RolloutResult whose ``episodes`` hold only complete groups (order: group, then episode) and whose
-            metrics are computed over them (plus ``rollout/dropped_groups``).
+            metrics are computed over them (plus ``rollout/dropped_groups``, ``rollout/episode_retries``: episode
+            re-runs after an env failure, ``rollout/failed_episodes``: episodes that failed every attempt).
         """
         t0 = time.perf_counter()
         self._env_s = 0.0
+        self._retries = 0
         kwargs = dict(self.gen_kwargs)
         if kwargs["seed"] is not None:
             key = self._runs if seed_key is None else seed_key
@@ -359,6 +363,8 @@ class RolloutOrchestrator:
         metrics = rollout_metrics(kept)
         metrics.update({
             "rollout/dropped_groups": float(dropped),
+            "rollout/episode_retries": float(self._retries),
+            "rollout/failed_episodes": float(sum(ep.failure is not None for eps in results for ep in eps)),
             "time/rollout_s": wall,
             "time/env_wait_frac": max(0.0, 1.0 - batcher.busy_s / wall) if wall > 0 else 0.0,
             "time/generate_s": batcher.busy_s,
@@ -381,7 +387,7 @@ class RolloutOrchestrator:
         temps = group_temperatures(algo, step)
         kept: list[list[Episode]] = []
         total = RolloutResult(episodes=[])
-        wall = env_wait = tokens = generate = 0.0
+        wall = env_wait = tokens = generate = retries = failed = 0.0
         need, rounds = num_groups, 0
         while True:
             tasks, self._prefetched_tasks = self._prefetched_tasks[:need], self._prefetched_tasks[need:]
@@ -393,6 +399,8 @@ class RolloutOrchestrator:
             env_wait += res.metrics["time/env_wait_frac"] * res.metrics["time/rollout_s"]
             tokens += res.metrics["throughput/tokens_per_s"] * res.metrics["time/rollout_s"]
             generate += res.metrics["time/generate_s"]
+            retries += res.metrics["rollout/episode_retries"]
+            failed += res.metrics["rollout/failed_episodes"]
             for i in range(0, len(res.episodes), len(temps)):
                 group = res.episodes[i:i + len(temps)]
                 if filter_groups and _all_equal([ep.reward for ep in group]):
@@ -407,6 +415,8 @@ class RolloutOrchestrator:
         total.metrics = rollout_metrics(total.episodes)
         total.metrics.update({
             "rollout/dropped_groups": float(total.dropped_groups),
+            "rollout/episode_retries": retries,
+            "rollout/failed_episodes": failed,
             "rollout/filtered_groups": float(total.filtered_groups),
             "rollout/extra_rounds": float(rounds),
             "time/rollout_s": wall,

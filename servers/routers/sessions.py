@@ -17,19 +17,22 @@ from servers.schemas import (
     SessionsResponse,
     StepRequest,
     StepResponse,
+    UnprocessableResponse,
 )
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
 
 _E = {"model": ErrorResponse}
+_422 = {"model": UnprocessableResponse, "description": "validation errors, or the env rejected the request"}
 
 
 @router.post("", response_model=ResetResponse, status_code=status.HTTP_201_CREATED,
-             responses={404: _E, 500: _E, 503: _E, 504: _E})
+             responses={404: _E, 409: _E, 422: _422, 500: _E, 503: _E, 504: _E})
 async def create_session(body: CreateSessionRequest, manager: Manager) -> ResetResponse:
-    """Open a session on ``env_id`` and return its first observation."""
+    """Open a session on ``env_id`` and return its first observation (409 if the client-chosen ``session_id`` is
+    taken by a live session)."""
     session_id, observation, info = await manager.create(
-        body.env_id, seed=body.seed, options=body.options, env_kwargs=body.env_kwargs
+        body.env_id, seed=body.seed, options=body.options, env_kwargs=body.env_kwargs, session_id=body.session_id
     )
     return ResetResponse(session_id=session_id, observation=observation, info=info)
 
@@ -41,7 +44,7 @@ async def list_sessions(manager: Manager) -> SessionsResponse:
     return SessionsResponse(sessions=[
         SessionInfo(session_id=s.session_id, env_id=s.env_id, created_at=s.created_at, idle_s=now - s.last_used,
                     steps=s.steps, episodes=s.episodes, done=s.done, busy=s.busy,
-                    worker=manager.pool.worker_of(s.session_id))
+                    worker=manager.pool.worker_of(s.session_id), worker_pid=manager.pool.pid_of(s.session_id))
         for s in manager.sessions.values()
     ])
 
@@ -58,7 +61,8 @@ async def step(session_id: str, body: StepRequest, manager: Manager, settings: S
                         truncated=reply.truncated, info=reply.info)
 
 
-@router.post("/{session_id}/reset", response_model=ResetResponse, responses={404: _E, 409: _E, 500: _E, 504: _E})
+@router.post("/{session_id}/reset", response_model=ResetResponse,
+             responses={404: _E, 409: _E, 422: _422, 500: _E, 504: _E})
 async def reset(session_id: str, body: ResetRequest, manager: Manager) -> ResetResponse:
     """Start a new episode in the same session (same env instance)."""
     observation, info = await manager.reset(session_id, seed=body.seed, options=body.options)

@@ -174,3 +174,59 @@ def test_sessions_spread_over_several_urls():
 
     with uvicorn_in_thread(make_app(), ports[0]), uvicorn_in_thread(make_app(), ports[1]):
         asyncio.run(main())
+
+
+class LoseAnswers(httpx.AsyncBaseTransport):
+    """Serves every request, then drops the answer of the ones ``lose(request)`` picks (as a connection closed
+    mid-response does): the server did the work, the client never learns the result."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, lose) -> None:
+        self.inner, self.lose, self.lost = inner, lose, 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if self.lose(request):
+            self.lost += 1
+            await response.aread()
+            raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+        return response
+
+
+def test_lost_answers_leave_no_session_behind():
+    # A reset whose answer is lost opened a session the client cannot name, unless the client named it: the pool
+    # sends its own session_id, remembers it as an orphan and deletes it later; a lost DELETE likewise.
+    async def main():
+        app = make_app()
+        async with serve_asgi(app):
+            manager = app.state.manager
+            to_lose = [("POST", "/sessions")]  # (method, path) of the next answers to drop, each once
+
+            def lose(request: httpx.Request) -> bool:
+                key = (request.method, request.url.path)
+                if key in to_lose:
+                    to_lose.remove(key)
+                    return True
+                return False
+
+            transport = LoseAnswers(httpx.ASGITransport(app=app), lose)
+            pool = HTTPEnvPool("http://testserver", transport=transport, retries=0)
+            with pytest.raises(EnvServerError):
+                await pool.reset(ECHO)
+            assert len(manager.sessions) == 1 and list(pool.orphans) == list(manager.sessions)
+            r = await pool.reset(ECHO)  # deletes the orphan in the background
+            await asyncio.sleep(0.2)
+            assert list(manager.sessions) == [r.session_id] and pool.orphans == {} and pool.orphans_closed == 1
+            to_lose.append(("DELETE", f"/sessions/{r.session_id}"))
+            await pool.close(r.session_id)  # done, but its answer is lost: the client cannot know, an orphan again
+            assert list(pool.orphans) == [r.session_id] and manager.sessions == {}
+            await pool.aclose()  # the final clean-up asks again: 404, nothing left to do
+            assert pool.orphans == {} and pool.orphans_closed == 1 and transport.lost == 2
+            # the server refuses a client-chosen id that a live session has, and a malformed one
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+                body = {"env_id": ECHO, "session_id": "a" * 32}
+                assert (await c.post("/sessions", json=body)).status_code == 201
+                again = await c.post("/sessions", json=body)
+                assert again.status_code == 409 and again.json()["code"] == "session_exists"
+                assert (await c.post("/sessions", json={"env_id": ECHO, "session_id": "x/y"})).status_code == 422
+                assert (await c.delete("/sessions/" + "a" * 32)).status_code == 204
+    asyncio.run(main())

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+import os
 import random
 
 import numpy as np
 import torch
 
 from agent_rl.learner import (AlgoConfig, Learner, OptimConfig, latest_checkpoint, load_checkpoint,
-                              save_checkpoint)
+                              recover_checkpoints, save_checkpoint)
 from learner_helpers import sample_batch
 
 
@@ -63,3 +64,22 @@ def test_latest_checkpoint_and_overwrite(tiny, tmp_path):
     save_checkpoint(tmp_path / "checkpoints" / "step_10", model, None, None, {"step": 10, "again": True})
     assert load_checkpoint(tmp_path / "checkpoints" / "step_10", model)["again"] is True
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".step_10")) == []
+
+
+def test_recover_after_a_crash_between_the_renames_of_a_replace(tiny, tmp_path):
+    # save_checkpoint replacing step_3 moves it to .step_3.old-PID, then renames the new one in; a SIGKILL between
+    # the two renames leaves no step_3: recover_checkpoints puts the complete old one back and drops temp folders.
+    model, _ = tiny
+    folder = tmp_path / "checkpoints"
+    save_checkpoint(folder / "step_2", model, None, None, {"step": 2})
+    save_checkpoint(folder / "step_3", model, None, None, {"step": 3})
+    os.replace(folder / "step_3", folder / ".step_3.old-123")
+    (folder / ".step_3.tmp-abc").mkdir()
+    (folder / ".step_3.tmp-abc" / "model.safetensors").write_bytes(b"half")
+    assert latest_checkpoint(tmp_path).name == "step_2"  # without recovery the newest complete one is missed
+    done = recover_checkpoints(folder)
+    assert done == ["restored step_3 from .step_3.old-123", "deleted .step_3.tmp-abc (interrupted save)"]
+    assert latest_checkpoint(tmp_path).name == "step_3"
+    assert load_checkpoint(folder / "step_3", model)["step"] == 3
+    assert sorted(p.name for p in folder.iterdir()) == ["step_2", "step_3"]
+    assert recover_checkpoints(folder) == [] and recover_checkpoints(tmp_path / "missing") == []

@@ -147,6 +147,8 @@ def test_env_failure_retried_then_group_dropped():
     assert len(res.episodes) == 2 and all(ep.task.seed != bad_seed and ep.won for ep in res.episodes)
     # 2 good episodes (one retried once) + 2 bad episodes x 3 attempts = 2 + 1 + 6 reset calls.
     assert pool.reset_calls == 9
+    # the metrics say what happened: 1 + 2 x 2 re-runs, 2 episodes failed every attempt
+    assert res.metrics["rollout/episode_retries"] == 5.0 and res.metrics["rollout/failed_episodes"] == 2.0
     assert res.failures == ["env: ConnectionError: always down"]  # why the group was dropped (the trainer warns)
 
 
