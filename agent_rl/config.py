@@ -178,6 +178,8 @@ class Config:
             kwargs.setdefault(self.env.data_root_kwarg, self.data.root)
         if self.rollout.max_turns > 1:
             kwargs["max_episode_steps"] = self.rollout.max_turns
+        if self.rollout.invalid_penalty:  # envs.wrappers.InvalidActionPenalty, applied by envs.wrappers.make_env
+            kwargs["invalid_action_penalty"] = self.rollout.invalid_penalty
         return kwargs
 
     @property
@@ -351,6 +353,7 @@ def _env_checks(cfg: Config) -> None:
     import gymnasium
 
     import envs  # noqa: F401 (registers the built-in ids)
+    from envs.wrappers import WRAPPER_KWARGS
 
     if "max_episode_steps" in cfg.env.kwargs:
         raise ConfigError("env.kwargs.max_episode_steps is not a key here: the turn budget is rollout.max_turns "
@@ -373,7 +376,7 @@ def _env_checks(cfg: Config) -> None:
     accepted = _keyword_params(ctor)
     if accepted is None:
         return
-    unknown = sorted(set(cfg.env_kwargs) - set(accepted) - {"max_episode_steps"})  # that one is gymnasium.make's
+    unknown = sorted(set(cfg.env_kwargs) - set(accepted) - {"max_episode_steps", *WRAPPER_KWARGS})  # make_env's
     if unknown:
         raise ConfigError(f"env.kwargs {', '.join(unknown)} not accepted by {cfg.env.id} ({entry}); valid keys: "
                           f"{', '.join(sorted(accepted)) or '(none)'}")

@@ -198,6 +198,7 @@ def _worker_main(conn: Any, imports: Sequence[str], reset_nice: int = 0, keep_en
 
     import envs  # noqa: F401  (registers the built-in ids)
     from envs.errors import EnvInfraError
+    from envs.wrappers import make_env
 
     for name in imports:
         importlib.import_module(name)
@@ -230,7 +231,7 @@ def _worker_main(conn: Any, imports: Sequence[str], reset_nice: int = 0, keep_en
                 key = json.dumps([env_id, env_kwargs or {}], sort_keys=True, default=str)
                 with low_priority():
                     reused = kept.get(key)
-                    sessions[session_id] = reused.pop() if reused else gymnasium.make(env_id, **(env_kwargs or {}))
+                    sessions[session_id] = reused.pop() if reused else make_env(env_id, **(env_kwargs or {}))
                     made_with[session_id] = key
                     try:
                         observation, info = sessions[session_id].reset(seed=seed, options=options)

@@ -88,10 +88,12 @@ class LocalEnvPool:
         options: dict[str, Any] | None = None,
         env_kwargs: dict[str, Any] | None = None,
     ) -> ResetResult:
-        """Open a session: ``gymnasium.make`` + ``reset`` off the event loop."""
+        """Open a session: ``envs.wrappers.make_env`` (``gymnasium.make`` + this package's wrappers) + ``reset`` off
+        the event loop."""
         import gymnasium
 
         from envs.errors import ENV_INFRA_ERROR_CODE, EnvInfraError
+        from envs.wrappers import make_env
         from servers.workers import AtCapacity, EnvFailed, to_jsonable
 
         if self.max_sessions is not None and len(self._done) >= self.max_sessions:
@@ -109,7 +111,7 @@ class LocalEnvPool:
                 raise EnvServerError(str(exc), code=_code(exc)) from exc
         else:
             try:
-                env = await self._run(gymnasium.make, env_id, **(env_kwargs or {}))
+                env = await self._run(make_env, env_id, **(env_kwargs or {}))
                 observation, info = await self._run(env.reset, seed=seed, options=options)
             except EnvInfraError as exc:
                 raise EnvServerError(f"the env could not judge: {exc}", code=ENV_INFRA_ERROR_CODE) from exc

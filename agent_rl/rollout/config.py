@@ -26,7 +26,9 @@ class RolloutConfig:
     """Longest prompt sent to the engine; an episode whose next prompt is longer ends there (truncated); if that
     happens at its first turn the episode fails (its group is dropped)."""
     invalid_penalty: float = 0.0
-    """Subtracted from the episode reward per invalid action (unparsable, or not admissible; verl-agent uses 0.1)."""
+    """Subtracted from the reward of every step whose action the env did not accept (verl-agent uses 0.1). Applied by
+    the env's ``envs.wrappers.InvalidActionPenalty`` (the trainer passes ``invalid_action_penalty`` in the env
+    kwargs), so it is the same in-process, behind a server and in evaluation."""
     stop: list[str] = field(default_factory=lambda: ["</action>"])
     """Stop strings of generation (the closing action tag)."""
     max_action_chars: int = 512

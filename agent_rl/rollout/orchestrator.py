@@ -286,7 +286,7 @@ class RolloutOrchestrator:
                 if step.terminated or step.truncated:
                     break
             env_reward = sum(t.reward for t in ep.turns)
-            ep.reward = env_reward - cfg.invalid_penalty * sum(t.invalid for t in ep.turns)
+            ep.reward = env_reward  # an invalid-action penalty is already in it (envs.wrappers, rollout.invalid_penalty)
             ep.won = bool(info.get("won", env_reward > 0)) if ep.turns else False
             return ep
         finally:

@@ -40,3 +40,21 @@ def test_penalty_falls_back_on_the_admissible_list():
     assert info["invalid_action_penalty"] == 1.0
     with pytest.raises(ValueError, match=">= 0"):
         InvalidActionPenalty(make_env("agent_rl/ChooseItem-v0"), -0.1)
+
+
+def test_training_applies_the_penalty_through_the_env(tmp_path):
+    """rollout.invalid_penalty reaches the env as invalid_action_penalty (LocalEnvPool -> make_env): a tiny random
+    model on ChooseItem plays mostly invalid actions, so the mean reward goes below 0 by the penalty."""
+    import json
+
+    from agent_rl.config import load_config
+    from agent_rl.train import main
+
+    small = ["env=choose_item", "model=tiny", "env_server.mode=local", "trainer.total_steps=1",
+             "trainer.tasks_per_step=1", "rollout.max_turns=2", "engine.max_new_tokens=4", "trainer.progress=false",
+             "trainer.tensorboard=false", "algo=grpo"]
+    assert load_config([*small, "rollout.invalid_penalty=0.5"]).env_kwargs["invalid_action_penalty"] == 0.5
+    main([*small, "rollout.invalid_penalty=0.5", f"trainer.output_dir={tmp_path / 'run'}"])
+    (rec,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rec["episode/invalid_action_frac"] > 0
+    assert rec["reward/mean"] < 0  # random 4-token answers: nearly every step invalid, each costing 0.5

@@ -83,8 +83,10 @@ def test_groups_temperature_rows_and_token_ids():
     assert 0.0 <= m["time/env_wait_frac"] <= 1.0 and m["throughput/tokens_per_s"] > 0
 
 
-def test_multi_turn_history_invalid_and_penalty():
-    # Two unparsable answers, then the right one: 3 turns, 2 invalid, reward 1 - 2 * 0.1.
+def test_multi_turn_history_and_invalid_flags():
+    # Two unparsable answers, then the right one: 3 turns, 2 invalid. The orchestrator only flags them: a penalty is
+    # the env's (envs.wrappers.InvalidActionPenalty via rollout.invalid_penalty; tests/envs/test_wrappers.py), and
+    # this fake pool has none, so the reward stays 1.
     def policy(prompt: str, t: float) -> str:
         n = prompt.count("[Action")
         return "hmm" if "Nothing happens" not in prompt or n < 2 else f"<action>pick {target_of(prompt)}</action>"
@@ -97,7 +99,7 @@ def test_multi_turn_history_invalid_and_penalty():
     res = asyncio.run(orch.run_groups([GroupSpec(tasks(1)[0], [(1.0, False)])]))
     (ep,) = res.episodes
     assert [t.invalid for t in ep.turns] == [True, True, False]
-    assert ep.won and ep.reward == pytest.approx(0.8)
+    assert ep.won and ep.reward == pytest.approx(1.0)
     assert ep.turns[0].observation == "Nothing happens."
     # The third prompt shows the last 2 turns (history_length) with their actions.
     third = engine.tokenizer.decode(ep.turns[2].prompt_ids)
