@@ -446,7 +446,7 @@ def check_trainable(cfg: Config) -> list[str]:
     if algo.dapo_overlong and algo.dapo_overlong_cache_len > algo.dapo_overlong_max_len:
         raise ConfigError(f"algo.dapo_overlong_cache_len={algo.dapo_overlong_cache_len} must be <= "
                           f"algo.dapo_overlong_max_len={algo.dapo_overlong_max_len}")
-    mini = getattr(algo, "num_mini_batches", 1)
+    mini = algo.num_mini_batches
     if mini > cfg.trainer.tasks_per_step:
         notes.append(f"algo.num_mini_batches={mini} > trainer.tasks_per_step={cfg.trainer.tasks_per_step}: "
                      "mini-batches hold whole groups, so a step makes at most tasks_per_step optimiser steps")
@@ -467,7 +467,7 @@ RESUME_MAY_CHANGE = (
     "data.root", "rollout.max_concurrent_episodes", "rollout.gen_batch_size", "rollout.gen_wait_s",
     "rollout.env_timeout_s", "rollout.retry_backoff_s", "rollout.episode_retries",
     # memory layout of the same update (gradient accumulation, chunking, recomputation, attention kernel)
-    "algo.micro_batch_size", "algo.js_chunk_size", "algo.compile_js", "model.gradient_checkpointing",
+    "algo.micro_batch_size", "algo.logits_chunk_size", "algo.compile_js", "model.gradient_checkpointing",
     "model.attn_implementation",
     # evaluation settings (they do not touch training)
     "eval.",
