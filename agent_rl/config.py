@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.util
 import inspect
 import re
 import sys
