@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.util
 import inspect
 import re
 import sys
@@ -425,7 +424,8 @@ def check_trainable(cfg: Config) -> list[str]:
 
     Checks: registry names (estimator, policy loss, credit rule and level, schedule, engine, prompt format); the env
     id and its constructor kwargs; ``trainer.device``; the model's context (prompt budget capped, see
-    :func:`fit_prompt_budget`); batch-level estimators need >= 2 episodes per step; DAPO overlong ``L_c <= L_max``.
+    :func:`fit_prompt_budget`); batch-level estimators need >= 2 episodes per step; gigpo needs per-turn rows; DAPO
+    overlong ``L_c <= L_max``.
     Single-group checks (``algo=dapo`` with G < 2, group estimators with G = 1, temperatures 0) are in the
     dataclasses' ``__post_init__``.
 
@@ -457,10 +457,13 @@ def check_trainable(cfg: Config) -> list[str]:
         raise ConfigError("algo.adv_estimator=reinforce_pp whitens over the step's episodes: trainer.tasks_per_step x "
                           f"algo.group_size = {cfg.trainer.tasks_per_step * algo.group_size} gives advantage 0; "
                           "use >= 2 episodes per step")
+    if algo.adv_estimator == "gigpo" and cfg.rollout.mode != "turn":
+        raise ConfigError("algo.adv_estimator=gigpo groups turns by their observation: it needs rollout.mode=turn "
+                          f"(got {cfg.rollout.mode})")
     if algo.dapo_overlong and algo.dapo_overlong_cache_len > algo.dapo_overlong_max_len:
         raise ConfigError(f"algo.dapo_overlong_cache_len={algo.dapo_overlong_cache_len} must be <= "
                           f"algo.dapo_overlong_max_len={algo.dapo_overlong_max_len}")
-    mini = getattr(algo, "num_mini_batches", 1)
+    mini = algo.num_mini_batches
     if mini > cfg.trainer.tasks_per_step:
         notes.append(f"algo.num_mini_batches={mini} > trainer.tasks_per_step={cfg.trainer.tasks_per_step}: "
                      "mini-batches hold whole groups, so a step makes at most tasks_per_step optimiser steps")
@@ -482,7 +485,7 @@ RESUME_MAY_CHANGE = (
     "data.root", "rollout.max_concurrent_episodes", "rollout.gen_batch_size", "rollout.gen_wait_s",
     "rollout.env_timeout_s", "rollout.retry_backoff_s", "rollout.episode_retries",
     # memory layout of the same update (gradient accumulation, chunking, recomputation, attention kernel)
-    "algo.micro_batch_size", "algo.js_chunk_size", "algo.compile_js", "model.gradient_checkpointing",
+    "algo.micro_batch_size", "algo.logits_chunk_size", "algo.compile_js", "model.gradient_checkpointing",
     "model.attn_implementation",
     # evaluation settings (they do not touch training)
     "eval.",
