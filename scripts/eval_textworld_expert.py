@@ -6,7 +6,7 @@ In-process (default), through a running env server (``--url``), or through one t
     python scripts/eval_textworld_expert.py --games cooking:8 --num 50 --serve --concurrency 8
     python scripts/eval_textworld_expert.py --games treasure_hunter:20 --deviate 3   # planner after 3 random moves
 
-``--deviate K`` first plays K uniformly random admissible actions (seeded per game), so the expert has left the
+``--deviate K`` first plays K uniformly random moves (``go``/``look``/``inventory``/``examine``: seeded per game), so the expert has left the
 walkthrough and ``info["expert_action"]`` comes from TextWorld's planner. Games are generated into the cache when
 missing. Each game is played once within the id's ``TimeLimit`` (100 steps). The last line is a JSON summary.
 """
@@ -28,11 +28,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 ENV_ID = "agent_rl/TextWorld-v0"
+SAFE = ("go ", "look", "inventory", "examine")
 
 
 def _action(policy: str, info: dict[str, Any], walkthrough: list[str], t: int, rng: random.Random, deviate: int) -> str:
-    if t < deviate:
-        return rng.choice(info["admissible_actions"])
+    if t < deviate:  # moves that cannot lose the game (taking a wrong object loses a treasure hunt)
+        return rng.choice([a for a in info["admissible_actions"] if a.startswith(SAFE)])
     if policy == "expert":
         return info["expert_action"]
     return walkthrough[t] if t < len(walkthrough) else "look"

@@ -18,6 +18,7 @@ from gymnasium import spaces
 from envs.textworld.games import (
     FAMILIES,
     SPLITS,
+    TEXTWORLD_LOCK,
     check_family_level,
     ensure_game,
     task_type_of,
@@ -182,8 +183,9 @@ class TextWorldEnv(gymnasium.Env[str, str]):
             raise RuntimeError("reset() on a closed TextWorldEnv")
         super().reset(seed=seed)
         split, index = self._select(dict(options or {}))
-        self._load(split, index)
-        self._state = self._tw.reset()
+        with TEXTWORLD_LOCK:
+            self._load(split, index)
+            self._state = self._tw.reset()
         self.walkthrough = [str(a) for a in (self._state["extra.walkthrough"] or [])]
         self._played, self._on_walkthrough = [], True
         self.last_observation = clean_feedback(self._state["feedback"])
@@ -206,7 +208,8 @@ class TextWorldEnv(gymnasium.Env[str, str]):
             self._on_walkthrough = False
         self._played.append(action)
         old_score = int(self._state["score"] or 0)
-        self._state, _score, _done = self._tw.step(action)
+        with TEXTWORLD_LOCK:
+            self._state, _score, _done = self._tw.step(action)
         self.last_observation = clean_feedback(self._state["feedback"])
         info = self._info()
         info["invalid_action"] = invalid

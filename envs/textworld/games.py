@@ -11,8 +11,13 @@ Families (TextWorld 1.7.0 challenges, the generators ``tw-make`` runs):
   TextWorld's own ``split`` setting is passed through: train games use the training foods and preparations,
   valid/test games also use foods never seen in training (the FTWP protocol).
 
+Determinism: TextWorld's generators iterate over sets of strings, so games depend on Python's hash seed;
+generation therefore runs with ``PYTHONHASHSEED=0`` (in a child process when the caller's hash seed is random).
+
 Seeds: game ``index`` of split ``s`` has seed ``SPLIT_SEED_BASE[s] + index`` (train 0.., valid 1,000,000..,
-test 2,000,000..; ``index < 1,000,000``), so the splits never share a seed. Generation is deterministic: the same
+test 2,000,000..; ``index < 1,000,000``), so the splits never share a seed. A seed for which TextWorld finds no
+quest (it happens for some treasure-hunter maps) is retried with ``seed + k * 3,000,000`` (same split and index
+modulo 3,000,000); ``meta.json`` records the seed used. Generation is deterministic: the same
 seed gives byte-identical files on every machine (checked against the hashes of :data:`REFERENCE_SHA256`).
 
 Cache layout (``envs.data.cache_dir()/textworld``, or ``$AGENT_RL_TEXTWORLD_GAMES``)::
@@ -34,7 +39,10 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,11 +69,23 @@ COOKING_LEVELS: dict[int, dict[str, Any]] = {
     8: dict(recipe=4, take=4, go=12, open=True, cook=True, cut=True),
 }
 
+#: Retries of a seed without a quest: attempt a uses seed ``SPLIT_SEED_BASE[split] + index + a * SEED_STRIDE``
+#: (so seed mod SEED_STRIDE still identifies split and index: splits never share a seed).
+SEED_STRIDE, MAX_ATTEMPTS = 3_000_000, 20
+
+#: TextWorld's logic/grammar parsers (tatsu) are not thread-safe: every use of textworld in a process (generation,
+#: loading, playing) holds this lock, so thread-pool envs (``LocalEnvPool(mode="thread")``) are safe.
+TEXTWORLD_LOCK = threading.RLock()
+
 GAME_FILE, JSON_FILE, META_FILE, MANIFEST_FILE = "game.z8", "game.json", "meta.json", "manifest.json"
 
-#: sha256 (first 16 hex digits) of ``game.z8`` of a few games, as generated with textworld 1.7.0: a changed
+#: sha256 (first 16 hex digits) of ``game.z8`` and ``game.json`` of a few games, as generated with textworld 1.7.0: a changed
 #: generator (another textworld version) shows up as a mismatch in ``tests/envs/test_textworld.py``.
-REFERENCE_SHA256: dict[tuple[str, int, str, int], str] = {}
+REFERENCE_SHA256: dict[tuple[str, int, str, int], tuple[str, str]] = {
+    ("coin_collector", 2, "test", 0): ("7ac2199a2329d394", "27cc8ad69751ca03"),
+    ("treasure_hunter", 3, "test", 0): ("69768bd8035b3d63", "402fc422caaf98f2"),
+    ("cooking", 3, "test", 0): ("d0b097412be43043", "46af17aae417b58e"),
+}
 
 
 def games_root() -> Path:
@@ -145,25 +165,88 @@ def _generate_into(folder: Path, family: str, level: int, split: str, index: int
     import textworld.challenges
     from textworld.generator.game import GameOptions
 
-    seed = game_seed(split, index)
-    settings = settings_of(family, level, split, seed)
-    options = GameOptions()
-    options.seeds = seed
-    options.path = str(folder / GAME_FILE)
-    options.file_ext = ".z8"
-    options.force_recompile = True
+    from textworld.generator import QuestGenerationError
+
     t0 = time.perf_counter()
     _, make, _ = textworld.challenges.CHALLENGES[f"tw-{family}"]
-    game = make(settings, options)
-    textworld.generator.compile_game(game, options)
+    for attempt in range(MAX_ATTEMPTS):
+        # Some seeds give a map where no quest of the level's length exists (TextWorld raises and asks for another
+        # seed): retry with the next seed of this game's own sequence, which stays in the split's residue class.
+        seed = game_seed(split, index) + attempt * SEED_STRIDE
+        settings = settings_of(family, level, split, seed)
+        options = GameOptions()
+        options.seeds = seed
+        options.path = str(folder / GAME_FILE)
+        options.file_ext = ".z8"
+        options.force_recompile = True
+        try:
+            with TEXTWORLD_LOCK:
+                game = make(settings, options)
+                textworld.generator.compile_game(game, options)
+            break
+        except QuestGenerationError:
+            if attempt == MAX_ATTEMPTS - 1:
+                raise
     for leftover in folder.glob("game.ni"):  # the Inform 7 source: not needed to play
         leftover.unlink()
     return {
-        "family": family, "level": level, "split": split, "index": index, "seed": seed, "settings": settings,
+        "family": family, "level": level, "split": split, "index": index, "seed": seed, "attempt": attempt,
+        "settings": settings,
         "task_type": task_type_of(family, level), "walkthrough": list(game.metadata.get("walkthrough") or []),
         "sha256": sha256_file(folder / GAME_FILE), "json_sha256": sha256_file(folder / JSON_FILE),
         "textworld_version": textworld.__version__, "generate_s": round(time.perf_counter() - t0, 3),
     }
+
+
+def _hash_seed_fixed() -> bool:
+    """True when this process's ``str`` hashes are not randomised (``PYTHONHASHSEED=0``)."""
+    return os.environ.get("PYTHONHASHSEED") == "0"
+
+
+def _build_one(family: str, level: int, split: str, index: int, root: Path) -> None:
+    """Generate one game into its folder (atomically); call only with ``PYTHONHASHSEED=0``."""
+    target = game_dir(family, level, split, index, root)
+    if (target / META_FILE).is_file():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        meta = _generate_into(tmp, family, level, split, index)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished the same game first: keep its copy
+            if not (target / META_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build(specs: list[tuple[str, int, str, int]], root: Path) -> None:
+    """Generate the games of ``specs`` that are missing under ``root``.
+
+    TextWorld's generators iterate over sets of strings, so the games depend on Python's hash seed: generation runs
+    with ``PYTHONHASHSEED=0`` (here when this process has it, else in one child process for all of ``specs``), which
+    makes a seed give byte-identical games in every process and on every machine.
+
+    Raises:
+        RuntimeError: generation failed (the child's error output is in the message).
+    """
+    missing = [s for s in specs if not (game_dir(*s, root) / META_FILE).is_file()]
+    if not missing:
+        return
+    if _hash_seed_fixed():
+        for spec in missing:
+            _build_one(*spec, root)
+        return
+    from envs.data import REPO_ROOT
+
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    cmd = [sys.executable, "-m", "envs.textworld.games", "--build", json.dumps(missing), "--root", str(root)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"TextWorld game generation failed ({missing[:3]}...):\n{proc.stderr[-3000:]}")
 
 
 def ensure_game(family: str, level: int, split: str, index: int, root: Path | None = None) -> GameRecord:
@@ -171,24 +254,12 @@ def ensure_game(family: str, level: int, split: str, index: int, root: Path | No
 
     Raises:
         ValueError: unknown family / level / split / index.
-        RuntimeError: a cached game whose file no longer matches its recorded sha256 (delete the folder).
+        RuntimeError: generation failed.
     """
+    root = root or games_root()
     target = game_dir(family, level, split, index, root)
-    meta_file = target / META_FILE
-    if not meta_file.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        try:
-            meta = _generate_into(tmp, family, level, split, index)
-            (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
-            try:
-                os.replace(tmp, target)
-            except OSError:  # another process finished the same game first: keep its copy
-                if not meta_file.is_file():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    meta = json.loads(meta_file.read_text())
+    _build([(family, level, split, index)], root)
+    meta = json.loads((target / META_FILE).read_text())
     return GameRecord(target / GAME_FILE, meta)
 
 
@@ -213,8 +284,9 @@ def write_manifest(family: str, level: int, root: Path | None = None) -> Path:
     rows = manifest(family, level, root)
     base = (root or games_root()) / family / f"level_{level}"
     base.mkdir(parents=True, exist_ok=True)
-    keep = ("family", "level", "split", "index", "seed", "settings", "sha256", "json_sha256", "textworld_version")
-    text = json.dumps({"games": [{k: m[k] for k in keep} for m in rows]}, indent=1)
+    keep = ("family", "level", "split", "index", "seed", "attempt", "settings", "sha256", "json_sha256",
+            "textworld_version")
+    text = json.dumps({"games": [{k: m.get(k) for k in keep} for m in rows]}, indent=1)
     fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST_FILE}.tmp-", dir=base)
     with os.fdopen(fd, "w") as f:
         f.write(text)
@@ -225,6 +297,8 @@ def write_manifest(family: str, level: int, root: Path | None = None) -> Path:
 def generate(family: str, level: int, split: str, num: int, start: int = 0,
              root: Path | None = None) -> list[GameRecord]:
     """Games ``start .. start+num-1`` of ``split`` (generated where missing), then the manifest rewritten."""
+    root = root or games_root()
+    _build([(family, level, split, i) for i in range(start, start + num)], root)
     records = [ensure_game(family, level, split, i, root) for i in range(start, start + num)]
     write_manifest(family, level, root)
     return records
@@ -232,12 +306,22 @@ def generate(family: str, level: int, split: str, num: int, start: int = 0,
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m envs.textworld.games", description=__doc__.split("\n\n")[0])
-    p.add_argument("--family", choices=FAMILIES, required=True)
-    p.add_argument("--level", type=int, required=True)
+    p.add_argument("--family", choices=FAMILIES)
+    p.add_argument("--level", type=int)
+    p.add_argument("--build", help=argparse.SUPPRESS)  # internal: JSON list of [family, level, split, index]
+    p.add_argument("--root", help=argparse.SUPPRESS)
     p.add_argument("--split", choices=SPLITS, default="test")
     p.add_argument("--num", type=int, default=50)
     p.add_argument("--start", type=int, default=0)
     args = p.parse_args(argv)
+    if args.build:
+        if not _hash_seed_fixed():
+            p.error("--build needs PYTHONHASHSEED=0")
+        for family, level, split, index in json.loads(args.build):
+            _build_one(family, int(level), split, int(index), Path(args.root))
+        return
+    if args.family is None or args.level is None:
+        p.error("--family and --level are required")
     t0 = time.perf_counter()
     records = generate(args.family, args.level, args.split, args.num, args.start)
     print(f"{len(records)} games of {args.family} level {args.level} ({args.split}) under "
