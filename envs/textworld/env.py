@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import string
+import warnings
 from typing import Any
 
 import gymnasium
@@ -147,10 +148,12 @@ class TextWorldEnv(gymnasium.Env[str, str]):
             self._verified.add(path)
         if path != self._gamefile:
             self._gamefile = None
-            if self._tw is None:
-                self._tw = textworld.start(path, self._infos)
-            else:
-                self._tw.load(path)
+            with warnings.catch_warnings():  # jericho: "not fully supported ... score detection disabled": TextWorld
+                warnings.simplefilter("ignore")  # tracks the score itself from the game's .json
+                if self._tw is None:
+                    self._tw = textworld.start(path, self._infos)
+                else:
+                    self._tw.load(path)
             self._gamefile = path
             self.task_id = f"{self.family}/level_{self.level}/{split}/{index}"
 
