@@ -150,10 +150,12 @@ class TextWorldEnv(gymnasium.Env[str, str]):
             self._gamefile = None
             with warnings.catch_warnings():  # jericho: "not fully supported ... score detection disabled": TextWorld
                 warnings.simplefilter("ignore")  # tracks the score itself from the game's .json
-                if self._tw is None:
-                    self._tw = textworld.start(path, self._infos)
-                else:
-                    self._tw.load(path)
+                # a new interpreter per game: textworld's ``load`` of another game into a running env keeps
+                # ~0.4 MB per load (RSS 68 -> 160 MB over 200 loads); close + start costs the same and keeps none
+                if self._tw is not None:
+                    self._tw.close()
+                    self._tw = None
+                self._tw = textworld.start(path, self._infos)
             self._gamefile = path
             self.task_id = f"{self.family}/level_{self.level}/{split}/{index}"
 
