@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
         print(f"{algo:28s} {fmt(r['start'], '6.2f')} {fmt(r['final'], '6.2f')} {fmt(r['steps_to_threshold'], '10.1f')} "
               f"{fmt(r['wall_to_threshold_s'], '11.0f')} {fmt(r['final_entropy'], '8.3f')}")
-    if "tgrl" in table and "grpo" in table and table["tgrl"]["steps_to_threshold"] and table["grpo"]["steps_to_threshold"]:
+    tg, gr = table.get("tgrl", {}), table.get("grpo", {})
+    if tg.get("steps_to_threshold") and gr.get("steps_to_threshold"):
         print(f"TGRL/GRPO steps to threshold {thr:.2f}: "
               f"{table['tgrl']['steps_to_threshold'] / table['grpo']['steps_to_threshold']:.2f}")
     (out / "table.json").write_text(json.dumps({"threshold": thr, "table": table}, indent=1))

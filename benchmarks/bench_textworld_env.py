@@ -118,14 +118,16 @@ def main() -> None:
         print(head)
         for family, level in pairs:
             r = bench_family(family, level, args.num, args.steps)
-            print(f"{family + ':' + str(level):22s} {r['generate_s']:6.2f} {r['z8_kb']:6.0f} {r['walkthrough_len']:5.0f} "
+            name = f"{family}:{level}"
+            print(f"{name:22s} {r['generate_s']:6.2f} {r['z8_kb']:6.0f} {r['walkthrough_len']:5.0f} "
                   f"{r['reset_new_ms_plain']:9.1f} {r['reset_same_ms_plain']:10.1f} {r['step_ms_plain']:7.2f} "
                   f"{r['step_cpu_ms_plain']:8.2f} {r['reset_new_ms_expert']:13.1f} {r['step_ms_expert']:11.2f}",
                   flush=True)
     if args.part in ("all", "memory"):
         family, level = pairs[-1]
         points = bench_memory(family, level, args.num, args.resets, 5)
-        print(f"\nRSS of one env ({family}:{level}, expert) over {args.resets} resets of {args.num} games, 5 steps each:")
+        print(f"\nRSS of one env ({family}:{level}, expert) over {args.resets} resets of {args.num} games, "
+              "5 steps each:")
         print("  " + "  ".join(f"{k}: {mb:.0f} MB" for k, mb in points))
 
 

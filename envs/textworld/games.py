@@ -79,8 +79,8 @@ TEXTWORLD_LOCK = threading.RLock()
 
 GAME_FILE, JSON_FILE, META_FILE, MANIFEST_FILE = "game.z8", "game.json", "meta.json", "manifest.json"
 
-#: sha256 (first 16 hex digits) of ``game.z8`` and ``game.json`` of a few games, as generated with textworld 1.7.0: a changed
-#: generator (another textworld version) shows up as a mismatch in ``tests/envs/test_textworld.py``.
+#: sha256 (first 16 hex digits) of ``game.z8`` and ``game.json`` of a few games, as generated with textworld 1.7.0:
+#: a changed generator (another textworld version) shows up as a mismatch in ``tests/envs/test_textworld.py``.
 REFERENCE_SHA256: dict[tuple[str, int, str, int], tuple[str, str]] = {
     ("coin_collector", 2, "test", 0): ("7ac2199a2329d394", "27cc8ad69751ca03"),
     ("treasure_hunter", 3, "test", 0): ("69768bd8035b3d63", "402fc422caaf98f2"),

@@ -78,7 +78,8 @@ def test_cooking_ladder_grows_monotonically() -> None:
 
 
 def test_clean_feedback() -> None:
-    banner = "\n\n   ________  ____\n  |        \\|  \\\n   \\$$$$$$$$| $$\n\nWelcome! Take the coin.\n\n-= Hall =-\nA hall."
+    banner = ("\n\n   ________  ____\n  |        \\|  \\\n   \\$$$$$$$$| $$\n\n"
+              "Welcome! Take the coin.\n\n-= Hall =-\nA hall.")
     assert clean_feedback(banner + "\n\n>   -= Hall =-0/1") == "Welcome! Take the coin.\n\n-= Hall =-\nA hall."
     assert clean_feedback("\nYou can't go that way.\n\n\n>        -= Bedchamber =-0/2") == "You can't go that way."
     assert clean_feedback("You eat it.\n\n      *** The End ***\n\nWould you like to RESTART, QUIT?\n>") == \
@@ -97,8 +98,9 @@ def test_generated_game_is_deterministic_and_in_the_manifest(textworld_games: Pa
     assert (meta["sha256"][:16], meta["json_sha256"][:16]) == tw_games.REFERENCE_SHA256[(family, level, "test", 0)]
     path = tw_games.write_manifest(family, level)
     rows = json.loads(path.read_text())["games"]
+    row = next(r for r in rows if r["index"] == 0 and r["split"] == "test")
     assert {"family": family, "level": level, "split": "test", "index": 0, "seed": meta["seed"],
-            "sha256": meta["sha256"]}.items() <= next(r for r in rows if r["index"] == 0 and r["split"] == "test").items()
+            "sha256": meta["sha256"]}.items() <= row.items()
 
 
 @pytest.mark.parametrize("family, level", CASES)
