@@ -7,8 +7,8 @@ In-process (default), through a running env server (``--url``), or through one t
     python scripts/eval_textworld_expert.py --games treasure_hunter:20 --deviate 3   # planner after 3 random moves
 
 ``--deviate K`` first plays K uniformly random moves (``go``/``look``/``inventory``/``examine``: seeded per game),
-so the expert has left the walkthrough and ``info["expert_action"]`` comes from TextWorld's planner. Games are generated into the cache when
-missing. Each game is played once within the id's ``TimeLimit`` (100 steps). The last line is a JSON summary.
+so the expert has left the walkthrough and ``info["expert_action"]`` comes from TextWorld's planner. Games are
+generated into the cache when missing. Each game is played once within the id's ``TimeLimit`` (100 steps). The last line is a JSON summary.
 """
 
 from __future__ import annotations
