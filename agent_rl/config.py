@@ -41,7 +41,7 @@ class EnvConfig:
     id: str = "agent_rl/ALFWorld-v0"
     """Registered gymnasium id (``import envs`` registers the built-ins; ``env_server.imports`` a user's module)."""
     prompt: str = "alfworld"
-    """Prompt format (``agent_rl.rollout.prompts``): alfworld | webshop | math | code | generic."""
+    """Prompt format (``agent_rl.rollout.prompts``): alfworld | webshop | textworld | math | code | generic."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Constructor kwargs of the env (``env_kwargs`` of the env client)."""
     data_root_kwarg: str = "data_root"
