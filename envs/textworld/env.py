@@ -9,13 +9,12 @@ fixed seeds into the cache on first use). The step limit is gymnasium's ``TimeLi
 from __future__ import annotations
 
 import re
-import string
 import warnings
 from typing import Any
 
 import gymnasium
-from gymnasium import spaces
 
+from envs.spaces import TextSpace, check_action
 from envs.textworld.games import (
     FAMILIES,
     SPLITS,
@@ -105,8 +104,8 @@ class TextWorldEnv(gymnasium.Env[str, str]):
         self.family, self.level, self.expert, self.reward_mode = family, int(level), bool(expert), reward
         self.split, self.num_games, self.render_mode = split, int(num_games), render_mode
         self.task_type = task_type_of(family, self.level)
-        self.observation_space = spaces.Text(max_length=MAX_TEXT, charset=string.printable)
-        self.action_space = spaces.Text(max_length=MAX_TEXT, charset=string.printable)
+        self.observation_space = TextSpace(MAX_TEXT)
+        self.action_space = TextSpace(MAX_TEXT)
         self._infos = textworld.EnvInfos(admissible_commands=True, won=True, lost=True, score=True,
                                          max_score=True, objective=True, policy_commands=self.expert,
                                          extras=["walkthrough"])
@@ -201,6 +200,7 @@ class TextWorldEnv(gymnasium.Env[str, str]):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Play ``action`` (e.g. ``"go north"``); see the class docstring for the return."""
+        action = check_action(self, action)  # TypeError for a non-str (HTTP: 422), before the episode is used up
         if self._state is None:
             raise RuntimeError("step() before reset()")
         if self._state["won"] or self._state["lost"]:

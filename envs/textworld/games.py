@@ -42,11 +42,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from envs.locks import TEXTWORLD_LOCK as _TEXTWORLD_LOCK
 
 FAMILIES = ("coin_collector", "treasure_hunter", "cooking")
 SPLITS = ("train", "valid", "test")
@@ -74,8 +75,8 @@ COOKING_LEVELS: dict[int, dict[str, Any]] = {
 SEED_STRIDE, MAX_ATTEMPTS = 3_000_000, 20
 
 #: TextWorld's logic/grammar parsers (tatsu) are not thread-safe: every use of textworld in a process (generation,
-#: loading, playing) holds this lock, so thread-pool envs (``LocalEnvPool(mode="thread")``) are safe.
-TEXTWORLD_LOCK = threading.RLock()
+#: loading, playing; ALFWorld's games too) holds this lock (``envs.locks``), so thread-pool envs are safe.
+TEXTWORLD_LOCK = _TEXTWORLD_LOCK
 
 GAME_FILE, JSON_FILE, META_FILE, MANIFEST_FILE = "game.z8", "game.json", "meta.json", "manifest.json"
 
