@@ -396,11 +396,11 @@ def eval_rollout_config(cfg: Any) -> Any:
     return rollout
 
 
-async def evaluate(cfg: Any, pool: Any, engine: Any, *, panels: list[Panel], out_dir: Path | None = None,
-                   progress: Any = None, write: bool = True) -> list[dict[str, Any]]:
+async def evaluate(cfg: Any, pool: Any, engine: Any, *, panels: list[Panel], folder: Path | None = None,
+                   progress: Any = None) -> list[dict[str, Any]]:
     """Evaluate ``panels`` with ``cfg.eval``'s policy and decoding on an open env ``pool`` and ``engine`` (an
-    engine, or a :class:`ScriptedEngine` for scripted policies). Writes ``out_dir/eval/<panel>.json|.png`` when
-    ``write``. Returns one result dict per panel (the JSON content)."""
+    engine, or a :class:`ScriptedEngine` for scripted policies). Writes ``folder/<panel>.json|.png`` when
+    ``folder`` is given. Returns one result dict per panel (the JSON content)."""
     from agent_rl.rollout import get_prompt
 
     ev = cfg.eval
@@ -426,8 +426,7 @@ async def evaluate(cfg: Any, pool: Any, engine: Any, *, panels: list[Panel], out
             result = {"policy": ev.policy, "model": cfg.model.path or cfg.model.name if ev.policy == "model" else None,
                       "prompt": cfg.env.prompt, "temperature": ev.temperature, "max_turns":
                       orch.cfg.max_turns, "seed": ev.seed, "wall_s": round(wall, 1), **result}
-            if write and out_dir is not None:
-                folder = out_dir / "eval"
+            if folder is not None:
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / f"{panel.name}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
                 if ev.plot:
@@ -508,7 +507,7 @@ async def _run(cfg: Any, out: Path, progress: Any) -> list[dict[str, Any]]:
     if cfg.env_server.mode != "local" and not cfg.env_server.urls:
         progress.note(f"starting the {cfg.env.id} env server (log: {out / 'env_server.log'})")
     async with open_env_pool(cfg, out) as pool:
-        return await evaluate(cfg, pool, engine, panels=panels, out_dir=out, progress=progress)
+        return await evaluate(cfg, pool, engine, panels=panels, folder=out / "eval", progress=progress)
 
 
 def main(overrides: list[str] | None = None) -> dict[str, Any]:
