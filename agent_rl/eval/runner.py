@@ -134,7 +134,9 @@ def build_panels(cfg: Any, *, split: str = "", num_tasks: int | None = None) -> 
 # ------------------------------------------------------------------------------------------------ policies
 class RandomPolicy:
     """Uniform over the admissible actions (lower bound); turn t of task i, sample j draws from
-    ``default_rng([seed, i, j, t])``, so a run is reproducible whatever the episodes' interleaving."""
+    ``default_rng([seed, i, j, t])``, so a run is reproducible whatever the episodes' interleaving. WebShop lists
+    its search box as the placeholder ``search[<query>]``: the random policy types the task's instruction there
+    (searching the literal text "<query>" finds no product, which would make every episode score 0)."""
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = int(seed)
@@ -143,7 +145,8 @@ class RandomPolicy:
         if not ctx.admissible:
             raise ValueError("policy=random needs an env that lists admissible actions (ALFWorld, WebShop)")
         rng = np.random.default_rng([self.seed, task.group_id, slot, ctx.step])
-        return str(ctx.admissible[int(rng.integers(len(ctx.admissible)))])
+        action = str(ctx.admissible[int(rng.integers(len(ctx.admissible)))])
+        return f"search[{ctx.task}]" if action == "search[<query>]" else action
 
 
 class ExpertPolicy:
