@@ -299,6 +299,7 @@ def summarize(panel: Panel, by_task: dict[int, list[Episode]], *, samples: int,
                 goal = (ep.turns[-1].info.get("goal_idx") if ep.turns else None)
                 rec["category"] = categories[int(goal)] if goal is not None else "unknown"
                 per_cat[rec["category"]].append((env_reward, float(won)))
+                kind = rec["task_type"] = rec["category"]  # WebShop's "task type" is the goal's category
             records.append(rec)
             per_type[kind].append(float(won))
             per_type_tasks[kind].add(i)
