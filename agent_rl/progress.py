@@ -2,12 +2,15 @@
 
 On a terminal: a tqdm bar per phase (episodes finished / total, turns, generated tokens/s). Otherwise (a log file, a
 pipe, CI): plain timestamped lines, at most one every ``interval_s`` seconds per phase plus one when it ends, so a
-log never fills with carriage returns. Everything goes to stderr; stdout keeps the tables and results.
+log never fills with carriage returns. A heartbeat thread repeats the current phase's line (or refreshes the bar's
+clock) when nothing happened for ``interval_s`` (e.g. while ALFWorld env resets run), so the display never looks
+stuck. Everything goes to stderr; stdout keeps the tables and results.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any, TextIO
 
@@ -37,6 +40,21 @@ class Progress:
         self._tokens = 0
         self._t_phase = self.t_start
         self._last_line = 0.0
+        self._lock = threading.RLock()
+        self._active = False
+        if enabled and interval_s > 0:
+            threading.Thread(target=self._heartbeat, name="progress-heartbeat", daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.interval_s))
+            with self._lock:
+                if self._active and time.monotonic() - self._last_line >= self.interval_s:
+                    if self._bar is not None:
+                        self._bar.refresh()
+                        self._last_line = time.monotonic()
+                    else:
+                        self._refresh()
 
     # ------------------------------------------------------------------ output
     def _stamp(self) -> str:
@@ -53,7 +71,12 @@ class Progress:
 
     def phase(self, name: str, total: int | None = None) -> None:
         """Start phase ``name`` (closing the previous one); ``total`` = episodes expected (a bar), else a line."""
+        with self._lock:
+            self._phase(name, total)
+
+    def _phase(self, name: str, total: int | None) -> None:
         self.end()
+        self._active = True
         self._name, self._total, self._done, self._turns, self._tokens = name, total, 0, 0, 0
         self._t_phase = self._last_line = time.monotonic()
         if not self.enabled:
@@ -71,16 +94,18 @@ class Progress:
 
     def turn(self, tokens: int) -> None:
         """One generated turn of ``tokens`` tokens (0 for a scripted policy)."""
-        self._turns += 1
-        self._tokens += int(tokens)
-        self._refresh()
+        with self._lock:
+            self._turns += 1
+            self._tokens += int(tokens)
+            self._refresh()
 
     def episode(self, won: bool = False) -> None:
         """One finished episode."""
-        self._done += 1
-        if self._bar is not None:
-            self._bar.update(1)
-        self._refresh(force=self._total is not None and self._done >= self._total)
+        with self._lock:
+            self._done += 1
+            if self._bar is not None:
+                self._bar.update(1)
+            self._refresh(force=self._total is not None and self._done >= self._total)
 
     def _refresh(self, force: bool = False) -> None:
         if not self.enabled:
@@ -95,7 +120,8 @@ class Progress:
             self.note(f"{self._name}: {self._done}{total} episodes, {self._fields()}")
 
     def end(self) -> None:
-        """Close the current phase's bar."""
+        """Close the current phase's bar (the heartbeat stays quiet until the next phase)."""
+        self._active = False
         if self._bar is not None:
             self._bar.close()
             self._bar = None

@@ -13,7 +13,7 @@ from agent_rl.report import finish_run, read_metrics
 
 def test_progress_plain_lines_without_terminal():
     buf = io.StringIO()
-    p = Progress(stream=buf, interval_s=0.0)
+    p = Progress(stream=buf, interval_s=0.0)  # no heartbeat thread; a line at every event
     assert not p.tty
     p.phase("step 1/2 rollout", total=2)
     p.turn(10)
