@@ -176,9 +176,8 @@ def with_device_preset(overrides: list[str]) -> list[str]:
     if any(ov.split("=", 1)[0].lstrip("+~") == "trainer" for ov in overrides) or torch.cuda.is_available() or \
             any(arg in ("-h", "--help") for arg in overrides):
         return overrides
-    print("no GPU found: using the CPU budget preset trainer=cpu (configs/trainer/cpu.yaml: 4 steps, small episodes, "
-          "an 8-game ALFWorld panel before and after; ~20 min on 2 cores); add trainer=default for the full budget",
-          file=sys.stderr)
+    print("no GPU found: using the CPU budget preset trainer=cpu (configs/trainer/cpu.yaml: 4 steps x 4 episodes x "
+          "6 turns, an 8-game eval panel before and after); add trainer=default for the full budget", file=sys.stderr)
     return [*overrides, "trainer=cpu"]
 
 
