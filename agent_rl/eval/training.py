@@ -11,6 +11,16 @@ from typing import Any
 from agent_rl.eval.runner import build_panels, env_family, evaluate, scalar_metrics
 
 
+def _canonical(name: Any) -> Any:
+    """A math dataset's canonical name (aliases such as math_train_deepscaler -> math_train), else ``name``."""
+    try:
+        from envs.math.datasets import canonical_name
+
+        return canonical_name(name)
+    except (ImportError, KeyError, TypeError):
+        return name
+
+
 class TrainingEval:
     """``enabled`` is False when ``trainer.eval_every`` is 0 or the env has no panel (a note says so).
 
@@ -33,9 +43,10 @@ class TrainingEval:
             self.every = 0
             return
         self.panels = build_panels(self.cfg, split=cfg.trainer.eval_panel, num_tasks=cfg.trainer.eval_tasks)
-        trained = cfg.env.sampler.options.get("split") or cfg.env.sampler.options.get("dataset")
+        trained = _canonical(cfg.env.sampler.options.get("split") or cfg.env.sampler.options.get("dataset"))
         for panel in self.panels:
-            held = panel.tasks[0].options.get("split") or panel.tasks[0].options.get("dataset") if panel.tasks else None
+            held = _canonical(panel.tasks[0].options.get("split") or panel.tasks[0].options.get("dataset")
+                              if panel.tasks else None)
             if trained is not None and held == trained:
                 raise ValueError(f"trainer.eval_panel={panel.split!r} is the training split/dataset {trained!r}; "
                                  "choose held-out tasks (ALFWorld valid_seen/valid_unseen, WebShop test, another "
