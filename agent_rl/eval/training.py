@@ -25,7 +25,7 @@ class TrainingEval:
     """``enabled`` is False when ``trainer.eval_every`` is 0 or the env has no panel (a note says so).
 
     Raises:
-        ValueError: the panel's split or dataset is the one the run trains on (eval tasks must be held out).
+        ConfigError: the panel's split or dataset is the one the run trains on (eval tasks must be held out).
     """
 
     def __init__(self, cfg: Any, out: Path, progress: Any) -> None:
@@ -48,7 +48,9 @@ class TrainingEval:
             held = _canonical(panel.tasks[0].options.get("split") or panel.tasks[0].options.get("dataset")
                               if panel.tasks else None)
             if trained is not None and held == trained:
-                raise ValueError(f"trainer.eval_panel={panel.split!r} is the training split/dataset {trained!r}; "
+                from agent_rl.config import ConfigError
+
+                raise ConfigError(f"trainer.eval_panel={panel.split!r} is the training split/dataset {trained!r}; "
                                  "choose held-out tasks (ALFWorld valid_seen/valid_unseen, WebShop test, another "
                                  "math/code dataset)")
 
