@@ -177,7 +177,7 @@ def with_device_preset(overrides: list[str]) -> list[str]:
             any(arg in ("-h", "--help") for arg in overrides):
         return overrides
     print("no GPU found: using the CPU budget preset trainer=cpu (configs/trainer/cpu.yaml: 4 steps x 4 episodes x "
-          "6 turns, an 8-game eval panel before and after); add trainer=default for the full budget", file=sys.stderr)
+          "3 turns, a 4-game eval panel before and after); add trainer=default for the full budget", file=sys.stderr)
     return [*overrides, "trainer=cpu"]
 
 

@@ -76,6 +76,6 @@ def test_cpu_preset_selected_without_gpu(monkeypatch, capsys):
     # the preset wins over the env's budget (trainer comes after env in the defaults list); the CLI wins over both
     cfg = load_config(["env=alfworld", "algo=tgrl", "trainer=cpu"])
     assert (cfg.trainer.total_steps, cfg.trainer.tasks_per_step, cfg.rollout.max_turns, cfg.engine.max_new_tokens,
-            cfg.trainer.eval_every, cfg.trainer.eval_tasks, cfg.eval.max_turns) == (4, 1, 6, 48, 4, 8, 12)
-    assert load_config(["env=alfworld", "trainer=cpu", "rollout.max_turns=3"]).rollout.max_turns == 3
+            cfg.trainer.eval_every, cfg.trainer.eval_tasks, cfg.eval.max_turns) == (4, 1, 3, 48, 4, 4, 8)
+    assert load_config(["env=alfworld", "trainer=cpu", "rollout.max_turns=5"]).rollout.max_turns == 5
     assert load_config(["env=alfworld"]).rollout.max_turns == 50
