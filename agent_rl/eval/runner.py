@@ -355,7 +355,7 @@ def plot_panel(result: dict[str, Any], path: Path) -> None:
     ax.bar(x - (width / 2 if scores is not None else 0), values, width, label="success")
     if scores is not None:
         ax.bar(x + width / 2, scores, width, label="score / 100")
-        ax.legend()
+        ax.legend(loc="lower left", fontsize=8)
     ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylim(0, 1.05)
     ax.set_title(f"{result['panel']}  ({result.get('policy', '')}, {result['num_tasks']} tasks)", fontsize=9)
