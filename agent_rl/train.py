@@ -131,14 +131,17 @@ async def train_loop(cfg: Config, out: Path) -> dict[str, Any]:
     return record
 
 
-def main(overrides: list[str] | None = None) -> dict[str, Any]:
+def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, Any]:
     """CLI/test entry point: compose the config from ``overrides`` (default ``sys.argv[1:]``), print and save it as
-    ``DIR/config.yaml``, train. Returns the last step's metrics record."""
+    ``DIR/config.yaml``, train. Returns the last step's metrics record. ``notice``: a line printed once the config
+    is valid (the CLI's CPU-preset line)."""
     overrides = sys.argv[1:] if overrides is None else overrides
     if any(arg in ("-h", "--help") for arg in overrides):
         print(usage())
         return {}
     cfg = load_config(overrides)
+    if notice:
+        print(notice, file=sys.stderr)
     out = Path(cfg.trainer.output_dir or Path("runs") / cfg.run_name).resolve()
     if not cfg.trainer.resume and (any((out / "checkpoints").glob("step_*")) or
                                    (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size):
@@ -170,15 +173,15 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def with_device_preset(overrides: list[str]) -> list[str]:
+def with_device_preset(overrides: list[str]) -> tuple[list[str], str]:
     """The command line's overrides, plus ``trainer=cpu`` (the CPU budget preset) when no ``trainer=`` is given and
-    no GPU is visible; says so in one line."""
+    no GPU is visible; and the one line that says so ("" when nothing was added)."""
     if any(ov.split("=", 1)[0].lstrip("+~") == "trainer" for ov in overrides) or torch.cuda.is_available() or \
             any(arg in ("-h", "--help") for arg in overrides):
-        return overrides
-    print("no GPU found: using the CPU budget preset trainer=cpu (configs/trainer/cpu.yaml: 4 steps x 4 episodes x "
-          "3 turns, a 4-game eval panel before and after); add trainer=default for the full budget", file=sys.stderr)
-    return [*overrides, "trainer=cpu"]
+        return overrides, ""
+    return [*overrides, "trainer=cpu"], (
+        "no GPU found: using the CPU budget preset trainer=cpu (configs/trainer/cpu.yaml: 4 steps x 4 episodes x "
+        "3 turns, a 4-game eval panel before and after); add trainer=default for the full budget")
 
 
 def seed_everything(seed: int) -> None:
@@ -307,7 +310,8 @@ async def open_env_pool(cfg: Config, out: Path) -> AsyncIterator[Any]:
 def cli() -> None:
     """``python -m agent_rl.train``: :func:`main`, with a config error printed as one message (exit code 2)."""
     try:
-        main(with_device_preset(sys.argv[1:]))
+        overrides, notice = with_device_preset(sys.argv[1:])
+        main(overrides, notice=notice)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

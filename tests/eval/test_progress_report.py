@@ -60,19 +60,19 @@ def test_training_eval_panel_logged(tmp_path):
               "trainer.eval_panel=math_train_deepscaler", f"trainer.output_dir={tmp_path / 'bad'}"])
 
 
-def test_cpu_preset_selected_without_gpu(monkeypatch, capsys):
+def test_cpu_preset_selected_without_gpu(monkeypatch):
     import torch
 
     from agent_rl.config import load_config
     from agent_rl.train import with_device_preset
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert with_device_preset(["env=alfworld", "algo=tgrl"]) == ["env=alfworld", "algo=tgrl", "trainer=cpu"]
-    line = capsys.readouterr().err
-    assert line.count("\n") == 1 and "trainer=cpu" in line and "trainer=default" in line
-    assert with_device_preset(["trainer=default"]) == ["trainer=default"]
+    overrides, line = with_device_preset(["env=alfworld", "algo=tgrl"])
+    assert overrides == ["env=alfworld", "algo=tgrl", "trainer=cpu"]
+    assert "\n" not in line and "trainer=cpu" in line and "trainer=default" in line
+    assert with_device_preset(["trainer=default"]) == (["trainer=default"], "")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert with_device_preset(["env=alfworld"]) == ["env=alfworld"]
+    assert with_device_preset(["env=alfworld"]) == (["env=alfworld"], "")
     # the preset wins over the env's budget (trainer comes after env in the defaults list); the CLI wins over both
     cfg = load_config(["env=alfworld", "algo=tgrl", "trainer=cpu"])
     assert (cfg.trainer.total_steps, cfg.trainer.tasks_per_step, cfg.rollout.max_turns, cfg.engine.max_new_tokens,
