@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from agent_rl.engines.config import EngineConfig
+from agent_rl.eval.config import EvalConfig
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
 from agent_rl.rollout.config import RolloutConfig, TaskSamplerConfig
 
@@ -132,6 +133,14 @@ class TrainerConfig:
     save_episodes: str = "8"
     """Episode store (``DIR/episodes/step_N.jsonl``, read by ``python -m agent_rl.viewer DIR``, docs/viewer.md):
     none | all | N episodes per step, kept as whole groups drawn at random."""
+    eval_every: int = 0
+    """Evaluate a small fixed panel (``agent_rl.eval``) before step 1, every this many steps and after the last
+    (0 = never); logged as ``eval/<panel>/...`` in metrics.jsonl (step 0 = before training) and TensorBoard."""
+    eval_panel: str = ""
+    """The panel's split or dataset ("" = the env's default: ALFWorld valid_unseen, WebShop test, math math500,
+    code humanevalplus); its tasks are never training tasks (other split / dataset)."""
+    eval_tasks: int = 8
+    """Tasks of the in-training panel (spread evenly over the split); decoded as ``eval.*`` says (greedy)."""
 
     def __post_init__(self) -> None:
         if self.total_steps < 1 or self.tasks_per_step < 1 or self.save_every < 1:
@@ -157,6 +166,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     env_server: EnvServerConfig = field(default_factory=EnvServerConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         # Derived defaults that span groups (algo depends on engine).
