@@ -122,8 +122,8 @@ def fuzz(url: str, env_ids: list[str], examples: int) -> tuple[Counter, list[str
                 response = case.call(base_url=url, timeout=120)
                 statuses[response.status_code] += 1
                 if response.status_code >= 500:  # documented ones pass the checks; say which requests got them
-                    server_errors.append(f"{case.method} {operation.path} -> {response.status_code}: "
-                                         f"{response.text[:160]}")
+                    server_errors.append(f"{case.method} {operation.path} body={str(case.body)[:300]!r} -> "
+                                         f"{response.status_code}: {response.text[:160]}")
                 if response.status_code == 201:
                     opened.append(response.json()["session_id"])
                 check_answer(case, response, problems)
