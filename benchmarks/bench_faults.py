@@ -668,6 +668,8 @@ def main() -> int:
     p.add_argument("--retry-backoff", type=float, default=2.0, help="rollout.retry_backoff_s")
     p.add_argument("--keep", action="store_true", help="keep the work dir (runs, logs)")
     args = p.parse_args()
+    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the servers started here are stopped too
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     return asyncio.run(main_async(args))
 
 
