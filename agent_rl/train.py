@@ -215,9 +215,7 @@ def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, A
     text = to_yaml(cfg)
     print(text, file=sys.stderr)
     config_file.write_text(text, encoding="utf-8")
-    return asyncio.run(train_loop(cfg, out, config_file))
-    (out / "config.yaml").write_text(text, encoding="utf-8")
-    record = asyncio.run(train_loop(cfg, out))
+    record = asyncio.run(train_loop(cfg, out, config_file))
     from agent_rl.report import finish_run
 
     print(finish_run(out), file=sys.stderr)  # DIR/curves.png, DIR/summary.md
