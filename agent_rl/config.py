@@ -72,6 +72,10 @@ class EnvServerConfig:
     """Local mode: worker threads/processes of ``LocalEnvPool`` (0 = its default)."""
     local_kind: str = "thread"
     """Local mode: thread | process."""
+    replicas: int = 1
+    """trainer.backend=ray, http mode without urls: env-server replicas started as Ray actors (spread over nodes)."""
+    replica_cpus: float = 1.0
+    """trainer.backend=ray: CPUs reserved per env-server replica."""
 
     def __post_init__(self) -> None:
         if self.mode not in SERVER_MODES:
@@ -114,10 +118,24 @@ class TrainerConfig:
     imports: list[str] = field(default_factory=list)
     """Modules imported before the learner is built, e.g. one that registers a user's own advantage estimator,
     policy loss, credit rule or schedule with the ``agent_rl.algos`` registries."""
+    backend: str = "local"
+    """local: one process; ray: learner ranks, rollout workers, env-server replicas as Ray actors (docs/scaling.md)."""
+    ray_address: str = ""
+    """trainer.backend=ray: cluster to join ("auto" = the running one; "" = $RAY_ADDRESS, else a local cluster)."""
+    num_learners: int = 1
+    """trainer.backend=ray: data-parallel learner ranks (torch DDP; the batch is split by whole groups)."""
+    learner_cpus: float = 1.0
+    """trainer.backend=ray: CPUs per learner rank (also its torch threads)."""
+    learner_gpus: float = 0.0
+    """trainer.backend=ray: GPUs per learner rank (> 0: the rank trains on its GPU, NCCL between ranks)."""
 
     def __post_init__(self) -> None:
         if self.total_steps < 1 or self.tasks_per_step < 1 or self.save_every < 1:
             raise ValueError("trainer.total_steps, tasks_per_step, save_every must be >= 1")
+        if self.backend not in ("local", "ray"):
+            raise ValueError(f"trainer.backend={self.backend!r} is not valid; valid values: local, ray")
+        if self.num_learners < 1:
+            raise ValueError("trainer.num_learners must be >= 1")
 
 
 @dataclass

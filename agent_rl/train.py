@@ -131,6 +131,10 @@ def main(overrides: list[str] | None = None) -> dict[str, Any]:
     text = to_yaml(cfg)
     print(text, file=sys.stderr)
     (out / "config.yaml").write_text(text, encoding="utf-8")
+    if cfg.trainer.backend == "ray":  # learners, rollout workers, env servers as Ray actors (docs/scaling.md)
+        from agent_rl.distributed.trainer import train_ray
+
+        return train_ray(cfg, out)
     return asyncio.run(train_loop(cfg, out))
 
 

@@ -151,8 +151,13 @@ class RolloutWorker:
     def __init__(self, cfg: Any, index: int, env_urls: list[str]) -> None:
         self.cfg, self.index, self.env_urls = cfg, index, list(env_urls)
         self.version = -1
+        # the orchestrator's event loop, in its own thread (Ray may run actor methods where a loop is running)
         self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, daemon=True, name="rollout-loop").start()
         self._ready = False
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def _build(self) -> None:
         from agent_rl.engines import get_engine, set_torch_threads
@@ -172,7 +177,7 @@ class RolloutWorker:
         self.engine = get_engine(cfg.engine.name, self.model, self.tokenizer, batch_size=cfg.engine.batch_size,
                                  seed=seed, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
                                  dtype=cfg.model.dtype)
-        self.pool = self._loop.run_until_complete(self._open_pool())
+        self.pool = self._run(self._open_pool())
         self.orchestrator = RolloutOrchestrator(
             self.pool, self.engine, get_prompt(cfg.env.prompt), cfg.rollout, max_new_tokens=cfg.engine.max_new_tokens,
             top_p=cfg.engine.top_p, top_k=cfg.engine.top_k, seed=seed,
@@ -216,7 +221,7 @@ class RolloutWorker:
             return out
 
         cfg = self.cfg
-        result = self._loop.run_until_complete(self.orchestrator.collect(
+        result = self._run(self.orchestrator.collect(
             take, len(tasks), cfg.algo, step, filter_groups=cfg.algo.dapo_dynamic_sampling, max_extra_rounds=0))
         return {"episodes": result.episodes, "metrics": dict(result.metrics), "failures": list(result.failures),
                 "weight_version": self.version, "worker": self.index}
@@ -226,8 +231,8 @@ class RolloutWorker:
 
     def close(self) -> None:
         if self._ready:
-            self._loop.run_until_complete(self.orchestrator.aclose())
-            self._loop.run_until_complete(self.pool.aclose())
+            self._run(self.orchestrator.aclose())
+            self._run(self.pool.aclose())
             self._ready = False
 
 
