@@ -159,14 +159,28 @@ def train_ray(cfg: Any, out: Path) -> dict[str, Any]:
                 return {}
 
         # ---- rollout workers, loaded with weight version start - 1 (the updates behind them)
-        Worker = ray.remote(RolloutWorker).options(num_cpus=r.worker_cpus, num_gpus=r.worker_gpus)
+        Worker = ray.remote(RolloutWorker)
         version = start - 1
         weights = ranks[0].get_weights.remote()
 
+        incarnation = [0] * n_workers
+        restarts = 0  # worker replacements not yet reported in a step's metrics
+
         def new_worker(i: int) -> Any:
-            w = Worker.remote(cfg, i, urls)
-            ray.get(w.set_weights.remote(version, weights))
-            return w
+            """Worker i (named ``agent_rl-rollout-<i>-<incarnation>``) loaded with the current weights; a worker
+            that dies while loading is replaced too."""
+            nonlocal restarts
+            while True:
+                w = Worker.options(num_cpus=r.worker_cpus, num_gpus=r.worker_gpus,
+                                   name=f"agent_rl-rollout-{i}-{incarnation[i]}").remote(cfg, i, urls)
+                incarnation[i] += 1
+                try:
+                    ray.get(w.set_weights.remote(version, weights))
+                    return w
+                except RayActorError:
+                    restarts += 1
+                    if restarts > MAX_WORKER_RESTARTS * total:
+                        raise
 
         workers = [new_worker(i) for i in range(n_workers)]
         _, tokenizer = load_policy(cfg.model)
@@ -183,9 +197,9 @@ def train_ray(cfg: Any, out: Path) -> dict[str, Any]:
                 chunks = [tasks[i * len(tasks) // n_workers:(i + 1) * len(tasks) // n_workers]
                           for i in range(n_workers)]
                 results: list[dict[str, Any] | None] = [None] * n_workers
+                step_restarts = 0
                 pending = {i: workers[i].collect.remote(chunks[i], step, version) for i in range(n_workers)
                            if chunks[i]}
-                restarts = 0
                 while pending:
                     i, ref = next(iter(pending.items()))
                     try:
@@ -193,8 +207,9 @@ def train_ray(cfg: Any, out: Path) -> dict[str, Any]:
                         del pending[i]
                     except RayActorError as exc:
                         restarts += 1
-                        if restarts > MAX_WORKER_RESTARTS:
-                            raise RuntimeError(f"step {step}: rollout workers died {restarts} times") from exc
+                        step_restarts += 1
+                        if step_restarts > MAX_WORKER_RESTARTS:
+                            raise RuntimeError(f"step {step}: rollout workers died {step_restarts} times") from exc
                         print(f"warning: step {step}: rollout worker {i} died ({type(exc).__name__}); replacing it "
                               f"and re-running its {len(chunks[i])} group(s)", file=sys.stderr)
                         ray.kill(workers[i], no_restart=True)
@@ -214,7 +229,11 @@ def train_ray(cfg: Any, out: Path) -> dict[str, Any]:
                 used = [res["weight_version"] for res in done]
                 metrics["rollout/weight_version"] = float(min(used)) if used else float(version)
                 metrics["rollout/weight_lag"] = float(step - 1 - min(used)) if used else 0.0  # 0: on-policy
-                metrics["rollout/worker_restarts"] = float(restarts)
+                metrics["rollout/worker_restarts"] = float(restarts)  # since the last logged step
+                restarts = 0
+                metrics["time/env_wait_frac"] = sum(res["metrics"].get("time/env_wait_frac", 0.0) *
+                                                    res["metrics"].get("time/rollout_s", 0.0) for res in done) / \
+                    max(sum(res["metrics"].get("time/rollout_s", 0.0) for res in done), 1e-9)
                 for res in done:  # the weight version every episode was sampled with
                     for ep in res["episodes"]:
                         versions_log.write(json.dumps({"step": step, "worker": res["worker"],

@@ -4,6 +4,9 @@ local Ray cluster (``ray.init(num_cpus=2)``, shut down after the module). Skippe
 from __future__ import annotations
 
 import copy
+import json
+import threading
+import time
 
 import pytest
 import torch
@@ -107,3 +110,59 @@ def test_ray_ddp_matches_single_learner(ray_cluster):
     ray.get([r.shutdown.remote() for r in ranks])
     for r in ranks:
         ray.kill(r)
+
+
+def _kill_when_ready(name: str, killed: list[str], timeout_s: float = 300.0) -> None:
+    """Kill the actor ``name`` once it has answered a call (its weights are loaded): it dies between loading and
+    playing, or while playing, its groups."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            actor = ray.get_actor(name)
+        except ValueError:
+            time.sleep(0.1)
+            continue
+        ray.get(actor.pid.remote())
+        ray.kill(actor, no_restart=True)
+        killed.append(name)
+        return
+
+
+@pytest.mark.timeout(900)
+def test_ray_backend_two_steps_kill_a_worker_then_resume_with_one_learner(ray_cluster, tmp_path):
+    """The acceptance command (2 learner ranks, 2 rollout workers, 2 TGRL steps on ChooseItem) on the module's
+    2-CPU cluster: rollout worker 0 is killed, replaced, and its group re-run (every step trains on both groups);
+    metrics.jsonl has steps 1-2, checkpoints/step_2 exists, step 2 samples with weight version 1; then the run resumes
+    with 1 learner and 1 worker for step 3."""
+    from agent_rl.train import main
+
+    out = tmp_path / "run"
+    common = ["env=choose_item", "model=tiny", "algo=tgrl", "trainer.backend=ray", "trainer.tasks_per_step=2",
+              f"trainer.output_dir={out}", "env_server.mode=local", "trainer.learner_cpus=0.5",
+              "rollout.worker_cpus=0.5", "trainer.progress=false", "trainer.tensorboard=false",
+              "engine.max_new_tokens=12"]
+    killed: list[str] = []
+    killer = threading.Thread(target=_kill_when_ready, args=("agent_rl-rollout-0-0", killed), daemon=True)
+    killer.start()
+    main(common + ["trainer.num_learners=2", "rollout.num_workers=2", "trainer.total_steps=2"])
+    killer.join(timeout=5)
+    assert killed == ["agent_rl-rollout-0-0"]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert sum(r["rollout/worker_restarts"] for r in records) >= 1
+    assert [r["rollout/weight_version"] for r in records] == [0.0, 1.0]
+    assert (out / "checkpoints" / "step_2" / "model.safetensors").is_file()
+    versions = [json.loads(line) for line in (out / "weight_versions.jsonl").read_text().splitlines()]
+    for step in (1, 2):  # no group lost: both groups of the step, G episodes each, were played and trained on
+        per_group = {}
+        for v in versions:
+            if v["step"] == step:
+                per_group[v["group"]] = per_group.get(v["group"], 0) + 1
+        assert len(per_group) == 2 and len(set(per_group.values())) == 1, per_group
+        assert records[step - 1]["batch/rows"] >= sum(per_group.values())  # >= 1 row per episode
+    # resume the 2-rank checkpoint with one rank and one worker
+    main(common + ["trainer.num_learners=1", "rollout.num_workers=1", "trainer.total_steps=3", "trainer.resume=auto"])
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[-1]["rollout/weight_version"] == 2.0
+    assert ray.is_initialized()  # the module's cluster was reused, not shut down by the trainer
