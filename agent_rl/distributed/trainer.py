@@ -56,6 +56,13 @@ def _ray_init(cfg: Any) -> bool:
     return True
 
 
+def _nodes(pg: Any) -> int:
+    """Distinct nodes a placement group's bundles landed on."""
+    from ray.util.placement_group import placement_group_table
+
+    return len(set(placement_group_table(pg).get("bundles_to_node_id", {}).values()))
+
+
 def _merge_learner_metrics(ranks: list[dict[str, float]], batch: Any) -> dict[str, float]:
     """One record from the ranks' metrics: ``actor/pg_loss`` is the ranks' mean (each rank's loss is already over the
     global denominator / N: module docstring of data_parallel), ``actor/grad_norm``, ``actor/lr``, ``schedule/S``,
@@ -125,7 +132,7 @@ def train_ray(cfg: Any, out: Path) -> dict[str, Any]:
                 for i in range(es.replicas)]
             actors += replicas
             urls = ray.get([a.url.remote(es.startup_timeout_s) for a in replicas])
-            print(f"env-server replicas: {', '.join(urls)}", file=sys.stderr)
+            print(f"env-server replicas on {_nodes(pg_env)} node(s): {', '.join(urls)}", file=sys.stderr)
 
         # ---- learner ranks, packed
         gpu = t.learner_gpus > 0
@@ -142,7 +149,7 @@ def train_ray(cfg: Any, out: Path) -> dict[str, Any]:
         actors += ranks
         addr, port = ray.get(ranks[0].address.remote())
         backend = ray.get([rk.setup.remote(addr, port) for rk in ranks])[0]
-        print(f"{n_learners} learner rank(s), process group: {backend}", file=sys.stderr)
+        print(f"{n_learners} learner rank(s) on {_nodes(pg_learn)} node(s), process group: {backend}", file=sys.stderr)
 
         # ---- resume (every rank loads the same checkpoint, whatever N wrote it)
         sampler = TaskSampler(cfg.env.id, cfg.env.sampler, env_kwargs=cfg.env_kwargs, seed=t.seed)
