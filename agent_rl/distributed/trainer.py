@@ -126,7 +126,8 @@ def train_ray(cfg: Any, out: Path) -> dict[str, Any]:
             groups.append(pg_env)
             ray.get(pg_env.ready(), timeout=600)
             Replica = ray.remote(EnvServerReplica)
-            replicas = [Replica.options(num_cpus=es.replica_cpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
+            replicas = [Replica.options(num_cpus=es.replica_cpus, name=f"agent_rl-env-{i}",
+                                        scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=pg_env, placement_group_bundle_index=i)).remote(
                 [cfg.env.id], list(es.imports), es.token, es.max_sessions, es.workers, cfg.data.root)
                 for i in range(es.replicas)]

@@ -112,10 +112,8 @@ def test_ray_ddp_matches_single_learner(ray_cluster):
         ray.kill(r)
 
 
-def _kill_when_ready(name: str, killed: list[str], timeout_s: float = 300.0) -> None:
-    """Kill the actor ``name`` once it has answered a call (its weights are loaded): it dies between loading and
-    playing, or while playing, its groups."""
-    deadline = time.monotonic() + timeout_s
+def _ready_actor(name: str, deadline: float):
+    """The actor ``name`` once it has answered a call (a rollout worker: its weights are loaded), or None."""
     while time.monotonic() < deadline:
         try:
             actor = ray.get_actor(name)
@@ -123,33 +121,48 @@ def _kill_when_ready(name: str, killed: list[str], timeout_s: float = 300.0) -> 
             time.sleep(0.1)
             continue
         ray.get(actor.pid.remote())
-        ray.kill(actor, no_restart=True)
-        killed.append(name)
+        return actor
+    return None
+
+
+def _kill_during_rollout(killed: list[str], timeout_s: float = 300.0) -> None:
+    """Once rollout workers 0 and 1 are loaded (step 1's rollout starts): kill env replica 0 one second later
+    (sessions it holds are lost), then rollout worker 0 (its group is in flight or about to be)."""
+    deadline = time.monotonic() + timeout_s
+    worker0 = _ready_actor("agent_rl-rollout-0-0", deadline)
+    if _ready_actor("agent_rl-rollout-1-0", deadline) is None or worker0 is None:
         return
+    time.sleep(1.0)
+    ray.kill(ray.get_actor("agent_rl-env-0"), no_restart=True)
+    killed.append("agent_rl-env-0")
+    ray.kill(worker0, no_restart=True)
+    killed.append("agent_rl-rollout-0-0")
 
 
 @pytest.mark.timeout(900)
-def test_ray_backend_two_steps_kill_a_worker_then_resume_with_one_learner(ray_cluster, tmp_path):
-    """The acceptance command (2 learner ranks, 2 rollout workers, 2 TGRL steps on ChooseItem) on the module's
-    2-CPU cluster: rollout worker 0 is killed, replaced, and its group re-run (every step trains on both groups);
-    metrics.jsonl has steps 1-2, checkpoints/step_2 exists, step 2 samples with weight version 1; then the run resumes
-    with 1 learner and 1 worker for step 3."""
+def test_ray_backend_two_steps_kill_a_worker_and_a_replica_then_resume_with_one_learner(ray_cluster, tmp_path):
+    """The acceptance command (2 learner ranks, 2 rollout workers, 2 env-server replicas, 2 TGRL steps on
+    ChooseItem) on the module's 2-CPU cluster: rollout worker 0 and env replica 0 are killed during the run; the
+    worker is replaced and its group re-run, the replica's episodes re-run on the other replica (no group lost,
+    none dropped); metrics.jsonl has steps 1-2, checkpoints/step_2 exists, step 2 samples with weight version 1; then
+    the run resumes with 1 learner and 1 worker for step 3."""
     from agent_rl.train import main
 
     out = tmp_path / "run"
     common = ["env=choose_item", "model=tiny", "algo=tgrl", "trainer.backend=ray", "trainer.tasks_per_step=2",
-              f"trainer.output_dir={out}", "env_server.mode=local", "trainer.learner_cpus=0.5",
-              "rollout.worker_cpus=0.5", "trainer.progress=false", "trainer.tensorboard=false",
+              f"trainer.output_dir={out}", "env_server.replicas=2", "env_server.replica_cpus=0.5",
+              "trainer.learner_cpus=0.25", "rollout.worker_cpus=0.25", "trainer.progress=false", "trainer.tensorboard=false",
               "engine.max_new_tokens=12"]
     killed: list[str] = []
-    killer = threading.Thread(target=_kill_when_ready, args=("agent_rl-rollout-0-0", killed), daemon=True)
+    killer = threading.Thread(target=_kill_during_rollout, args=(killed,), daemon=True)
     killer.start()
     main(common + ["trainer.num_learners=2", "rollout.num_workers=2", "trainer.total_steps=2"])
     killer.join(timeout=5)
-    assert killed == ["agent_rl-rollout-0-0"]
+    assert sorted(killed) == ["agent_rl-env-0", "agent_rl-rollout-0-0"]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert sum(r["rollout/worker_restarts"] for r in records) >= 1
+    assert all(r["rollout/dropped_groups"] == 0 for r in records)
     assert [r["rollout/weight_version"] for r in records] == [0.0, 1.0]
     assert (out / "checkpoints" / "step_2" / "model.safetensors").is_file()
     versions = [json.loads(line) for line in (out / "weight_versions.jsonl").read_text().splitlines()]
