@@ -80,6 +80,10 @@ class EnvServerConfig:
     """Local mode: worker threads/processes of ``LocalEnvPool`` (0 = its default)."""
     local_kind: str = "thread"
     """Local mode: thread | process."""
+    replicas: int = 1
+    """trainer.backend=ray, http mode without urls: env-server replicas started as Ray actors (spread over nodes)."""
+    replica_cpus: float = 1.0
+    """trainer.backend=ray: CPUs reserved per env-server replica."""
 
     def __post_init__(self) -> None:
         if self.mode not in SERVER_MODES:
@@ -141,6 +145,16 @@ class TrainerConfig:
     code humanevalplus); its tasks are never training tasks (other split / dataset)."""
     eval_tasks: int = 8
     """Tasks of the in-training panel (spread evenly over the split); decoded as ``eval.*`` says (greedy)."""
+    backend: str = "local"
+    """local: one process; ray: learner ranks, rollout workers, env-server replicas as Ray actors (docs/scaling.md)."""
+    ray_address: str = ""
+    """trainer.backend=ray: cluster to join ("auto" = the running one; "" = $RAY_ADDRESS, else a local cluster)."""
+    num_learners: int = 1
+    """trainer.backend=ray: data-parallel learner ranks (torch DDP; the batch is split by whole groups)."""
+    learner_cpus: float = 1.0
+    """trainer.backend=ray: CPUs per learner rank (also its torch threads)."""
+    learner_gpus: float = 0.0
+    """trainer.backend=ray: GPUs per learner rank (> 0: the rank trains on its GPU, NCCL between ranks)."""
 
     def __post_init__(self) -> None:
         if self.total_steps < 1 or self.tasks_per_step < 1 or self.save_every < 1:
@@ -148,6 +162,10 @@ class TrainerConfig:
         from agent_rl.episodes import parse_save_episodes
 
         parse_save_episodes(self.save_episodes)  # ValueError naming the valid values
+        if self.backend not in ("local", "ray"):
+            raise ValueError(f"trainer.backend={self.backend!r} is not valid; valid values: local, ray")
+        if self.num_learners < 1:
+            raise ValueError("trainer.num_learners must be >= 1")
 
 
 @dataclass

@@ -215,7 +215,12 @@ def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, A
     text = to_yaml(cfg)
     print(text, file=sys.stderr)
     config_file.write_text(text, encoding="utf-8")
-    record = asyncio.run(train_loop(cfg, out, config_file))
+    if cfg.trainer.backend == "ray":  # learners, rollout workers, env servers as Ray actors (docs/scaling.md)
+        from agent_rl.distributed.trainer import train_ray
+
+        record = train_ray(cfg, out)
+    else:
+        record = asyncio.run(train_loop(cfg, out, config_file))
     from agent_rl.report import finish_run
 
     print(finish_run(out), file=sys.stderr)  # DIR/curves.png, DIR/summary.md
