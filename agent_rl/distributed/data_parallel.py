@@ -87,6 +87,11 @@ class DataParallel:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 
+    def global_min(self, value: int) -> int:
+        """Min of an int over the ranks (the number of mini-batches every rank can form: all ranks must run the
+        same number of optimiser steps, or the gradient all-reduces would pair up wrongly and hang)."""
+        return -self.global_max(-value)
+
     def sync_gradients(self) -> None:
         """Average the accumulated ``.grad`` of every trainable parameter over the ranks through DDP's reducer."""
         self.ddp().backward()

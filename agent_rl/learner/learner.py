@@ -502,8 +502,11 @@ class Learner:
 
         self.model.train()
         n_opt_steps = 0
+        n_mini = algo.num_mini_batches
+        if dp is not None:  # every rank runs the same number of optimiser steps (whole groups per rank differ)
+            n_mini = dp.global_min(min(n_mini, int(torch.unique(b.group_index).numel())))
         for _epoch in range(algo.ppo_epochs):
-            for mb_rows in group_mini_batches(b.group_index, algo.num_mini_batches, self.generator):
+            for mb_rows in group_mini_batches(b.group_index, n_mini, self.generator):
                 n_opt_steps += 1
                 mb_mask = loss_mask[mb_rows]
                 den = algos.agg_denominator(mb_mask, algo.loss_agg)  # the whole mini-batch's, for every micro-batch
