@@ -16,7 +16,7 @@ CHEAP = ["env=choose_item", "model=tiny", "env_server.mode=local"]
 
 # ------------------------------------------------------------------------------------------- section 4
 def test_dapo_group_size_one_is_refused():
-    # the input: every group of one reward is all-equal, so DAPO filtered every group and trained nothing
+    # a reported input: every group of one reward is all-equal, so DAPO filtered every group and trained nothing
     with pytest.raises(ConfigError, match=r"dapo_dynamic_sampling needs algo.group_size >= 2 \(got 1\)"):
         load_config([*CHEAP, "algo=dapo", "algo.group_size=1"])
     assert load_config([*CHEAP, "algo=dapo", "algo.group_size=2"]).algo.group_size == 2
@@ -49,7 +49,7 @@ def test_zero_temperature_is_refused():
 
 
 def test_tiny_defaults_fit_the_context(capsys):
-    # the input: model=tiny with the defaults (ALFWorld: prompt budget 4096 + engine.max_new_tokens 256)
+    # a reported input: model=tiny with the defaults (ALFWorld: prompt budget 4096 + engine.max_new_tokens 256)
     # exceeds the tiny model's 4096 positions. Right: the prompt budget is capped to 4096 - 256 = 3840, said in one line
     cfg = load_config(["model=tiny"])
     assert TINY_MAX_POSITIONS == 4096

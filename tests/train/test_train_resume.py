@@ -24,7 +24,7 @@ def _steps(out: Path) -> list[int]:
 
 
 def test_resume_under_another_algorithm_is_refused_then_allowed(tmp_path, capsys):
-    # the input: grpo for 1 step, then algo=tgrl total_steps=2 resume=auto into the same dir
+    # a reported input: grpo for 1 step, then algo=tgrl total_steps=2 resume=auto into the same dir
     out = tmp_path / "D"
     main([*BASE, "algo=grpo", "trainer.total_steps=1", f"trainer.output_dir={out}"])
     first = (out / "config.yaml").read_text()
