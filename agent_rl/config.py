@@ -510,6 +510,8 @@ RESUME_MAY_CHANGE = (
     "trainer.save_episodes",
     # where things run and how fast (same algorithm, same data)
     "trainer.device", "engine.batch_size", "engine.num_threads", "engine.gpu_memory_utilization", "env_server.",
+    "trainer.backend", "trainer.ray_address", "trainer.num_learners", "trainer.learner_cpus", "trainer.learner_gpus",
+    "rollout.num_workers", "rollout.worker_cpus", "rollout.worker_gpus",
     "data.root", "rollout.max_concurrent_episodes", "rollout.gen_batch_size", "rollout.gen_wait_s",
     "rollout.env_timeout_s", "rollout.retry_backoff_s", "rollout.episode_retries",
     # memory layout of the same update (gradient accumulation, chunking, recomputation, attention kernel)

@@ -84,6 +84,10 @@ def load_sft_config(overrides: list[str]) -> tuple[Config, SFTConfig]:
 
     sft_ov = [o.lstrip("+") for o in overrides if o.lstrip("+").startswith("sft.")]
     rest = [o for o in overrides if not o.lstrip("+").startswith("sft.")]
+    if not any(o.split("=", 1)[0] == "algo" for o in rest):
+        # the RL algorithm's preset must not set the SFT optimiser (TGRL's RL recipe warms the lr up over 10 steps):
+        # SFT's optim.* are config.yaml's and the model preset's, unless given
+        rest = ["algo=grpo", *rest]
     cfg = load_config(rest)
     try:
         node = OmegaConf.merge(OmegaConf.structured(SFTConfig),

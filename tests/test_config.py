@@ -98,7 +98,8 @@ BAD = [
     ("schedule.kind=linea", "unknown schedule 'linea' (schedule); valid names: ['constant', 'linear', 'none', "
                             "'power', 'sigmoid']. Did you mean 'linear'?"),
     ("engine.name=vlm", "unknown engine 'vlm' (engine.name); valid names: ['hf', 'vllm']. Did you mean 'vllm'?"),
-    ("env.prompt=mathh", "unknown prompt format 'mathh'; valid: ['alfworld', 'code', 'generic', 'math', 'webshop']"),
+    ("env.prompt=mathh", "unknown prompt format 'mathh'; valid: ['alfworld', 'code', 'generic', 'math', 'react', "
+                         "'react_webshop', 'textworld', 'webshop']"),
     ("credit=forking credit.level=turn", "credit=forking is not defined at credit.level=turn; it supports ['token']"),
     ("credit=uniform credit.kwargs.alpha=1", "credit.kwargs alpha not accepted by credit=uniform; valid keys: (none)"),
     ("credit=entropy_adv credit.kwargs.alpah=1", "credit.kwargs alpah not accepted by credit=entropy_adv; valid "
