@@ -3,7 +3,8 @@
     app = create_app(["agent_rl/ALFWorld-v0"], max_sessions=64, token=None)
 
 Layout: ``routers/`` (thin routes), ``dependencies.py`` (the session manager from ``lifespan``, the token),
-``sessions.py`` (capacity/TTL/episode state), ``workers.py`` (env processes), ``schemas.py`` (bodies).
+``sessions.py`` (the server's settings), ``schemas.py`` (bodies); sessions, env worker processes and their errors
+are :mod:`envs.hosting` (shared with the in-process client).
 Errors are HTTP codes with a JSON body ``{"detail": str, "code": str}``, never an error inside a 200.
 """
 
@@ -22,20 +23,22 @@ import envs  # noqa: F401  (registers the built-in ids)
 from servers.dependencies import require_token
 from servers.middleware import BodyGuardMiddleware
 from servers.routers import meta, sessions
-from servers.sessions import (
+from envs.errors import ENV_INFRA_ERROR_CODE
+from envs.hosting import (
     AtCapacity,
     EnvFailed,
+    EnvInfraFailed,
     EnvNotReady,
+    EnvRejected,
+    EnvTimeout,
     EpisodeOver,
-    ServerSettings,
     SessionBusy,
     SessionExists,
     SessionManager,
     SessionNotFound,
     UnknownEnv,
 )
-from envs.errors import ENV_INFRA_ERROR_CODE
-from servers.workers import EnvInfraFailed, EnvRejected, EnvTimeout
+from servers.sessions import ServerSettings
 
 __all__ = ["create_app"]
 
