@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.util
 import inspect
 import re
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from agent_rl.engines.config import EngineConfig
+from agent_rl.eval.config import EvalConfig
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
 from agent_rl.rollout.config import RolloutConfig, TaskSamplerConfig
 
@@ -42,7 +42,7 @@ class EnvConfig:
     id: str = "agent_rl/ALFWorld-v0"
     """Registered gymnasium id (``import envs`` registers the built-ins; ``env_server.imports`` a user's module)."""
     prompt: str = "alfworld"
-    """Prompt format (``agent_rl.rollout.prompts``): alfworld | webshop | math | code | generic."""
+    """Prompt format (``agent_rl.rollout.prompts``): alfworld | webshop | textworld | math | code | generic."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Constructor kwargs of the env (``env_kwargs`` of the env client)."""
     data_root_kwarg: str = "data_root"
@@ -80,6 +80,10 @@ class EnvServerConfig:
     """Local mode: worker threads/processes of ``LocalEnvPool`` (0 = its default)."""
     local_kind: str = "thread"
     """Local mode: thread | process."""
+    replicas: int = 1
+    """trainer.backend=ray, http mode without urls: env-server replicas started as Ray actors (spread over nodes)."""
+    replica_cpus: float = 1.0
+    """trainer.backend=ray: CPUs reserved per env-server replica."""
 
     def __post_init__(self) -> None:
         if self.mode not in SERVER_MODES:
@@ -133,6 +137,24 @@ class TrainerConfig:
     save_episodes: str = "8"
     """Episode store (``DIR/episodes/step_N.jsonl``, read by ``python -m agent_rl.viewer DIR``, docs/viewer.md):
     none | all | N episodes per step, kept as whole groups drawn at random."""
+    eval_every: int = 0
+    """Evaluate a small fixed panel (``agent_rl.eval``) before step 1, every this many steps and after the last
+    (0 = never); logged as ``eval/<panel>/...`` in metrics.jsonl (step 0 = before training) and TensorBoard."""
+    eval_panel: str = ""
+    """The panel's split or dataset ("" = the env's default: ALFWorld valid_unseen, WebShop test, math math500,
+    code humanevalplus); its tasks are never training tasks (other split / dataset)."""
+    eval_tasks: int = 8
+    """Tasks of the in-training panel (spread evenly over the split); decoded as ``eval.*`` says (greedy)."""
+    backend: str = "local"
+    """local: one process; ray: learner ranks, rollout workers, env-server replicas as Ray actors (docs/scaling.md)."""
+    ray_address: str = ""
+    """trainer.backend=ray: cluster to join ("auto" = the running one; "" = $RAY_ADDRESS, else a local cluster)."""
+    num_learners: int = 1
+    """trainer.backend=ray: data-parallel learner ranks (torch DDP; the batch is split by whole groups)."""
+    learner_cpus: float = 1.0
+    """trainer.backend=ray: CPUs per learner rank (also its torch threads)."""
+    learner_gpus: float = 0.0
+    """trainer.backend=ray: GPUs per learner rank (> 0: the rank trains on its GPU, NCCL between ranks)."""
 
     def __post_init__(self) -> None:
         if self.total_steps < 1 or self.tasks_per_step < 1 or self.save_every < 1:
@@ -140,6 +162,10 @@ class TrainerConfig:
         from agent_rl.episodes import parse_save_episodes
 
         parse_save_episodes(self.save_episodes)  # ValueError naming the valid values
+        if self.backend not in ("local", "ray"):
+            raise ValueError(f"trainer.backend={self.backend!r} is not valid; valid values: local, ray")
+        if self.num_learners < 1:
+            raise ValueError("trainer.num_learners must be >= 1")
 
 
 @dataclass
@@ -158,6 +184,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     env_server: EnvServerConfig = field(default_factory=EnvServerConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         # Derived defaults that span groups (algo depends on engine).
@@ -425,7 +452,8 @@ def check_trainable(cfg: Config) -> list[str]:
 
     Checks: registry names (estimator, policy loss, credit rule and level, schedule, engine, prompt format); the env
     id and its constructor kwargs; ``trainer.device``; the model's context (prompt budget capped, see
-    :func:`fit_prompt_budget`); batch-level estimators need >= 2 episodes per step; DAPO overlong ``L_c <= L_max``.
+    :func:`fit_prompt_budget`); batch-level estimators need >= 2 episodes per step; gigpo needs per-turn rows; DAPO
+    overlong ``L_c <= L_max``.
     Single-group checks (``algo=dapo`` with G < 2, group estimators with G = 1, temperatures 0) are in the
     dataclasses' ``__post_init__``.
 
@@ -457,10 +485,13 @@ def check_trainable(cfg: Config) -> list[str]:
         raise ConfigError("algo.adv_estimator=reinforce_pp whitens over the step's episodes: trainer.tasks_per_step x "
                           f"algo.group_size = {cfg.trainer.tasks_per_step * algo.group_size} gives advantage 0; "
                           "use >= 2 episodes per step")
+    if algo.adv_estimator == "gigpo" and cfg.rollout.mode != "turn":
+        raise ConfigError("algo.adv_estimator=gigpo groups turns by their observation: it needs rollout.mode=turn "
+                          f"(got {cfg.rollout.mode})")
     if algo.dapo_overlong and algo.dapo_overlong_cache_len > algo.dapo_overlong_max_len:
         raise ConfigError(f"algo.dapo_overlong_cache_len={algo.dapo_overlong_cache_len} must be <= "
                           f"algo.dapo_overlong_max_len={algo.dapo_overlong_max_len}")
-    mini = getattr(algo, "num_mini_batches", 1)
+    mini = algo.num_mini_batches
     if mini > cfg.trainer.tasks_per_step:
         notes.append(f"algo.num_mini_batches={mini} > trainer.tasks_per_step={cfg.trainer.tasks_per_step}: "
                      "mini-batches hold whole groups, so a step makes at most tasks_per_step optimiser steps")
@@ -482,7 +513,7 @@ RESUME_MAY_CHANGE = (
     "data.root", "rollout.max_concurrent_episodes", "rollout.gen_batch_size", "rollout.gen_wait_s",
     "rollout.env_timeout_s", "rollout.retry_backoff_s", "rollout.episode_retries",
     # memory layout of the same update (gradient accumulation, chunking, recomputation, attention kernel)
-    "algo.micro_batch_size", "algo.js_chunk_size", "algo.compile_js", "model.gradient_checkpointing",
+    "algo.micro_batch_size", "algo.logits_chunk_size", "algo.compile_js", "model.gradient_checkpointing",
     "model.attn_implementation",
     # evaluation settings (they do not touch training)
     "eval.",

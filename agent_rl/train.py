@@ -50,18 +50,23 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
     :func:`main` saved) is rewritten if the loaded model's context caps the prompt budget further."""
     from agent_rl.engines import get_engine, set_torch_threads
     from agent_rl.episodes import save_step_episodes
+    from agent_rl.eval.runner import PolicyOrchestrator
+    from agent_rl.eval.training import TrainingEval
     from agent_rl.learner import Learner
     from agent_rl.learner.checkpoint import (latest_checkpoint, load_checkpoint, recover_checkpoints,
                                              save_checkpoint)
     from agent_rl.logging import MetricsLogger
     from agent_rl.models import load_policy
-    from agent_rl.rollout import RolloutOrchestrator, TaskSampler, build_rollout_batch, get_prompt
+    from agent_rl.progress import Progress
+    from agent_rl.rollout import TaskSampler, build_rollout_batch, get_prompt, group_temperatures
 
     for module in cfg.trainer.imports:  # a user's registry entries (estimators, losses, credit rules, schedules)
         importlib.import_module(module)
     seed_everything(cfg.trainer.seed)
     set_torch_threads(cfg.engine.num_threads)
     device = resolve_device(cfg.trainer.device)
+    progress = Progress(enabled=cfg.trainer.progress)  # phases: model, env server, rollout, update, checkpoint, eval
+    progress.note(f"loading model {cfg.model.path or cfg.model.name} (SmolLM2 is converted on first use, ~30 s)")
     try:
         model, tokenizer = load_policy(cfg.model)
     except (OSError, ValueError) as exc:  # not found / not downloadable / an option transformers rejects
@@ -96,19 +101,28 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
             print(f"nothing to train: the checkpoint is at step {start - 1} and trainer.total_steps={total}; "
                   "raise trainer.total_steps to train further", file=sys.stderr)
             return {}
+    evaluator = TrainingEval(cfg, out, progress)
     logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard=cfg.trainer.tensorboard,
-                           progress=cfg.trainer.progress)
+                           progress=False)  # one line per step; the live display is `progress`
     record: dict[str, Any] = {}
     idle_steps = 0  # steps that trained on nothing (every group dropped or filtered)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     try:
+        if cfg.env_server.mode != "local" and not cfg.env_server.urls:
+            progress.note(f"starting the {cfg.env.id} env server (log: {out / 'env_server.log'})")
         async with open_env_pool(cfg, out) as pool:
-            rollout = RolloutOrchestrator(pool, engine, get_prompt(cfg.env.prompt), cfg.rollout,
-                                          max_new_tokens=cfg.engine.max_new_tokens, top_p=cfg.engine.top_p,
-                                          top_k=cfg.engine.top_k, seed=cfg.engine.seed,
-                                          high_repetition_penalty=cfg.algo.high_repetition_penalty)
+            rollout = PolicyOrchestrator(pool, engine, get_prompt(cfg.env.prompt), cfg.rollout,
+                                         max_new_tokens=cfg.engine.max_new_tokens, top_p=cfg.engine.top_p,
+                                         top_k=cfg.engine.top_k, seed=cfg.engine.seed,
+                                         high_repetition_penalty=cfg.algo.high_repetition_penalty,
+                                         on_turn=lambda gen: progress.turn(len(gen.token_ids)),
+                                         on_episode=lambda ep: progress.episode(ep.won))
             try:
+                if start == 1 and evaluator.due(0, total):  # the panel before training, logged as step 0
+                    record = logger.log(0, await evaluator.run(0, pool, engine))
                 for step in range(start, total + 1):
+                    progress.phase(f"step {step}/{total} rollout",
+                                   total=cfg.trainer.tasks_per_step * len(group_temperatures(cfg.algo, step)))
                     # 1. Rollout: tasks_per_step groups of G episodes (TGRL: 1 at T0 + 3 at T1; warm-up all at T1).
                     result = await rollout.collect(sampler.sample, cfg.trainer.tasks_per_step, cfg.algo, step,
                                                    filter_groups=cfg.algo.dapo_dynamic_sampling,
@@ -125,6 +139,7 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
                     # 2-3. Rows -> one learner update in a worker thread, so the event loop keeps serving env calls
                     # (skipped when every group was dropped or filtered out).
                     if result.episodes:
+                        progress.phase(f"step {step}/{total} update")
                         batch = build_rollout_batch(result.episodes, pad_token_id=pad_id, mode=cfg.rollout.mode)
                         metrics.update(await asyncio.to_thread(learner.update, batch, step=step, total_steps=total))
                         await asyncio.to_thread(save_step_episodes, out, step, result.episodes,  # DIR/episodes
@@ -138,9 +153,13 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
                         print(f"WARNING: step {step} trains on nothing (0 episodes: {result.dropped_groups} group(s) "
                               f"dropped, {result.filtered_groups} filtered as all-equal by DAPO dynamic sampling); "
                               "no update", file=sys.stderr)
+                    if evaluator.due(step, total):
+                        metrics.update(await evaluator.run(step, pool, engine))
                     # 4. Log and checkpoint (the data position excludes prefetched tasks: a resume replays them).
+                    progress.end()
                     record = logger.log(step, metrics)
                     if step % cfg.trainer.save_every == 0 or step == total:
+                        progress.phase(f"step {step}/{total} checkpoint")
                         position = {"position": sampler.position - rollout.num_prefetched_tasks}
                         save_checkpoint(out / "checkpoints" / f"step_{step}", model, tokenizer, learner,
                                         {"step": step, "sampler": position, "config": config_dict(cfg)})
@@ -148,6 +167,7 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
             finally:
                 await rollout.aclose()
     finally:
+        progress.end()
         logger.close()
     if idle_steps:
         print(f"WARNING: {idle_steps} of {total - start + 1} step(s) trained on nothing (see the warnings above)",
@@ -155,14 +175,17 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
     return record
 
 
-def main(overrides: list[str] | None = None) -> dict[str, Any]:
+def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, Any]:
     """CLI/test entry point: compose the config from ``overrides`` (default ``sys.argv[1:]``), print and save it as
-    ``DIR/config.yaml``, train. Returns the last step's metrics record."""
+    ``DIR/config.yaml``, train. Returns the last step's metrics record. ``notice``: a line printed once the config
+    is valid (the CLI's CPU-preset line)."""
     overrides = sys.argv[1:] if overrides is None else overrides
     if any(arg in ("-h", "--help") for arg in overrides):
         print(usage())
         return {}
     cfg = load_config(overrides)
+    if notice:
+        print(notice, file=sys.stderr)
     out = Path(cfg.trainer.output_dir or Path("runs") / cfg.run_name).resolve()
     if not cfg.trainer.resume and (any((out / "checkpoints").glob("step_*")) or
                                    (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size):
@@ -192,7 +215,16 @@ def main(overrides: list[str] | None = None) -> dict[str, Any]:
     text = to_yaml(cfg)
     print(text, file=sys.stderr)
     config_file.write_text(text, encoding="utf-8")
-    return asyncio.run(train_loop(cfg, out, config_file))
+    if cfg.trainer.backend == "ray":  # learners, rollout workers, env servers as Ray actors (docs/scaling.md)
+        from agent_rl.distributed.trainer import train_ray
+
+        record = train_ray(cfg, out)
+    else:
+        record = asyncio.run(train_loop(cfg, out, config_file))
+    from agent_rl.report import finish_run
+
+    print(finish_run(out), file=sys.stderr)  # DIR/curves.png, DIR/summary.md
+    return record
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -205,6 +237,17 @@ def usage() -> str:
     lines += [f"  {g.name}: {', '.join(sorted(f.stem for f in g.glob('*.yaml')))}" for g in groups]
     lines.append("Any other key: dotted key=value (e.g. trainer.total_steps=2); see agent_rl/config.py.")
     return "\n".join(lines)
+
+
+def with_device_preset(overrides: list[str]) -> tuple[list[str], str]:
+    """The command line's overrides, plus ``trainer=cpu`` (the CPU budget preset) when no ``trainer=`` is given and
+    no GPU is visible; and the one line that says so ("" when nothing was added)."""
+    if any(ov.split("=", 1)[0].lstrip("+~") == "trainer" for ov in overrides) or torch.cuda.is_available() or \
+            any(arg in ("-h", "--help") for arg in overrides):
+        return overrides, ""
+    return [*overrides, "trainer=cpu"], (
+        "no GPU found: using the CPU budget preset trainer=cpu (configs/trainer/cpu.yaml: 4 steps x 4 episodes x "
+        "3 turns, a 4-game eval panel before and after); add trainer=default for the full budget")
 
 
 def seed_everything(seed: int) -> None:
@@ -437,7 +480,8 @@ def cli() -> None:
     where, the valid choices`` (exit code 2, no traceback). Every check that can run before training raises
     ConfigError (:func:`agent_rl.config.load_config`, the output dir, the resume path and config)."""
     try:
-        main()
+        overrides, notice = with_device_preset(sys.argv[1:])
+        main(overrides, notice=notice)
     except ConfigError as exc:
         print(f"config error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, no traceback
         raise SystemExit(2) from None

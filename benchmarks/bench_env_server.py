@@ -21,6 +21,7 @@ Goals (issue 2): HTTP overhead < 15% at 1 session; 32 sessions >= 1.6x the steps
 from __future__ import annotations
 
 import argparse
+import json
 import asyncio
 import os
 import random
@@ -66,8 +67,8 @@ class Run:
 
 
 def task_options(env_id: str, split: str, n_games: int, rng: random.Random) -> dict[str, Any] | None:
-    """ALFWorld: a uniformly drawn game of the split; other envs: their own random task (seeded)."""
-    if "ALFWorld" in env_id:
+    """ALFWorld, TextWorld: a uniformly drawn game of the split; other envs: their own random task (seeded)."""
+    if "ALFWorld" in env_id or "TextWorld" in env_id:
         return {"split": split, "index": rng.randrange(n_games)}
     return None
 
@@ -84,7 +85,7 @@ async def session_loop(pool: EnvPool, run: Run, args: argparse.Namespace, n_game
     while time.perf_counter() < deadline:
         t0 = time.perf_counter()
         try:
-            r = await pool.reset(args.env, seed=rng.randrange(2**31),
+            r = await pool.reset(args.env, env_kwargs=args.env_kwargs, seed=rng.randrange(2**31),
                                  options=task_options(args.env, args.split, n_games, rng))
         except Exception as exc:  # count and go on: a benchmark reports failures, it does not stop on them
             run.errors += 1
@@ -182,7 +183,9 @@ def rss_mb(pid: int) -> float:
 
 
 def count_games(args: argparse.Namespace) -> int:
-    """Games drawn from: the split's (ALFWorld), or its first ``--games`` only."""
+    """Games drawn from: the split's (ALFWorld), or its first ``--games`` only (TextWorld: ``--games``, default 50)."""
+    if "TextWorld" in args.env:
+        return args.games or 50
     if "ALFWorld" not in args.env:
         return 0
     from envs.alfworld import list_games
@@ -203,7 +206,8 @@ async def warmup(args: argparse.Namespace, n_games: int) -> None:
 
     async def worker() -> None:
         while queue:
-            r = await pool.reset(args.env, options={"split": args.split, "index": queue.pop()})
+            r = await pool.reset(args.env, env_kwargs=args.env_kwargs,
+                                 options={"split": args.split, "index": queue.pop()})
             await pool.close(r.session_id)
 
     await asyncio.gather(*(worker() for _ in range(workers)))
@@ -295,7 +299,7 @@ async def bench_probe(args: argparse.Namespace) -> None:
                         r_rng = random.Random(args.seed * 1000 + i)
                         while time.perf_counter() < deadline:
                             try:
-                                r = await pool.reset(args.env,
+                                r = await pool.reset(args.env, env_kwargs=args.env_kwargs,
                                                      options=task_options(args.env, args.split, n_games, r_rng))
                             except Exception as exc:  # an env crash is reported, and the benchmark goes on
                                 run.errors += 1
@@ -307,7 +311,7 @@ async def bench_probe(args: argparse.Namespace) -> None:
                     async def prober() -> None:
                         while time.perf_counter() < deadline:
                             try:
-                                r = await pool.reset(args.env,
+                                r = await pool.reset(args.env, env_kwargs=args.env_kwargs,
                                                      options=task_options(args.env, args.split, n_games, rng))
                                 info = r.info
                                 for _ in range(args.episode_steps):
@@ -354,7 +358,7 @@ async def bench_resets(args: argparse.Namespace) -> None:
         while done < args.resets:
             done += 1
             try:
-                r = await pool.reset(args.env, seed=rng.randrange(2**31),
+                r = await pool.reset(args.env, env_kwargs=args.env_kwargs, seed=rng.randrange(2**31),
                                      options=task_options(args.env, args.split, n_games, rng))
                 actions = r.info.get("admissible_actions") or ["look"]
                 await pool.step(r.session_id, rng.choice(actions))
@@ -387,6 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="agent_rl/ALFWorld-v0")
     p.add_argument("--split", default="valid_unseen")
+    p.add_argument("--env-kwargs", type=json.loads, default=None,
+                   help='JSON env kwargs, e.g. \'{"family": "cooking", "level": 3}\' (TextWorld)')
     p.add_argument("--sessions", default="1,8,32", help="comma-separated concurrent session counts")
     p.add_argument("--duration", type=float, default=40.0, help="measured seconds per (mode, sessions) row")
     p.add_argument("--ramp", type=float, default=10.0,

@@ -144,10 +144,10 @@ class ComposeServer:
         return subprocess.run([self.engine, *args], check=True, capture_output=True, text=True).stdout.strip()
 
     def container(self) -> str:
-        ids = self._run("ps", "-q", "--filter", f"label=com.docker.compose.project={self.project}",
+        ids = self._run("ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={self.project}",
                         "--filter", f"label=com.docker.compose.service={self.service}").split()
         if not ids:
-            raise RuntimeError(f"no running container of service {self.service} in compose project {self.project}")
+            raise RuntimeError(f"no container of service {self.service} in compose project {self.project}")
         return ids[0]
 
     async def start(self, timeout_s: float = 600.0) -> float:
@@ -422,18 +422,36 @@ async def fault_sigstop(args, server) -> Outcome:
         while obs.step < args.fault_step:
             await asyncio.sleep(0.05)
         await sessions_mid_episode(server.url)
+        # Generation between env calls can outlast a short stop; keep the server stopped for --stop-s and until one
+        # env call of the trainer has run past the client's deadline (seen by timing the pool's requests).
+        pool, missed = obs.pools[-1], [0]
+        original_send = pool._send
+
+        async def timed_send(*a: Any, **k: Any) -> Any:
+            t = time.monotonic()
+            try:
+                return await original_send(*a, **k)
+            finally:
+                if time.monotonic() - t >= args.env_timeout - 0.2:
+                    missed[0] += 1
+
+        pool._send = timed_send
         t0 = t_paused = time.monotonic()
         try:  # unpause even when cancelled while the pause command runs (it may complete after the cancel)
             await server.pause()
             t_paused = time.monotonic()
             out.injected = True
-            await asyncio.sleep(args.stop_s)
+            while time.monotonic() - t_paused < args.stop_s or (not missed[0] and
+                                                                time.monotonic() - t_paused < 300):
+                await asyncio.sleep(0.1)
         finally:
             t1 = time.monotonic()
             await server.unpause()
+            pool._send = original_send
             out.recovery_s = time.monotonic() - t_paused
-            out.note = (f"stopped {args.stop_s:g} s (client deadline {args.env_timeout:g} s); pause took "
-                        f"{t_paused - t0:.1f} s, unpause {time.monotonic() - t1:.1f} s")
+            out.note = (f"stopped {out.recovery_s:.1f} s (client deadline {args.env_timeout:g} s; {missed[0]} "
+                        f"request(s) ran past it); pause took {t_paused - t0:.1f} s, unpause "
+                        f"{time.monotonic() - t1:.1f} s")
 
     outcome, _ = await run_training(args, "sigstop", server.url, inject)
     await after_run(outcome, server.url, args)
@@ -650,6 +668,8 @@ def main() -> int:
     p.add_argument("--retry-backoff", type=float, default=2.0, help="rollout.retry_backoff_s")
     p.add_argument("--keep", action="store_true", help="keep the work dir (runs, logs)")
     args = p.parse_args()
+    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the servers started here are stopped too
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     return asyncio.run(main_async(args))
 
 

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                         num_mini_batches=4,
                                                                         micro_batch_size=args.micro), args, batch),
     ]
-    print(f"\n| run | step s | no-grad pass s | peak GiB | trained tok/s | optimiser steps | clipfrac | JS mean |")
+    print("\n| run | step s | no-grad pass s | peak GiB | trained tok/s | optimiser steps | clipfrac | JS mean |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['name']} | {r['step_s']:.3f} | {r['no_grad_s']:.3f} | {r['peak_gib']:.2f} | {r['tok_per_s']:.0f} "

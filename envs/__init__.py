@@ -18,6 +18,7 @@ import gymnasium
 _BUILTIN: dict[str, tuple[str, int | None]] = {
     "agent_rl/ALFWorld-v0": ("envs.alfworld:ALFWorldEnv", 50),
     "agent_rl/WebShop-v0": ("envs.webshop:WebShopEnv", 15),
+    "agent_rl/TextWorld-v0": ("envs.textworld:TextWorldEnv", 100),
     "agent_rl/Math-v0": ("envs.math:MathEnv", None),
     "agent_rl/Code-v0": ("envs.code:CodeEnv", None),
     "agent_rl/Calculator-v0": ("envs.examples.calculator:CalculatorEnv", 10),

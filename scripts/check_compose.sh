@@ -65,7 +65,8 @@ build_flags=()
 for svc in alfworld webshop; do
   step "build $svc"
   t0=$(date +%s%N)
-  nice "${compose[@]}" build "${build_flags[@]}" "$svc" >"$work/build_$svc.log" 2>&1 || die "build of $svc (log: $work/build_$svc.log)"
+  nice "${compose[@]}" build "${build_flags[@]}" "$svc" >"$work/build_$svc.log" 2>&1 \
+    || die "build of $svc (log: $work/build_$svc.log)"
   build_s[$svc]=$(( ($(date +%s%N) - t0) / 1000000000 ))
   bytes=$($engine image inspect "agent_rl/$svc-server:latest" --format '{{.Size}}')
   size_mb[$svc]=$((bytes / 1000000))

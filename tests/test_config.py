@@ -16,7 +16,7 @@ CHEAP = ["env=choose_item", "model=tiny", "env_server.mode=local"]
 
 # ------------------------------------------------------------------------------------------- section 4
 def test_dapo_group_size_one_is_refused():
-    # the input: every group of one reward is all-equal, so DAPO filtered every group and trained nothing
+    # a reported input: every group of one reward is all-equal, so DAPO filtered every group and trained nothing
     with pytest.raises(ConfigError, match=r"dapo_dynamic_sampling needs algo.group_size >= 2 \(got 1\)"):
         load_config([*CHEAP, "algo=dapo", "algo.group_size=1"])
     assert load_config([*CHEAP, "algo=dapo", "algo.group_size=2"]).algo.group_size == 2
@@ -49,7 +49,7 @@ def test_zero_temperature_is_refused():
 
 
 def test_tiny_defaults_fit_the_context(capsys):
-    # the input: model=tiny with the defaults (ALFWorld: prompt budget 4096 + engine.max_new_tokens 256)
+    # a reported input: model=tiny with the defaults (ALFWorld: prompt budget 4096 + engine.max_new_tokens 256)
     # exceeds the tiny model's 4096 positions. Right: the prompt budget is capped to 4096 - 256 = 3840, said in one line
     cfg = load_config(["model=tiny"])
     assert TINY_MAX_POSITIONS == 4096
@@ -115,6 +115,8 @@ BAD = [
     ("model.path=/no/such/model", "model.path='/no/such/model' is not a folder"),
     ("env_server.local_kind=threads", "env_server.local_kind='threads' is not valid; valid values: thread, process"),
     ("rollout.max_prompt_tokens=0", "rollout.max_prompt_tokens >= 1"),
+    ("algo=grpo algo.adv_estimator=gigpo rollout.mode=trajectory", "algo.adv_estimator=gigpo groups turns by their "
+                                                                   "observation: it needs rollout.mode=turn"),
     ("algo=grp", "unknown option algo=grp: available options in 'algo': dapo, drgrpo, grpo, gspo, ppo, rloo, tgrl. "
                  "Did you mean algo=grpo?"),
     ("trainer.total_steps=many", "could not be converted to Integer (trainer.total_steps)"),

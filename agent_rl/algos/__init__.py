@@ -1,4 +1,4 @@
-"""agent_rl.algos: the credit math as small pure torch functions (spec: docs/algorithms.md; map: docs/algorithms_impl.md).
+"""agent_rl.algos: the credit math as small pure torch functions (docs/algorithms.md; map: docs/algorithms_impl.md).
 
 Imports only torch and the standard library. Dims: the package glossary of ``agent_rl.types`` (B rows, T response
 tokens, L row length, E episodes, G group size, K turns, V vocabulary, N flattened tokens).
@@ -89,7 +89,7 @@ from .schedules import schedule_progress, schedule_value
 from .tgrl import masked_row_quantile, tgrl_advantages, tgrl_delta_r, tgrl_metrics, tgrl_token_weights
 
 __all__ = [
-    # advantages (spec 1)
+    # advantages (algorithms.md section 1)
     "compute_advantages",
     "grpo_advantages",
     "drgrpo_advantages",
@@ -100,7 +100,7 @@ __all__ = [
     "compute_gae",
     "dapo_overlong_penalty",
     "dapo_keep_groups",
-    # losses (spec 2)
+    # losses (algorithms.md section 2)
     "policy_loss",
     "agg_loss",
     "agg_denominator",
@@ -108,7 +108,7 @@ __all__ = [
     "gspo_loss",
     "kl_penalty",
     "masked_mean",
-    # logits helpers (spec 0, 3.3)
+    # logits helpers (algorithms.md section 0, 3.3)
     "logprobs_from_logits",
     "truncate_logits",
     "truncation_mask",
@@ -116,16 +116,16 @@ __all__ = [
     "js_divergence_from_logits",
     "js_divergence_rows",
     "LN2",
-    # TGRL (spec 3)
+    # TGRL (algorithms.md section 3)
     "tgrl_token_weights",
     "tgrl_advantages",
     "tgrl_delta_r",
     "tgrl_metrics",
     "masked_row_quantile",
-    # schedules (spec 4)
+    # schedules (algorithms.md section 4)
     "schedule_value",
     "schedule_progress",
-    # credit (spec 5)
+    # credit (algorithms.md section 5)
     "CreditInputs",
     "apply_credit",
     "tp_mask",

@@ -1,4 +1,4 @@
-"""Advantage estimators (spec section 1) and DAPO helpers. Pure torch, no grad.
+"""Advantage estimators (algorithms.md section 1) and DAPO helpers. Pure torch, no grad.
 
 Dims: B rows, T response tokens (in the learner T == L, prompt positions carry mask 0), G group size, E episodes.
 
@@ -7,7 +7,7 @@ Group statistics must count each *episode* once, so pass ``episode_index`` to :f
 on the per-episode tensors ``RolloutBatch.episode_rewards`` / ``episode_group_index`` and broadcast with
 ``advantages[episode_index]``; both give the same result).
 
-All-equal groups (spec section 1: "a group whose rewards are all equal gets A = 0"): every estimator, the DAPO filter
+All-equal groups (algorithms.md §1: "a group whose rewards are all equal gets A = 0"): every estimator, the DAPO filter
 and TGRL (which calls ``grpo``) use one test, ``_groups.flat_range``: a group counts as all-equal when its reward range
 ``max - min`` is at most ``1e-6 * max(1, max |R|)`` (absolute 1e-6 for rewards in [-1, 1], relative above), so float
 rounding (seven float32 0.3 and one value 3e-8 away) gives 0, not whitened noise.
@@ -82,7 +82,7 @@ def compute_advantages(
 def grpo_advantages(
     rewards: Tensor, group_index: Tensor, std: str = "sample", eps: float = 1e-6, **_: Any
 ) -> Tensor:
-    """GRPO: ``A_i = (R_i - mean_g R) / (std_g R + eps)`` (Shao et al. 2024; spec section 1).
+    """GRPO: ``A_i = (R_i - mean_g R) / (std_g R + eps)`` (Shao et al. 2024; algorithms.md section 1).
 
     Args:
         rewards: (B,) float. group_index: (B,) int.
@@ -106,7 +106,7 @@ def grpo_advantages(
 @register_adv_estimator(AdvEstimator.DRGRPO)
 @torch.no_grad()
 def drgrpo_advantages(rewards: Tensor, group_index: Tensor, **_: Any) -> Tensor:
-    """Dr.GRPO: ``A_i = R_i - mean_g R`` (Liu et al. 2025; spec section 1), no std division. Pair it with
+    """Dr.GRPO: ``A_i = R_i - mean_g R`` (Liu et al. 2025; algorithms.md section 1), no std division. Pair it with
     ``loss_agg="seq_mean_token_sum_norm"`` and ``max_len`` (constant divisor G * L_max). An all-equal group (range
     <= 1e-6 * max(1, max |R|)) gets exactly 0.
 
@@ -120,7 +120,7 @@ def drgrpo_advantages(rewards: Tensor, group_index: Tensor, **_: Any) -> Tensor:
 @torch.no_grad()
 def rloo_advantages(rewards: Tensor, group_index: Tensor, **_: Any) -> Tensor:
     """RLOO: ``A_i = R_i - (sum_g R - R_i) / (G - 1)`` (Ahmadian et al. 2024). A single-row group (G = 1) has no
-    other rows and gets 0 (spec section 1); so does an all-equal group (range <= 1e-6 * max(1, max |R|)).
+    other rows and gets 0 (algorithms.md section 1); so does an all-equal group (range <= 1e-6 * max(1, max |R|)).
 
     Args: rewards (B,) float; group_index (B,) int. Returns: (B,) advantages, in reward units."""
     st = group_stats(rewards, group_index)
@@ -135,7 +135,7 @@ def rloo_advantages(rewards: Tensor, group_index: Tensor, **_: Any) -> Tensor:
 @torch.no_grad()
 def reinforce_pp_advantages(rewards: Tensor, group_index: Tensor, eps: float = 1e-8, **_: Any) -> Tensor:
     """REINFORCE++: ``A = R - mean_batch R``, then whitened over the batch: ``A / (std_batch A + eps)``
-    (spec section 1; ``group_index`` is ignored). The std is the sample std (n-1), as in verl's ``masked_whiten``;
+    (algorithms.md §1; ``group_index`` is ignored). The std is the sample std (n-1), as in verl's ``masked_whiten``;
     a batch of equal rewards (range <= 1e-6 * max(1, max |R|), so float rounding does not count) or of one row gets 0.
 
     Args: rewards (B,) float; group_index (B,) int (unused); eps: added to the std.
@@ -185,7 +185,7 @@ def gigpo_advantages(
     eps: float = 1e-6,
     **_: Any,
 ) -> Tensor:
-    """GiGPO (Feng et al. 2025; spec section 1, optional): episode-level GRPO advantage plus a step-level advantage
+    """GiGPO (Feng et al. 2025; algorithms.md §1, optional): episode-level GRPO advantage plus a step-level advantage
     among the turns of the group that share an identical observation ("anchor state").
 
     ``A = A_episode + step_weight * A_step``. ``A_episode``: GRPO over the group's episode rewards (each episode once).
@@ -231,7 +231,7 @@ def gigpo_advantages(
 def compute_gae(
     rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float, lam: float
 ) -> tuple[Tensor, Tensor]:
-    """Generalised advantage estimation over the masked tokens of each row (spec section 1, ``ppo``).
+    """Generalised advantage estimation over the masked tokens of each row (algorithms.md section 1, ``ppo``).
 
     ``delta_t = r_t + gamma V_{t'} - V_t`` and ``A_t = delta_t + gamma lam A_{t'}``, where t' is the *next masked*
     position of the row (prompt zeros and observation gaps are skipped, as in verl's masked GAE); after the last
@@ -275,7 +275,7 @@ def compute_gae(
 
 @torch.no_grad()
 def dapo_overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
-    """DAPO soft overlong punishment (Yu et al. 2025; spec section 1), to add to the reward.
+    """DAPO soft overlong punishment (Yu et al. 2025; algorithms.md section 1), to add to the reward.
 
     ``R_len = 0`` if ``|y| <= L_max - L_c``; ``((L_max - L_c) - |y|) / L_c`` if ``|y| <= L_max``; ``-1`` beyond.
 

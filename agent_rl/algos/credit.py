@@ -1,4 +1,4 @@
-"""Credit rules at token and turn level (spec section 5), and :func:`apply_credit`, the one call the learner makes.
+"""Credit rules at token and turn level (algorithms.md §5), and :func:`apply_credit`, the one call the learner makes.
 
 Dims: B rows, T response tokens. In the learner T == L (prompt + response): the response mask has leading zeros on
 the prompt and, in full-trajectory mode, zero gaps on observation tokens. Every positional rule here (the TP token
@@ -6,7 +6,7 @@ index j and length L, forking top-k, quantiles) counts positions **among the row
 mask), never raw column indices; a trajectory (TGRL weights, TP positions) is the episode: in per-turn mode the
 concatenation of its turn rows in turn order.
 
-Rows and turns (spec section 0):
+Rows and turns (algorithms.md section 0):
 - per-turn mode: one row = one turn; ``turn_index``/``num_turns`` give the turn k of K, ``episode_index`` ties the
   turns of an episode together. Turn-level rules act per row.
 - full-trajectory mode: one row = one episode (``turn_index = 0``, ``num_turns = 1``); the turn structure is not
@@ -206,7 +206,7 @@ def tp_mask(response_mask: Tensor, S: float, *, episode_index: Tensor | None = N
 
 @torch.no_grad()
 def turn_tp_mask(turn_index: Tensor, num_turns: Tensor, S: float) -> Tensor:
-    """Trajectory-percentile mask, turn level (spec section 5): turn k (0-based) of K is kept iff
+    """Trajectory-percentile mask, turn level (algorithms.md section 5): turn k (0-based) of K is kept iff
     ``k >= floor(K S)``; the last turn (k = K - 1) is always kept (the token rule's "last token" carried over to
     turns, so S = 1 keeps the final turn rather than nothing: a documented choice).
 
@@ -262,7 +262,7 @@ def forking_mask(entropy: Tensor, response_mask: Tensor, S: float, *, quantile: 
 
 @torch.no_grad()
 def entropy_adv(advantages: Tensor, entropy: Tensor, S: float, alpha: float = 0.4, kappa: float = 2.0) -> Tensor:
-    """Entropy-shaped advantage (Cheng et al. 2025; spec section 5):
+    """Entropy-shaped advantage (Cheng et al. 2025; algorithms.md section 5):
     ``A_t = A + S min(alpha H_t, |A| / kappa)``, H detached. The bonus is >= 0 and at most ``|A| / kappa``, so for
     kappa > 1 and S <= 1 it never flips the sign of A (it shrinks negative advantages). Worked example: A = -1,
     H = 2, S = 1 -> -1 + min(0.8, 0.5) = -0.5.
@@ -286,7 +286,7 @@ def entropy_adv(advantages: Tensor, entropy: Tensor, S: float, alpha: float = 0.
 def empg_advantages(
     advantages: Tensor, turn_entropy: Tensor, next_turn_entropy: Tensor, has_next: Tensor, zeta: float = 0.05
 ) -> Tensor:
-    """EMPG turn advantages (Wang et al. 2025, arXiv 2509.09265; spec section 5), over the batch of turns.
+    """EMPG turn advantages (Wang et al. 2025, arXiv 2509.09265; algorithms.md section 5), over the batch of turns.
 
     ``Hn = (H - min H) / (max H - min H)`` over the batch (0 if all equal); the next turn's entropy is normalised with
     the same min/max (clamped to [0, 1]); ``g = exp(-Hn) / mean exp(-Hn)``;
@@ -348,7 +348,7 @@ def next_turn_values(values: Tensor, episode_index: Tensor, turn_index: Tensor) 
 # ----------------------------------------------------------------------------------------------------------------------
 @register_credit_rule(CreditRuleName.UNIFORM, levels=("token", "turn"))
 def _uniform(inputs: CreditInputs, S: float, level: str) -> tuple[Tensor, Tensor]:
-    """w = 1 (spec 5): the advantage as given, the mask unchanged."""
+    """w = 1 (algorithms.md section 5): the advantage as given, the mask unchanged."""
     return inputs.token_advantages, inputs.response_mask
 
 

@@ -1,9 +1,10 @@
-"""Per-token quantities from logits: log-probs, entropy, and the TGRL Jensen-Shannon divergence (spec 0, 3.3).
+"""Per-token quantities from logits: log-probs, entropy, and the TGRL Jensen-Shannon divergence (algorithms.md
+§0 and §3 step 3).
 
 All three take logits of shape (..., V) (typically (N, V) with N = flattened rows x tokens) and return (...). They
 compute in float32 whatever the input dtype (bf16/fp16 logits are upcast chunk by chunk), and with ``chunk_size``
 process ``chunk_size`` leading rows at a time so that the (chunk, V) temporaries bound the extra memory; the result
-does not depend on the chunking. Temperatures divide the logits (spec section 0: per row, not per batch): pass a
+does not depend on the chunking. Temperatures divide the logits (algorithms.md §0: per row, not per batch): pass a
 float, or a tensor broadcastable to ``logits.shape[:-1]`` (for logits (B, L, V) and a per-row temperature (B,), pass
 ``temperature[:, None]``).
 
@@ -28,7 +29,7 @@ __all__ = [
 ]
 
 LN2 = math.log(2.0)
-_JS_EPS = 1e-8  # spec 3.3: log(m + 1e-8)
+_JS_EPS = 1e-8  # algorithms.md section 3, step 3: log(m + 1e-8)
 
 
 def _flat(logits: Tensor, temperature: float | Tensor | None) -> tuple[Tensor, Tensor | None, tuple[int, ...]]:

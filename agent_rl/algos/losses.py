@@ -1,9 +1,9 @@
-"""Policy losses (spec section 2), loss aggregation and the KL penalty. Pure torch; differentiable in ``logprobs``.
+"""Policy losses (algorithms.md §2), loss aggregation and the KL penalty. Pure torch; differentiable in ``logprobs``.
 
 Dims: B rows, T response tokens (in the learner T == L: prompt, padding and observation positions carry mask 0).
 
 Metrics: every metric returned here is a **0-dim detached tensor** (no ``.item()``, so no device sync per
-micro-batch); call ``float(v)`` when logging. Keys follow spec section 6: ``actor/pg_loss``, ``actor/clipfrac``,
+micro-batch); call ``float(v)`` when logging. Keys follow algorithms.md §6: ``actor/pg_loss``, ``actor/clipfrac``,
 ``actor/approx_kl``, plus ``actor/pg_clipfrac_lower`` (dual-clip fraction) and ``actor/ratio_mean``.
 """
 
@@ -19,7 +19,7 @@ from .registry import LossAgg, PolicyLossName, as_name, get_policy_loss, registe
 
 __all__ = ["policy_loss", "agg_loss", "agg_denominator", "ppo_clip_loss", "gspo_loss", "kl_penalty", "masked_mean"]
 
-_LOG_RATIO_CLAMP = 20.0  # spec 2: exp(clamp(logp - old_logp, -20, 20))
+_LOG_RATIO_CLAMP = 20.0  # algorithms.md section 2: exp(clamp(logp - old_logp, -20, 20))
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -67,7 +67,7 @@ def agg_loss(
     max_len: int | None = None,
     denominator: float | Tensor | None = None,
 ) -> Tensor:
-    """Aggregate per-token losses (``algo.loss_agg``, spec section 2).
+    """Aggregate per-token losses (``algo.loss_agg``, algorithms.md section 2).
 
     - ``token_mean``: sum of masked token losses / number of masked tokens (default).
     - ``seq_mean_token_mean``: per-row mean over its masked tokens, then mean over rows that have >= 1 masked token.
@@ -168,7 +168,7 @@ def ppo_clip_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = 3.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Token-level PPO clip with dual clip (spec section 2; Schulman et al. 2017, Ye et al. 2020).
+    """Token-level PPO clip with dual clip (algorithms.md section 2; Schulman et al. 2017, Ye et al. 2020).
 
     ``r = exp(clamp(logp - old_logp, -20, 20))``; ``l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))``;
     for ``A < 0``: ``l = min(l, -A c)``.
@@ -212,7 +212,7 @@ def gspo_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """GSPO (Zheng et al. 2025; spec section 2): sequence ratio ``s_i = exp(mean_t (logp - old_logp))`` over the
+    """GSPO (Zheng et al. 2025; algorithms.md §2): sequence ratio ``s_i = exp(mean_t (logp - old_logp))`` over the
     row's masked tokens, clipped per sequence: ``l = max(-A s, -A clip(s, 1 - eps_low, 1 + eps_high))``.
 
     Written in the paper's token form ``s_{i,t} = sg[s_i] * exp(logp_t - sg[logp_t])`` (value ``s_i`` on every

@@ -130,7 +130,7 @@ class Registry(Generic[F]):
 # Built-in names
 # ----------------------------------------------------------------------------------------------------------------------
 class AdvEstimator(str, Enum):
-    """Built-in outcome advantage estimators (spec section 1). ``ppo`` (GAE) is :func:`compute_gae`, not here,
+    """Built-in outcome advantage estimators (algorithms.md section 1). ``ppo`` (GAE) is :func:`compute_gae`, not here,
     because it needs values and token rewards (a different signature)."""
 
     GRPO = "grpo"
@@ -141,14 +141,14 @@ class AdvEstimator(str, Enum):
 
 
 class PolicyLossName(str, Enum):
-    """Built-in policy losses (spec section 2)."""
+    """Built-in policy losses (algorithms.md section 2)."""
 
     PPO_CLIP = "ppo_clip"
     GSPO = "gspo"
 
 
 class CreditRuleName(str, Enum):
-    """Built-in credit rules (spec section 5)."""
+    """Built-in credit rules (algorithms.md section 5)."""
 
     UNIFORM = "uniform"
     JS = "js"
@@ -159,7 +159,7 @@ class CreditRuleName(str, Enum):
 
 
 class ScheduleKind(str, Enum):
-    """Built-in temporal schedules (spec section 4)."""
+    """Built-in temporal schedules (algorithms.md section 4)."""
 
     LINEAR = "linear"
     SIGMOID = "sigmoid"
@@ -169,7 +169,7 @@ class ScheduleKind(str, Enum):
 
 
 class LossAgg(str, Enum):
-    """Loss aggregations (``algo.loss_agg``, spec section 2)."""
+    """Loss aggregations (``algo.loss_agg``, algorithms.md section 2)."""
 
     TOKEN_MEAN = "token_mean"
     SEQ_MEAN_TOKEN_MEAN = "seq_mean_token_mean"
@@ -223,7 +223,7 @@ class CreditRuleFn(Protocol):
 
 
 class ScheduleFn(Protocol):
-    """``(tau in [0, 1], m) -> S``, with tau the training progress of spec section 4 (0 = start, 1 = s_max)."""
+    """``(tau in [0, 1], m) -> S``, with tau the training progress of algorithms.md section 4 (0 = start, 1 = s_max)."""
 
     def __call__(self, tau: float, m: float, **kwargs: Any) -> float: ...
 

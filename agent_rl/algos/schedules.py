@@ -1,4 +1,4 @@
-"""Temporal scheduling of the credit strength S (spec section 4; "Not only where, But when", arXiv 2605.25381).
+"""Temporal scheduling of the credit strength S (algorithms.md section 4; "Not only where, But when", arXiv 2605.25381).
 
 Progress ``tau = clip((step - s_min) / (s_max - s_min), 0, 1)``, step 1-based, ``s_min = floor(N * s_min_ratio)``,
 ``s_max = floor(N * s_max_ratio)``, N = total training steps. Each schedule maps ``(tau, m)`` to S; S reaches 0 at
@@ -25,7 +25,7 @@ __all__ = [
 
 
 def schedule_progress(step: int, total_steps: int, s_min_ratio: float = 0.0, s_max_ratio: float = 0.8) -> float:
-    """tau in [0, 1] of spec section 4. If ``s_max <= s_min`` (tiny runs), tau jumps from 0 to 1 at ``s_max``.
+    """tau in [0, 1] of algorithms.md section 4. If ``s_max <= s_min`` (tiny runs), tau jumps from 0 to 1 at ``s_max``.
 
     Returns:
         tau, a python float in [0, 1].
@@ -52,7 +52,7 @@ def schedule_value(
     s_max_ratio: float = 0.8,
     **kwargs: Any,
 ) -> float:
-    """Credit strength S at ``step`` (1-based) of ``total_steps`` (spec section 4).
+    """Credit strength S at ``step`` (1-based) of ``total_steps`` (algorithms.md section 4).
 
     Args:
         kind: ``linear`` | ``sigmoid`` | ``power`` | ``constant`` | ``none`` | a name added with

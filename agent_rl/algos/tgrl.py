@@ -1,10 +1,10 @@
-"""TGRL: temperature-guided credit (spec section 3). Pure torch, no grad.
+"""TGRL: temperature-guided credit (algorithms.md section 3). Pure torch, no grad.
 
 Dims: B rows, T response tokens (in the learner T == L: prompt positions and, in full-trajectory mode, observation
 tokens carry mask 0; every per-row statistic below is over the row's masked tokens only), E episodes.
 
 Pipeline (what the learner calls, in order):
-    js = js_divergence_from_logits(old_logits_of_high_rows, t_low, t_high, chunk_size)   # 3.3, (N,) -> scatter to (B, T)
+    js = js_divergence_from_logits(old_logits_of_high_rows, t_low, t_high, chunk_size)  # step 3, (N,) -> (B, T)
     advantages = tgrl_advantages(rewards, group_index, is_high, js, response_mask,
                                  episode_index=episode_index, warmup=step <= warmup_steps)  # 3.1, 3.4, 3.5, 3.7
     metrics = tgrl_metrics(rewards, group_index, is_high, success, episode_index)        # 3.2
@@ -23,7 +23,7 @@ from .advantages import compute_advantages
 
 __all__ = ["tgrl_token_weights", "tgrl_advantages", "tgrl_delta_r", "tgrl_metrics", "masked_row_quantile"]
 
-_EPS = 1e-8  # spec 3.4
+_EPS = 1e-8  # algorithms.md section 3, step 4
 
 
 def masked_row_quantile(x: Tensor, mask: Tensor, q: float) -> Tensor:
@@ -191,7 +191,8 @@ def tgrl_delta_r(
     rewards: Tensor, group_index: Tensor, is_high: Tensor, episode_index: Tensor | None = None
 ) -> float:
     """Exploration gain ``delta_R = mean R(high) - mean R(low)`` per group, averaged over the groups that have both
-    high and low episodes (spec 3.2, metric ``tgrl/delta_R``). 0.0 when no group has both (e.g. in warm-up).
+    high and low episodes (algorithms.md §3 step 2, metric ``tgrl/delta_R``). 0.0 when no group has both (e.g. in
+    warm-up).
 
     Args:
         rewards: (B,) float. group_index: (B,) int. is_high: (B,) bool.
@@ -217,7 +218,8 @@ def tgrl_metrics(
     success: Tensor | None = None,
     episode_index: Tensor | None = None,
 ) -> dict[str, float]:
-    """The TGRL step metrics of spec 3.2 / 6: ``tgrl/delta_R``, ``tgrl/success_high``, ``tgrl/success_low``.
+    """The TGRL step metrics of algorithms.md §3 step 2 and §6: ``tgrl/delta_R``, ``tgrl/success_high``,
+    ``tgrl/success_low``.
 
     Args:
         rewards: (B,) float. group_index: (B,) int. is_high: (B,) bool.

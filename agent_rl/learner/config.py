@@ -31,9 +31,9 @@ class AlgoConfig:
     """Algorithm: tgrl | grpo | drgrpo | dapo | rloo | ppo | gspo. ``tgrl`` enables JS credit + low-row zeroing,
     ``ppo`` adds a value head and GAE."""
     adv_estimator: str = "grpo"
-    """Advantage estimator (algorithms.md s.1): grpo | drgrpo | rloo | reinforce_pp | gae (``algo=ppo``)."""
+    """Advantage estimator (algorithms.md section 1): grpo | drgrpo | rloo | reinforce_pp | gae (``algo=ppo``)."""
     policy_loss: str = "ppo_clip"
-    """Policy loss (s.2): ppo_clip | gspo (Zheng et al. 2025)."""
+    """Policy loss (algorithms.md section 2): ppo_clip | gspo (Zheng et al. 2025)."""
     loss_agg: str = "token_mean"
     """token_mean | seq_mean_token_mean | seq_mean_token_sum_norm (Dr.GRPO, Liu et al. 2025)."""
     loss_max_len: int = 0
@@ -53,7 +53,8 @@ class AlgoConfig:
     """GRPO std: sample (N-1) | population."""
     temperature: float = 1.0
     """Sampling temperature of every episode of the non-TGRL algorithms (GRPO@T0: 0.3, GRPO@T1: 1.2). TGRL ignores it:
-    its episodes are sampled at ``t_low`` / ``t_high`` (all at ``t_high`` in warm-up); see :meth:`group_temperatures`."""
+    its episodes are sampled at ``t_low`` / ``t_high`` (all at ``t_high`` in warm-up); see
+    :meth:`group_temperatures`."""
     t_low: float = 0.3
     """TGRL T0 (section 3)."""
     t_high: float = 1.2
@@ -66,7 +67,7 @@ class AlgoConfig:
     """G episodes per task. 0 = derived: ``n_low + n_high`` for TGRL, 4 for the others. Under TGRL a non-zero value
     must equal ``n_low + n_high`` (set those instead)."""
     warmup_steps: int = 20
-    """TGRL warm-up: the first steps sample everything at T1 and use plain GRPO (s.3.7)."""
+    """TGRL warm-up: the first steps sample everything at T1 and use plain GRPO (algorithms.md section 3, step 7)."""
     js_quantile_clip: bool = True
     """Clip JS weights to the trajectory's 5th..95th percentiles (TGRL step 4). The one key for it: the ``js``
     credit rule and TGRL's JS stage both read it."""
@@ -81,7 +82,7 @@ class AlgoConfig:
     high_repetition_penalty: float = 1.0
     """Repetition penalty on high rows at sampling time (reference code uses 1.05; rollout side)."""
     adv_clip: float = 10.0
-    """Clamp of the TGRL token advantage (s.3.5)."""
+    """Clamp of the TGRL token advantage (algorithms.md section 3, step 5)."""
     ppo_epochs: int = 1
     """Passes over the batch per step."""
     num_mini_batches: int = 1

@@ -205,6 +205,9 @@ class Learner:
         self._compiled_js = torch.compile(algos.js_divergence_from_logits, dynamic=False) if algo.compile_js else None
         #: per-token tensors of the last ``update`` (see there); None before the first update.
         self.last_token_stats: dict[str, Tensor] | None = None
+        #: data-parallel hooks when this learner is one rank of several (``agent_rl.distributed.DataParallel``:
+        #: global loss denominators and L_max, DDP gradient averaging before the clip); None: one process.
+        self.data_parallel: Any = None
 
     # ------------------------------------------------------------------------------------------------------------
     # Public API
@@ -486,6 +489,9 @@ class Learner:
         active = (loss_mask.sum(-1) > 0) & (extra_terms | ((advantages != 0) & (loss_mask > 0)).any(-1))
         # Dr.GRPO's constant L_max: the configured one, else the longest response (trained tokens) of the batch
         max_len = algo.loss_max_len or max(int(b.response_mask.sum(-1).max()), 1)
+        dp = self.data_parallel
+        if dp is not None and not algo.loss_max_len:
+            max_len = dp.global_max(max_len)
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
         grad_norms: list[float] = []
@@ -496,12 +502,17 @@ class Learner:
 
         self.model.train()
         n_opt_steps = 0
+        n_mini = algo.num_mini_batches
+        if dp is not None:  # every rank runs the same number of optimiser steps (whole groups per rank differ)
+            n_mini = dp.global_min(min(n_mini, int(torch.unique(b.group_index).numel())))
         for _epoch in range(algo.ppo_epochs):
-            for mb_rows in group_mini_batches(b.group_index, algo.num_mini_batches, self.generator):
+            for mb_rows in group_mini_batches(b.group_index, n_mini, self.generator):
                 n_opt_steps += 1
                 mb_mask = loss_mask[mb_rows]
                 den = algos.agg_denominator(mb_mask, algo.loss_agg)  # the whole mini-batch's, for every micro-batch
                 tok_den = mb_mask.sum().clamp_min(1.0)
+                if dp is not None:  # every rank divides by the global denominator (see DataParallel)
+                    den, tok_den = dp.global_denominator(den), dp.global_denominator(tok_den)
                 self.optimizer.zero_grad(set_to_none=True)
                 mb_pg_loss = 0.0
                 fwd_rows = mb_rows[active[mb_rows]]
@@ -514,6 +525,8 @@ class Learner:
                         # ratio statistics of the first optimiser step are trivial (the policy is the old one:
                         # ratio 1, clipfrac 0): they are reported from steps 2..n when there are several
                         acc(f"first:{k}" if n_opt_steps == 1 and k in RATIO_METRICS else k, v, w)
+                if dp is not None:
+                    dp.sync_gradients()  # DDP all-reduce of the accumulated gradients, then one clip everywhere
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     self.params, self.optim_cfg.max_grad_norm if self.optim_cfg.max_grad_norm > 0 else math.inf)
                 grad_norms.append(float(grad_norm))

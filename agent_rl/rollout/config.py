@@ -46,8 +46,16 @@ class RolloutConfig:
     """Prompts per engine call at most (0 = every prompt waiting)."""
     gen_wait_s: float = 0.02
     """Once a prompt waits, how long generation waits for more episodes to ask (unless all live ones already do)."""
+    num_workers: int = 1
+    """trainer.backend=ray: rollout workers (each an engine replica playing its share of the step's groups)."""
+    worker_cpus: float = 1.0
+    """trainer.backend=ray: CPUs per rollout worker."""
+    worker_gpus: float = 0.0
+    """trainer.backend=ray: GPUs per rollout worker (> 0: its engine runs on its GPU)."""
 
     def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError("rollout.num_workers must be >= 1")
         if self.mode not in ROLLOUT_MODES:
             raise ValueError(f"rollout.mode={self.mode!r} is not valid; valid values: {', '.join(ROLLOUT_MODES)}")
         if self.max_turns < 1 or self.history_length < 0 or self.episode_retries < 0:

@@ -243,6 +243,14 @@ class RolloutOrchestrator:
         obs_ids = self.tokenizer.encode(text, add_special_tokens=False)
         return prev + list(prev_turn.response_ids) + obs_ids
 
+    async def _generate(self, ctx: TurnContext, task: Task, slot: int, prompt_ids: list[int], temperature: float,
+                        is_high: bool) -> Generation:
+        """One turn's response: the engine through the batcher (a subclass may answer otherwise, e.g. the scripted
+        reference policies of ``agent_rl.eval``, which read ``ctx``)."""
+        assert self._batcher is not None
+        return await self._batcher.generate(prompt_ids, temperature,
+                                            self.high_repetition_penalty if is_high else 1.0)
+
     async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
         """One attempt at an episode; raises :class:`EnvCallFailed` on env failure."""
         assert self._batcher is not None
@@ -266,8 +274,7 @@ class RolloutOrchestrator:
                     if not ep.turns:
                         ep.failure = f"prompt_too_long ({len(prompt_ids)} > {cfg.max_prompt_tokens} tokens)"
                     break  # the episode ends here: recorded as truncated (its last turn is not terminated)
-                gen = await self._batcher.generate(
-                    prompt_ids, temperature, self.high_repetition_penalty if is_high else 1.0)
+                gen = await self._generate(ctx, task, slot, prompt_ids, temperature, is_high)
                 raw = bool(getattr(self.prompt, "raw_actions", False))  # math/code: the whole answer, lines kept
                 parsed = parse_action(gen.text, max_chars=cfg.max_action_chars, normalize_whitespace=not raw)
                 step = await self._env(lambda: self.pool.step(sid, parsed.action))

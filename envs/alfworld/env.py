@@ -31,6 +31,7 @@ from envs.alfworld.data import (
     task_type_of,
 )
 from envs.errors import EnvInfraError
+from envs.locks import TEXTWORLD_LOCK
 from envs.spaces import TextSpace, check_action
 
 import textworld  # noqa: E402
@@ -187,14 +188,16 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         gamefile = self._select_game(dict(options or {}))
         if gamefile != self._gamefile:
             self._gamefile = None  # stays None if load fails
-            self._tw.load(gamefile)
+            with TEXTWORLD_LOCK:  # TextWorld's parsers are not thread-safe (envs.locks)
+                self._tw.load(gamefile)
             self._gamefile = gamefile
             self.walkthrough = [str(a) for a in (self._pddl.walkthrough or [])]
             self.task_id = task_id_of(gamefile)
             self.task_type = task_type_of(gamefile)
         if self.expert:  # the expert's tie-breaking RNG follows the env's seed
             self._tw.seed_expert(int(self.np_random.integers(2**31)))
-        self._state = self._tw.reset()
+        with TEXTWORLD_LOCK:
+            self._state = self._tw.reset()
         self.last_observation = str(self._state["feedback"])
         info = self._info()
         info["walkthrough"] = list(self.walkthrough)
@@ -207,7 +210,8 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
             raise RuntimeError("step() before reset()")
         invalid = action.strip() not in self._state["admissible_commands"]
         try:
-            self._state, _score, _done = self._tw.step(action)
+            with TEXTWORLD_LOCK:
+                self._state, _score, _done = self._tw.step(action)
         except Exception as exc:  # the game engine failed (any action is a valid command): could not judge
             raise EnvInfraError(f"the ALFWorld game {self.task_id} failed on {action!r}: {type(exc).__name__}: "
                                 f"{exc}", component="alfworld") from exc

@@ -1,4 +1,4 @@
-"""Advantage estimators (spec section 1): hand-computed cases, invariances, loop-vs-vectorised, safety."""
+"""Advantage estimators (algorithms.md section 1): hand-computed cases, invariances, loop-vs-vectorised, safety."""
 
 import math
 
@@ -222,7 +222,7 @@ def test_estimators_accept_the_same_config_keywords(name):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# GiGPO (optional estimator of spec section 1)
+# GiGPO (optional estimator of algorithms.md section 1)
 # ---------------------------------------------------------------------------------------------------------------
 def test_gigpo_hand():
     # one group, 3 episodes (per-turn rows), sparse reward on the last turn, gamma 0.95:

@@ -55,7 +55,7 @@ def _random_rewards(rng: np.random.Generator, group_index: np.ndarray) -> np.nda
 # Section 1: advantage estimators
 # ----------------------------------------------------------------------------------------------------------------------
 def _grpo_ref(r: np.ndarray, g: np.ndarray, ddof: int, eps: float = 1e-6) -> np.ndarray:
-    """A_i = (R_i - mean_g R) / (std_g R + eps); all-equal group -> 0 (spec 1)."""
+    """A_i = (R_i - mean_g R) / (std_g R + eps); all-equal group -> 0 (algorithms.md section 1)."""
     out = np.zeros_like(r)
     for rows in _by_group(g).values():
         x = r[rows]

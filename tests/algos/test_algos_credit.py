@@ -1,4 +1,4 @@
-"""Credit rules at token and turn level (spec section 5) on a 3-turn episode worked by hand, in per-turn and
+"""Credit rules at token and turn level (algorithms.md section 5) on a 3-turn episode worked by hand, in per-turn and
 full-trajectory mode; invariance to prompt padding / observation gaps; loop-versus-vectorised checks."""
 
 import math
@@ -121,7 +121,8 @@ def test_forking_token_level_hand():
 def test_forking_relaxed_threshold_issue_case():
     # 100 tokens with H = 0.01 * rank (rank 1..100), spread over 4 rows: eps = 0.80 + 0.2 * 0.01 = 0.802;
     # S = 0.99 -> H >= 0.794: 21 tokens (ranks 80..100); S = 0.5 -> H >= 0.401: 60 tokens (ranks 41..100)
-    h = (torch.arange(1, 101, dtype=torch.float64) * 0.01)[torch.randperm(100, generator=torch.Generator().manual_seed(0))]
+    shuffle = torch.randperm(100, generator=torch.Generator().manual_seed(0))
+    h = (torch.arange(1, 101, dtype=torch.float64) * 0.01)[shuffle]
     h, m = h.reshape(4, 25), torch.ones(4, 25)
     assert int(forking_mask(h, m, 0.99).sum()) == 21
     assert int(forking_mask(h, m, 0.5).sum()) == 60
@@ -335,7 +336,7 @@ def test_next_turn_values_loop_vs_vectorised():
 
 
 def test_composition_with_tgrl_and_tp():
-    # algo=tgrl credit=tp: the TP mask applies on top of the JS-weighted advantage (spec section 5, last line)
+    # algo=tgrl credit=tp: the TP mask applies on top of the JS-weighted advantage (algorithms.md section 5, last line)
     r = torch.tensor([0.0, 1.0, 0.0, 1.0])
     high = torch.tensor([False, True, True, True])
     js = torch.rand(4, 6) * 0.5

@@ -1,4 +1,4 @@
-"""Policy losses, aggregation and KL penalty (spec section 2)."""
+"""Policy losses, aggregation and KL penalty (algorithms.md section 2)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""TGRL (spec section 3) and temporal schedules (spec section 4)."""
+"""TGRL (algorithms.md section 3) and temporal schedules (algorithms.md section 4)."""
 
 import math
 
@@ -170,7 +170,7 @@ def test_delta_r_per_episode():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Schedules (spec section 4). N = 100 -> s_min = 0, s_max = 80; tau = step / 80.
+# Schedules (algorithms.md section 4). N = 100 -> s_min = 0, s_max = 80; tau = step / 80.
 # ---------------------------------------------------------------------------------------------------------------
 def _sig(x):
     return 1 / (1 + math.exp(-x))

@@ -260,3 +260,24 @@ def test_unpack_under_the_oldest_supported_interpreter(tmp_path):
     lines = done.stdout.split("\n")
     assert lines[0].startswith("native 3.10") or lines[0].startswith("native 3.1"), done.stdout
     assert [line.split()[0::2] for line in lines if line] == [["native", "1"], ["fallback", "1"]]
+
+
+def test_concurrent_resets_in_threads(require_alfworld):
+    """TextWorld's parsers are not thread-safe: two ALFWorld envs reset and stepped from two threads at once (what
+    LocalEnvPool's thread mode does) must both work (envs.locks.TEXTWORLD_LOCK)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import gymnasium
+
+    def play(index: int) -> bool:
+        env = gymnasium.make("agent_rl/ALFWorld-v0")
+        try:
+            _, info = env.reset(options={"split": "valid_unseen", "index": index})
+            for action in info["admissible_actions"][:3]:
+                env.step(action)
+            return True
+        finally:
+            env.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(play, [0, 1, 0, 1])) == [True] * 4

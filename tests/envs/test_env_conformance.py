@@ -18,7 +18,7 @@ KWARGS = {"agent_rl/ALFWorld-v0": {"split": "valid_unseen", "task_types": ["look
 # A valid first action of each env (any str is valid for all; these keep the episode going where it can).
 ACTIONS = {"agent_rl/Calculator-v0": "calc[1 + 1]", "agent_rl/WebShop-v0": "search[pillow]",
            "agent_rl/ALFWorld-v0": "look", "agent_rl/Math-v0": "\\boxed{1}", "agent_rl/Code-v0": "def f(): pass",
-           "agent_rl/ChooseItem-v0": "pick nothing"}
+           "agent_rl/ChooseItem-v0": "pick nothing", "agent_rl/TextWorld-v0": "look"}
 IDS = sorted(envs._BUILTIN)
 
 

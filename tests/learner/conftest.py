@@ -10,7 +10,7 @@ import torch
 from agent_rl.learner.config import ModelConfig
 from agent_rl.models import load_policy
 
-torch.set_num_threads(1)  # 2 shared cores: tiny ops stall with more threads (see the issue)
+torch.set_num_threads(1)  # tiny ops on 2 shared cores stall with more torch threads
 
 
 @pytest.fixture(scope="session")

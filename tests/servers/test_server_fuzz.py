@@ -7,7 +7,7 @@ kwargs, options, seeds and actions.
 Every answer must be: below 500, or a documented 500 ``env_error`` / 504 ``env_timeout`` with its JSON body; every
 4xx a JSON body with ``detail`` (and a ``code`` unless it is FastAPI's 422 list); conform to the schema's response
 models and status codes. Afterwards the server is healthy and, once the sessions the fuzzer opened are deleted, holds
-none. Case budget per route and mode: ``AGENT_RL_FUZZ_EXAMPLES`` (default 4; the docs report a larger run:
+none. Case budget per route and mode: ``AGENT_RL_FUZZ_EXAMPLES`` (default 3; the docs report a larger run:
 ``AGENT_RL_FUZZ_EXAMPLES=100 pytest -q -s tests/servers/test_server_fuzz.py``).
 """
 
@@ -31,7 +31,7 @@ from schemathesis.generation import GenerationMode  # noqa: E402
 from servers_helpers import free_port, wait_healthy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = int(os.environ.get("AGENT_RL_FUZZ_EXAMPLES", "4"))
+EXAMPLES = int(os.environ.get("AGENT_RL_FUZZ_EXAMPLES", "3"))
 SERVERS = {
     "calculator": (["agent_rl/Calculator-v0", "user/Echo-v0"], ["--import", "user_env_module"]),
     "webshop": (["agent_rl/WebShop-v0"], ["--workers", "2", "--import", "envs.webshop.preload"]),
@@ -122,8 +122,8 @@ def fuzz(url: str, env_ids: list[str], examples: int) -> tuple[Counter, list[str
                 response = case.call(base_url=url, timeout=120)
                 statuses[response.status_code] += 1
                 if response.status_code >= 500:  # documented ones pass the checks; say which requests got them
-                    server_errors.append(f"{case.method} {operation.path} -> {response.status_code}: "
-                                         f"{response.text[:160]}")
+                    server_errors.append(f"{case.method} {operation.path} body={str(case.body)[:300]!r} -> "
+                                         f"{response.status_code}: {response.text[:160]}")
                 if response.status_code == 201:
                     opened.append(response.json()["session_id"])
                 check_answer(case, response, problems)

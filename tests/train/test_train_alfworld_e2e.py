@@ -18,7 +18,8 @@ from agent_rl.logging import SECTION6_METRICS
 
 REPO = Path(__file__).resolve().parents[2]
 CMD = [sys.executable, "-m", "agent_rl.train", "env=alfworld", "algo=tgrl", "model=tiny", "trainer.tasks_per_step=1",
-       "rollout.max_turns=3", "engine.max_new_tokens=16", "trainer.progress=false"]
+       "rollout.max_turns=3", "engine.max_new_tokens=16", "trainer.progress=false",
+       "trainer=default"]  # trainer=default: no CPU preset (its eval panels would add minutes)
 
 
 @pytest.mark.slow

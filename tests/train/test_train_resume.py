@@ -24,7 +24,7 @@ def _steps(out: Path) -> list[int]:
 
 
 def test_resume_under_another_algorithm_is_refused_then_allowed(tmp_path, capsys):
-    # the input: grpo for 1 step, then algo=tgrl total_steps=2 resume=auto into the same dir
+    # a reported input: grpo for 1 step, then algo=tgrl total_steps=2 resume=auto into the same dir
     out = tmp_path / "D"
     main([*BASE, "algo=grpo", "trainer.total_steps=1", f"trainer.output_dir={out}"])
     first = (out / "config.yaml").read_text()
@@ -104,13 +104,12 @@ def test_step_that_trains_on_nothing_is_loud(tmp_path, capsys):
     assert [(r["batch/rows"], r["rollout/filtered_groups"]) for r in recs] == [(0, 1.0), (0, 1.0)]
 
 
-@pytest.mark.parametrize(("override", "start"), [
-    ("algo.adv_estimator=grpoo", "config error: unknown advantage estimator 'grpoo' (algo.adv_estimator); valid"),
-    ("trainer.resume=/no/such/checkpoint", "config error: trainer.resume=/no/such/checkpoint does not exist"),
-])
-def test_cli_prints_one_line_and_exits_2(tmp_path, override, start):
+def test_cli_prints_one_line_and_exits_2(tmp_path):
+    # a registry name that used to end in a ValueError traceback after the model was built (the other config errors
+    # are ConfigErrors in-process, tests/test_config.py, which the CLI prints the same way)
+    start = "config error: unknown advantage estimator 'grpoo' (algo.adv_estimator); valid"
     proc = subprocess.run([sys.executable, "-m", "agent_rl.train", *BASE, f"trainer.output_dir={tmp_path / 'D'}",
-                           override], capture_output=True, text=True, timeout=300,
+                           "algo.adv_estimator=grpoo"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr

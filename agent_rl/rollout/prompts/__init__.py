@@ -1,6 +1,7 @@
-"""Prompt formats, one module per env family (``alfworld``, ``webshop``, ``math``/``code``, ``generic``)."""
+"""Prompt formats, one module per env family (``alfworld``, ``webshop``, ``textworld``, ``math``/``code``,
+``generic``)."""
 
-from agent_rl.rollout.prompts import alfworld, generic, single_turn, webshop  # noqa: F401  (registration)
+from agent_rl.rollout.prompts import alfworld, generic, react, single_turn, textworld, webshop  # noqa: F401  (registration)
 from agent_rl.rollout.prompts.base import (
     PromptFormat,
     TurnContext,

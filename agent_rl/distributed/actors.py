@@ -1,0 +1,281 @@
+"""The Ray actors of the ``ray`` backend: learner ranks, rollout workers, env-server replicas.
+
+Plain classes here; :mod:`agent_rl.distributed.trainer` turns them into actors with ``ray.remote(...)`` and the
+resources of each role, so this module imports without Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
+
+
+def node_ip() -> str:
+    """This node's IP as Ray sees it (127.0.0.1 outside Ray)."""
+    try:
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+    except Exception:  # noqa: BLE001 (no ray / not connected: a single machine)
+        return "127.0.0.1"
+
+
+def free_port(host: str = "") -> int:
+    """A free TCP port on this node."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LearnerSpec:
+    """What a learner rank needs to build its :class:`agent_rl.learner.Learner` (the ``Learner`` kwargs)."""
+
+    model: ModelConfig
+    algo: AlgoConfig
+    optim: OptimConfig
+    credit: CreditConfig | None = None
+    schedule: ScheduleConfig | None = None
+    device: str = "cpu"
+    seed: int = 0
+    top_k: int = 0
+    top_p: float = 1.0
+    num_threads: int = 1
+    imports: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_config(cls, cfg: Any, device: str) -> "LearnerSpec":
+        return cls(model=cfg.model, algo=cfg.algo, optim=cfg.optim, credit=cfg.credit, schedule=cfg.schedule,
+                   device=device, seed=cfg.trainer.seed, top_k=cfg.engine.top_k, top_p=cfg.engine.top_p,
+                   num_threads=cfg.trainer.learner_cpus, imports=list(cfg.trainer.imports))
+
+
+class LearnerRank:
+    """One data-parallel learner rank (a Ray actor): policy + :class:`Learner` + torch DDP over the process group.
+
+    Call order: :meth:`address` (rank 0: where the group meets), :meth:`setup` on every rank at once, then
+    :meth:`update` on every rank at once with its shard (:func:`agent_rl.distributed.data_parallel.shard_batch`).
+    """
+
+    def __init__(self, rank: int, world_size: int, spec: LearnerSpec) -> None:
+        self.rank, self.world_size, self.spec = rank, world_size, spec
+        self.learner: Any = None
+
+    def address(self) -> tuple[str, int]:
+        """(IP, free port) of this node: the rendezvous of the process group when this is rank 0."""
+        return node_ip(), free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> str:
+        """Seed, build policy and learner, join the process group (world size > 1: gloo / NCCL + DDP, which
+        broadcasts rank 0's parameters). Returns the backend ("none" for one rank)."""
+        from agent_rl.distributed.data_parallel import DataParallel, init_process_group
+        from agent_rl.learner import Learner
+        from agent_rl.models import load_policy
+        from agent_rl.train import seed_everything
+
+        s = self.spec
+        for module in s.imports:
+            importlib.import_module(module)
+        torch.set_num_threads(max(1, int(s.num_threads)))
+        seed_everything(s.seed)
+        device = s.device
+        if device.startswith("cuda") and torch.cuda.is_available() and device == "cuda":
+            device = "cuda:0"  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
+        self.model, self.tokenizer = load_policy(s.model)
+        self.learner = Learner(self.model, self.tokenizer, s.algo, s.optim, credit=s.credit, schedule=s.schedule,
+                               device=device, seed=s.seed, top_k=s.top_k, top_p=s.top_p)
+        backend = "none"
+        if self.world_size > 1:
+            backend = init_process_group(self.rank, self.world_size, master_addr, master_port)
+            self.learner.data_parallel = DataParallel(self.learner)
+        return backend
+
+    def update(self, shard: Any, step: int, total_steps: int, num_mini_batches: int | None = None) -> dict[str, float]:
+        """``Learner.update`` on this rank's shard. ``num_mini_batches``: the step's mini-batch count, the same on
+        every rank (the trainer passes min(algo.num_mini_batches, fewest groups on a rank))."""
+        algo = self.learner.algo
+        saved = algo.num_mini_batches
+        if num_mini_batches is not None:
+            algo.num_mini_batches = num_mini_batches
+        try:
+            metrics = self.learner.update(shard, step=step, total_steps=total_steps)
+        finally:
+            algo.num_mini_batches = saved
+        metrics["batch/response_tokens"] = float(shard.response_mask.sum())
+        return metrics
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's state dict on CPU (what rollout workers load)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def save(self, directory: str, extra: dict[str, Any]) -> None:
+        """Checkpoint (model, tokenizer, learner state, RNG, ``extra``) to ``directory`` (called on rank 0)."""
+        from agent_rl.learner.checkpoint import save_checkpoint
+
+        save_checkpoint(directory, self.model, self.tokenizer, self.learner, extra)
+
+    def load(self, directory: str) -> dict[str, Any]:
+        """Load a checkpoint written by any number of ranks (every rank loads the same state)."""
+        from agent_rl.learner.checkpoint import load_checkpoint
+
+        return load_checkpoint(directory, self.model, self.learner)
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RolloutWorker:
+    """One rollout worker (a Ray actor): a policy copy, an engine replica, an env client and an orchestrator.
+
+    Args:
+        cfg: the run's :class:`agent_rl.config.Config`.
+        index: worker index (0..M-1); worker i samples with engine seed ``engine.seed + 7919 * i`` (worker 0 = the
+            local backend's stream).
+        env_urls: env-server URLs (``env_server.mode=http``); ignored in local mode.
+    """
+
+    def __init__(self, cfg: Any, index: int, env_urls: list[str]) -> None:
+        self.cfg, self.index, self.env_urls = cfg, index, list(env_urls)
+        self.version = -1
+        # the orchestrator's event loop, in its own thread (Ray may run actor methods where a loop is running)
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, daemon=True, name="rollout-loop").start()
+        self._ready = False
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _build(self) -> None:
+        from agent_rl.engines import get_engine, set_torch_threads
+        from agent_rl.models import load_policy
+        from agent_rl.rollout import RolloutOrchestrator, get_prompt
+
+        cfg = self.cfg
+        for module in list(cfg.trainer.imports) + list(cfg.env_server.imports):
+            importlib.import_module(module)
+        if cfg.data.root:
+            os.environ["AGENT_RL_DATA"] = cfg.data.root
+        set_torch_threads(cfg.engine.num_threads)
+        self.model, self.tokenizer = load_policy(cfg.model)
+        if torch.cuda.is_available() and cfg.rollout.worker_gpus > 0:
+            self.model.to("cuda:0")
+        seed = None if cfg.engine.seed is None else int(cfg.engine.seed) + 7919 * self.index
+        self.engine = get_engine(cfg.engine.name, self.model, self.tokenizer, batch_size=cfg.engine.batch_size,
+                                 seed=seed, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+                                 dtype=cfg.model.dtype)
+        self.pool = self._run(self._open_pool())
+        self.orchestrator = RolloutOrchestrator(
+            self.pool, self.engine, get_prompt(cfg.env.prompt), cfg.rollout, max_new_tokens=cfg.engine.max_new_tokens,
+            top_p=cfg.engine.top_p, top_k=cfg.engine.top_k, seed=seed,
+            high_repetition_penalty=cfg.algo.high_repetition_penalty)
+        self._ready = True
+
+    async def _open_pool(self) -> Any:
+        from agent_rl.envclient import HTTPEnvPool, LocalEnvPool
+
+        es = self.cfg.env_server
+        if es.mode == "local":
+            kwargs: dict[str, Any] = {"mode": es.local_kind, "imports": list(es.imports)}
+            if es.local_workers > 0:
+                kwargs["max_workers"] = es.local_workers
+            return LocalEnvPool(**kwargs)
+        return HTTPEnvPool(self.env_urls, token=es.token)
+
+    def set_weights(self, version: int, weights: dict[str, torch.Tensor]) -> int:
+        """Load the policy weights of learner version ``version`` (the number of updates behind them) into the
+        engine. Returns the version now loaded."""
+        if not self._ready:
+            self._build()
+        self.model.load_state_dict(weights)
+        self.engine.sync_weights(self.model)
+        self.version = int(version)
+        return self.version
+
+    def collect(self, tasks: list[Any], step: int, expected_version: int) -> dict[str, Any]:
+        """Play one group per task (:meth:`RolloutOrchestrator.collect` over exactly ``tasks``). Returns
+        ``{"episodes", "metrics", "failures", "weight_version", "worker"}``; a version other than
+        ``expected_version`` is reported in the metrics and on stderr (stale weights are never silent)."""
+        if not self._ready:
+            self._build()
+        if self.version != expected_version:
+            print(f"warning: rollout worker {self.index} samples step {step} with weight version {self.version}, "
+                  f"expected {expected_version}", file=sys.stderr)
+        queue = list(tasks)
+
+        def take(n: int) -> list[Any]:
+            out, queue[:] = queue[:n], queue[n:]
+            return out
+
+        cfg = self.cfg
+        result = self._run(self.orchestrator.collect(
+            take, len(tasks), cfg.algo, step, filter_groups=cfg.algo.dapo_dynamic_sampling, max_extra_rounds=0))
+        return {"episodes": result.episodes, "metrics": dict(result.metrics), "failures": list(result.failures),
+                "weight_version": self.version, "worker": self.index}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        if self._ready:
+            self._run(self.orchestrator.aclose())
+            self._run(self.pool.aclose())
+            self._ready = False
+
+
+class EnvServerReplica:
+    """One env-server replica (a Ray actor): the ``servers`` FastAPI app under uvicorn in a thread of this actor,
+    on all interfaces of its node; :meth:`url` announces ``http://<node ip>:<port>``. Killing the actor kills it."""
+
+    def __init__(self, env_ids: list[str], imports: list[str], token: str | None, max_sessions: int, workers: int,
+                 data_root: str = "") -> None:
+        import uvicorn
+
+        from servers.app import create_app
+
+        if data_root:
+            os.environ["AGENT_RL_DATA"] = data_root
+        for name in imports:
+            importlib.import_module(name)
+        kwargs: dict[str, Any] = {"token": token, "imports": list(imports)}
+        if max_sessions > 0:
+            kwargs["max_sessions"] = max_sessions
+        if workers > 0:
+            kwargs["workers"] = workers
+        app = create_app(list(env_ids), **kwargs)
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="0.0.0.0", port=self.port, log_level="warning",
+                                                    access_log=False))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        self._url = f"http://{node_ip()}:{self.port}"
+
+    def url(self, timeout_s: float = 120.0) -> str:
+        """The replica's base URL once ``/health`` answers (``RuntimeError`` after ``timeout_s``)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self._url}/health", timeout=2.0).status_code == 200:
+                    return self._url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"env-server replica {self._url} not healthy after {timeout_s} s")
+
+    def pid(self) -> int:
+        return os.getpid()

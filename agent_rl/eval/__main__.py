@@ -1,0 +1,3 @@
+from agent_rl.eval.runner import cli
+
+cli()

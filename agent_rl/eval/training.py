@@ -1,0 +1,75 @@
+"""The small fixed panel evaluated during training (``trainer.eval_every``, ``trainer.eval_panel``,
+``trainer.eval_tasks``): before step 1 (logged as step 0), every ``eval_every`` steps and after the last step, with
+the policy being trained, greedy by default (``eval.temperature``), on the run's env pool and engine."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from agent_rl.eval.runner import build_panels, env_family, evaluate, scalar_metrics
+
+
+def _canonical(name: Any) -> Any:
+    """A math dataset's canonical name (aliases such as math_train_deepscaler -> math_train), else ``name``."""
+    try:
+        from envs.math.datasets import canonical_name
+
+        return canonical_name(name)
+    except (ImportError, KeyError, TypeError):
+        return name
+
+
+class TrainingEval:
+    """``enabled`` is False when ``trainer.eval_every`` is 0 or the env has no panel (a note says so).
+
+    Raises:
+        ConfigError: the panel's split or dataset is the one the run trains on (eval tasks must be held out).
+    """
+
+    def __init__(self, cfg: Any, out: Path, progress: Any) -> None:
+        self.every = int(cfg.trainer.eval_every)
+        self.out, self.progress = out, progress
+        self.panels: list[Any] = []
+        self.cfg = copy.deepcopy(cfg)
+        self.cfg.eval.policy = "model"
+        if self.every <= 0:
+            return
+        try:
+            env_family(cfg)
+        except ValueError as exc:
+            progress.note(f"trainer.eval_every={self.every}: skipped ({exc})")
+            self.every = 0
+            return
+        self.panels = build_panels(self.cfg, split=cfg.trainer.eval_panel, num_tasks=cfg.trainer.eval_tasks)
+        trained = _canonical(cfg.env.sampler.options.get("split") or cfg.env.sampler.options.get("dataset"))
+        for panel in self.panels:
+            held = _canonical(panel.tasks[0].options.get("split") or panel.tasks[0].options.get("dataset")
+                              if panel.tasks else None)
+            if trained is not None and held == trained:
+                from agent_rl.config import ConfigError
+
+                raise ConfigError(f"trainer.eval_panel={panel.split!r} is the training split/dataset {trained!r}; "
+                                 "choose held-out tasks (ALFWorld valid_seen/valid_unseen, WebShop test, another "
+                                 "math/code dataset)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0 and bool(self.panels)
+
+    def due(self, step: int, total: int) -> bool:
+        """Step 0 (before training), every ``eval_every`` steps, and the last step."""
+        return self.enabled and (step == 0 or step % self.every == 0 or step == total)
+
+    async def run(self, step: int, pool: Any, engine: Any) -> dict[str, float]:
+        """Evaluate the panel now; writes ``DIR/eval/step_<step>/<panel>.json|.png``; returns ``eval/<panel>/...``
+        scalars."""
+        results = await evaluate(self.cfg, pool, engine, panels=self.panels,
+                                 folder=self.out / "eval" / f"step_{step}", progress=self.progress)
+        metrics: dict[str, float] = {}
+        for result in results:
+            metrics.update(scalar_metrics(result))
+            self.progress.note(f"eval {result['panel']} at step {step}: success {100 * result['success']:.1f}% "
+                               f"({result['num_tasks']} tasks, {result['wall_s']:.0f} s)")
+        return metrics

@@ -1,0 +1,130 @@
+"""End-of-run report from ``DIR/metrics.jsonl``: ``DIR/curves.png`` (reward, success train and eval, entropy,
+clip fraction, ``tgrl/delta_R``, JS mean, per step) and ``DIR/summary.md`` (steps, episodes, eval success before ->
+after, the last step's numbers); :func:`finish_run` writes both and returns the console summary."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+CURVES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("reward", ("reward/mean",)),
+    ("success", ("success/rate",)),  # + every eval/<panel>/success
+    ("entropy", ("actor/entropy",)),
+    ("clip fraction", ("actor/clipfrac",)),
+    ("tgrl/delta_R", ("tgrl/delta_R",)),
+    ("JS mean", ("credit/js_mean",)),
+)
+TABLE_KEYS = ("reward/mean", "success/rate", "tgrl/delta_R", "actor/entropy", "actor/clipfrac", "actor/approx_kl",
+              "credit/js_mean", "episode/turns_mean", "episode/invalid_action_frac", "throughput/tokens_per_s",
+              "time/rollout_s", "time/update_s")
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Records of ``metrics.jsonl`` (unreadable lines skipped), sorted by step."""
+    records = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return sorted(records, key=lambda r: r.get("step", 0))
+
+
+def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            xs.append(int(r["step"]))
+            ys.append(float(v))
+    return xs, ys
+
+
+def eval_success_keys(records: list[dict[str, Any]]) -> list[str]:
+    """``eval/<panel>/success`` keys present in the records."""
+    keys = {k for r in records for k in r if k.startswith("eval/") and k.endswith("/success") and k.count("/") == 2}
+    return sorted(keys)
+
+
+def write_curves(records: list[dict[str, Any]], path: Path) -> None:
+    """Six panels of per-step curves (a missing metric leaves its panel empty, titled "n/a")."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6))
+    for ax, (title, keys) in zip(axes.flat, CURVES):
+        keys = keys + (tuple(eval_success_keys(records)) if title == "success" else ())
+        drawn = False
+        for key in keys:
+            xs, ys = _series(records, key)
+            if xs:
+                label = "train" if key == "success/rate" else key.split("/")[1] if key.startswith("eval/") else key
+                ax.plot(xs, ys, marker="o", markersize=3, label=label)
+                drawn = True
+        ax.set_title(title if drawn else f"{title} (n/a)", fontsize=10)
+        ax.set_xlabel("step", fontsize=8)
+        if drawn and title == "success":
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def summarize_run(records: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    """Steps, episodes, eval success before (first eval) -> after (last eval) per panel, last step's numbers."""
+    steps = [r for r in records if r.get("step", 0) >= 1]
+    evals = {}
+    for key in eval_success_keys(records):
+        xs, ys = _series(records, key)
+        evals[key.split("/")[1]] = {"before": ys[0], "after": ys[-1], "first_step": xs[0], "last_step": xs[-1]}
+    return {
+        "run_dir": str(out),
+        "steps": len(steps),
+        "episodes": int(sum(r.get("rollout/episodes") or 0 for r in steps)),
+        "eval": evals,
+        "last": {k: steps[-1].get(k) for k in TABLE_KEYS} if steps else {},
+    }
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def write_summary(summary: dict[str, Any], path: Path, header: str = "") -> str:
+    """``summary.md``; returns its text."""
+    lines = [f"# Run summary: {summary['run_dir']}", ""]
+    if header:
+        lines += [header, ""]
+    lines += [f"- steps: {summary['steps']}", f"- episodes: {summary['episodes']}"]
+    for panel, e in summary["eval"].items():
+        lines.append(f"- eval {panel}: success {100 * e['before']:.1f}% (step {e['first_step']}) -> "
+                     f"{100 * e['after']:.1f}% (step {e['last_step']})")
+    lines += ["- curves: curves.png; per-step numbers: metrics.jsonl; TensorBoard: tb/", "",
+              "| metric (last step) | value |", "|---|---|"]
+    lines += [f"| {k} | {_fmt(v)} |" for k, v in summary["last"].items()]
+    text = "\n".join(lines) + "\n"
+    path.write_text(text, encoding="utf-8")
+    return text
+
+
+def finish_run(out: Path, header: str = "") -> str:
+    """Write ``out/curves.png`` and ``out/summary.md`` from ``out/metrics.jsonl``; returns a short console summary."""
+    records = read_metrics(out / "metrics.jsonl")
+    summary = summarize_run(records, out)
+    if records:
+        write_curves(records, out / "curves.png")
+    write_summary(summary, out / "summary.md", header)
+    parts = [f"done: {summary['steps']} step(s), {summary['episodes']} episodes"]
+    for panel, e in summary["eval"].items():
+        parts.append(f"eval {panel} success {100 * e['before']:.1f}% -> {100 * e['after']:.1f}%")
+    r = summary["last"].get("reward/mean")
+    if r is not None:
+        parts.append(f"last reward {r:.3f}")
+    parts.append(f"run dir {out} (summary.md, curves.png)")
+    return "; ".join(parts)

@@ -1,0 +1,202 @@
+"""Does it learn, and which algorithm learns faster: held-out success vs training step for several algorithms and
+seeds on one task; writes ``OUT/results.json``, ``OUT/curves.png`` and prints a table. Asserts nothing.
+
+    python benchmarks/bench_learning.py --env textworld --env-kwargs '{"family": "coin_collector", "level": 5}' \\
+        --algos grpo,tgrl --seeds 0,1,2 --steps 40 --eval-every 10 --panel 50 --out runs/learning
+    python benchmarks/bench_learning.py --model tiny --steps 2 --eval-every 1 --panel 4 --seeds 0 --out /tmp/smoke
+
+Each (algo, seed) run is ``python -m agent_rl.train`` (the library, in this process) trained in chunks of
+``--eval-every`` steps (``trainer.resume=auto``: model, optimizer, RNG and data position restored, so the chunks add
+up to one uninterrupted run); before the first chunk and after each one, the latest policy plays the held-out panel
+(test-split games ``0..panel-1``) greedily (T = 0) in-process. ``--algos`` entries are config overrides joined by
+``+``: ``grpo``, ``tgrl``, ``tgrl+credit=uniform`` (mixed groups, uniform credit: the ablation),
+``tgrl+credit=tp+schedule=linear``. ``--train`` passes further overrides to every run (e.g. ``model.path=...`` for a
+behaviour-cloned start, ``trainer.tasks_per_step=4``).
+
+``results.json``: ``{algo: {seed: {"step": [...], "eval_success": [...], "wall_s": [...], "entropy": [...]}}}``
+(entropy: the learner's ``actor/entropy`` of the last training step before each evaluation; None at step 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def evaluate(cfg: Any, checkpoint: Path | None, panel: int, split: str) -> float:
+    """Greedy success rate of the policy (``checkpoint``, else ``cfg.model``) on test games ``0..panel-1``."""
+    from agent_rl.engines import get_engine
+    from agent_rl.envclient import LocalEnvPool
+    from agent_rl.models import load_policy
+    from agent_rl.rollout import RolloutOrchestrator, get_prompt
+    from agent_rl.rollout.orchestrator import GroupSpec
+    from agent_rl.types import Task
+
+    import dataclasses
+
+    model_cfg = dataclasses.replace(cfg.model, path=str(checkpoint)) if checkpoint is not None else cfg.model
+    model, tokenizer = load_policy(model_cfg)
+    model.eval()
+    engine = get_engine(cfg.engine.name, model, tokenizer, batch_size=cfg.engine.batch_size, seed=0,
+                        gpu_memory_utilization=cfg.engine.gpu_memory_utilization, dtype=cfg.model.dtype)
+
+    async def run() -> float:
+        pool = LocalEnvPool(mode="process", max_workers=2, preload_envs=[cfg.env.id])
+        try:
+            orch = RolloutOrchestrator(pool, engine, get_prompt(cfg.env.prompt), cfg.rollout,
+                                       max_new_tokens=cfg.engine.max_new_tokens, seed=0)
+            groups = [GroupSpec(Task(cfg.env.id, options={"split": split, "index": i}, group_id=i,
+                                     env_kwargs=cfg.env_kwargs), [(0.0, False)]) for i in range(panel)]
+            result = await orch.run_groups(groups)
+            return float(sum(ep.won for ep in result.episodes)) / panel
+        finally:
+            await pool.aclose()
+
+    return asyncio.run(run())
+
+
+def run_one(env: str, algo: str, seed: int, args: argparse.Namespace, out: Path) -> dict[str, list]:
+    from agent_rl.config import load_config
+    from agent_rl.learner.checkpoint import latest_checkpoint
+    from agent_rl.train import main as train_main
+
+    run_dir = out / "runs" / f"{algo.replace('+', '_').replace('=', '-')}_seed{seed}"
+    name, *extra = algo.split("+")
+    overrides = [f"env={env}", f"algo={name}", *extra, f"model={args.model}", f"trainer.seed={seed}",
+                 f"engine.seed={seed}", f"trainer.output_dir={run_dir}", "trainer.progress=false",
+                 "env_server.mode=local", "env_server.local_kind=process", "trainer.resume=auto",
+                 f"trainer.save_every={args.eval_every}", "trainer.keep_checkpoints=1", *args.train]
+    overrides += [f"env.kwargs.{k}={v}" for k, v in args.env_kwargs.items()]
+    cfg = load_config([o for o in overrides if not o.startswith("trainer.total_steps")] + ["trainer.total_steps=1"])
+    curve: dict[str, list] = {"step": [], "eval_success": [], "wall_s": [], "entropy": []}
+    wall = 0.0
+    curve["step"].append(0)
+    curve["eval_success"].append(evaluate(cfg, None, args.panel, args.split))
+    curve["wall_s"].append(0.0)
+    curve["entropy"].append(None)
+    print(f"{algo} seed {seed}: step 0 success {curve['eval_success'][-1]:.2f}", flush=True)
+    for step in range(args.eval_every, args.steps + 1, args.eval_every):
+        t0 = time.perf_counter()
+        train_main([*overrides, f"trainer.total_steps={step}"])
+        wall += time.perf_counter() - t0
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        ckpt = latest_checkpoint(run_dir)
+        success = evaluate(cfg, ckpt, args.panel, args.split)
+        curve["step"].append(step)
+        curve["eval_success"].append(success)
+        curve["wall_s"].append(wall)
+        curve["entropy"].append(records[-1].get("actor/entropy"))
+        print(f"{algo} seed {seed}: step {step} success {success:.2f} (train wall {wall:.0f} s)", flush=True)
+    return curve
+
+
+def steps_to(curve: dict[str, list], threshold: float, key: str = "step") -> float | None:
+    """First ``key`` value (step or wall time) at which the held-out success reaches ``threshold`` (None: never,
+    or the start already does)."""
+    if curve["eval_success"][0] >= threshold:
+        return None
+    for x, s in zip(curve[key], curve["eval_success"]):
+        if s >= threshold:
+            return x
+    return None
+
+
+def plot(results: dict[str, dict[str, dict[str, list]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for algo, seeds in results.items():
+        curves = list(seeds.values())
+        n = min(len(c["step"]) for c in curves)
+        steps = np.array(curves[0]["step"][:n])
+        succ = np.array([c["eval_success"][:n] for c in curves])
+        wall = np.array([c["wall_s"][:n] for c in curves]).mean(0)
+        for ax, x in ((axes[0], steps), (axes[1], wall)):
+            ax.plot(x, succ.mean(0), label=algo)
+            ax.fill_between(x, succ.min(0), succ.max(0), alpha=0.2)
+        ent = np.array([[np.nan if e is None else e for e in c["entropy"][:n]] for c in curves], dtype=float)
+        if np.isfinite(ent).any():
+            axes[2].plot(steps[1:], np.nanmean(ent[:, 1:], 0), label=algo)
+    axes[0].set(xlabel="training step", ylabel="held-out success (greedy)")
+    axes[1].set(xlabel="training wall time (s)", ylabel="held-out success (greedy)")
+    axes[2].set(xlabel="training step", ylabel="policy entropy (nats/token)")
+    for ax in axes:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--env", default="textworld", help="env preset (configs/env), e.g. textworld, alfworld")
+    p.add_argument("--env-kwargs", type=json.loads, default={"family": "coin_collector", "level": 5},
+                   help="JSON env kwargs (env.kwargs.*)")
+    p.add_argument("--algos", default="grpo,tgrl,tgrl+credit=uniform",
+                   help="comma-separated; each an algo plus '+'-joined overrides")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=40, help="training steps per run")
+    p.add_argument("--eval-every", type=int, default=10, help="evaluate the held-out panel every k steps")
+    p.add_argument("--panel", type=int, default=50, help="held-out games (test split 0..panel-1)")
+    p.add_argument("--split", default="test", help="held-out split")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--threshold", type=float, default=0.0,
+                   help="success level for steps-to-threshold (default: start + 0.5 x (best - start))")
+    p.add_argument("--train", nargs="*", default=[], help="extra training overrides for every run")
+    p.add_argument("--out", default="runs/learning")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, dict[str, list]]] = {}
+    for algo in [a for a in args.algos.split(",") if a]:
+        for seed in [int(s) for s in args.seeds.split(",") if s]:
+            results.setdefault(algo, {})[str(seed)] = run_one(args.env, algo, seed, args, out)
+            (out / "results.json").write_text(json.dumps(results, indent=1))
+    plot(results, out / "curves.png")
+
+    print(f"\n{'algo':28s} {'start':>6s} {'final':>6s} {'steps->thr':>10s} {'wall->thr s':>11s} {'final H':>8s}")
+    start_mean = sum(c["eval_success"][0] for s in results.values() for c in s.values()) / max(
+        1, sum(len(s) for s in results.values()))
+    best = max(max(c["eval_success"]) for s in results.values() for c in s.values())
+    thr = args.threshold or start_mean + 0.5 * (best - start_mean)
+    table = {}
+    for algo, seeds in results.items():
+        curves = list(seeds.values())
+        mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+        st = [steps_to(c, thr) for c in curves]
+        wt = [steps_to(c, thr, "wall_s") for c in curves]
+        ent = [c["entropy"][-1] for c in curves if c["entropy"][-1] is not None]
+        table[algo] = {"start": mean([c["eval_success"][0] for c in curves]),
+                       "final": mean([c["eval_success"][-1] for c in curves]),
+                       "steps_to_threshold": mean([s for s in st if s is not None]) if all(
+                           s is not None for s in st) else None,
+                       "wall_to_threshold_s": mean([w for w in wt if w is not None]) if all(
+                           w is not None for w in wt) else None,
+                       "final_entropy": mean(ent)}
+        r = table[algo]
+        fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
+        print(f"{algo:28s} {fmt(r['start'], '6.2f')} {fmt(r['final'], '6.2f')} {fmt(r['steps_to_threshold'], '10.1f')} "
+              f"{fmt(r['wall_to_threshold_s'], '11.0f')} {fmt(r['final_entropy'], '8.3f')}")
+    tg, gr = table.get("tgrl", {}), table.get("grpo", {})
+    if tg.get("steps_to_threshold") and gr.get("steps_to_threshold"):
+        print(f"TGRL/GRPO steps to threshold {thr:.2f}: "
+              f"{table['tgrl']['steps_to_threshold'] / table['grpo']['steps_to_threshold']:.2f}")
+    (out / "table.json").write_text(json.dumps({"threshold": thr, "table": table}, indent=1))
+    return {"results": results, "table": table}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Ray backend: data-parallel learner ranks (gloo + torch DDP) and the ``trainer.backend=ray`` loop, on a small
+local Ray cluster (``ray.init(num_cpus=2)``, shut down after the module). Skipped when Ray is not installed."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
+
+from agent_rl.distributed.actors import LearnerRank, LearnerSpec  # noqa: E402
+from agent_rl.distributed.data_parallel import shard_batch  # noqa: E402
+from agent_rl.engines import get_engine  # noqa: E402
+from agent_rl.learner import AlgoConfig, Learner, OptimConfig  # noqa: E402
+from agent_rl.learner.config import ModelConfig  # noqa: E402
+from agent_rl.models import load_policy  # noqa: E402
+from agent_rl.rollout import build_rollout_batch  # noqa: E402
+from agent_rl.types import Episode, Task, Turn  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local 2-CPU Ray cluster for this module; always shut down (no Ray processes left behind)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _batch(model, tok, groups: int = 4, seed: int = 0):
+    """A TGRL-shaped batch of ``groups`` groups (1 low + 3 high episodes, 1-2 turns each, rewards differ within a
+    group and response lengths differ across groups, so the ranks' token counts differ)."""
+    engine = get_engine("hf", model, tok)
+    episodes = []
+    for g in range(groups):
+        task = Task(env_id="x", options={"i": g}, group_id=g)
+        for k in range(4):
+            temp = 0.3 if k == 0 else 1.2
+            ep = Episode(task=task, temperature=temp, is_high=k > 0, reward=float((g + k) % 2), won=(g + k) % 2 == 1)
+            for t in range(1 + (g + k) % 2):
+                text = f"task {g} turn {t}: pick item {k}" + " please" * g
+                prompt = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False)
+                gen = engine.generate([list(prompt)], [temp], max_new_tokens=3 + 2 * g, seed=seed + 31 * g + k)[0]
+                ep.turns.append(Turn(prompt_ids=list(prompt), response_ids=gen.token_ids,
+                                     response_logprobs=gen.logprobs, action=gen.text))
+            episodes.append(ep)
+    return build_rollout_batch(episodes, pad_token_id=tok.pad_token_id, mode="turn")
+
+
+def test_shard_batch_keeps_whole_groups_and_episode_tensors():
+    model, tok = load_policy(ModelConfig(name="tiny"))
+    batch = _batch(model, tok, groups=3)
+    shards = shard_batch(batch, 2)
+    assert [sorted(set(s.group_index.tolist())) for s in shards] == [[0, 2], [1]]
+    assert sum(s.num_rows for s in shards) == batch.num_rows
+    for s in shards:
+        e = s.episode_rewards.shape[0]
+        assert s.episode_index.max().item() == e - 1 and s.extras["episode_won"].shape == (e,)
+        # each row's reward is its episode's reward, and the episode's group is the row's group
+        assert torch.equal(s.rewards, s.episode_rewards[s.episode_index])
+        assert torch.equal(s.group_index, s.episode_group_index[s.episode_index])
+        assert s.extras["obs_key"].shape == (s.num_rows,)
+    with pytest.raises(ValueError, match="cannot be split"):
+        shard_batch(batch, 4)
+
+
+@pytest.mark.timeout(300)
+def test_ray_ddp_matches_single_learner(ray_cluster):
+    """2 learner actors (gloo process group, torch DDP, each on half the groups) make the same update as one learner
+    on the whole batch: every parameter equal within 1e-5 after one step. token_mean over ranks whose shards hold
+    different token counts, so a per-rank denominator would fail this; grad clip on, 2 micro-batches per rank."""
+    algo = AlgoConfig(name="tgrl", micro_batch_size=3, warmup_steps=0)
+    # lr 1e-4, eps 1e-6: AdamW's first step is ~lr * g / (|g| + eps), so a float-summation-order difference in a
+    # gradient entry of size ~eps would move a weight by up to ~lr / 4: keep that well under the 1e-5 check
+    optim = OptimConfig(lr=1e-4, eps=1e-6, max_grad_norm=1.0, warmup=0)
+    spec = LearnerSpec(model=ModelConfig(name="tiny"), algo=algo, optim=optim, device="cpu", seed=0)
+    Rank = ray.remote(num_cpus=1)(LearnerRank)
+    ranks = [Rank.remote(r, 2, spec) for r in range(2)]
+    addr, port = ray.get(ranks[0].address.remote())
+    assert ray.get([r.setup.remote(addr, port) for r in ranks], timeout=240) == ["gloo", "gloo"]
+    init = ray.get(ranks[0].get_weights.remote())
+
+    model, tok = load_policy(ModelConfig(name="tiny"))
+    model.load_state_dict(init)
+    batch = _batch(copy.deepcopy(model), tok, groups=4)
+    single = Learner(model, tok, algo, optim, device="cpu", seed=0)
+    ref = single.update(batch, step=1, total_steps=10)
+
+    shards = shard_batch(batch, 2)
+    assert shards[0].response_mask.sum() != shards[1].response_mask.sum()  # unequal token counts per rank
+    metrics = ray.get([r.update.remote(s, 1, 10) for r, s in zip(ranks, shards)], timeout=240)
+    w0, w1 = ray.get([r.get_weights.remote() for r in ranks])
+    moved = 0.0
+    for name, p in model.state_dict().items():
+        torch.testing.assert_close(w0[name], p, atol=1e-5, rtol=0, msg=name)
+        torch.testing.assert_close(w1[name], w0[name], atol=0, rtol=0, msg=name)  # ranks in lockstep
+        moved = max(moved, float((p - init[name]).abs().max()))
+    assert moved > 5e-5  # the step did move the weights
+    # the clipped global grad norm is the single learner's, and the DDP-averaged pg_loss is the whole batch's
+    assert metrics[0]["actor/grad_norm"] == pytest.approx(ref["actor/grad_norm"], rel=1e-4)
+    assert sum(m["actor/pg_loss"] for m in metrics) / 2 == pytest.approx(ref["actor/pg_loss"], rel=1e-4, abs=1e-6)
+    ray.get([r.shutdown.remote() for r in ranks])
+    for r in ranks:
+        ray.kill(r)
+
+
+def _ready_actor(name: str, deadline: float):
+    """The actor ``name`` once it has answered a call (a rollout worker: its weights are loaded), or None."""
+    while time.monotonic() < deadline:
+        try:
+            actor = ray.get_actor(name)
+        except ValueError:
+            time.sleep(0.1)
+            continue
+        ray.get(actor.pid.remote())
+        return actor
+    return None
+
+
+def _kill_during_rollout(killed: list[str], timeout_s: float = 300.0) -> None:
+    """Once rollout workers 0 and 1 are loaded (step 1's rollout starts): kill env replica 0 one second later
+    (sessions it holds are lost), then rollout worker 0 (its group is in flight or about to be)."""
+    deadline = time.monotonic() + timeout_s
+    worker0 = _ready_actor("agent_rl-rollout-0-0", deadline)
+    if _ready_actor("agent_rl-rollout-1-0", deadline) is None or worker0 is None:
+        return
+    time.sleep(1.0)
+    ray.kill(ray.get_actor("agent_rl-env-0"), no_restart=True)
+    killed.append("agent_rl-env-0")
+    ray.kill(worker0, no_restart=True)
+    killed.append("agent_rl-rollout-0-0")
+
+
+@pytest.mark.timeout(900)
+def test_ray_backend_two_steps_kill_a_worker_and_a_replica_then_resume_with_one_learner(ray_cluster, tmp_path):
+    """The acceptance command (2 learner ranks, 2 rollout workers, 2 env-server replicas, 2 TGRL steps on
+    ChooseItem) on the module's 2-CPU cluster: rollout worker 0 and env replica 0 are killed during the run; the
+    worker is replaced and its group re-run, the replica's episodes re-run on the other replica (no group lost,
+    none dropped); metrics.jsonl has steps 1-2, checkpoints/step_2 exists, step 2 samples with weight version 1; then
+    the run resumes with 1 learner and 1 worker for step 3."""
+    from agent_rl.train import main
+
+    out = tmp_path / "run"
+    common = ["env=choose_item", "model=tiny", "algo=tgrl", "trainer.backend=ray", "trainer.tasks_per_step=2",
+              f"trainer.output_dir={out}", "env_server.replicas=2", "env_server.replica_cpus=0.5",
+              "trainer.learner_cpus=0.25", "rollout.worker_cpus=0.25", "trainer.progress=false", "trainer.tensorboard=false",
+              "engine.max_new_tokens=12"]
+    killed: list[str] = []
+    killer = threading.Thread(target=_kill_during_rollout, args=(killed,), daemon=True)
+    killer.start()
+    main(common + ["trainer.num_learners=2", "rollout.num_workers=2", "trainer.total_steps=2"])
+    killer.join(timeout=5)
+    assert sorted(killed) == ["agent_rl-env-0", "agent_rl-rollout-0-0"]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert sum(r["rollout/worker_restarts"] for r in records) >= 1
+    assert all(r["rollout/dropped_groups"] == 0 for r in records)
+    assert [r["rollout/weight_version"] for r in records] == [0.0, 1.0]
+    assert (out / "checkpoints" / "step_2" / "model.safetensors").is_file()
+    versions = [json.loads(line) for line in (out / "weight_versions.jsonl").read_text().splitlines()]
+    for step in (1, 2):  # no group lost: both groups of the step, G episodes each, were played and trained on
+        per_group = {}
+        for v in versions:
+            if v["step"] == step:
+                per_group[v["group"]] = per_group.get(v["group"], 0) + 1
+        assert len(per_group) == 2 and len(set(per_group.values())) == 1, per_group
+        assert records[step - 1]["batch/rows"] >= sum(per_group.values())  # >= 1 row per episode
+    # resume the 2-rank checkpoint with one rank and one worker
+    main(common + ["trainer.num_learners=1", "rollout.num_workers=1", "trainer.total_steps=3", "trainer.resume=auto"])
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[-1]["rollout/weight_version"] == 2.0
+    assert ray.is_initialized()  # the module's cluster was reused, not shut down by the trainer

@@ -1,0 +1,188 @@
+"""agent_rl/TextWorld-v0: seeded generation (deterministic, disjoint splits, manifest), the expert wins each family
+in-process and over HTTP (also after leaving the walkthrough: the planner), text cleanup, rewards, bad input.
+
+Games are generated once per test session into a shared folder (``textworld_games`` fixture): ~5 games, 2-20 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+from pathlib import Path
+
+import gymnasium
+import pytest
+
+pytest.importorskip("textworld", reason="textworld is not installed")
+
+import envs  # noqa: E402,F401  (registers the ids)
+from envs.textworld import games as tw_games  # noqa: E402
+from envs.textworld.env import clean_feedback  # noqa: E402
+
+ENV_ID = "agent_rl/TextWorld-v0"
+# (family, level) played from the test split in this file: small levels, every family
+CASES = [("coin_collector", 2), ("treasure_hunter", 3), ("cooking", 3)]
+
+
+@pytest.fixture(scope="session")
+def textworld_games(tmp_path_factory: pytest.TempPathFactory):
+    """One games folder per test session (``$AGENT_RL_TEXTWORLD_GAMES``), shared by every TextWorld test."""
+    root = tmp_path_factory.getbasetemp() / "textworld_games"
+    root.mkdir(exist_ok=True)
+    old = os.environ.get("AGENT_RL_TEXTWORLD_GAMES")
+    os.environ["AGENT_RL_TEXTWORLD_GAMES"] = str(root)
+    tw_games._build([(f, lv, "test", 0) for f, lv in CASES], root)  # one generator process for all (~10-30 s)
+    yield root
+    if old is None:
+        os.environ.pop("AGENT_RL_TEXTWORLD_GAMES", None)
+    else:
+        os.environ["AGENT_RL_TEXTWORLD_GAMES"] = old
+
+
+SAFE = ("go ", "look", "inventory", "examine")  # moves that cannot lose a game (taking a wrong object can)
+
+
+def safe_random(info: dict, rng: random.Random) -> str:
+    return rng.choice([a for a in info["admissible_actions"] if a.startswith(SAFE)])
+
+
+def play(env, policy, options, rng: random.Random, deviate: int = 0):
+    """Play one episode; returns (final info, rewards, steps)."""
+    obs, info = env.reset(options=options)
+    rewards, done, t = [], False, 0
+    while not done:
+        action = safe_random(info, rng) if t < deviate else policy(info)
+        obs, reward, terminated, truncated, info = env.step(action)
+        rewards.append(reward)
+        done, t = terminated or truncated, t + 1
+    return info, rewards, t
+
+
+def test_seeds_of_the_splits_are_disjoint() -> None:
+    seeds = {s: {tw_games.game_seed(s, i) for i in (0, 1, 999_999)} for s in tw_games.SPLITS}
+    assert seeds["train"] == {0, 1, 999_999} and seeds["test"] == {2_000_000, 2_000_001, 2_999_999}
+    assert not (seeds["train"] & seeds["valid"] or seeds["valid"] & seeds["test"] or seeds["train"] & seeds["test"])
+    with pytest.raises(ValueError, match="index"):
+        tw_games.game_seed("train", 1_000_000)
+    # retried seeds keep the split's residue: seed mod SEED_STRIDE = SPLIT_SEED_BASE + index
+    assert (tw_games.game_seed("valid", 7) + 3 * tw_games.SEED_STRIDE) % tw_games.SEED_STRIDE == 1_000_007
+
+
+def test_cooking_ladder_grows_monotonically() -> None:
+    levels = [tw_games.COOKING_LEVELS[k] for k in sorted(tw_games.COOKING_LEVELS)]
+    for a, b in zip(levels, levels[1:]):
+        assert all(b[k] >= a[k] for k in ("recipe", "take", "go", "open", "cook", "cut")) and a != b
+    assert levels[0] == dict(recipe=1, take=1, go=1, open=False, cook=False, cut=False)
+
+
+def test_clean_feedback() -> None:
+    banner = ("\n\n   ________  ____\n  |        \\|  \\\n   \\$$$$$$$$| $$\n\n"
+              "Welcome! Take the coin.\n\n-= Hall =-\nA hall.")
+    assert clean_feedback(banner + "\n\n>   -= Hall =-0/1") == "Welcome! Take the coin.\n\n-= Hall =-\nA hall."
+    assert clean_feedback("\nYou can't go that way.\n\n\n>        -= Bedchamber =-0/2") == "You can't go that way."
+    assert clean_feedback("You eat it.\n\n      *** The End ***\n\nWould you like to RESTART, QUIT?\n>") == \
+        "You eat it.\n\n*** The End ***"
+
+
+@pytest.mark.parametrize("family, level", CASES)
+def test_generated_game_is_deterministic_and_in_the_manifest(textworld_games: Path, family: str,
+                                                               level: int) -> None:
+    record = tw_games.ensure_game(family, level, "test", 0)
+    meta = record.meta
+    assert (meta["family"], meta["level"], meta["split"], meta["index"]) == (family, level, "test", 0)
+    assert meta["seed"] % tw_games.SEED_STRIDE == 2_000_000
+    assert meta["sha256"] == tw_games.sha256_file(record.path)
+    # the same seed gives the same bytes on every machine (textworld 1.7.0)
+    assert (meta["sha256"][:16], meta["json_sha256"][:16]) == tw_games.REFERENCE_SHA256[(family, level, "test", 0)]
+    path = tw_games.write_manifest(family, level)
+    rows = json.loads(path.read_text())["games"]
+    row = next(r for r in rows if r["index"] == 0 and r["split"] == "test")
+    assert {"family": family, "level": level, "split": "test", "index": 0, "seed": meta["seed"],
+            "sha256": meta["sha256"]}.items() <= row.items()
+
+
+@pytest.mark.parametrize("family, level", CASES)
+@pytest.mark.parametrize("deviate", [0, 2])
+def test_expert_wins_in_process(textworld_games: Path, family: str, level: int, deviate: int) -> None:
+    """The expert wins from the start (walkthrough) and after 2 random moves (TextWorld's planner)."""
+    env = gymnasium.make(ENV_ID, family=family, level=level, expert=True)
+    try:
+        info, rewards, steps = play(env, lambda i: i["expert_action"], {"split": "test", "index": 0},
+                                    random.Random(1), deviate)
+    finally:
+        env.close()
+    assert info["won"] and not info["lost"] and info["score"] == info["max_score"] >= 1
+    assert rewards[-1] == 1.0 and sum(rewards) == 1.0  # reward="win": 1 on the winning step only
+    assert info["task_type"] == f"{family}_level{level}" and info["task_id"] == f"{family}/level_{level}/test/0"
+
+
+def test_info_walkthrough_and_score_reward(textworld_games: Path) -> None:
+    env = gymnasium.make(ENV_ID, family="cooking", level=3, reward="score")
+    try:
+        obs, info = env.reset(options={"split": "test", "index": 0})
+        assert "$$" not in obs and not obs.rstrip().endswith("/5") and obs.startswith("You are hungry!")
+        assert info["objective"] and info["walkthrough"][-1] == "eat meal" and "expert_action" not in info
+        assert info["admissible_actions"] == sorted(info["admissible_actions"]) and info["max_score"] == 5
+        rewards = []
+        for action in info["walkthrough"]:
+            _, reward, terminated, truncated, step_info = env.step(action)
+            rewards.append(reward)
+            assert step_info["invalid_action"] is False
+        # score reward: the score's increases / max_score, summing to 1 on a win, paid along the way
+        assert terminated and step_info["won"] and sum(rewards) == pytest.approx(1.0)
+        assert sum(r > 0 for r in rewards) == 5 and rewards.count(0.2) == 5
+        _, info = env.reset(options={"split": "test", "index": 0})
+        _, reward, _, _, info = env.step("dance wildly")
+        assert info["invalid_action"] is True and reward == 0.0 and not info["won"]
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("kwargs, options, match", [
+    ({"family": "chess"}, None, "unknown TextWorld family"),
+    ({"family": "treasure_hunter", "level": 31}, None, "level must be in"),
+    ({"family": "cooking", "level": 9}, None, "level must be in"),
+    ({"reward": "dense"}, None, "reward must be"),
+    ({}, {"split": "dev"}, "unknown TextWorld split"),
+    ({}, {"split": "test", "index": -1}, "index must be"),
+    ({}, {"split": "test", "index": 1.5}, "index must be"),
+    ({}, {"gamefile": "/etc/passwd"}, "unknown TextWorld reset options"),
+])
+def test_bad_input_raises_value_error(kwargs: dict, options: dict | None, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        env = gymnasium.make(ENV_ID, **kwargs)
+        env.reset(options=options)
+
+
+def test_expert_wins_over_http(textworld_games: Path) -> None:
+    """Every family through the env server (its worker processes, the async client), expert after a deviation."""
+    from agent_rl.envclient import HTTPEnvPool
+    from servers.app import create_app
+
+    app = create_app([ENV_ID], max_sessions=3, prestart_workers=0)
+
+    async def run() -> list[tuple[bool, int]]:
+        async with app.router.lifespan_context(app):
+            pool = HTTPEnvPool("http://testserver", transport=__import__("httpx").ASGITransport(app=app))
+
+            async def one(family: str, level: int) -> tuple[bool, int]:
+                rng = random.Random(3)
+                r = await pool.reset(ENV_ID, options={"split": "test", "index": 0},
+                                     env_kwargs={"family": family, "level": level, "expert": True})
+                info, done, steps = r.info, False, 0
+                while not done:
+                    action = safe_random(info, rng) if steps < 2 else info["expert_action"]
+                    s = await pool.step(r.session_id, action)
+                    info, done, steps = s.info, s.terminated or s.truncated, steps + 1
+                await pool.close(r.session_id)
+                return bool(info["won"]), int(info["score"])
+
+            try:
+                return await asyncio.gather(*(one(f, lv) for f, lv in CASES))
+            finally:
+                await pool.aclose()
+
+    results = asyncio.run(run())
+    assert [won for won, _ in results] == [True, True, True]

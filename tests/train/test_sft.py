@@ -1,0 +1,128 @@
+"""Behaviour cloning (``python -m agent_rl.sft``) on TextWorld coin-collector expert episodes with the tiny model:
+the action-token cross-entropy falls, the loss is the hand-computed masked CE, the checkpoint loads as
+``model.path``, a resumed run continues; and ``env=textworld`` trains one RL step."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("textworld", reason="textworld is not installed")
+
+from agent_rl import sft as sft_mod  # noqa: E402
+from agent_rl.config import ConfigError  # noqa: E402
+from envs.textworld import games as tw_games  # noqa: E402
+
+GAMES = [("coin_collector", 1, "train", i) for i in range(2)]
+BASE = ["env=textworld", "env.kwargs.family=coin_collector", "env.kwargs.level=1", "env.sampler.num_tasks=2",
+        "model=tiny", "env_server.mode=local", "trainer.progress=false", "trainer.tensorboard=false",
+        "engine.num_threads=1"]
+
+
+@pytest.fixture(scope="module")
+def games(tmp_path_factory: pytest.TempPathFactory):
+    """The session's shared TextWorld games folder, with the 2 coin-collector train games generated."""
+    root = tmp_path_factory.getbasetemp() / "textworld_games"
+    root.mkdir(exist_ok=True)
+    old = os.environ.get("AGENT_RL_TEXTWORLD_GAMES")
+    os.environ["AGENT_RL_TEXTWORLD_GAMES"] = str(root)
+    tw_games._build(GAMES, root)
+    yield root
+    if old is None:
+        os.environ.pop("AGENT_RL_TEXTWORLD_GAMES", None)
+    else:
+        os.environ["AGENT_RL_TEXTWORLD_GAMES"] = old
+
+
+@pytest.fixture(scope="module")
+def sft_run(games: Path, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("sft") / "run"
+    summary = sft_mod.main([*BASE, "sft.num_episodes=4", "sft.epochs=3", "sft.batch_size=4",
+                            f"trainer.output_dir={out}"])
+    return out, summary
+
+
+def test_sft_lowers_action_cross_entropy(sft_run) -> None:
+    out, summary = sft_run
+    assert summary["collect/success_rate"] == 1.0 and summary["collect/kept_episodes"] == 4
+    assert summary["rows"] == 4 and summary["steps"] == 3  # coin collector level 1: one turn ("take coin")
+    assert summary["loss_after"] < summary["loss_before"] - 0.5, summary
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["sft/loss"] > 0 and r["actor/grad_norm"] > 0 for r in records)
+    assert records[-1]["sft/loss"] < records[0]["sft/loss"]
+    assert (out / "checkpoints" / "step_3" / "learner.pt").is_file()
+
+
+def test_rows_are_the_rl_rows_with_the_expert_action(sft_run) -> None:
+    """Row = RL prompt (the textworld prompt, rendered by the chat template) + "<action>take coin</action><eos>";
+    only the response tokens are in the loss."""
+    from agent_rl.models import load_policy
+    from agent_rl.config import load_config
+
+    out, _ = sft_run
+    batch = torch.load(out / "sft_rows.pt", weights_only=False)["batch"]
+    _, tokenizer = load_policy(load_config(["model=tiny"]).model)
+    for i in range(batch.num_rows):
+        ids = batch.input_ids[i][batch.attention_mask[i].bool()]
+        resp = batch.input_ids[i][batch.response_mask[i].bool()]
+        assert tokenizer.decode(resp) == "<action>take coin</action>" + tokenizer.eos_token
+        prompt = tokenizer.decode(ids[: len(ids) - len(resp)])
+        assert "Your task is to:" in prompt and "Admissible actions: [" in prompt and "take coin" in prompt
+        assert prompt.rstrip().endswith("assistant")  # the generation prompt of the chat template
+
+
+def test_loss_is_the_masked_token_cross_entropy(sft_run) -> None:
+    """BehaviourCloner.evaluate equals F.cross_entropy of the full model's logits on response tokens only."""
+    from agent_rl.config import load_config
+    from agent_rl.models import load_policy
+
+    out, summary = sft_run
+    batch = torch.load(out / "sft_rows.pt", weights_only=False)["batch"]
+    cfg = load_config(["model=tiny", f"model.path={out / 'checkpoints' / 'step_3'}"])
+    model, _ = load_policy(cfg.model)  # the checkpoint loads as model.path
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # (B, L, V)
+    labels = batch.input_ids[:, 1:].masked_fill(batch.response_mask[:, 1:] == 0, -100)
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                                 ignore_index=-100)
+    cloner = sft_mod.BehaviourCloner(model, cfg.optim, micro_batch_size=3)
+    got = cloner.evaluate(batch)
+    assert got["loss"] == pytest.approx(float(expected), abs=1e-4)
+    assert got["loss"] == pytest.approx(summary["loss_after"], abs=1e-4)  # the saved weights are the trained ones
+    assert got["tokens"] == float(batch.response_mask[:, 1:].sum())
+
+
+def test_resume_continues_on_the_saved_rows(sft_run) -> None:
+    out, _ = sft_run
+    rows_mtime = (out / "sft_rows.pt").stat().st_mtime
+    with pytest.raises(ConfigError, match="already holds a run"):
+        sft_mod.main([*BASE, "sft.num_episodes=4", "sft.epochs=4", "sft.batch_size=4", f"trainer.output_dir={out}"])
+    summary = sft_mod.main([*BASE, "sft.num_episodes=4", "sft.epochs=4", "sft.batch_size=4",
+                            f"trainer.output_dir={out}", "trainer.resume=auto"])
+    assert summary["steps"] == 4 and (out / "sft_rows.pt").stat().st_mtime == rows_mtime
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert (out / "checkpoints" / "step_4").is_dir()
+
+
+def test_bad_sft_key_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="sft.num_episodes"):
+        sft_mod.load_sft_config(["model=tiny", "sft.num_episodez=3"])
+    with pytest.raises(ConfigError):
+        sft_mod.load_sft_config(["model=tiny", "sft.epochs=0"])
+
+
+def test_textworld_one_rl_step(games: Path, tmp_path: Path) -> None:
+    from agent_rl.train import main
+
+    out = tmp_path / "rl"
+    main([*BASE, "algo=tgrl", "algo.warmup_steps=0", "trainer.total_steps=1", "trainer.tasks_per_step=1",
+          "rollout.max_turns=2", "engine.max_new_tokens=8", f"trainer.output_dir={out}"])
+    (rec,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rec["episode/turns_mean"] >= 1 and rec["rollout/episodes"] == 4
+    assert (out / "checkpoints" / "step_1").is_dir()
