@@ -3,7 +3,8 @@
     app = create_app(["agent_rl/ALFWorld-v0"], max_sessions=64, token=None)
 
 Layout: ``routers/`` (thin routes), ``dependencies.py`` (the session manager from ``lifespan``, the token),
-``sessions.py`` (capacity/TTL/episode state), ``workers.py`` (env processes), ``schemas.py`` (bodies).
+``sessions.py`` (the server's settings), ``schemas.py`` (bodies); sessions, env worker processes and their errors
+are :mod:`envs.hosting` (shared with the in-process client).
 Errors are HTTP codes with a JSON body ``{"detail": str, "code": str}``, never an error inside a 200.
 """
 
@@ -19,23 +20,23 @@ from starlette.exceptions import HTTPException
 from fastapi.responses import JSONResponse
 
 import envs  # noqa: F401  (registers the built-in ids)
+from envs.hosting import SessionManager
+from envs.hosting.errors import (
+    HTTP_ERRORS,
+    AtCapacity,
+    EnvFailed,
+    EnvInfraFailed,
+    EnvNotReady,
+    EnvRejected,
+    EnvTimeout,
+    SessionNotFound,
+    UnknownEnv,
+    http_error,
+)
 from servers.dependencies import require_token
 from servers.middleware import BodyGuardMiddleware
 from servers.routers import meta, sessions
-from servers.sessions import (
-    AtCapacity,
-    EnvFailed,
-    EnvNotReady,
-    EpisodeOver,
-    ServerSettings,
-    SessionBusy,
-    SessionExists,
-    SessionManager,
-    SessionNotFound,
-    UnknownEnv,
-)
-from envs.errors import ENV_INFRA_ERROR_CODE
-from servers.workers import EnvInfraFailed, EnvRejected, EnvTimeout
+from servers.sessions import ServerSettings
 
 __all__ = ["create_app"]
 
@@ -44,6 +45,27 @@ _HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
 
 def _error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": detail, "code": code}, status_code=status, headers=headers)
+
+
+def _message(request: Request, exc: Exception) -> str:
+    """The ``detail`` of an error answer for an :mod:`envs.hosting.errors` exception."""
+    if isinstance(exc, SessionNotFound):
+        return f"no live session {exc.args[0]!r} (closed, expired or broken)"
+    if isinstance(exc, UnknownEnv):
+        return str(exc.args[0])
+    if isinstance(exc, AtCapacity):
+        return f"server at capacity: {exc}"
+    if not isinstance(exc, EnvFailed):
+        return str(exc)
+    # POST /sessions failed: no session exists; on /step or /reset the open session was closed
+    after = "no session was opened" if request.url.path.rstrip("/") == "/sessions" else "the session was closed"
+    if isinstance(exc, EnvTimeout):
+        return f"{exc}; {after}"
+    if isinstance(exc, EnvInfraFailed):  # the env could not judge (docs/env_errors.md): never a reward
+        return f"the env could not judge: {exc}; {after}"
+    if isinstance(exc, EnvRejected):  # bad env_kwargs / seed / options: the client's error
+        return f"the env rejected the request: {exc}; {after}"
+    return f"the env raised {exc}; {after}"
 
 
 def create_app(
@@ -108,42 +130,13 @@ def create_app(
     app.include_router(meta.envs_router, dependencies=[Depends(require_token)])
     app.include_router(sessions.router, dependencies=[Depends(require_token)])
 
-    @app.exception_handler(SessionNotFound)
-    async def _not_found(request: Request, exc: SessionNotFound) -> JSONResponse:
-        return _error(404, "session_not_found", f"no live session {exc.args[0]!r} (closed, expired or broken)")
+    async def _hosting_error(request: Request, exc: Exception) -> JSONResponse:
+        status, code = http_error(exc) or (500, "error")
+        headers = {"Retry-After": str(config.retry_after_s)} if status == 503 else None
+        return _error(status, code, _message(request, exc), headers=headers)
 
-    @app.exception_handler(UnknownEnv)
-    async def _unknown_env(request: Request, exc: UnknownEnv) -> JSONResponse:
-        return _error(404, "unknown_env", str(exc.args[0]))
-
-    @app.exception_handler(EpisodeOver)
-    async def _episode_over(request: Request, exc: EpisodeOver) -> JSONResponse:
-        return _error(409, "episode_over", str(exc))
-
-    @app.exception_handler(SessionBusy)
-    async def _busy(request: Request, exc: SessionBusy) -> JSONResponse:
-        return _error(409, "session_busy", str(exc))
-
-    @app.exception_handler(SessionExists)
-    async def _exists(request: Request, exc: SessionExists) -> JSONResponse:
-        return _error(409, "session_exists", str(exc))
-
-    @app.exception_handler(AtCapacity)
-    async def _capacity(request: Request, exc: AtCapacity) -> JSONResponse:
-        return _error(503, "at_capacity", f"server at capacity: {exc}",
-                      headers={"Retry-After": str(config.retry_after_s)})
-
-    @app.exception_handler(EnvFailed)
-    async def _env_failed(request: Request, exc: EnvFailed) -> JSONResponse:
-        # POST /sessions failed: no session exists; on /step or /reset the open session was closed
-        after = "no session was opened" if request.url.path.rstrip("/") == "/sessions" else "the session was closed"
-        if isinstance(exc, EnvTimeout):
-            return _error(504, "env_timeout", f"{exc}; {after}")
-        if isinstance(exc, EnvInfraFailed):  # the env could not judge (docs/env_errors.md): never a reward
-            return _error(500, ENV_INFRA_ERROR_CODE, f"the env could not judge: {exc}; {after}")
-        if isinstance(exc, EnvRejected):  # bad env_kwargs / seed / options: the client's error
-            return _error(422, "invalid_request", f"the env rejected the request: {exc}; {after}")
-        return _error(500, "env_error", f"the env raised {exc}; {after}")
+    for cls, _, _ in HTTP_ERRORS:  # status and code of each: envs.hosting.errors.HTTP_ERRORS
+        app.add_exception_handler(cls, _hosting_error)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:

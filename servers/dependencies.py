@@ -8,7 +8,8 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from servers.sessions import ServerSettings, SessionManager
+from envs.hosting import SessionManager
+from servers.sessions import ServerSettings
 
 __all__ = ["Manager", "Settings", "get_manager", "get_settings", "require_token"]
 

@@ -25,6 +25,7 @@ __all__ = [
     "SessionBusy",
     "SessionNotFound",
     "StepResult",
+    "client_error",
 ]
 
 
@@ -76,6 +77,28 @@ class EnvServerError(EnvClientError):
 
 class EnvUnavailable(EnvClientError):
     """No server could take the request after the retries (connection refused, 503 at capacity, pool timeout)."""
+
+
+def client_error(message: str, *, status: int, code: str | None, session_route: bool,
+                 in_process: bool = False) -> EnvClientError:
+    """The error a pool raises for a server answer ``status`` + ``code`` (one rule for ``HTTPEnvPool`` and
+    ``LocalEnvPool``, so both raise the same class for the same situation).
+
+    Args:
+        session_route: the request named a session (``/sessions/{id}/...``): a 404 is then ``SessionNotFound``.
+        in_process: no HTTP was involved: the error's ``status`` is ``None``.
+    """
+    if status == 404 and code != "unknown_env" and session_route:
+        cls: type[EnvClientError] = SessionNotFound
+    elif status == 409:
+        cls = SessionBusy if code == "session_busy" else EpisodeOver
+    elif status == 503:
+        cls = EnvUnavailable
+    elif status >= 500:
+        cls = EnvServerError
+    else:
+        cls = EnvClientError
+    return cls(message, status=None if in_process else status, code=code)
 
 
 @runtime_checkable

@@ -17,11 +17,10 @@ from agent_rl.envclient.base import (
     EnvClientError,
     EnvServerError,
     EnvUnavailable,
-    EpisodeOver,
     ResetResult,
-    SessionBusy,
     SessionNotFound,
     StepResult,
+    client_error,
 )
 
 __all__ = ["DEFAULT_TIMEOUT", "HTTPEnvPool"]
@@ -130,15 +129,7 @@ class HTTPEnvPool:
         code = payload.get("code") if isinstance(payload, dict) else None
         status = response.status_code
         message = f"{response.request.method} {response.request.url.path} -> {status}: {detail}"
-        if status == 404 and code != "unknown_env" and "/sessions/" in response.request.url.path:
-            raise SessionNotFound(message, status=status, code=code)
-        if status == 409:
-            raise (SessionBusy if code == "session_busy" else EpisodeOver)(message, status=status, code=code)
-        if status == 503:
-            raise EnvUnavailable(message, status=status, code=code)
-        if status >= 500:
-            raise EnvServerError(message, status=status, code=code)
-        raise EnvClientError(message, status=status, code=code)
+        raise client_error(message, status=status, code=code, session_route="/sessions/" in response.request.url.path)
 
     def _url_for(self, session_id: str) -> str:
         try:

@@ -1,39 +1,34 @@
 """``LocalEnvPool``: the env pool in this process (threads) or in worker processes, no HTTP.
 
-``mode="thread"`` suits light envs (math, code, the calculator); ``mode="process"`` suits CPU-heavy envs (ALFWorld:
-a reset holds the GIL for seconds) and uses the very worker pool the server uses (``servers.workers``), so the two
-differ only by HTTP (that is what ``benchmarks/bench_env_server.py`` measures).
+A thin adapter over the env-hosting core the server runs too (:mod:`envs.hosting`: the same session manager, the
+same worker pool or threads running the same env handlers), so the two differ only by HTTP (that is what
+``benchmarks/bench_env_server.py`` measures). ``mode="thread"`` suits light envs (math, code, the calculator);
+``mode="process"`` suits CPU-heavy envs (ALFWorld: a reset holds the GIL for seconds).
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
-import uuid
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
-from typing import Any
+from collections.abc import Awaitable, Iterable
+from typing import Any, TypeVar
 
-from agent_rl.envclient.base import (
-    EnvClientError,
-    EnvServerError,
-    EnvUnavailable,
-    EpisodeOver,
-    ResetResult,
-    SessionBusy,
-    SessionNotFound,
-    StepResult,
-)
+from agent_rl.envclient.base import EnvClientError, ResetResult, StepResult, client_error
+from envs.hosting import SessionManager, SessionSettings, ThreadEnvPool, WorkerPool, env_module
+from envs.hosting.errors import EnvInfraFailed, http_error
 
 __all__ = ["LocalEnvPool"]
+
+T = TypeVar("T")
 
 
 class LocalEnvPool:
     """In-process env sessions (implements :class:`agent_rl.envclient.EnvPool`); env work never runs on the event
-    loop. Errors are those of ``HTTPEnvPool``: an env that raises closes its session (``EnvServerError``, with
-    ``code="env_infra_error"`` when the env could not judge, see ``docs/env_errors.md``); a non-``str`` action is
-    refused before the env sees it (``EnvClientError`` with ``code="invalid_request"``, HTTP's 422).
+    loop. Errors are those of ``HTTPEnvPool`` for the same situation (one rule, :func:`client_error`, on the
+    server's status and code of each :mod:`envs.hosting.errors` exception), with ``status=None``: an env that raises
+    closes its session (``EnvServerError``, with ``code="env_infra_error"`` when the env could not judge, see
+    ``docs/env_errors.md``); ``make``/``reset`` refusing the kwargs, seed or options, an unknown env id and a
+    non-``str`` action are ``EnvClientError`` (``code`` ``"invalid_request"``, ``"unknown_env"``, HTTP's 422/404).
 
     Args:
         max_workers: threads (``"thread"``) or worker processes (``"process"``, one session per process while
@@ -64,21 +59,27 @@ class LocalEnvPool:
             importlib.import_module(name)
         self.mode = mode
         self.max_sessions = max_sessions
-        self._done: dict[str, bool] = {}  # session id -> episode over
-        self._busy: set[str] = set()
-        self._envs: dict[str, Any] = {}  # thread mode: session id -> env
-        self._executor: ThreadPoolExecutor | None = None
-        self._workers: Any = None
+        pool: ThreadEnvPool | WorkerPool
         if mode == "thread":
-            self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="local-env")
+            pool = ThreadEnvPool(max_workers)
         else:
-            from servers.workers import WorkerPool, env_module
-
             preload = [m for e in preload_envs for m in env_module(e)]
-            self._workers = WorkerPool(max_workers, imports=self.imports, preload=preload)
+            pool = WorkerPool(max_workers, imports=self.imports, preload=preload)
+        settings = SessionSettings(env_ids=None, max_sessions=max_sessions, session_ttl_s=None,
+                                   imports=self.imports, prestart_workers=0, check_envs=False)
+        self.manager = SessionManager(settings, pool)
 
-    async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
+    async def _call(self, call: Awaitable[T]) -> T:
+        """Await a session-manager call; a hosting error becomes the client error ``HTTPEnvPool`` raises for it."""
+        try:
+            return await call
+        except Exception as exc:
+            answer = http_error(exc)
+            if answer is None:
+                raise
+            status, code = answer
+            message = f"the env could not judge: {exc}" if isinstance(exc, EnvInfraFailed) else str(exc)
+            raise client_error(message, status=status, code=code, session_route=True, in_process=True) from exc
 
     async def reset(
         self,
@@ -90,97 +91,29 @@ class LocalEnvPool:
     ) -> ResetResult:
         """Open a session: ``envs.wrappers.make_env`` (``gymnasium.make`` + this package's wrappers) + ``reset`` off
         the event loop."""
-        import gymnasium
-
-        from envs.errors import ENV_INFRA_ERROR_CODE, EnvInfraError
-        from envs.wrappers import make_env
-        from servers.workers import AtCapacity, EnvFailed, to_jsonable
-
-        if self.max_sessions is not None and len(self._done) >= self.max_sessions:
-            raise EnvUnavailable(f"{len(self._done)} live sessions (max_sessions={self.max_sessions})")
-        if env_id not in gymnasium.registry:
-            raise EnvServerError(f"unknown env id {env_id!r}", code="unknown_env")
-        session_id = uuid.uuid4().hex
-        if self.mode == "process":
-            try:
-                observation, info = await self._workers.open(session_id, env_id, env_kwargs=env_kwargs, seed=seed,
-                                                             options=options)
-            except AtCapacity as exc:
-                raise EnvUnavailable(str(exc)) from exc
-            except EnvFailed as exc:
-                raise EnvServerError(str(exc), code=_code(exc)) from exc
-        else:
-            try:
-                env = await self._run(make_env, env_id, **(env_kwargs or {}))
-                observation, info = await self._run(env.reset, seed=seed, options=options)
-            except EnvInfraError as exc:
-                raise EnvServerError(f"the env could not judge: {exc}", code=ENV_INFRA_ERROR_CODE) from exc
-            except Exception as exc:
-                raise EnvServerError(f"the env raised {type(exc).__name__}: {exc}", code="env_error") from exc
-            self._envs[session_id] = env
-            observation, info = to_jsonable(observation), to_jsonable(info)
-        self._done[session_id] = False
+        session_id, observation, info = await self._call(
+            self.manager.create(env_id, seed=seed, options=options, env_kwargs=env_kwargs))
         return ResetResult(session_id, observation, info)
 
     async def step(self, session_id: str, action: str) -> StepResult:
         """``env.step(action)`` off the event loop."""
-        from servers.workers import EnvFailed, to_jsonable
-
         if not isinstance(action, str):  # the HTTP API answers 422 (pydantic): same contract in-process
             raise EnvClientError(f"action must be a str, got {type(action).__name__}", code="invalid_request")
-        if session_id not in self._done:
-            raise SessionNotFound(f"no live session {session_id!r}")
-        if self._done[session_id]:
-            raise EpisodeOver(f"episode of session {session_id} is over (terminated or truncated)")
-        if session_id in self._busy:
-            raise SessionBusy(f"session {session_id} is busy with another request")
-        self._busy.add(session_id)
-        try:
-            if self.mode == "process":
-                reply = await self._workers.step(session_id, action)
-                result = StepResult(reply.observation, reply.reward, reply.terminated, reply.truncated, reply.info)
-            else:
-                observation, reward, terminated, truncated, info = await self._run(self._envs[session_id].step,
-                                                                                   action)
-                result = StepResult(to_jsonable(observation), float(reward), bool(terminated), bool(truncated),
-                                    to_jsonable(info))
-        except (EnvFailed, Exception) as exc:
-            await self.close(session_id)
-            raise EnvServerError(f"the env raised {type(exc).__name__}: {exc}", code=_code(exc)) from exc
-        finally:
-            self._busy.discard(session_id)
-        if session_id in self._done:
-            self._done[session_id] = result.terminated or result.truncated
-        return result
+        reply = await self._call(self.manager.step(session_id, action))
+        return StepResult(reply.observation, reply.reward, reply.terminated, reply.truncated, reply.info)
 
     async def close(self, session_id: str) -> None:
         """Close the session's env (idempotent)."""
-        if self._done.pop(session_id, None) is None:
-            return
-        if self.mode == "process":
-            await self._workers.close(session_id)
-        else:
-            env = self._envs.pop(session_id)
-            await self._run(env.close)
+        if session_id in self.manager.sessions:
+            await self._call(self.manager.close(session_id))
 
     async def aclose(self) -> None:
         """Close every session and stop the threads or worker processes."""
-        await asyncio.gather(*(self.close(s) for s in list(self._done)), return_exceptions=True)
-        if self._workers is not None:
-            await self._workers.aclose()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        await asyncio.gather(*(self.close(s) for s in list(self.manager.sessions)), return_exceptions=True)
+        await self.manager.aclose()
 
     async def __aenter__(self) -> LocalEnvPool:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-def _code(exc: BaseException) -> str:
-    """The server's error code of an env failure: ``env_infra_error`` when the env could not judge."""
-    from envs.errors import ENV_INFRA_ERROR_CODE, EnvInfraError
-    from servers.workers import EnvInfraFailed
-
-    return ENV_INFRA_ERROR_CODE if isinstance(exc, (EnvInfraError, EnvInfraFailed)) else "env_error"

@@ -1,6 +1,6 @@
 """Import this module to build the default WebShop catalog and search index now (about 2 s), not at first reset.
 
-For env servers whose worker processes fork from a pre-importing parent (``servers.workers`` forkserver): serve with
+For env servers whose worker processes fork from a pre-importing parent (``envs.hosting.pool`` forkserver): serve with
 ``python -m servers.serve --env agent_rl/WebShop-v0 --import envs.webshop.preload`` and every worker inherits the
 built catalog and index instead of building its own.
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from envs.hosting.child import rss_bytes
 from servers.dependencies import Manager
 from servers.schemas import EnvsResponse, HealthResponse
-from servers.workers import _rss_bytes
 
 router = APIRouter(tags=["meta"])
 
@@ -24,7 +24,7 @@ async def health(manager: Manager) -> HealthResponse:
         started_workers=stats["started_workers"],
         worker_rss_mb=stats["worker_rss_mb"],
         worker_pids=[p for p in stats["worker_pids"] if p is not None],
-        server_rss_mb=round(_rss_bytes() / 2**20, 1),
+        server_rss_mb=round(rss_bytes() / 2**20, 1),
         expired_sessions=manager.expired,
     )
 

@@ -405,7 +405,7 @@ def test_env_call_over_the_timeout_is_504_and_the_server_keeps_serving():
     run(main())
 
 
-@pytest.mark.skipif(not __import__("servers.workers").workers.can_renice(), reason="needs CAP_SYS_NICE")
+@pytest.mark.skipif(not __import__("envs.hosting.child").hosting.child.can_renice(), reason="needs CAP_SYS_NICE")
 def test_resets_run_at_lower_priority_than_steps():
     async def main():
         base = os.getpriority(os.PRIO_PROCESS, 0)

@@ -13,7 +13,7 @@ from servers_helpers import ECHO, free_port, serve_asgi
 from test_server_entrypoint import start_server
 
 from servers.app import create_app
-from servers.sessions import EnvNotReady
+from envs.hosting import EnvNotReady
 
 NODATA = "user/NoData-v0"
 

@@ -1,0 +1,221 @@
+"""The env side of hosting: :class:`EnvHost` owns envs and answers one request (``op``) at a time, through a dict
+of small handlers; :func:`worker_main` is the body of a worker process that serves an ``EnvHost`` over a pipe.
+
+Protocol (one request at a time per worker): ``(op, session_id, args)`` -> ``(status, payload, detail, rss)``,
+``status`` one of ``"ok"``, ``"error"`` (the env raised), ``"rejected"`` (``make``/``reset`` refused the request's
+kwargs, seed or options), ``"infra"`` (the env could not judge, :class:`envs.errors.EnvInfraError`).
+:func:`raise_for_status` turns a reply's status into the :mod:`envs.hosting.errors` exception.
+
+Kept envs: a closed session's env is kept (up to ``keep_envs`` per env id + kwargs) and handed to the next session
+that asks for the same env id and kwargs; that session's ``reset`` starts a fresh episode (the gymnasium
+contract). This saves ``gymnasium.make`` and keeps the env's per-instance resources: ALFWorld's env loads a private
+copy of fast-downward's library per instance, and creating/closing instances over and over in one process made
+workers segfault inside ``libdownward.so`` (about 1 in 50 new-env resets); reused instances never did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import json
+import os
+import signal
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import gymnasium
+
+from envs.errors import EnvInfraError
+from envs.hosting.errors import EnvFailed, EnvInfraFailed, EnvRejected
+from envs.hosting.jsonable import to_jsonable
+
+__all__ = ["EnvHost", "can_renice", "raise_for_status", "rss_bytes", "worker_main"]
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process in bytes (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def can_renice() -> bool:
+    """Whether this process may raise its priority again after lowering it (``CAP_SYS_NICE``: root, or a container
+    started with ``cap_add: [SYS_NICE]``)."""
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(line for line in f if line.startswith("CapEff:"))
+        return bool(int(caps.split()[1], 16) & (1 << 23))  # CAP_SYS_NICE
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False
+
+
+def raise_for_status(status: str, payload: Any) -> Any:
+    """The payload of an ``"ok"`` reply; else raises ``EnvRejected``, ``EnvInfraFailed`` or ``EnvFailed`` (with the
+    env's ``"Type: message"`` as the message)."""
+    if status == "rejected":
+        raise EnvRejected(payload)
+    if status == "infra":
+        raise EnvInfraFailed(payload)
+    if status != "ok":
+        raise EnvFailed(payload)
+    return payload
+
+
+class EnvHost:
+    """The envs of one worker process (or of the threads of ``ThreadEnvPool``), keyed by session id.
+
+    Args:
+        keep_envs: envs of closed sessions kept per env id + kwargs for the next session (0: close every env with
+            its session).
+        low_priority: context manager factory that ``make``/``reset`` run under (a worker lowers its nice level
+            there, so resets yield the cores to other sessions' steps).
+    """
+
+    def __init__(self, keep_envs: int = 1,
+                 low_priority: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
+        import envs  # noqa: F401  (registers the built-in ids)
+
+        self.keep_envs = keep_envs
+        self.low_priority = low_priority
+        self.sessions: dict[str, Any] = {}  # session id -> env
+        self.made_with: dict[str, str] = {}  # session id -> env key (env id + kwargs)
+        self.kept: dict[str, list[Any]] = {}  # env key -> envs of closed sessions, ready for reuse
+        self.collect_due = False  # an env was really closed: the worker runs gc.collect() after replying
+        self.handlers: dict[str, Callable[[str, Any], Any]] = {
+            "open": self.open, "reset": self.reset, "step": self.step, "close": self.close, "ping": self.ping,
+            "shutdown": self.shutdown,
+        }
+
+    def handle(self, op: str, session_id: str, args: Any) -> tuple[str, Any, str]:
+        """Run one request -> ``(status, payload, detail)``; an env exception becomes a non-``"ok"`` status (the
+        other sessions of this host keep being served)."""
+        try:
+            handler = self.handlers.get(op)
+            if handler is None:
+                raise ValueError(f"unknown op {op!r}")
+            return "ok", handler(session_id, args), ""
+        except Exception as exc:
+            # make/reset rejecting the client's kwargs/seed/options is the client's error, not the env's
+            rejected = op in ("open", "reset") and isinstance(exc, (ValueError, LookupError, TypeError,
+                                                                     gymnasium.error.Error))
+            status = "infra" if isinstance(exc, EnvInfraError) else "rejected" if rejected else "error"
+            return status, f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=20)
+
+    # ---- handlers: (session_id, args) -> JSON-ready payload -------------------------------------------------
+    def open(self, session_id: str, args: tuple[str, dict[str, Any] | None, int | None, dict[str, Any] | None]
+             ) -> tuple[Any, Any]:
+        """``make_env(env_id, **env_kwargs)`` (or a kept env) then ``reset`` -> ``(observation, info)``."""
+        from envs.wrappers import make_env
+
+        env_id, env_kwargs, seed, options = args
+        self._close(session_id)
+        key = json.dumps([env_id, env_kwargs or {}], sort_keys=True, default=str)
+        with self.low_priority():
+            reused = self.kept.get(key)
+            self.sessions[session_id] = reused.pop() if reused else make_env(env_id, **(env_kwargs or {}))
+            self.made_with[session_id] = key
+            try:
+                observation, info = self.sessions[session_id].reset(seed=seed, options=options)
+            except BaseException:
+                self._close(session_id, keep=False)  # its state is unknown: do not hand it to another session
+                raise
+        return to_jsonable(observation), to_jsonable(info)
+
+    def reset(self, session_id: str, args: tuple[int | None, dict[str, Any] | None]) -> tuple[Any, Any]:
+        """``env.reset(seed, options)`` of an open session -> ``(observation, info)``."""
+        seed, options = args
+        with self.low_priority():
+            try:
+                observation, info = self.sessions[session_id].reset(seed=seed, options=options)
+            except BaseException:
+                self.made_with.pop(session_id, None)  # an env that raised is closed, never handed on
+                raise
+        return to_jsonable(observation), to_jsonable(info)
+
+    def step(self, session_id: str, action: Any) -> tuple[Any, float, bool, bool, Any]:
+        """``env.step(action)`` -> ``(observation, reward, terminated, truncated, info)``."""
+        try:
+            observation, reward, terminated, truncated, info = self.sessions[session_id].step(action)
+        except BaseException:
+            self.made_with.pop(session_id, None)  # an env that raised is closed, never handed on
+            raise
+        return to_jsonable(observation), float(reward), bool(terminated), bool(truncated), to_jsonable(info)
+
+    def close(self, session_id: str, args: Any = None) -> None:
+        """Close a session (its env is kept for reuse if there is room)."""
+        self.collect_due = self._close(session_id)
+
+    def ping(self, session_id: str, args: Any = None) -> int:
+        """Number of live sessions."""
+        return len(self.sessions)
+
+    def shutdown(self, session_id: str = "", args: Any = None) -> None:
+        """Close every env, kept ones too."""
+        for sid in list(self.sessions):
+            self._close(sid, keep=False)
+        for env in [e for envs_ in self.kept.values() for e in envs_]:
+            env.close()
+        self.kept.clear()
+
+    def _close(self, session_id: str, *, keep: bool = True) -> bool:
+        """Close a session; keep its env for reuse if there is room. True if an env was really closed."""
+        env = self.sessions.pop(session_id, None)
+        key = self.made_with.pop(session_id, None)
+        if env is None:
+            return False
+        if keep and key is not None and len(self.kept.setdefault(key, [])) < self.keep_envs:
+            self.kept[key].append(env)
+            return False
+        env.close()
+        return True
+
+
+def worker_main(conn: Any, imports: Sequence[str], reset_nice: int = 0, keep_envs: int = 1) -> None:
+    """Body of a worker process: own the envs of its sessions (an :class:`EnvHost`) and answer one request at a
+    time until EOF or ``"shutdown"``.
+
+    With ``reset_nice > 0`` (and ``CAP_SYS_NICE``) the process runs ``make``/``reset`` at that lower priority and
+    steps at its normal one: a reset burns seconds of CPU, and the OS then gives the cores to the other sessions'
+    steps first (a step is what an agent waits on; resets of other sessions must not slow it down).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the server, which shuts workers down in order
+    base_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    lower = reset_nice > 0 and can_renice()
+
+    @contextlib.contextmanager
+    def low_priority() -> Iterator[None]:
+        if not lower:
+            yield
+            return
+        os.setpriority(os.PRIO_PROCESS, 0, min(19, base_nice + reset_nice))
+        try:
+            yield
+        finally:
+            os.setpriority(os.PRIO_PROCESS, 0, base_nice)
+
+    host = EnvHost(keep_envs, low_priority)
+    for name in imports:
+        importlib.import_module(name)
+    while True:
+        try:
+            op, session_id, args = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            break
+        host.collect_due = False
+        status, payload, detail = host.handle(op, session_id, args)
+        try:
+            conn.send((status, payload, detail, rss_bytes()))
+        except (BrokenPipeError, OSError):
+            break
+        if op == "shutdown" and status == "ok":
+            break
+        if host.collect_due:  # after the reply: textworld games hold reference cycles; free them now
+            gc.collect()
+    conn.close()

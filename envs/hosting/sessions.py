@@ -1,0 +1,285 @@
+"""The one session state machine of env hosting: ids, capacity, TTL, episode state and one request at a time per
+session, over a pool of envs (:class:`envs.hosting.pool.WorkerPool` or :class:`envs.hosting.threads.ThreadEnvPool`).
+
+This class only decides whether a request is allowed and records what happened; the env work happens in the pool.
+The HTTP server (``servers/``) maps its exceptions (:mod:`envs.hosting.errors`) to status codes, and
+``agent_rl.envclient.LocalEnvPool`` maps them to the client errors ``HTTPEnvPool`` raises for those codes, so both
+behave the same.
+
+States of a session: created (busy while its env is made and reset) -> ready -> busy (one request) -> ready, or
+done (the episode terminated or was truncated: only ``reset`` and ``close`` are allowed) -> closed. An env failure
+closes the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import gymnasium
+
+from envs.hosting.errors import (
+    AtCapacity,
+    EnvFailed,
+    EnvNotReady,
+    EpisodeOver,
+    SessionBusy,
+    SessionExists,
+    SessionNotFound,
+    UnknownEnv,
+)
+from envs.hosting.pool import StepReply, WorkerPool, env_module
+
+__all__ = ["EnvBackend", "Session", "SessionManager", "SessionSettings"]
+
+
+@dataclass
+class SessionSettings:
+    """What a :class:`SessionManager` is configured with (the HTTP server extends it with its own fields)."""
+
+    env_ids: list[str] | None
+    """Env ids served; ``None``: any registered gymnasium id."""
+    max_sessions: int | None = 64
+    """Live sessions at most (``AtCapacity`` beyond; HTTP 503 + Retry-After); ``None``: no limit here."""
+    session_ttl_s: float | None = 600.0
+    """A session idle (no request) this long is closed; ``None``: never."""
+    workers: int | None = None
+    """Worker processes at most; ``None``: ``max_sessions`` (one process per live session)."""
+    max_sessions_per_worker: int = 8
+    """Sessions sharing one worker at most (when workers run out, or to share a cached game)."""
+    imports: list[str] = field(default_factory=list)
+    """Modules workers import first (a user's module that calls ``gymnasium.register``)."""
+    prestart_workers: int = 1
+    """Workers started at startup (starts the forkserver and imports the env modules before ``/health`` is up)."""
+    env_timeout_s: float | None = 600.0
+    """Seconds one env call may take; then its worker is killed and the session fails (504)."""
+    max_resets_per_worker: int = 500
+    """A worker is recycled when idle after this many resets (bounds any leak inside an env)."""
+    max_worker_rss_mb: float | None = 2048.0
+    """A worker is recycled when idle above this RSS (MiB)."""
+    check_envs: bool = True
+    """Before ``/health`` is up, open and reset one session of every served env with its defaults (no kwargs, no
+    options) and refuse to start if one fails (:class:`EnvNotReady`). The env stays in its worker for reuse."""
+    reset_nice: int = 10
+    """Resets run this many nice levels below steps (needs CAP_SYS_NICE; 0: off), so they yield the cores to steps."""
+
+    _kind = "session settings"
+    _rules = "max_sessions, max_sessions_per_worker >= 1; workers, prestart_workers >= 0; ttl, env_timeout > 0"
+
+    def invalid(self) -> list[str]:
+        """``name=value`` of every setting the manager could not run with."""
+        return [f"{name}={getattr(self, name)!r}" for name, ok in [
+            ("max_sessions", self.max_sessions is None or self.max_sessions >= 1),
+            ("workers", self.workers is None or self.workers >= 0),
+            ("max_sessions_per_worker", self.max_sessions_per_worker >= 1),
+            ("session_ttl_s", self.session_ttl_s is None or self.session_ttl_s > 0),
+            ("prestart_workers", self.prestart_workers >= 0),
+            ("env_timeout_s", self.env_timeout_s is None or self.env_timeout_s > 0)] if not ok]
+
+    def __post_init__(self) -> None:
+        """Raises ValueError on a setting the manager could not run with (before any worker starts)."""
+        bad = self.invalid()
+        if bad:
+            raise ValueError(f"invalid {self._kind}: {', '.join(bad)} ({self._rules})")
+
+
+class EnvBackend(Protocol):
+    """What :class:`SessionManager` needs of a pool of envs (``WorkerPool`` and ``ThreadEnvPool`` have it)."""
+
+    async def prestart(self, n: int) -> None: ...
+    async def open(self, session_id: str, env_id: str, *, env_kwargs: dict[str, Any] | None = None,
+                   seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]: ...
+    async def reset(self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None
+                    ) -> tuple[Any, dict[str, Any]]: ...
+    async def step(self, session_id: str, action: Any) -> StepReply: ...
+    async def close(self, session_id: str) -> None: ...
+    async def reap(self) -> None: ...
+    def broken_sessions(self) -> list[str]: ...
+    def stats(self) -> dict[str, Any]: ...
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class Session:
+    """One live env session."""
+
+    session_id: str
+    env_id: str
+    created_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    steps: int = 0
+    episodes: int = 1
+    done: bool = False
+    busy: bool = False
+
+
+class SessionManager:
+    """Live sessions over a pool of envs, with capacity, TTL and per-session exclusivity.
+
+    Args:
+        settings: limits and worker settings.
+        pool: where the envs live; default: a :class:`WorkerPool` built from ``settings`` (one process per live
+            session up to ``settings.workers``).
+    """
+
+    def __init__(self, settings: SessionSettings, pool: EnvBackend | None = None) -> None:
+        self.settings = settings
+        if pool is None:
+            preload = [m for e in settings.env_ids or [] for m in env_module(e)]
+            pool = WorkerPool(
+                settings.workers or settings.max_sessions or 64,
+                max_sessions_per_worker=settings.max_sessions_per_worker,
+                imports=settings.imports,
+                preload=preload,
+                max_resets_per_worker=settings.max_resets_per_worker,
+                max_worker_rss_mb=settings.max_worker_rss_mb,
+                timeout_s=settings.env_timeout_s,
+                reset_nice=settings.reset_nice,
+            )
+        self.pool: Any = pool
+        self.sessions: dict[str, Session] = {}
+        self._reaper: asyncio.Task[None] | None = None
+        self.expired = 0
+
+    async def start(self) -> None:
+        """Start the first workers, check that every env can serve, start the TTL reaper (if there is a TTL).
+
+        Raises:
+            EnvNotReady: a served env failed to make/reset with its defaults (``check_envs``); every worker is
+                ended first.
+        """
+        await self.pool.prestart(self.settings.prestart_workers)
+        if self.settings.check_envs:
+            for env_id in self.settings.env_ids or []:
+                probe = f"startup-check-{uuid.uuid4().hex}"
+                try:
+                    await self.pool.open(probe, env_id)
+                except EnvFailed as exc:
+                    await self.pool.aclose()
+                    raise EnvNotReady(f"env {env_id} cannot serve, refusing to start: {exc}") from None
+                await self.pool.close(probe)
+        if self.settings.session_ttl_s is not None:
+            self._reaper = asyncio.create_task(self._reap_forever())
+
+    async def aclose(self) -> None:
+        """Graceful shutdown: stop the reaper, close every env, end every worker."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        self.sessions.clear()
+        await self.pool.aclose()
+
+    async def _reap_forever(self) -> None:
+        assert self.settings.session_ttl_s is not None
+        interval = max(0.05, min(self.settings.session_ttl_s / 4, 10.0))
+        while True:
+            await asyncio.sleep(interval)
+            await self.reap()
+
+    async def reap(self) -> None:
+        """Close sessions idle longer than the TTL, drop broken ones, end long-idle workers."""
+        now = time.monotonic()
+        ttl = self.settings.session_ttl_s
+        expired = [s.session_id for s in self.sessions.values()
+                   if ttl is not None and not s.busy and now - s.last_used > ttl]
+        for session_id in expired + self.pool.broken_sessions():
+            if self.sessions.pop(session_id, None) is not None:
+                self.expired += session_id in expired
+            await self.pool.close(session_id)
+        await self.pool.reap()
+
+    # ---- helpers ---------------------------------------------------------------------------------------------
+    def get(self, session_id: str) -> Session:
+        """The live session, or ``SessionNotFound``."""
+        try:
+            return self.sessions[session_id]
+        except KeyError:
+            raise SessionNotFound(session_id) from None
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self, session_id: str) -> AsyncIterator[Session]:
+        """Hold the session for one request: 409 (``SessionBusy``) if another request holds it; on an env
+        failure the session is closed (the env's state is unknown) and ``EnvFailed`` propagates."""
+        session = self.get(session_id)
+        if session.busy:
+            raise SessionBusy(f"session {session_id} is busy with another request")
+        session.busy = True
+        try:
+            yield session
+        except EnvFailed:
+            self.sessions.pop(session_id, None)
+            await self.pool.close(session_id)
+            raise
+        finally:
+            session.busy = False
+            session.last_used = time.monotonic()
+
+    # ---- operations ------------------------------------------------------------------------------------------
+    async def create(
+        self,
+        env_id: str,
+        *,
+        seed: int | None = None,
+        options: dict[str, Any] | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> tuple[str, Any, dict[str, Any]]:
+        """Open a session: ``gymnasium.make`` + ``reset`` in a worker -> ``(session_id, observation, info)``.
+
+        ``session_id``: the client's choice (default: a new uuid4 hex), so a client that lost the answer can still
+        close the session. Raises ``UnknownEnv`` (404), ``SessionExists`` (409), ``AtCapacity`` (503),
+        ``EnvFailed`` (500/504).
+        """
+        if env_id not in (gymnasium.registry if self.settings.env_ids is None else self.settings.env_ids):
+            served = "any registered id" if self.settings.env_ids is None else self.settings.env_ids
+            raise UnknownEnv(f"env id {env_id!r} is not served here; served: {served}")
+        if session_id is not None and session_id in self.sessions:
+            raise SessionExists(f"a live session has the id {session_id!r}")
+        if self.settings.max_sessions is not None and len(self.sessions) >= self.settings.max_sessions:
+            raise AtCapacity(f"{len(self.sessions)} live sessions (max_sessions={self.settings.max_sessions})")
+        session = Session(session_id or uuid.uuid4().hex, env_id, busy=True)
+        self.sessions[session.session_id] = session
+        try:
+            observation, info = await self.pool.open(session.session_id, env_id, env_kwargs=env_kwargs, seed=seed,
+                                                     options=options)
+        except BaseException:
+            self.sessions.pop(session.session_id, None)
+            raise
+        finally:
+            session.busy = False
+            session.last_used = time.monotonic()
+        return session.session_id, observation, info
+
+    async def reset(
+        self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset an open session -> ``(observation, info)``; raises as :meth:`step`."""
+        async with self._exclusive(session_id) as session:
+            observation, info = await self.pool.reset(session_id, seed=seed, options=options)
+            session.done = False
+            session.episodes += 1
+        return observation, info
+
+    async def step(self, session_id: str, action: Any) -> StepReply:
+        """Step an open session. Raises ``SessionNotFound`` (404), ``EpisodeOver``/``SessionBusy`` (409),
+        ``EnvFailed`` (500/504; the session is then closed)."""
+        session = self.get(session_id)
+        if session.done:
+            raise EpisodeOver(f"episode of session {session_id} is over (terminated or truncated); reset it")
+        async with self._exclusive(session_id) as session:
+            reply = await self.pool.step(session_id, action)
+            session.steps += 1
+            session.done = reply.terminated or reply.truncated
+        return reply
+
+    async def close(self, session_id: str) -> None:
+        """Close a session and free its env (404 if unknown)."""
+        self.get(session_id)
+        self.sessions.pop(session_id, None)
+        await self.pool.close(session_id)

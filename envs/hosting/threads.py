@@ -1,0 +1,90 @@
+"""Envs in threads of this process, behind the same interface as :class:`envs.hosting.pool.WorkerPool` (so
+:class:`envs.hosting.sessions.SessionManager` runs over either). For light envs (math, code, the calculator); a
+CPU-heavy env (ALFWorld: a reset holds the GIL for seconds) wants worker processes. The env work is the same
+:class:`envs.hosting.child.EnvHost` handlers the worker processes run, so results and errors are the same."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from envs.hosting.child import EnvHost, raise_for_status
+from envs.hosting.errors import EnvFailed
+from envs.hosting.pool import StepReply
+
+__all__ = ["ThreadEnvPool"]
+
+
+class ThreadEnvPool:
+    """Env sessions on ``max_workers`` threads; env work never runs on the event loop. Every closed env is closed
+    (nothing is kept for reuse: unlike a worker process, a thread pool has no per-process resources to save).
+
+    Raises (from each operation) ``EnvFailed``/``EnvRejected``/``EnvInfraFailed`` as the worker pool does, and
+    ``KeyError`` for a session it does not hold.
+    """
+
+    def __init__(self, max_workers: int) -> None:
+        if max_workers < 1:
+            raise ValueError("max_workers must be >= 1")
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="local-env")
+        self._host = EnvHost(keep_envs=0)
+        self._owned: set[str] = set()
+
+    async def _call(self, op: str, session_id: str, args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        status, payload, _ = await loop.run_in_executor(self._executor, self._host.handle, op, session_id, args)
+        return raise_for_status(status, payload)
+
+    async def prestart(self, n: int) -> None:
+        """Nothing to start (threads start on first use)."""
+
+    async def open(self, session_id: str, env_id: str, *, env_kwargs: dict[str, Any] | None = None,
+                   seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        """``make_env(env_id, **env_kwargs)`` then ``reset(seed, options)`` on a thread -> ``(observation, info)``."""
+        self._owned.add(session_id)
+        try:
+            observation, info = await self._call("open", session_id, (env_id, env_kwargs, seed, options))
+        except BaseException:
+            self._owned.discard(session_id)
+            raise
+        return observation, info
+
+    async def reset(self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None
+                    ) -> tuple[Any, dict[str, Any]]:
+        """``env.reset(seed=seed, options=options)`` of an open session -> ``(observation, info)``."""
+        if session_id not in self._owned:
+            raise KeyError(session_id)
+        observation, info = await self._call("reset", session_id, (seed, options))
+        return observation, info
+
+    async def step(self, session_id: str, action: Any) -> StepReply:
+        """``env.step(action)`` of an open session."""
+        if session_id not in self._owned:
+            raise KeyError(session_id)
+        return StepReply(*await self._call("step", session_id, action))
+
+    async def close(self, session_id: str) -> None:
+        """Close the session's env (idempotent; an env that raises on close is dropped all the same)."""
+        if session_id in self._owned:
+            self._owned.discard(session_id)
+            with contextlib.suppress(EnvFailed):
+                await self._call("close", session_id, None)
+
+    async def reap(self) -> None:
+        """Nothing to reap (threads hold no per-session resources)."""
+
+    def broken_sessions(self) -> list[str]:
+        """Always empty: a thread does not die under a session."""
+        return []
+
+    def stats(self) -> dict[str, Any]:
+        """Live sessions (the keys of :meth:`WorkerPool.stats` that apply to threads)."""
+        return {"sessions": len(self._owned)}
+
+    async def aclose(self) -> None:
+        """Close every env and stop the threads."""
+        self._owned.clear()
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._host.shutdown)
+        self._executor.shutdown(wait=True)

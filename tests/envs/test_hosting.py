@@ -1,0 +1,79 @@
+"""The env-hosting core without processes or HTTP: the placement policy on plain records, and ``EnvHost`` (the ops a
+worker process runs) in this process."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import pytest
+
+from envs.hosting.child import EnvHost, raise_for_status
+from envs.hosting.errors import AtCapacity, EnvFailed, EnvRejected
+from envs.hosting.placement import place, remember, task_key
+
+CALC = "agent_rl/Calculator-v0"
+
+
+@dataclass
+class FakeWorker:
+    name: str
+    sessions: dict = field(default_factory=dict)
+    keys: OrderedDict = field(default_factory=OrderedDict)
+    alive: bool = True
+    idle_since: float = 0.0
+
+
+def test_placement_policy():
+    key_a, key_b = task_key(CALC, None, {"index": 0}), task_key(CALC, None, {"index": 1})
+    assert task_key(CALC, None, None) is None and key_a != key_b
+    started: list[FakeWorker] = []
+
+    def new() -> FakeWorker:
+        started.append(FakeWorker(f"new{len(started)}"))
+        return started[-1]
+
+    group = FakeWorker("group", sessions={"s1": key_a}, keys=OrderedDict({key_a: None}))
+    mixed = FakeWorker("mixed", sessions={"s2": key_a, "s3": key_b}, keys=OrderedDict({key_a: None}))
+    idle_old, idle_new = FakeWorker("idle_old", idle_since=1.0), FakeWorker("idle_new", idle_since=2.0)
+    dead = FakeWorker("dead", alive=False, keys=OrderedDict({key_b: None}))
+    workers = [group, mixed, idle_old, idle_new, dead]
+    kw = {"max_workers": 8, "max_sessions_per_worker": 2, "new_worker": new}
+    assert place(workers, key_a, **kw) is group  # same task, every session of it plays that task
+    assert place(workers, key_b, **kw) is idle_new  # no live worker holds only key_b: the warmest idle one
+    group.sessions["s4"] = key_a  # full (2 sessions)
+    assert place(workers, key_a, **kw) is idle_new
+    busy = [group, mixed, FakeWorker("one", sessions={"s5": None})]
+    assert place(busy, None, **kw).name == "new0" and len(started) == 1  # no idle worker, room for a new one
+    assert place(busy, None, **{**kw, "max_workers": 3}).name == "one"  # least loaded with an open slot
+    busy[2].sessions["s6"] = None
+    with pytest.raises(AtCapacity):
+        place(busy, None, **{**kw, "max_workers": 3})
+    w = FakeWorker("lru")
+    for k in ("a", "b", "c", "a"):
+        remember(w, k, keys_per_worker=2)
+    assert list(w.keys) == ["c", "a"]
+
+
+def test_env_host_ops_and_kept_envs():
+    host = EnvHost(keep_envs=1)
+    status, (observation, info), _ = host.handle("open", "s1", (CALC, None, 0, {"index": 0}))
+    assert status == "ok" and observation.startswith("Tom saves 17 dollars")
+    env = host.sessions["s1"]
+    status, step, _ = host.handle("step", "s1", "answer[215]")
+    assert status == "ok" and step[:4] == ("Correct!", 1.0, True, False) and isinstance(step[4], dict)
+    host.handle("close", "s1", None)
+    assert host.collect_due is False and host.kept  # kept for reuse, not closed
+    host.handle("open", "s2", (CALC, None, 0, {"index": 0}))
+    assert host.sessions["s2"] is env  # the kept env is handed to the next session with the same id + kwargs
+    status, payload, detail = host.handle("teleport", "s2", None)
+    assert status == "error" and payload == "ValueError: unknown op 'teleport'" and "Traceback" in detail
+    with pytest.raises(EnvFailed):
+        raise_for_status(status, payload)
+    status, payload, _ = host.handle("open", "s3", (CALC, {"no_such_kwarg": 1}, 0, None))
+    assert status == "rejected"
+    with pytest.raises(EnvRejected):
+        raise_for_status(status, payload)
+    assert "s3" not in host.sessions  # a failed open leaves no session behind
+    assert host.handle("ping", "", None) == ("ok", 1, "")
+    assert host.handle("shutdown", "", None)[0] == "ok" and host.sessions == {} and host.kept == {}
