@@ -236,31 +236,42 @@ class RolloutWorker:
             self._ready = False
 
 
+def _die_with_parent() -> None:
+    """In a child before exec: ask Linux to SIGKILL it when its parent (the actor) dies (``prctl(PR_SET_PDEATHSIG)``)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
 class EnvServerReplica:
-    """One env-server replica (a Ray actor): the ``servers`` FastAPI app under uvicorn in a thread of this actor,
-    on all interfaces of its node; :meth:`url` announces ``http://<node ip>:<port>``. Killing the actor kills it."""
+    """One env-server replica (a Ray actor): ``python -m servers.serve`` as a child process of this actor, bound to
+    all interfaces of its node; :meth:`url` announces ``http://<node ip>:<port>``. The child is started with
+    ``PR_SET_PDEATHSIG`` = SIGKILL, so killing the actor kills its server too (the trainer never imports ``servers``:
+    the server is a process, as the local backend's auto-started one)."""
 
     def __init__(self, env_ids: list[str], imports: list[str], token: str | None, max_sessions: int, workers: int,
                  data_root: str = "") -> None:
-        import uvicorn
+        import subprocess
+        import sys
 
-        from servers.app import create_app
-
+        env = dict(os.environ)
         if data_root:
-            os.environ["AGENT_RL_DATA"] = data_root
-        for name in imports:
-            importlib.import_module(name)
-        kwargs: dict[str, Any] = {"token": token, "imports": list(imports)}
-        if max_sessions > 0:
-            kwargs["max_sessions"] = max_sessions
-        if workers > 0:
-            kwargs["workers"] = workers
-        app = create_app(list(env_ids), **kwargs)
+            env["AGENT_RL_DATA"] = data_root
+        if token:
+            env["AGENT_RL_SERVER_TOKEN"] = token
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="0.0.0.0", port=self.port, log_level="warning",
-                                                    access_log=False))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
+        cmd = [sys.executable, "-m", "servers.serve", "--host", "0.0.0.0", "--port", str(self.port),
+               "--log-level", "warning"]
+        for env_id in env_ids:
+            cmd += ["--env", env_id]
+        for name in imports:
+            cmd += ["--import", name]
+        if max_sessions > 0:
+            cmd += ["--max-sessions", str(max_sessions)]
+        if workers > 0:
+            cmd += ["--workers", str(workers)]
+        self.proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509 (Linux prctl only)
         self._url = f"http://{node_ip()}:{self.port}"
 
     def url(self, timeout_s: float = 120.0) -> str:
@@ -269,6 +280,9 @@ class EnvServerReplica:
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"env-server replica on port {self.port} exited with code {self.proc.returncode} "
+                                   "before serving (its output is in this actor's log)")
             try:
                 if httpx.get(f"{self._url}/health", timeout=2.0).status_code == 200:
                     return self._url
