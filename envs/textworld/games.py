@@ -25,6 +25,7 @@ Cache layout (``envs.data.cache_dir()/textworld``, or ``$AGENT_RL_TEXTWORLD_GAME
     <family>/level_<L>/<split>/<index:06d>/game.z8     the compiled game (Inform 7 -> Z-machine)
                                           /game.json   TextWorld's game description (walkthrough, quests)
                                           /meta.json   family, level, split, index, seed, settings, sha256 of both
+                                                       (game.json's without its machine-dependent grammar path)
     <family>/level_<L>/manifest.json                   every generated game of that family/level (meta.json rows)
 
 A game folder is built under a temporary name and renamed into place (readers never see half a game; concurrent
@@ -83,9 +84,9 @@ GAME_FILE, JSON_FILE, META_FILE, MANIFEST_FILE = "game.z8", "game.json", "meta.j
 #: sha256 (first 16 hex digits) of ``game.z8`` and ``game.json`` of a few games, as generated with textworld 1.7.0:
 #: a changed generator (another textworld version) shows up as a mismatch in ``tests/envs/test_textworld.py``.
 REFERENCE_SHA256: dict[tuple[str, int, str, int], tuple[str, str]] = {
-    ("coin_collector", 2, "test", 0): ("7ac2199a2329d394", "27cc8ad69751ca03"),
-    ("treasure_hunter", 3, "test", 0): ("69768bd8035b3d63", "402fc422caaf98f2"),
-    ("cooking", 3, "test", 0): ("d0b097412be43043", "46af17aae417b58e"),
+    ("coin_collector", 2, "test", 0): ("7ac2199a2329d394", "4326dc9b2ad375d0"),
+    ("treasure_hunter", 3, "test", 0): ("69768bd8035b3d63", "36fc30dbaa771843"),
+    ("cooking", 3, "test", 0): ("d0b097412be43043", "cecb43ed916a0dc2"),
 }
 
 
@@ -152,6 +153,16 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def game_json_sha256(path: Path) -> str:
+    """sha256 of TextWorld's ``game.json`` without what depends on the machine: ``KB.text_grammars_path`` is the
+    absolute path of textworld's installed grammar files (it differs between virtual environments, the game does
+    not). Canonical JSON (sorted keys) of the rest."""
+    data = json.loads(Path(path).read_text())
+    if isinstance(data.get("KB"), dict):
+        data["KB"].pop("text_grammars_path", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class GameRecord:
     """One generated game: where it is and its ``meta.json``."""
@@ -194,7 +205,7 @@ def _generate_into(folder: Path, family: str, level: int, split: str, index: int
         "family": family, "level": level, "split": split, "index": index, "seed": seed, "attempt": attempt,
         "settings": settings,
         "task_type": task_type_of(family, level), "walkthrough": list(game.metadata.get("walkthrough") or []),
-        "sha256": sha256_file(folder / GAME_FILE), "json_sha256": sha256_file(folder / JSON_FILE),
+        "sha256": sha256_file(folder / GAME_FILE), "json_sha256": game_json_sha256(folder / JSON_FILE),
         "textworld_version": textworld.__version__, "generate_s": round(time.perf_counter() - t0, 3),
     }
 
