@@ -35,17 +35,8 @@ def masked_row_quantile(x: Tensor, mask: Tensor, q: float) -> Tensor:
     Returns:
         (B,) quantiles; 0 for rows without masked entries.
     """
-    m = mask > 0
-    n = m.sum(-1)  # (B,)
-    vals = torch.where(m, x, torch.full_like(x, torch.inf)).sort(dim=-1).values  # masked values first, ascending
-    pos = q * (n - 1).clamp_min(0).to(x.dtype)  # (B,)
-    lo = pos.floor().long()
-    hi = (lo + 1).clamp_max((n - 1).clamp_min(0))
-    v_lo = vals.gather(-1, lo[:, None]).squeeze(-1)
-    v_hi = vals.gather(-1, hi[:, None]).squeeze(-1)
-    frac = pos - lo.to(x.dtype)
-    out = v_lo + frac * (v_hi - v_lo)
-    return torch.where(n > 0, out, torch.zeros_like(out))
+    rows, cols = (mask > 0).nonzero(as_tuple=True)  # (N,) masked entries, each row one segment
+    return segment_quantile(x[rows, cols], rows, x.shape[0], q)
 
 
 @torch.no_grad()

@@ -224,10 +224,9 @@ class Learner:
         t0 = time.perf_counter()
         b = self._to_device(batch)
         rm = b.response_mask  # (B, L) float 0/1
-        warmup = self.algo.in_warmup(step)  # TGRL step 7
-
-        # 1. one no-grad pass: old log-probs, entropy, JS (TGRL high rows), old values, reference log-probs
-        old = self._no_grad_pass(b, with_js=self._needs_js(warmup))
+        # 1. one no-grad pass: old log-probs, entropy, JS (TGRL high rows, when the step's plan weights by JS),
+        #    old values, reference log-probs
+        old = self._no_grad_pass(b, with_js=self._plan(step, total_steps).js_strength is not None)
 
         # 2. advantages: base estimator -> TGRL JS weights -> credit rule -> low-row mask -> clamp
         adv = self.advantages(b, old, step=step, total_steps=total_steps)
@@ -419,10 +418,7 @@ class Learner:
         """
         b = self._to_device(batch)
         rm = b.response_mask
-        warmup = self.algo.in_warmup(step)
-        S = self.schedule.value if self.schedule.value is not None else algos.schedule_value(
-            self.schedule.kind, step, total_steps, m=self.schedule.m,
-            s_min_ratio=self.schedule.s_min_ratio, s_max_ratio=self.schedule.s_max_ratio)
+        plan = self._plan(step, total_steps)
         algo = self.algo
         ep_rewards = b.episode_rewards.float()
         if algo.dapo_overlong:  # DAPO overlong shaping: each episode gets the mean penalty of its turns' lengths
@@ -455,21 +451,22 @@ class Learner:
             ep_adv = algos.compute_advantages(algo.adv_estimator, ep_rewards, b.episode_group_index,
                                               std=algo.std)
             base_adv = ep_adv[b.episode_index]  # (E,) -> (B,) broadcast to the episode's rows
-        plan = algos.advantage_plan(
-            is_tgrl=algo.is_tgrl, warmup=warmup, credit=self.credit.name, level=self.credit.level, S=S,
-            scheduled=self.schedule.kind != "none" or self.schedule.value is not None, adv_clip=algo.adv_clip,
-            low_rows_in_denominator=algo.low_rows_in_denominator)
         advantages, loss_mask = algos.token_advantages(
             plan, self._credit_inputs(b, old, base_adv, rm), quantile_clip=algo.js_quantile_clip,
             credit_kwargs=self.credit.kwargs)
-        return StepAdvantages(advantages=advantages, loss_mask=loss_mask, returns=returns, S=float(S), plan=plan)
+        return StepAdvantages(advantages=advantages, loss_mask=loss_mask, returns=returns, S=plan.S, plan=plan)
 
-    def _needs_js(self, warmup: bool) -> bool:
-        """JS is computed in the no-grad pass when the plan's JS stage can run: TGRL after warm-up (unless
-        credit=uniform), credit=js on any other algorithm."""
-        if self.algo.is_tgrl:
-            return not warmup and self.credit.name != "uniform"
-        return self.credit.name == "js"
+    def _plan(self, step: int, total_steps: int) -> algos.AdvantagePlan:
+        """The step's advantage plan (``algos.advantage_plan``) at the schedule's strength S: it decides both whether
+        the no-grad pass computes JS (``js_strength is not None``) and which pipeline stages run."""
+        S = self.schedule.value if self.schedule.value is not None else algos.schedule_value(
+            self.schedule.kind, step, total_steps, m=self.schedule.m,
+            s_min_ratio=self.schedule.s_min_ratio, s_max_ratio=self.schedule.s_max_ratio)
+        algo = self.algo
+        return algos.advantage_plan(
+            is_tgrl=algo.is_tgrl, warmup=algo.in_warmup(step), credit=self.credit.name, level=self.credit.level,
+            S=S, scheduled=self.schedule.kind != "none" or self.schedule.value is not None, adv_clip=algo.adv_clip,
+            low_rows_in_denominator=algo.low_rows_in_denominator)
 
     @staticmethod
     def _credit_inputs(b: RolloutBatch, old: OldPolicyOutputs, advantages: Tensor, rm: Tensor
