@@ -195,18 +195,23 @@ class Config:
 
     @property
     def env_kwargs(self) -> dict[str, Any]:
-        """``gymnasium.make`` kwargs of every env of the run: ``env.kwargs``, ``{env.data_root_kwarg: data.root}`` when
-        ``data.root`` is set, and the turn budget ``max_episode_steps = rollout.max_turns`` (gymnasium's TimeLimit:
-        the env itself truncates at the rollout's last turn, so the two can never disagree) for multi-turn budgets;
-        with ``rollout.max_turns=1`` (single-turn envs) the env's own registration decides, so a one-step answer is
-        terminated, not truncated."""
+        """``gymnasium.make`` kwargs of every training env: :meth:`make_env_kwargs` with ``rollout.max_turns`` and
+        ``rollout.invalid_penalty``."""
+        return self.make_env_kwargs(self.rollout.max_turns, self.rollout.invalid_penalty)
+
+    def make_env_kwargs(self, max_turns: int, invalid_penalty: float = 0.0) -> dict[str, Any]:
+        """``gymnasium.make`` kwargs: ``env.kwargs``, ``{env.data_root_kwarg: data.root}`` when ``data.root`` is set,
+        the turn budget ``max_episode_steps = max_turns`` (gymnasium's TimeLimit: the env itself truncates at the
+        rollout's last turn, so the two can never disagree) for multi-turn budgets (with ``max_turns=1``, single-turn
+        envs, the env's own registration decides, so a one-step answer is terminated, not truncated), and
+        ``invalid_action_penalty`` when > 0 (``envs.wrappers.InvalidActionPenalty``, applied by ``make_env``)."""
         kwargs = dict(self.env.kwargs)
         if self.data.root and self.env.data_root_kwarg:
             kwargs.setdefault(self.env.data_root_kwarg, self.data.root)
-        if self.rollout.max_turns > 1:
-            kwargs["max_episode_steps"] = self.rollout.max_turns
-        if self.rollout.invalid_penalty:  # envs.wrappers.InvalidActionPenalty, applied by envs.wrappers.make_env
-            kwargs["invalid_action_penalty"] = self.rollout.invalid_penalty
+        if max_turns > 1:
+            kwargs["max_episode_steps"] = max_turns
+        if invalid_penalty:
+            kwargs["invalid_action_penalty"] = invalid_penalty
         return kwargs
 
     @property

@@ -106,14 +106,9 @@ def build_panels(cfg: Any, *, split: str = "", num_tasks: int | None = None) -> 
     names = [s.strip() for s in (given or DEFAULT_SPLIT[family]).split(",") if s.strip()]
     n_tasks = ev.num_tasks if num_tasks is None else num_tasks
     data_root = cfg.data.root or None
-    kwargs = dict(cfg.env_kwargs)
     # the panel's own turn budget reaches the env (gymnasium's max_episode_steps, as in training), and scores are the
     # env's own: training's invalid-action penalty (rollout.invalid_penalty) is not applied to an evaluation
-    kwargs.pop("invalid_action_penalty", None)
-    turns = ev.max_turns or cfg.rollout.max_turns
-    kwargs.pop("max_episode_steps", None)
-    if turns > 1:
-        kwargs["max_episode_steps"] = turns
+    kwargs = cfg.make_env_kwargs(ev.max_turns or cfg.rollout.max_turns)
     if family == "alfworld" and ev.policy in ("expert", "oracle"):
         kwargs["expert"] = True  # the env computes info["expert_action"] (fixed handcoded expert)
     panels = []
