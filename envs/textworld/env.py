@@ -29,6 +29,10 @@ import textworld  # noqa: E402  (the TextWorld package, not this one: absolute i
 
 MAX_TEXT = 1 << 16
 REWARDS = ("win", "score")
+# The longest command the interpreter reads (jericho's ``INPUT_BUFFER_SIZE`` is 198 bytes; a longer one is cut there).
+MAX_COMMAND = 190
+# What the Z-machine may be sent: printable ASCII but the backslash (dumb-frotz's escape to its own meta-commands).
+_NOT_SENDABLE = re.compile(r"[^\x20-\x5b\x5d-\x7e]")
 
 # The "TEXT WORLD" ASCII-art banner of the intro: non-blank lines made only of these characters.
 _BANNER_LINE = re.compile(r"^\s*[_|\\/$<>][\s_|\\/$<>]*$")
@@ -36,6 +40,18 @@ _BANNER_LINE = re.compile(r"^\s*[_|\\/$<>][\s_|\\/$<>]*$")
 _RESTART = re.compile(r"\n\s*Would you like to RESTART.*$", re.DOTALL)
 # The Z-machine's prompt and status line at the end of every reply: "\n>   ...   -= Kitchen =-3/7".
 _STATUS_TAIL = re.compile(r"\n\s*>\s*(?:-=.*?=-)?\s*(?:-?\d+/\d+)?\s*$", re.DOTALL)
+
+
+def interpreter_command(action: str) -> str:
+    """The command line the Z-machine is sent for ``action``: what any agent text may safely become.
+
+    Runs of whitespace become one space; characters outside printable ASCII are dropped (the game's input alphabet
+    is ZSCII, and jericho cuts a UTF-8 encoding at 198 bytes, possibly inside a character); the backslash is dropped
+    (dumb-frotz reads ``\\x``-style escapes as commands to the interpreter itself, not the game, and some of them
+    crash the process: a segfault took down the test run that sampled random actions); the result is cut to
+    :data:`MAX_COMMAND` characters. Example: ``"go\\tnorth\\\\help ü"`` -> ``"go northhelp"``.
+    """
+    return _NOT_SENDABLE.sub("", " ".join(str(action).split()))[:MAX_COMMAND].strip()
 
 
 def clean_feedback(text: str) -> str:
@@ -206,7 +222,7 @@ class TextWorldEnv(gymnasium.Env[str, str]):
         if self._state["won"] or self._state["lost"]:
             # a client's mistake, not an env failure (the server answers 422)
             raise ValueError("step() after the game ended (won or lost); call reset()")
-        action = " ".join(str(action).split())
+        action = interpreter_command(action)
         invalid = action.lower() not in {a.lower() for a in self._state["admissible_commands"] or []}
         k = len(self._played)
         if self._on_walkthrough and (k >= len(self.walkthrough) or action.lower() != self.walkthrough[k].lower()):

@@ -19,7 +19,7 @@ pytest.importorskip("textworld", reason="textworld is not installed")
 
 import envs  # noqa: E402,F401  (registers the ids)
 from envs.textworld import games as tw_games  # noqa: E402
-from envs.textworld.env import clean_feedback  # noqa: E402
+from envs.textworld.env import MAX_COMMAND, clean_feedback, interpreter_command  # noqa: E402
 
 ENV_ID = "agent_rl/TextWorld-v0"
 # (family, level) played from the test split in this file: small levels, every family
@@ -84,6 +84,47 @@ def test_clean_feedback() -> None:
     assert clean_feedback("\nYou can't go that way.\n\n\n>        -= Bedchamber =-0/2") == "You can't go that way."
     assert clean_feedback("You eat it.\n\n      *** The End ***\n\nWould you like to RESTART, QUIT?\n>") == \
         "You eat it.\n\n*** The End ***"
+
+
+def test_interpreter_command() -> None:
+    assert interpreter_command("  go\tnorth \n") == "go north"
+    assert interpreter_command("\\help") == "help" and interpreter_command("\\x") == "x"
+    assert interpreter_command("take café crème") == "take caf crme"
+    assert interpreter_command("x" * 1000) == "x" * MAX_COMMAND and MAX_COMMAND < 198
+    assert interpreter_command("\\\\ ü") == ""
+
+
+# Played in a child process: before interpreter_command, "\\h" made dumb-frotz loop forever and the random text
+# of TextSpace(seed=1) (backslash escapes such as "\\]") segfaulted it, killing the whole test run (CI exit 139).
+_HOSTILE = r"""
+import sys, warnings, gymnasium, envs
+from envs.spaces import TextSpace
+warnings.simplefilter("ignore")
+env = gymnasium.make("agent_rl/TextWorld-v0", family="coin_collector", level=2)
+space = TextSpace(4096, seed=1)
+actions = ["\\h", "\\x", "\\]", "\\help", "ü" * 300, "look \\q"] + [space.sample() for _ in range(40)]
+for ep in range(4):
+    obs, info = env.reset(options={"split": "test", "index": 0})
+    for a in actions[ep::4]:
+        obs, reward, terminated, truncated, info = env.step(a)
+        assert isinstance(obs, str) and info["invalid_action"] is True
+        if terminated or truncated:
+            break
+obs, info = env.reset(options={"split": "test", "index": 0})
+for a in info["walkthrough"]:
+    obs, reward, terminated, truncated, info = env.step(a)
+assert terminated and info["won"], obs
+print("survived", len(actions))
+"""
+
+
+def test_hostile_text_cannot_hang_or_crash_the_interpreter(textworld_games: Path) -> None:
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", _HOSTILE], capture_output=True, text=True, timeout=180,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    assert "survived 46" in proc.stdout
 
 
 @pytest.mark.parametrize("family, level", CASES)
