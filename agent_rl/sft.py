@@ -5,7 +5,8 @@ Warm-starts a policy on expert episodes, in the exact rows RL trains on:
 1. **Collect** ``sft.num_episodes`` expert episodes through the env client of the run (``env_server.mode`` http or
    local, the same :func:`agent_rl.train.open_env_pool`), tasks from the run's ``TaskSampler`` (``env.sampler``,
    seeded by ``trainer.seed``), the env made with ``expert=True``; each turn plays ``info["expert_action"]``
-   (ALFWorld: the fixed handcoded expert; TextWorld: the walkthrough, then TextWorld's planner). Only won episodes
+   (ALFWorld: the fixed handcoded expert; TextWorld: the walkthrough, then TextWorld's planner; WebShop: the
+   scripted oracle). Only won episodes
    are kept (``sft.keep_lost=true`` keeps all).
 2. **Render** every turn with the env's prompt format and the orchestrator's own prompt builder
    (``RolloutOrchestrator._next_prompt``: per-turn or full-trajectory, ``rollout.mode``), the response being

@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -109,8 +109,8 @@ def build_panels(cfg: Any, *, split: str = "", num_tasks: int | None = None) -> 
     # the panel's own turn budget reaches the env (gymnasium's max_episode_steps, as in training), and scores are the
     # env's own: training's invalid-action penalty (rollout.invalid_penalty) is not applied to an evaluation
     kwargs = cfg.make_env_kwargs(ev.max_turns or cfg.rollout.max_turns)
-    if family == "alfworld" and ev.policy in ("expert", "oracle"):
-        kwargs["expert"] = True  # the env computes info["expert_action"] (fixed handcoded expert)
+    if family in ("alfworld", "webshop") and ev.policy in ("expert", "oracle"):
+        kwargs["expert"] = True  # the env computes info["expert_action"] (handcoded expert / scripted oracle)
     panels = []
     for name in names:
         env_split = SPLIT_ALIASES.get(family, {}).get(name, name)
@@ -152,33 +152,16 @@ class RandomPolicy:
 
 
 class ExpertPolicy:
-    """ALFWorld's fixed handcoded expert: the env's ``info["expert_action"]`` (``expert=True``)."""
+    """The env's own upper-bound policy, ``info["expert_action"]`` (env made with ``expert=True``): ALFWorld's fixed
+    handcoded expert, WebShop's scripted oracle (:class:`envs.webshop.oracle.OraclePolicy`, which knows the goal)."""
 
     def act(self, ctx: Any, task: Task, slot: int) -> str:
         if "expert_action" not in ctx.info:
-            raise ValueError("the env gives no info['expert_action'] (ALFWorld needs env.kwargs.expert=true)")
+            raise ValueError("the env gives no info['expert_action'] (it needs env.kwargs.expert=true)")
         return str(ctx.info["expert_action"])
 
 
-class OraclePolicy:
-    """WebShop's scripted oracle (:class:`envs.webshop.oracle.OraclePolicy`: it knows the goal), one per episode."""
-
-    def __init__(self, data_root: str | None = None) -> None:
-        from envs.webshop.catalog import get_catalog
-
-        self.goals = get_catalog(data_root).goals
-        self._live: dict[tuple[int, int], Any] = {}
-
-    def act(self, ctx: Any, task: Task, slot: int) -> str:
-        from envs.webshop.oracle import OraclePolicy as WebShopOracle
-
-        key = (task.group_id, slot)
-        if ctx.step == 0 or key not in self._live:  # a new episode (or a re-run after an env failure)
-            self._live[key] = WebShopOracle(self.goals[int(ctx.info["goal_idx"])])
-        return self._live[key].act(ctx.info)
-
-
-def make_policy(name: str, family: str, seed: int, data_root: str | None) -> Any:
+def make_policy(name: str, family: str, seed: int) -> Any:
     """The scripted policy ``name`` for ``family`` (None for ``model``); expert and oracle are both names of the
     env's upper-bound reference. ``ValueError`` when the env has none."""
     if name == "model":
@@ -187,10 +170,8 @@ def make_policy(name: str, family: str, seed: int, data_root: str | None) -> Any
         if family not in AGENT_ENVS:
             raise ValueError(f"policy=random needs admissible actions; {family} has none")
         return RandomPolicy(seed)
-    if family == "alfworld":
+    if family in ("alfworld", "webshop"):
         return ExpertPolicy()
-    if family == "webshop":
-        return OraclePolicy(data_root)
     raise ValueError(f"policy={name}: {family} has no scripted reference policy (valid: model)")
 
 
@@ -411,7 +392,7 @@ async def evaluate(cfg: Any, pool: Any, engine: Any, *, panels: list[Panel], fol
 
     ev = cfg.eval
     results = []
-    policy = make_policy(ev.policy, panels[0].family, ev.seed, cfg.data.root or None) if panels else None
+    policy = make_policy(ev.policy, panels[0].family, ev.seed) if panels else None
     max_new = ev.max_new_tokens or cfg.engine.max_new_tokens
     orch = PolicyOrchestrator(pool, engine, get_prompt(cfg.env.prompt), eval_rollout_config(cfg),
                               max_new_tokens=max_new, top_p=cfg.engine.top_p, top_k=cfg.engine.top_k,

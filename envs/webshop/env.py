@@ -18,7 +18,7 @@ Contract:
       ``task_type`` (the goal's category: beauty, electronics, fashion, food, furniture),
       ``page`` (search|results|item|sub|done),
       ``results_page``, ``product`` (ASIN on product pages), ``selected_options``, ``won``, ``invalid_action``,
-      ``error``;
+      ``error``; with ``expert=True`` also ``expert_action`` (the oracle's next action) before Buy Now;
       after Buy Now also ``score``, ``reward_details`` (every factor) and ``purchased``.
 
 The catalog and the search index are shared process-wide (``catalog.get_catalog``, ``search.get_index``); an env
@@ -27,6 +27,7 @@ instance holds only its goal and page state.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from typing import Any
@@ -37,6 +38,7 @@ from envs.errors import EnvInfraError
 from envs.spaces import TextSpace, check_action
 from envs.webshop import pages
 from envs.webshop.catalog import Catalog, get_catalog
+from envs.webshop.oracle import OraclePolicy
 from envs.webshop.pages import PageState
 from envs.webshop.reward import get_reward
 from envs.webshop.search import get_index
@@ -60,6 +62,12 @@ def parse_action(action: str) -> tuple[str, str | None]:
     return m.group(1), m.group(2)
 
 
+def _same_action(a: str, b: str) -> bool:
+    """Whether two action strings are the same command up to case and whitespace (a policy's text passes through a
+    tokenizer: the catalog's no-break spaces in ``click[b17-army\xa0green]`` come back as plain spaces)."""
+    return " ".join(a.lower().split()) == " ".join(b.lower().split())
+
+
 class WebShopEnv(gym.Env[str, str]):
     """WebShop text env (see the module docstring for the full contract).
 
@@ -73,6 +81,11 @@ class WebShopEnv(gym.Env[str, str]):
         max_action_chars: longer actions are rejected as invalid (the reference's Lucene would refuse >1024
             query clauses; 10 kB of text is not a search).
         show_attrs: show the Attributes sub-page button (reference ``show_attrs``; off in all published setups).
+        expert: add ``info["expert_action"]``, the scripted oracle's next action (:class:`envs.webshop.oracle.
+            OraclePolicy`, which knows the goal: search the instruction, open the target, click the goal options, buy)
+            for behaviour cloning and upper-bound rows. The oracle's memory (options tried, fallback search done)
+            advances only when its suggestion is the action played, so a step off its path does not corrupt it: it
+            plans again from the page it finds. Absent once the episode is over.
     """
 
     metadata = {"render_modes": []}
@@ -86,6 +99,7 @@ class WebShopEnv(gym.Env[str, str]):
         data_dir: str | None = None,
         max_action_chars: int = 2000,
         show_attrs: bool = False,
+        expert: bool = False,
     ) -> None:
         if observation_mode not in OBSERVATION_MODES:
             raise ValueError(f"observation_mode must be one of {OBSERVATION_MODES}, got {observation_mode!r}")
@@ -95,6 +109,9 @@ class WebShopEnv(gym.Env[str, str]):
         self.split = split
         self.max_action_chars = int(max_action_chars)
         self.show_attrs = bool(show_attrs)
+        self.expert = bool(expert)
+        self._oracle: OraclePolicy | None = None
+        self._suggestion: tuple[str, OraclePolicy] | None = None  # (expert_action, the oracle after suggesting it)
         self.catalog: Catalog = get_catalog(data_dir, human_goals=human_goals, seed=goal_seed)
         self.index = get_index(self.catalog)
         # Text spaces bound the length only: product text is arbitrary Unicode
@@ -153,6 +170,8 @@ class WebShopEnv(gym.Env[str, str]):
         self.goal_idx = int(goal_idx)
         self.goal = self.catalog.goals[self.goal_idx]
         self.session_id = str(self.goal_idx)  # the reference's session id for reset(session=int)
+        self._oracle = OraclePolicy(self.goal) if self.expert else None
+        self._suggestion = None
         self._to_search_page()
         self.state.url = f"{pages.BASE_URL}/{self.session_id}"
         return self._observation(), self._info()
@@ -162,6 +181,9 @@ class WebShopEnv(gym.Env[str, str]):
         action = check_action(self, action)  # TypeError for a non-str (HTTP: 422)
         if self.goal is None:
             raise RuntimeError("call reset() before step()")
+        if self._suggestion is not None and _same_action(action, self._suggestion[0]):
+            self._oracle = self._suggestion[1]  # the expert's step was played: its memory moves on
+        self._suggestion = None
         if self.state.kind == "done":
             return self._invalid("the episode is over (Buy Now was clicked); call reset()", terminated=True)
         if len(action) > self.max_action_chars:
@@ -368,6 +390,10 @@ class WebShopEnv(gym.Env[str, str]):
             "invalid_action": invalid,
             "error": error,
         }
+        if self._oracle is not None and s.kind != "done":
+            oracle = copy.deepcopy(self._oracle)
+            info["expert_action"] = oracle.act(info)
+            self._suggestion = (info["expert_action"], oracle)
         if s.kind == "done":
             info["score"] = float(s.reward)
             info["reward_details"] = dict(s.reward_details or {})
