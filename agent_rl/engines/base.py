@@ -13,8 +13,8 @@ from agent_rl.types import Generation
 def row_seed(seed: int, *key: int) -> int:
     """A 63-bit sampling seed for the row identified by ``key`` under the base ``seed``:
     ``numpy.random.default_rng([seed, *key]).integers(2**63)`` (numpy's SeedSequence hashing: distinct keys give
-    unrelated streams). ``key`` entries must be non-negative ints."""
-    return int(np.random.default_rng([int(seed), *(int(k) for k in key)]).integers(2**63))
+    unrelated streams). ``seed`` and ``key`` are ints, taken modulo 2**64 (so a negative seed is fine)."""
+    return int(np.random.default_rng([int(k) % 2**64 for k in (seed, *key)]).integers(2**63))
 
 
 @runtime_checkable

@@ -7,11 +7,10 @@ prefill over the left-padded prompts, then one token per step with the cache; fi
 batch (``DynamicCache.batch_select_indices``) so short answers do not pay for long ones.
 
 Sampling randomness is per row, never shared by the rows of a batch: row i draws its noise from its own
-``torch.Generator`` seeded with ``row_seeds[i]`` (the orchestrator derives it from the rollout seed, the group, the
-episode's slot and the turn: ``agent_rl.engines.row_seed`` of (rollout seed, group, slot, turn)), so a row samples the same tokens whether it
-is generated alone, in a batch of any size or in any order, i.e. whatever the env timing that formed the batch
-(the last bits of the logits may still differ with the batch's padding; a token flips only when its noise falls
-within that rounding of a tie). Without ``row_seeds``, row i of the call uses ``row_seed(seed, i)`` (``seed``: the
+``torch.Generator`` seeded with ``row_seeds[i]`` (the orchestrator passes ``agent_rl.engines.row_seed`` of (rollout
+seed, group, slot, turn)), so a row samples the same tokens whether it is generated alone, in a batch of any size or
+in any order, i.e. whatever the env timing that formed the batch (the last bits of the logits may still differ with
+the batch's padding; a token flips only when its noise falls within that rounding of a tie). Without ``row_seeds``, row i of the call uses ``row_seed(seed, i)`` (``seed``: the
 call's, else a draw from the engine's generator). Each step samples by the exponential race, the Gumbel-max trick
 ``torch.multinomial`` itself uses for one sample: token = argmax_v p_v / q_v with q_v ~ Exp(1) from the row's
 generator (one draw per vocabulary entry per token). Greedy rows (T = 0) take the argmax and draw nothing.

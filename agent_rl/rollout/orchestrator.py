@@ -103,7 +103,7 @@ class GenerationBatcher:
                        repetition_penalty: float = 1.0, key: tuple[int, ...] | None = None) -> Generation:
         """Queue one prompt; resolves to its Generation. ``repetition_penalty`` (1.0 = off) is per row: TGRL's
         ``algo.high_repetition_penalty`` on high-temperature episodes (algorithms.md section 3, optional).
-        ``key`` (non-negative ints, e.g. (group id, slot, turn)) names the row: with a batcher ``seed`` the row
+        ``key`` (ints, e.g. (group id, slot, turn)) names the row: with a batcher ``seed`` the row
         samples with ``row_seed(seed, *key)`` whatever batch it lands in (module docstring); a batch with a row
         without key falls back to one seed per engine call (``seed`` + call index)."""
         fut = asyncio.get_running_loop().create_future()
