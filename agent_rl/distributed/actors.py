@@ -143,8 +143,9 @@ class RolloutWorker:
 
     Args:
         cfg: the run's :class:`agent_rl.config.Config`.
-        index: worker index (0..M-1); worker i samples with engine seed ``engine.seed + 7919 * i`` (worker 0 = the
-            local backend's stream).
+        index: worker index (0..M-1). Every worker samples with the local backend's seed (``engine.seed``): the
+            randomness of a turn is keyed by its step, group id, slot and turn (``agent_rl.rollout.orchestrator``),
+            so a group samples the same episodes on any worker, with any M, and as the local backend does.
         env_urls: env-server URLs (``env_server.mode=http``); ignored in local mode.
     """
 
@@ -173,7 +174,7 @@ class RolloutWorker:
         self.model, self.tokenizer = load_policy(cfg.model)
         if torch.cuda.is_available() and cfg.rollout.worker_gpus > 0:
             self.model.to("cuda:0")
-        seed = None if cfg.engine.seed is None else int(cfg.engine.seed) + 7919 * self.index
+        seed = cfg.engine.seed
         self.engine = get_engine(cfg.engine.name, self.model, self.tokenizer, batch_size=cfg.engine.batch_size,
                                  seed=seed, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
                                  dtype=cfg.model.dtype)

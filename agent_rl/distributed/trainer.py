@@ -14,6 +14,9 @@ Faults: a rollout worker that dies (``RayActorError``) is replaced by a fresh ac
 its groups are re-run (at most ``MAX_WORKER_RESTARTS`` times per step); an env-server replica that dies loses its
 sessions, the orchestrator re-runs those episodes and ``HTTPEnvPool`` opens new sessions on the other replicas.
 
+Same numbers as the local backend with N = 1 (docs/scaling.md, Determinism): every worker samples with the local
+``engine.seed`` and per-row keys (step, group, slot, turn), so the episodes do not depend on M or on timing.
+
 Differences from the local backend: no env-reset prefetch across steps; DAPO dynamic sampling drops uniform groups
 without refilling (``max_extra_rounds`` is 0 per worker); a step with fewer kept groups than learner ranks skips the
 update (warned); ``DIR/checkpoints`` must be on a file system rank 0 and the driver share (one node, or NFS).
@@ -228,8 +231,11 @@ def train_ray(cfg: Any, out: Path) -> dict[str, Any]:
                 failures = [f for res in done for f in res["failures"]]
                 wall = time.perf_counter() - t0
                 metrics: dict[str, Any] = rollout_metrics(episodes)
-                for key in ("rollout/dropped_groups", "rollout/filtered_groups", "time/generate_s"):
+                for key in ("rollout/dropped_groups", "rollout/filtered_groups", "rollout/episode_retries",
+                            "rollout/failed_episodes", "time/generate_s"):
                     metrics[key] = sum(res["metrics"].get(key, 0.0) for res in done)
+                metrics["rollout/extra_rounds"] = max((res["metrics"].get("rollout/extra_rounds", 0.0) for res in done),
+                                                      default=0.0)
                 metrics["time/rollout_s"] = wall
                 metrics["throughput/tokens_per_s"] = sum(res["metrics"].get("throughput/tokens_per_s", 0.0) *
                                                          res["metrics"].get("time/rollout_s", 0.0)

@@ -5,7 +5,16 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable, Protocol, runtime_checkable
 
+import numpy as np
+
 from agent_rl.types import Generation
+
+
+def row_seed(seed: int, *key: int) -> int:
+    """A 63-bit sampling seed for the row identified by ``key`` under the base ``seed``:
+    ``numpy.random.default_rng([seed, *key]).integers(2**63)`` (numpy's SeedSequence hashing: distinct keys give
+    unrelated streams). ``seed`` and ``key`` are ints, taken modulo 2**64 (so a negative seed is fine)."""
+    return int(np.random.default_rng([int(k) % 2**64 for k in (seed, *key)]).integers(2**63))
 
 
 @runtime_checkable
@@ -18,14 +27,18 @@ class Engine(Protocol):
     ``Generation.token_ids`` are exactly the sampled ids (an EOS token, when sampled, is included); ``text`` is their
     decoding without special tokens (a matched stop string is kept in it). ``repetition_penalties`` (optional, per
     row, 1.0 = off) serves TGRL's ``algo.high_repetition_penalty``; with a penalty the log-probs are those of the
-    penalised distribution sampled from.
+    penalised distribution sampled from. ``row_seeds`` (optional, per row): row i's sampling randomness comes from
+    ``row_seeds[i]`` alone, so a row samples the same tokens whatever else is in the batch and in whatever order
+    (the orchestrator passes :func:`row_seed` of (rollout seed, group id, slot, turn): episodes do not depend on the
+    env timing that formed the batches); ``seed`` then plays no part. Greedy rows (T = 0) draw nothing.
     """
 
     tokenizer: Any
 
     def generate(self, prompts: list[list[int]], temperatures: list[float], *, max_new_tokens: int,
                  top_p: float = 1.0, top_k: int = 0, stop: list[str] | None = None, seed: int | None = None,
-                 repetition_penalties: list[float] | None = None) -> list[Generation]: ...
+                 repetition_penalties: list[float] | None = None,
+                 row_seeds: list[int] | None = None) -> list[Generation]: ...
 
     def sync_weights(self, model: Any) -> None: ...
 

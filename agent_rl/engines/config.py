@@ -26,7 +26,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.4
     """vllm: fraction of GPU memory for its KV cache (the learner shares the GPU)."""
     seed: int = 0
-    """Base sampling seed (each generate call may pass its own)."""
+    """Base sampling seed: turn k of slot s of group g samples with ``row_seed(rollout seed, g, s, k)``, the rollout
+    seed drawn from this and the step (``agent_rl.rollout.orchestrator``), whatever batch the turn lands in."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1 or self.batch_size < 1 or not 0 < self.top_p <= 1 or self.top_k < 0:

@@ -1,7 +1,10 @@
 """``vllm`` engine (GPU only; ``vllm`` is imported when the engine is built, never at package import).
 
 - One ``SamplingParams`` per request: ``temperature`` of the row, ``top_p``, ``top_k`` (-1 = off),
-  ``max_tokens``, ``stop``, ``logprobs=0`` (the sampled token's log-prob only), per-request ``seed``.
+  ``max_tokens``, ``stop``, ``logprobs=0`` (the sampled token's log-prob only), per-request ``seed``: ``row_seeds[i]``
+  when given (the orchestrator's per-row key, so a row samples the same tokens whatever its batch, as with ``hf``;
+  vLLM gives a seeded request its own generator), else ``seed + i``. Same seeds do not mean the same tokens as the
+  ``hf`` engine (each has its own sampler).
 - Prompts go in as token ids (``TokensPrompt``) and the sampled ids come back untouched (token-in/token-out).
 - Log-probs: the engine is built with ``logprobs_mode="processed_logprobs"`` so vLLM reports log-probs after the
   temperature is applied, i.e. log softmax(z / T_row), matching the learner (with top-p/top-k on, vLLM's processed
@@ -62,15 +65,20 @@ class VLLMEngine:
 
     def generate(self, prompts: list[list[int]], temperatures: list[float], *, max_new_tokens: int,
                  top_p: float = 1.0, top_k: int = 0, stop: list[str] | None = None, seed: int | None = None,
-                 repetition_penalties: list[float] | None = None) -> list[Generation]:
-        """See ``agent_rl.engines.base.Engine`` (``repetition_penalties``: per-row vLLM ``repetition_penalty``)."""
+                 repetition_penalties: list[float] | None = None,
+                 row_seeds: list[int] | None = None) -> list[Generation]:
+        """See ``agent_rl.engines.base.Engine`` (``repetition_penalties``: per-row vLLM ``repetition_penalty``;
+        ``row_seeds``: per-request ``seed``, module docstring)."""
+        if row_seeds is not None and len(row_seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(row_seeds)} row seeds")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         params = [
             SamplingParams(temperature=float(t), top_p=top_p, top_k=top_k if top_k > 0 else -1,
                            max_tokens=max_new_tokens, stop=stop or None, logprobs=0,
-                           seed=None if seed is None else seed + i, include_stop_str_in_output=True,
+                           seed=int(row_seeds[i]) if row_seeds is not None else None if seed is None else seed + i,
+                           include_stop_str_in_output=True,
                            repetition_penalty=1.0 if repetition_penalties is None else repetition_penalties[i])
             for i, t in enumerate(temperatures)
         ]

@@ -6,6 +6,14 @@ prompt waiting, calls ``engine.generate`` in a worker thread (``asyncio.to_threa
 hands each episode its own :class:`~agent_rl.types.Generation` back. Token-in/token-out: the ids an episode stores
 are the ids the engine sampled; generated text is only parsed, never re-tokenised.
 
+Determinism: which prompts share an engine call depends on env timing, so sampling randomness is keyed by the row,
+not by the call: the turn ``k`` of the episode in slot ``s`` of group ``g`` samples with
+``row_seed(rollout_seed, g, s, k)`` (``agent_rl.engines.row_seed``; ``rollout_seed`` is drawn from the orchestrator's
+seed and :meth:`RolloutOrchestrator.run_groups`'s ``seed_key``, the step and round in training). With the same seed,
+the same groups give the same episodes whatever the env latencies, batch sizes, worker count or arrival order
+(group ids must be distinct within one ``run_groups`` call, as ``TaskSampler``'s are). An episode re-run after an env
+failure samples as its first attempt did.
+
 Failures: an env call that raises or times out (after the client's own retries) fails the episode attempt; the
 episode is re-run from the same task up to ``rollout.episode_retries`` times; a group with an episode that still
 fails is dropped whole and counted (``rollout/dropped_groups``). That includes an env that could not judge
@@ -23,6 +31,7 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import numpy as np
 
+from agent_rl.engines.base import row_seed
 from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.parsing import parse_action
 from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, turn_separator, user_turn_text
@@ -78,7 +87,7 @@ class GenerationBatcher:
         self.engine = engine
         self.kwargs = dict(max_new_tokens=max_new_tokens, top_p=top_p, top_k=top_k, stop=stop)
         self.batch_size, self.seed = batch_size, seed
-        self._pending: list[tuple[list[int], float, asyncio.Future, float]] = []
+        self._pending: list[tuple[list[int], float, asyncio.Future, float, tuple[int, ...] | None]] = []
         self._wakeup = asyncio.Event()
         self._arrived = asyncio.Event()
         self.wait_s = wait_s
@@ -91,11 +100,15 @@ class GenerationBatcher:
         self.generated_tokens = 0
 
     async def generate(self, prompt_ids: list[int], temperature: float,
-                       repetition_penalty: float = 1.0) -> Generation:
+                       repetition_penalty: float = 1.0, key: tuple[int, ...] | None = None) -> Generation:
         """Queue one prompt; resolves to its Generation. ``repetition_penalty`` (1.0 = off) is per row: TGRL's
-        ``algo.high_repetition_penalty`` on high-temperature episodes (algorithms.md section 3, optional)."""
+        ``algo.high_repetition_penalty`` on high-temperature episodes (algorithms.md section 3, optional).
+        ``key`` (ints, e.g. (group id, slot, turn)) names the row: with a batcher ``seed`` the row
+        samples with ``row_seed(seed, *key)`` whatever batch it lands in (module docstring); a batch with a row
+        without key falls back to one seed per engine call (``seed`` + call index)."""
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((prompt_ids, temperature, fut, float(repetition_penalty)))
+        self._pending.append((prompt_ids, temperature, fut, float(repetition_penalty),
+                              None if key is None else tuple(int(k) for k in key)))
         self._wakeup.set()
         self._arrived.set()
         return await fut
@@ -137,17 +150,19 @@ class GenerationBatcher:
             extra: dict[str, Any] = {}
             if any(b[3] != 1.0 for b in batch):  # only engines asked for a penalty need to support it
                 extra["repetition_penalties"] = [b[3] for b in batch]
+            if self.seed is not None and all(b[4] is not None for b in batch):  # per-row randomness
+                extra["row_seeds"] = [row_seed(self.seed, *b[4]) for b in batch]
             try:
                 gens = await asyncio.to_thread(self.engine.generate, [b[0] for b in batch], [b[1] for b in batch],
                                                seed=seed, **self.kwargs, **extra)
             except Exception as exc:  # noqa: BLE001 (re-raised in every waiting episode)
-                for _, _, fut, _ in batch:
+                for _, _, fut, _, _ in batch:
                     if not fut.done():
                         fut.set_exception(exc)
                 gens = None
             self.busy_s += time.perf_counter() - t0
             if gens is not None:
-                for (_, _, fut, _), gen in zip(batch, gens):
+                for (_, _, fut, _, _), gen in zip(batch, gens):
                     self.generated_tokens += len(gen.token_ids)
                     if not fut.done():
                         fut.set_result(gen)
@@ -249,7 +264,8 @@ class RolloutOrchestrator:
         reference policies of ``agent_rl.eval``, which read ``ctx``)."""
         assert self._batcher is not None
         return await self._batcher.generate(prompt_ids, temperature,
-                                            self.high_repetition_penalty if is_high else 1.0)
+                                            self.high_repetition_penalty if is_high else 1.0,
+                                            key=(task.group_id, slot, ctx.step))
 
     async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
         """One attempt at an episode; raises :class:`EnvCallFailed` on env failure."""
@@ -319,9 +335,10 @@ class RolloutOrchestrator:
     async def run_groups(self, groups: Sequence[GroupSpec], *, seed_key: int | None = None) -> RolloutResult:
         """Play every episode of ``groups`` concurrently; drop groups with a failed episode.
 
-        Generation call i of this rollout gets the seed ``default_rng([seed, seed_key]).integers(2**31) + i``
-        (``seed_key``: :meth:`collect` passes the step and round, so steps never reuse random streams and a resumed
-        run samples as the uninterrupted one would have; default: a per-orchestrator counter).
+        The rollout seed is ``default_rng([seed, seed_key]).integers(2**31)`` (``seed_key``: :meth:`collect` passes
+        the step and round, so steps never reuse random streams and a resumed run samples as the uninterrupted one
+        would have; default: a per-orchestrator counter); turn k of slot s of group g samples with
+        ``row_seed(rollout seed, g, s, k)`` (module docstring: independent of batching and env timing).
 
         Returns:
             RolloutResult whose ``episodes`` hold only complete groups (order: group, then episode) and whose

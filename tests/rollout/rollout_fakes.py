@@ -35,7 +35,8 @@ class ScriptedEngine:
         self.policy, self.delay_s = policy, delay_s
         self.calls: list[tuple[list[list[int]], list[float]]] = []
 
-    def generate(self, prompts, temperatures, *, max_new_tokens, top_p=1.0, top_k=0, stop=None, seed=None):
+    def generate(self, prompts, temperatures, *, max_new_tokens, top_p=1.0, top_k=0, stop=None, seed=None,
+                 row_seeds=None):
         import time
 
         if self.delay_s:

@@ -92,11 +92,12 @@ def test_dapo_group_size_one_refused_before_anything_starts(tmp_path):
 
 
 def test_step_that_trains_on_nothing_is_loud(tmp_path, capsys):
-    # one new token can never spell an action: both episodes of the group score 0, DAPO filters the group and
-    # (no extra round) the step has no episode to train on
+    # top_k=1: both episodes of the group play the same greedy token, so their rewards are equal whatever it is
+    # (ChooseItem's initial-letter rule lets one sampled token win), DAPO filters the group and (no extra round) the
+    # step has no episode to train on
     out = tmp_path / "D"
     main([*BASE, "algo=dapo", "algo.group_size=2", "algo.dapo_max_extra_rounds=0", "engine.max_new_tokens=1",
-          "trainer.total_steps=2", f"trainer.output_dir={out}"])
+          "engine.top_k=1", "trainer.total_steps=2", f"trainer.output_dir={out}"])
     err = capsys.readouterr().err
     assert "WARNING: step 1 trains on nothing (0 episodes: 0 group(s) dropped, 1 filtered as all-equal" in err
     assert "WARNING: 2 of 2 step(s) trained on nothing" in err
