@@ -56,7 +56,6 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
     from agent_rl.learner.checkpoint import (latest_checkpoint, load_checkpoint, recover_checkpoints,
                                              save_checkpoint)
     from agent_rl.logging import MetricsLogger
-    from agent_rl.models import load_policy
     from agent_rl.progress import Progress
     from agent_rl.rollout import TaskSampler, build_rollout_batch, get_prompt, group_temperatures
 
@@ -66,18 +65,7 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
     set_torch_threads(cfg.engine.num_threads)
     device = resolve_device(cfg.trainer.device)
     progress = Progress(enabled=cfg.trainer.progress)  # phases: model, env server, rollout, update, checkpoint, eval
-    progress.note(f"loading model {cfg.model.path or cfg.model.name} (SmolLM2 is converted on first use, ~30 s)")
-    try:
-        model, tokenizer = load_policy(cfg.model)
-    except (OSError, ValueError) as exc:  # not found / not downloadable / an option transformers rejects
-        where = f"model.name={cfg.model.name}" + (f" model.path={cfg.model.path}" if cfg.model.path else "")
-        raise ConfigError(f"{where} could not be loaded: {' '.join(str(exc).split())[:400]}") from exc
-    note = fit_prompt_budget(cfg, getattr(model.config, "max_position_embeddings", None),
-                             "max_position_embeddings of the loaded model")
-    if note:  # a hub model whose config was not available offline at load time
-        print(f"config: {note}", file=sys.stderr)
-        if config_file is not None:
-            config_file.write_text(to_yaml(cfg), encoding="utf-8")
+    model, tokenizer = load_run_policy(cfg, progress, config_file)
     learner = Learner(model, tokenizer, cfg.algo, cfg.optim, credit=cfg.credit, schedule=cfg.schedule,
                       device=device, seed=cfg.trainer.seed, top_k=cfg.engine.top_k, top_p=cfg.engine.top_p)
     engine = get_engine(cfg.engine.name, model, tokenizer, batch_size=cfg.engine.batch_size, seed=cfg.engine.seed,
@@ -128,12 +116,8 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
                                                    filter_groups=cfg.algo.dapo_dynamic_sampling,
                                                    max_extra_rounds=cfg.algo.dapo_max_extra_rounds)
                     metrics: dict[str, Any] = dict(result.metrics)
-                    if result.failures:  # say why: a broken env (bad env.kwargs, no data) would fail silently
-                        print(f"warning: step {step}: {len(result.failures)} group(s) dropped; first reason: "
-                              f"{result.failures[0]}", file=sys.stderr)
-                        if step == start and not result.episodes and not result.filtered_groups:
-                            raise FirstStepFailed(f"every episode of step {step} failed, nothing to train on; "
-                                               f"first reason: {result.failures[0]}")
+                    check_dropped_groups(step, start, result.failures, bool(result.episodes),
+                                         result.filtered_groups)
                     if step < total:  # next step's env resets (seconds on ALFWorld) run during this update
                         rollout.prefetch(sampler.sample(cfg.trainer.tasks_per_step), cfg.algo.group_size)
                     # 2-3. Rows -> one learner update in a worker thread, so the event loop keeps serving env calls
@@ -150,9 +134,7 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
                     else:  # loud: a run that never trains must not look like one that did
                         idle_steps += 1
                         metrics["batch/rows"] = 0
-                        print(f"WARNING: step {step} trains on nothing (0 episodes: {result.dropped_groups} group(s) "
-                              f"dropped, {result.filtered_groups} filtered as all-equal by DAPO dynamic sampling); "
-                              "no update", file=sys.stderr)
+                        warn_idle_step(step, result.dropped_groups, result.filtered_groups)
                     if evaluator.due(step, total):
                         metrics.update(await evaluator.run(step, pool, engine))
                     # 4. Log and checkpoint (the data position excludes prefetched tasks: a resume replays them).
@@ -169,10 +151,62 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
     finally:
         progress.end()
         logger.close()
-    if idle_steps:
-        print(f"WARNING: {idle_steps} of {total - start + 1} step(s) trained on nothing (see the warnings above)",
-              file=sys.stderr)
+    warn_idle_run(idle_steps, total - start + 1)
     return record
+
+
+# ------------------------------------------------------------------------------------------------ shared steps
+# Pieces of the loop that the Ray backend (agent_rl.distributed.trainer) runs too: one implementation for both.
+def load_run_policy(cfg: Config, progress: Any, config_file: Path | None = None) -> tuple[Any, Any]:
+    """Load the run's policy and tokenizer (``load_policy(cfg.model)``), saying so on ``progress``; cap the prompt
+    budget by the loaded model's context (``fit_prompt_budget``: ``cfg`` is changed in place, and ``config_file``
+    rewritten, when it does).
+
+    Raises:
+        ConfigError: the model cannot be loaded (not found, not downloadable, an option transformers rejects).
+    """
+    from agent_rl.models import load_policy
+
+    progress.note(f"loading model {cfg.model.path or cfg.model.name} (SmolLM2 is converted on first use, ~30 s)")
+    try:
+        model, tokenizer = load_policy(cfg.model)
+    except (OSError, ValueError) as exc:  # not found / not downloadable / an option transformers rejects
+        where = f"model.name={cfg.model.name}" + (f" model.path={cfg.model.path}" if cfg.model.path else "")
+        raise ConfigError(f"{where} could not be loaded: {' '.join(str(exc).split())[:400]}") from exc
+    note = fit_prompt_budget(cfg, getattr(model.config, "max_position_embeddings", None),
+                             "max_position_embeddings of the loaded model")
+    if note:  # a hub model whose config was not available offline at load time
+        print(f"config: {note}", file=sys.stderr)
+        if config_file is not None:
+            config_file.write_text(to_yaml(cfg), encoding="utf-8")
+    return model, tokenizer
+
+
+def check_dropped_groups(step: int, start: int, failures: list[Any], has_episodes: bool, filtered_groups: int) -> None:
+    """Warn about the step's dropped groups (a broken env, bad env.kwargs or missing data would otherwise fail
+    silently).
+
+    Raises:
+        FirstStepFailed: every episode of the run's first step failed (none kept, none filtered by DAPO).
+    """
+    if not failures:
+        return
+    print(f"warning: step {step}: {len(failures)} group(s) dropped; first reason: {failures[0]}", file=sys.stderr)
+    if step == start and not has_episodes and not filtered_groups:
+        raise FirstStepFailed(f"every episode of step {step} failed, nothing to train on; "
+                              f"first reason: {failures[0]}")
+
+
+def warn_idle_step(step: int, dropped_groups: int, filtered_groups: int) -> None:
+    """The loud line of a step that trains on nothing (a run that never trains must not look like one that did)."""
+    print(f"WARNING: step {step} trains on nothing (0 episodes: {dropped_groups} group(s) dropped, {filtered_groups} "
+          "filtered as all-equal by DAPO dynamic sampling); no update", file=sys.stderr)
+
+
+def warn_idle_run(idle_steps: int, steps: int) -> None:
+    """The run's closing line when ``idle_steps`` of its ``steps`` steps trained on nothing (silent for 0)."""
+    if idle_steps:
+        print(f"WARNING: {idle_steps} of {steps} step(s) trained on nothing (see the warnings above)", file=sys.stderr)
 
 
 def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, Any]:
@@ -218,7 +252,7 @@ def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, A
     if cfg.trainer.backend == "ray":  # learners, rollout workers, env servers as Ray actors (docs/scaling.md)
         from agent_rl.distributed.trainer import train_ray
 
-        record = train_ray(cfg, out)
+        record = train_ray(cfg, out, config_file)
     else:
         record = asyncio.run(train_loop(cfg, out, config_file))
     from agent_rl.report import finish_run

@@ -115,6 +115,11 @@ class LearnerRank:
         metrics["batch/response_tokens"] = float(shard.response_mask.sum())
         return metrics
 
+    def last_token_stats(self) -> dict[str, torch.Tensor] | None:
+        """``Learner.last_token_stats`` of the last :meth:`update`: (b, L) float32 CPU tensors aligned with this
+        rank's shard (the episode store's per-token numbers)."""
+        return self.learner.last_token_stats
+
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The policy's state dict on CPU (what rollout workers load)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
@@ -156,6 +161,7 @@ class RolloutWorker:
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, daemon=True, name="rollout-loop").start()
         self._ready = False
+        self._evaluator: Any = None
 
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -226,6 +232,22 @@ class RolloutWorker:
             take, len(tasks), cfg.algo, step, filter_groups=cfg.algo.dapo_dynamic_sampling, max_extra_rounds=0))
         return {"episodes": result.episodes, "metrics": dict(result.metrics), "failures": list(result.failures),
                 "weight_version": self.version, "worker": self.index}
+
+    def evaluate(self, step: int, out_dir: str) -> list[dict[str, Any]]:
+        """The training eval panel (:class:`agent_rl.eval.training.TrainingEval`, ``trainer.eval_*``) with this
+        worker's engine, env client and weights (the driver calls it on worker 0 after the step's weights are
+        loaded). Writes ``out_dir/eval/step_<step>/<panel>.json|.png`` (``out_dir`` must be reachable from this node,
+        as for checkpoints); returns the per-panel results, which the driver turns into ``eval/...`` metrics."""
+        from pathlib import Path
+
+        from agent_rl.eval.training import TrainingEval
+        from agent_rl.progress import Progress
+
+        if not self._ready:
+            self._build()
+        if self._evaluator is None:
+            self._evaluator = TrainingEval(self.cfg, Path(out_dir), Progress(enabled=False))
+        return self._run(self._evaluator.results(step, self.pool, self.engine))
 
     def pid(self) -> int:
         return os.getpid()

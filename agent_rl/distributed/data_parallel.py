@@ -127,12 +127,9 @@ def _take(batch: RolloutBatch, rows: Tensor, episodes: Tensor) -> RolloutBatch:
     return RolloutBatch(**out, extras=extras)
 
 
-def shard_batch(batch: RolloutBatch, num_shards: int) -> list[RolloutBatch]:
-    """Split ``batch`` into ``num_shards`` batches of whole groups (groups dealt round-robin in first-appearance
-    order, so shard sizes differ by at most one group).
-
-    Per-row tensors and row-sized tensor extras are sliced by row, per-episode tensors (``episode_*``, extras
-    ``episode_*`` of length E) by episode, with ``episode_index`` renumbered per shard.
+def shard_indices(batch: RolloutBatch, num_shards: int) -> list[tuple[Tensor, Tensor]]:
+    """``(rows, episodes)`` of each shard (ascending index tensors into ``batch``): whole groups dealt round-robin in
+    first-appearance order, so shard sizes differ by at most one group.
 
     Raises:
         ValueError: ``num_shards < 1`` or fewer groups than shards (a rank would have nothing to train on).
@@ -143,13 +140,34 @@ def shard_batch(batch: RolloutBatch, num_shards: int) -> list[RolloutBatch]:
     if len(groups) < num_shards:
         raise ValueError(f"{len(groups)} group(s) cannot be split over {num_shards} learners (whole groups only); "
                          "raise trainer.tasks_per_step or lower trainer.num_learners")
-    shards = []
+    out = []
     for r in range(num_shards):
         mine = torch.tensor(groups[r::num_shards], dtype=torch.long)
-        rows = torch.isin(batch.group_index, mine).nonzero(as_tuple=True)[0]
-        episodes = torch.isin(batch.episode_group_index, mine).nonzero(as_tuple=True)[0]
-        shards.append(_take(batch, rows, episodes))
-    return shards
+        out.append((torch.isin(batch.group_index, mine).nonzero(as_tuple=True)[0],
+                    torch.isin(batch.episode_group_index, mine).nonzero(as_tuple=True)[0]))
+    return out
+
+
+def shard_batch(batch: RolloutBatch, num_shards: int) -> list[RolloutBatch]:
+    """Split ``batch`` into ``num_shards`` batches of whole groups (:func:`shard_indices`).
+
+    Per-row tensors and row-sized tensor extras are sliced by row, per-episode tensors (``episode_*``, extras
+    ``episode_*`` of length E) by episode, with ``episode_index`` renumbered per shard.
+
+    Raises:
+        ValueError: ``num_shards < 1`` or fewer groups than shards (a rank would have nothing to train on).
+    """
+    return [_take(batch, rows, episodes) for rows, episodes in shard_indices(batch, num_shards)]
+
+
+def unshard_rows(parts: Sequence[Tensor], rows: Sequence[Tensor], num_rows: int) -> Tensor:
+    """The inverse of the row split: per-shard ``(b_r, ...)`` tensors (shard r's rows ``rows[r]`` of
+    :func:`shard_indices`) -> one ``(num_rows, ...)`` tensor in the batch's row order (the ranks' per-token
+    statistics back on the whole batch, for the episode store)."""
+    out = parts[0].new_zeros((num_rows, *parts[0].shape[1:]))
+    for part, idx in zip(parts, rows):
+        out[idx] = part
+    return out
 
 
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, backend: str = "auto",

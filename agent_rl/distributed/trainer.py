@@ -93,20 +93,36 @@ def _merge_learner_metrics(ranks: list[dict[str, float]], batch: Any) -> dict[st
     return out
 
 
-def train_ray(cfg: Any, out: Path) -> dict[str, Any]:
-    """Run steps ``start..trainer.total_steps`` on Ray; returns the last step's logged record (as ``train_loop``)."""
+def train_ray(cfg: Any, out: Path, config_file: Path | None = None) -> dict[str, Any]:
+    """Run steps ``start..trainer.total_steps`` on Ray; returns the last step's logged record (as ``train_loop``).
+
+    The artefacts are the local backend's, written by the same code (:mod:`agent_rl.train`'s shared steps):
+    ``metrics.jsonl`` / ``tb`` (``MetricsLogger``), ``checkpoints/step_N``, ``episodes/step_N.jsonl``
+    (``save_step_episodes`` with the ranks' per-token statistics put back in the batch's row order), the eval panel
+    (``TrainingEval``: ``eval/<panel>/...`` metrics and ``eval/step_N/``), the ``Progress`` phase lines; ``main``
+    then writes ``curves.png`` and ``summary.md`` for both backends.
+
+    The eval panel runs on rollout worker 0 (:meth:`RolloutWorker.evaluate`), which after each update holds exactly
+    the weights the next rollout samples with (rank 0's, version ``step``), next to an engine (vLLM on GPU) and an
+    env client: evaluating in the driver instead would need another policy copy and engine there (on a GPU cluster
+    the driver usually has no GPU). Greedy panels match the local backend's numbers: the panel's sampling is keyed
+    per row as the rollout's.
+    """
     import ray
     from ray.exceptions import RayActorError
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from agent_rl.distributed.data_parallel import shard_batch
+    from agent_rl.distributed.data_parallel import shard_indices, shard_batch, unshard_rows
+    from agent_rl.episodes import parse_save_episodes, save_step_episodes
+    from agent_rl.eval.training import TrainingEval
     from agent_rl.learner.checkpoint import latest_checkpoint
     from agent_rl.logging import MetricsLogger
-    from agent_rl.models import load_policy
-    from agent_rl.rollout import TaskSampler, build_rollout_batch
+    from agent_rl.progress import Progress
+    from agent_rl.rollout import TaskSampler, build_rollout_batch, group_temperatures
     from agent_rl.rollout.orchestrator import rollout_metrics
-    from agent_rl.train import prune_checkpoints, resume_path, seed_everything
+    from agent_rl.train import (check_dropped_groups, load_run_policy, prune_checkpoints, resume_path,
+                                seed_everything, warn_idle_run, warn_idle_step)
 
     for module in cfg.trainer.imports:
         importlib.import_module(module)
@@ -116,6 +132,13 @@ def train_ray(cfg: Any, out: Path) -> dict[str, Any]:
     if t.tasks_per_step < n_learners:
         raise ValueError(f"trainer.tasks_per_step={t.tasks_per_step} < trainer.num_learners={n_learners}: every "
                          "learner rank needs at least one whole group")
+    progress = Progress(enabled=t.progress)  # the local backend's phase lines: rollout, update, checkpoint, eval
+    # the driver's copy: tokenizer (batches, episode store) and the prompt budget of the loaded model, which the
+    # workers then get in cfg; the weights stay unused here
+    model, tokenizer = load_run_policy(cfg, progress, config_file)
+    del model
+    evaluator = TrainingEval(cfg, out, progress)  # raises ConfigError before any actor starts (panel not held out)
+    keep_episodes = parse_save_episodes(t.save_episodes)
     started = _ray_init(cfg)
     actors: list[Any] = []
     groups: list[Any] = []
@@ -194,15 +217,39 @@ def train_ray(cfg: Any, out: Path) -> dict[str, Any]:
                         raise
 
         workers = [new_worker(i) for i in range(n_workers)]
-        _, tokenizer = load_policy(cfg.model)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard=t.tensorboard,
-                               progress=t.progress)
+                               progress=False)  # one line per step; the live display is `progress` (as local)
         record: dict[str, Any] = {}
+        idle_steps = 0
+
+        def run_eval(step: int) -> dict[str, float]:
+            """The eval panel on rollout worker 0 (replaced if it dies, as in a rollout)."""
+            nonlocal restarts
+            progress.phase(f"eval at step {step} ({', '.join(p.name for p in evaluator.panels)}, rollout worker 0)")
+            for attempt in range(MAX_WORKER_RESTARTS + 1):
+                try:
+                    results = ray.get(workers[0].evaluate.remote(step, str(out)))
+                    break
+                except RayActorError:
+                    if attempt == MAX_WORKER_RESTARTS:
+                        raise
+                    print(f"warning: rollout worker 0 died during the eval at step {step}; replacing it",
+                          file=sys.stderr)
+                    restarts += 1
+                    ray.kill(workers[0], no_restart=True)
+                    workers[0] = new_worker(0)
+            progress.end()
+            return evaluator.metrics(step, results)
+
+        if start == 1 and evaluator.due(0, total):  # the panel before training, logged as step 0
+            record = logger.log(0, run_eval(0))
         versions_log = open(out / "weight_versions.jsonl", "a", encoding="utf-8")
         try:
             for step in range(start, total + 1):
                 # 1. rollout: contiguous chunks of the step's tasks, one per worker; a dead worker is replaced
+                progress.phase(f"step {step}/{total} rollout",
+                               total=t.tasks_per_step * len(group_temperatures(cfg.algo, step)))
                 t0 = time.perf_counter()
                 tasks = sampler.sample(t.tasks_per_step)
                 chunks = [tasks[i * len(tasks) // n_workers:(i + 1) * len(tasks) // n_workers]
@@ -216,6 +263,10 @@ def train_ray(cfg: Any, out: Path) -> dict[str, Any]:
                     try:
                         results[i] = ray.get(ref)
                         del pending[i]
+                        for ep in results[i]["episodes"]:  # the phase's counts, as the local callbacks give
+                            for turn in ep.turns:
+                                progress.turn(len(turn.response_ids))
+                            progress.episode(ep.won)
                     except RayActorError as exc:
                         restarts += 1
                         step_restarts += 1
@@ -254,37 +305,52 @@ def train_ray(cfg: Any, out: Path) -> dict[str, Any]:
                                                        "group": ep.task.group_id, "temperature": ep.temperature,
                                                        "weight_version": res["weight_version"]}) + "\n")
                 versions_log.flush()
-                if failures:
-                    print(f"warning: step {step}: {len(failures)} group(s) dropped; first reason: {failures[0]}",
-                          file=sys.stderr)
-                    if step == start and not episodes:
-                        raise RuntimeError(f"every episode of step {step} failed, nothing to train on; "
-                                           f"first reason: {failures[0]}")
+                check_dropped_groups(step, start, failures, bool(episodes), int(metrics["rollout/filtered_groups"]))
                 # 2-3. one data-parallel update over whole-group shards
                 n_groups = len({ep.task.group_id for ep in episodes})
-                if n_groups >= n_learners:
+                if episodes and n_groups >= n_learners:
+                    progress.phase(f"step {step}/{total} update")
                     batch = build_rollout_batch(episodes, pad_token_id=pad_id, mode=r.mode)
+                    split = shard_indices(batch, n_learners)
                     shards = shard_batch(batch, n_learners)
                     k = min([cfg.algo.num_mini_batches] + [len(set(s.group_index.tolist())) for s in shards])
                     rank_metrics = ray.get([rk.update.remote(s, step, total, k) for rk, s in zip(ranks, shards)])
                     metrics.update(_merge_learner_metrics(rank_metrics, batch))
+                    if keep_episodes != 0:  # DIR/episodes: the ranks' per-token numbers on the whole batch
+                        stats = ray.get([rk.last_token_stats.remote() for rk in ranks])
+                        token_stats = {key: unshard_rows([st[key] for st in stats], [rows for rows, _ in split],
+                                                         batch.num_rows) for key in stats[0]}
+                        save_step_episodes(out, step, episodes, t.save_episodes, tokenizer=tokenizer, batch=batch,
+                                           token_stats=token_stats, seed=t.seed)
                     metrics["batch/rows"] = batch.num_rows
                     version = step
                     weights = ranks[0].get_weights.remote()  # object store: one copy per node
                     ray.get([w.set_weights.remote(version, weights) for w in workers])
-                elif episodes:
-                    print(f"warning: step {step}: {n_groups} group(s) for {n_learners} learner ranks; update skipped",
-                          file=sys.stderr)
+                else:  # loud: a run that never trains must not look like one that did
+                    idle_steps += 1
+                    metrics["batch/rows"] = 0
+                    if episodes:
+                        print(f"WARNING: step {step} trains on nothing: {n_groups} group(s) for {n_learners} learner "
+                              "ranks (each needs a whole group); no update", file=sys.stderr)
+                    else:
+                        warn_idle_step(step, int(metrics["rollout/dropped_groups"]),
+                                       int(metrics["rollout/filtered_groups"]))
+                if evaluator.due(step, total):
+                    metrics.update(run_eval(step))
                 # 4. log and checkpoint (rank 0 writes)
+                progress.end()
                 record = logger.log(step, metrics)
                 if step % t.save_every == 0 or step == total:
+                    progress.phase(f"step {step}/{total} checkpoint")
                     ray.get(ranks[0].save.remote(str(out / "checkpoints" / f"step_{step}"),
                                                  {"step": step, "sampler": sampler.state_dict()}))
                     prune_checkpoints(out / "checkpoints", t.keep_checkpoints)
         finally:
             versions_log.close()
+        warn_idle_run(idle_steps, total - start + 1)
         return record
     finally:
+        progress.end()
         if logger is not None:
             logger.close()
         for w in workers:

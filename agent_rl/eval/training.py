@@ -63,10 +63,18 @@ class TrainingEval:
         return self.enabled and (step == 0 or step % self.every == 0 or step == total)
 
     async def run(self, step: int, pool: Any, engine: Any) -> dict[str, float]:
-        """Evaluate the panel now; writes ``DIR/eval/step_<step>/<panel>.json|.png``; returns ``eval/<panel>/...``
-        scalars."""
-        results = await evaluate(self.cfg, pool, engine, panels=self.panels,
-                                 folder=self.out / "eval" / f"step_{step}", progress=self.progress)
+        """Evaluate the panel now (:meth:`results`) and return its ``eval/<panel>/...`` scalars (:meth:`metrics`)."""
+        return self.metrics(step, await self.results(step, pool, engine))
+
+    async def results(self, step: int, pool: Any, engine: Any, *, progress: Any = None) -> list[dict[str, Any]]:
+        """Evaluate the panel with ``engine`` on the env ``pool``; writes ``DIR/eval/step_<step>/<panel>.json|.png``;
+        returns one result dict per panel (the JSON content). ``progress``: the display to report turns and episodes
+        to (default this evaluator's). The Ray backend runs this on rollout worker 0."""
+        return await evaluate(self.cfg, pool, engine, panels=self.panels, folder=self.out / "eval" / f"step_{step}",
+                              progress=self.progress if progress is None else progress)
+
+    def metrics(self, step: int, results: list[dict[str, Any]]) -> dict[str, float]:
+        """The ``eval/<panel>/...`` scalars of :meth:`results`' output, with one console line per panel."""
         metrics: dict[str, float] = {}
         for result in results:
             metrics.update(scalar_metrics(result))

@@ -14,7 +14,7 @@ import torch
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
 
 from agent_rl.distributed.actors import LearnerRank, LearnerSpec  # noqa: E402
-from agent_rl.distributed.data_parallel import shard_batch  # noqa: E402
+from agent_rl.distributed.data_parallel import shard_batch, shard_indices, unshard_rows  # noqa: E402
 from agent_rl.engines import get_engine  # noqa: E402
 from agent_rl.learner import AlgoConfig, Learner, OptimConfig  # noqa: E402
 from agent_rl.learner.config import ModelConfig  # noqa: E402
@@ -68,6 +68,12 @@ def test_shard_batch_keeps_whole_groups_and_episode_tensors():
         assert torch.equal(s.rewards, s.episode_rewards[s.episode_index])
         assert torch.equal(s.group_index, s.episode_group_index[s.episode_index])
         assert s.extras["obs_key"].shape == (s.num_rows,)
+    # the ranks' per-row numbers go back in the batch's row order (the episode store's token stats)
+    split = shard_indices(batch, 2)
+    back = unshard_rows([s.input_ids.float() for s in shards], [rows for rows, _ in split], batch.num_rows)
+    assert torch.equal(back, batch.input_ids.float())
+    assert torch.equal(unshard_rows([s.rewards for s in shards[::-1]], [rows for rows, _ in split[::-1]],
+                                    batch.num_rows), batch.rewards)
     with pytest.raises(ValueError, match="cannot be split"):
         shard_batch(batch, 4)
 
@@ -165,6 +171,12 @@ def test_ray_backend_two_steps_kill_a_worker_and_a_replica_then_resume_with_one_
     assert all(r["rollout/dropped_groups"] == 0 for r in records)
     assert [r["rollout/weight_version"] for r in records] == [0.0, 1.0]
     assert (out / "checkpoints" / "step_2" / "model.safetensors").is_file()
+    from agent_rl.episodes import load_episodes  # the episode store, with the per-token numbers of both ranks
+
+    stored = load_episodes(out, 2)
+    assert len(stored) == 8 and len({e["task"]["group_id"] for e in stored}) == 2
+    assert all(t["learner_logprob"] is not None and len(t["learner_logprob"]) == len(t["token_ids"])
+               for e in stored for t in e["turns"])
     versions = [json.loads(line) for line in (out / "weight_versions.jsonl").read_text().splitlines()]
     for step in (1, 2):  # no group lost: both groups of the step, G episodes each, were played and trained on
         per_group = {}
@@ -209,3 +221,46 @@ def test_ray_backend_with_one_learner_and_one_worker_matches_local(ray_cluster, 
     assert [r["step"] for r in ray_] == [1, 2] and all(r["batch/rows"] > 0 for r in ray_)
     for a, b in zip(local, ray_):  # the Ray backend logs every metric the local one does (and its own extras)
         assert set(a) <= set(b), sorted(set(a) - set(b))
+
+
+@pytest.mark.timeout(600)
+def test_ray_backend_writes_the_local_artefacts_eval_panel_and_episode_store(ray_cluster, tmp_path):
+    """The run artefacts of ``trainer.backend=ray`` are the local backend's, from the same code: the in-training eval
+    panel (run on rollout worker 0 with the current weights; greedy, so equal to local at steps 0, 1 and 2), the
+    episode store ``episodes/step_N.jsonl`` (per-token learner numbers gathered from the ranks in the batch's row
+    order), ``curves.png`` and ``summary.md``. Math (choose_item has no panel), tiny model, 2 GRPO steps."""
+    from agent_rl.episodes import load_episodes
+    from agent_rl.report import read_metrics
+    from agent_rl.train import main
+
+    common = ["env=math", "model=tiny", "algo=grpo", "algo.group_size=2", "trainer.total_steps=2",
+              "trainer.tasks_per_step=2", "engine.max_new_tokens=8", "env_server.mode=local", "trainer.progress=false",
+              "trainer.tensorboard=false", "trainer.eval_every=1", "trainer.eval_panel=amc23", "trainer.eval_tasks=2",
+              "trainer.save_episodes=all"]
+    main(common + [f"trainer.output_dir={tmp_path / 'local'}"])
+    main(common + [f"trainer.output_dir={tmp_path / 'ray'}", "trainer.backend=ray", "trainer.num_learners=1",
+                   "rollout.num_workers=1", "trainer.learner_cpus=0.5", "rollout.worker_cpus=0.5"])
+    local, ray_ = (read_metrics(tmp_path / name / "metrics.jsonl") for name in ("local", "ray"))
+    assert [r["step"] for r in local] == [r["step"] for r in ray_] == [0, 1, 2]
+    keys = sorted(k for k in local[0] if k.startswith("eval/math_amc23/"))
+    assert "eval/math_amc23/success" in keys and "eval/math_amc23/mean_turns" in keys
+    for a, b in zip(local, ray_):
+        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}, a["step"]
+    for step in (0, 1, 2):  # the panel's episodes: same tasks, same greedy answers
+        res = [json.loads((tmp_path / name / "eval" / f"step_{step}" / "math_amc23.json").read_text())
+               for name in ("local", "ray")]
+        assert res[0]["num_tasks"] == res[1]["num_tasks"] == 2
+        assert res[0]["episodes"] == res[1]["episodes"]  # tasks, greedy actions, rewards
+        assert all(ep["actions"] and ep["actions"][0] for ep in res[1]["episodes"])  # the policy did answer
+    for step in (1, 2):  # the episode store: every episode, the same tokens and learner per-token numbers
+        eps = [load_episodes(tmp_path / name, step) for name in ("local", "ray")]
+        assert len(eps[0]) == len(eps[1]) == 4
+        for a, b in zip(*eps):
+            assert (a["id"], a["task"], a["reward"]) == (b["id"], b["task"], b["reward"])
+            for ta, tb in zip(a["turns"], b["turns"]):
+                assert ta["token_ids"] == tb["token_ids"] and ta["trained"] == tb["trained"]
+                for name in ("learner_logprob", "entropy", "advantage"):
+                    assert ta[name] == pytest.approx(tb[name], abs=1e-5), name
+    run = tmp_path / "ray"
+    assert (run / "curves.png").stat().st_size > 5000
+    assert "eval math_amc23" in (run / "summary.md").read_text()
