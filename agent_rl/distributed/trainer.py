@@ -3,9 +3,9 @@
 One step: the driver samples ``trainer.tasks_per_step`` tasks -> the M rollout workers play their share of the
 groups (contiguous chunks, in parallel) -> ``build_rollout_batch`` on the driver -> ``shard_batch`` (whole groups) ->
 the N learner ranks update together (torch DDP, :mod:`agent_rl.distributed.data_parallel`) -> rank 0's weights go
-through the Ray object store to every worker, as weight version ``step`` -> log (same ``MetricsLogger`` as local)
--> rank 0 writes ``DIR/checkpoints/step_N`` (the local backend's format: resume works for any N, and across
-backends).
+through the Ray object store to every worker, as weight version ``step`` -> the episode store and, when due, the
+eval panel on rollout worker 0 -> log (same ``MetricsLogger`` as local) -> rank 0 writes ``DIR/checkpoints/step_N``
+(the local backend's format: resume works for any N, and across backends).
 
 Placement: learner ranks in one ``PACK`` placement group (one node when they fit: DDP traffic stays local), env-server
 replicas in a ``SPREAD`` group (one per node when possible), rollout workers by plain resource requests.
