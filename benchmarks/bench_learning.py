@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def evaluate(cfg: Any, checkpoint: Path | None, panel: int, split: str) -> float:
-    """Greedy success rate of the policy (``checkpoint``, else ``cfg.model``) on test games ``0..panel-1``."""
+def evaluate(cfg: Any, checkpoint: Path | None, panel: int, split: str, temperature: float = 0.0) -> float:
+    """Success rate of the policy (``checkpoint``, else ``cfg.model``) on ``split`` games ``0..panel-1``, decoded at
+    ``temperature`` (0 = greedy), ``cfg.rollout.max_turns`` turns."""
     from agent_rl.engines import get_engine
     from agent_rl.envclient import LocalEnvPool
     from agent_rl.models import load_policy
@@ -57,7 +58,7 @@ def evaluate(cfg: Any, checkpoint: Path | None, panel: int, split: str) -> float
             orch = RolloutOrchestrator(pool, engine, get_prompt(cfg.env.prompt), rollout,
                                        max_new_tokens=cfg.engine.max_new_tokens, seed=0)
             groups = [GroupSpec(Task(cfg.env.id, options={"split": split, "index": i}, group_id=i,
-                                     env_kwargs=cfg.env_kwargs), [(0.0, False)]) for i in range(panel)]
+                                     env_kwargs=cfg.env_kwargs), [(temperature, False)]) for i in range(panel)]
             result = await orch.run_groups(groups)
             if result.dropped_groups:
                 raise RuntimeError(f"{result.dropped_groups} of {panel} panel games failed (not a loss of the policy):"
@@ -162,12 +163,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="success level for steps-to-threshold (default: start + 0.5 x (best - start))")
     p.add_argument("--train", nargs="*", default=[], help="extra training overrides for every run")
     p.add_argument("--out", default="runs/learning")
+    p.add_argument("--eval-checkpoints", nargs="*", default=[],
+                   help="train nothing: play the panel with each of these checkpoints (e.g. to choose a behaviour-"
+                        "cloned start) at each --eval-temperatures and print the success rates")
+    p.add_argument("--eval-temperatures", default="0", help="comma-separated, for --eval-checkpoints")
     p.add_argument("--merge", nargs="*", default=[],
                    help="results.json files of earlier runs (e.g. one process per algorithm): train nothing, write "
                         "their union to OUT/results.json, plot and tabulate it")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.eval_checkpoints:
+        from agent_rl.config import load_config
+
+        cfg = load_config([f"env={args.env}", f"model={args.model}", *args.train,
+                           *[f"env.kwargs.{k}={v}" for k, v in args.env_kwargs.items()]])
+        rates = {ck: {t: evaluate(cfg, Path(ck), args.panel, args.split, float(t))
+                      for t in args.eval_temperatures.split(",")} for ck in args.eval_checkpoints}
+        for ck, by_t in rates.items():
+            print(ck, " ".join(f"T={t}: {r:.2f}" for t, r in by_t.items()), flush=True)
+        return {"eval": rates}
     results: dict[str, dict[str, dict[str, list]]] = {}
     for path in args.merge:
         for algo, seeds in json.loads(Path(path).read_text()).items():
