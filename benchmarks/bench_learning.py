@@ -138,7 +138,7 @@ def plot(results: dict[str, dict[str, dict[str, list]]], path: Path) -> None:
             axes[2].plot(steps[1:], np.nanmean(ent[:, 1:], 0), label=algo)
     axes[0].set(xlabel="training step", ylabel="held-out success (greedy)")
     axes[1].set(xlabel="training wall time (s)", ylabel="held-out success (greedy)")
-    axes[2].set(xlabel="training step", ylabel="policy entropy (nats/token)")
+    axes[2].set(xlabel="training step", ylabel="policy entropy at the sampling T (nats/token)")
     for ax in axes:
         ax.legend()
     fig.tight_layout()
