@@ -123,7 +123,7 @@ def plot(results: dict[str, dict[str, dict[str, list]]], path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 5))
     for algo, seeds in results.items():
         curves = list(seeds.values())
         n = min(len(c["step"]) for c in curves)
@@ -139,9 +139,11 @@ def plot(results: dict[str, dict[str, dict[str, list]]], path: Path) -> None:
     axes[0].set(xlabel="training step", ylabel="held-out success (greedy)")
     axes[1].set(xlabel="training wall time (s)", ylabel="held-out success (greedy)")
     axes[2].set(xlabel="training step", ylabel="policy entropy at the sampling T (nats/token)")
-    for ax in axes:
-        ax.legend()
-    fig.tight_layout()
+    # one legend under the panels (long override names do not fit inside them)
+    handles, labels = axes[0].get_legend_handles_labels()
+    rows = (len(labels) + 1) // 2
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 * rows, 1, 1))
     fig.savefig(path, dpi=120)
 
 
