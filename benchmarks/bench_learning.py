@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def evaluate(cfg: Any, checkpoint: Path | None, panel: int, split: str) -> float:
-    """Greedy success rate of the policy (``checkpoint``, else ``cfg.model``) on test games ``0..panel-1``."""
+def evaluate(cfg: Any, checkpoint: Path | None, panel: int, split: str, temperature: float = 0.0) -> float:
+    """Success rate of the policy (``checkpoint``, else ``cfg.model``) on ``split`` games ``0..panel-1``, decoded at
+    ``temperature`` (0 = greedy), ``cfg.rollout.max_turns`` turns."""
     from agent_rl.engines import get_engine
     from agent_rl.envclient import LocalEnvPool
     from agent_rl.models import load_policy
@@ -51,12 +52,17 @@ def evaluate(cfg: Any, checkpoint: Path | None, panel: int, split: str) -> float
 
     async def run() -> float:
         pool = LocalEnvPool(mode="process", max_workers=2, preload_envs=[cfg.env.id])
+        # at most the pool's sessions at once (2 workers x 8): beyond that sessions are refused, not queued
+        rollout = dataclasses.replace(cfg.rollout, max_concurrent_episodes=16)
         try:
-            orch = RolloutOrchestrator(pool, engine, get_prompt(cfg.env.prompt), cfg.rollout,
+            orch = RolloutOrchestrator(pool, engine, get_prompt(cfg.env.prompt), rollout,
                                        max_new_tokens=cfg.engine.max_new_tokens, seed=0)
             groups = [GroupSpec(Task(cfg.env.id, options={"split": split, "index": i}, group_id=i,
-                                     env_kwargs=cfg.env_kwargs), [(0.0, False)]) for i in range(panel)]
+                                     env_kwargs=cfg.env_kwargs), [(temperature, False)]) for i in range(panel)]
             result = await orch.run_groups(groups)
+            if result.dropped_groups:
+                raise RuntimeError(f"{result.dropped_groups} of {panel} panel games failed (not a loss of the policy):"
+                                   f" {sorted(set(result.failures))[:3]}")
             return float(sum(ep.won for ep in result.episodes)) / panel
         finally:
             await pool.aclose()
@@ -117,7 +123,7 @@ def plot(results: dict[str, dict[str, dict[str, list]]], path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 5))
     for algo, seeds in results.items():
         curves = list(seeds.values())
         n = min(len(c["step"]) for c in curves)
@@ -132,10 +138,12 @@ def plot(results: dict[str, dict[str, dict[str, list]]], path: Path) -> None:
             axes[2].plot(steps[1:], np.nanmean(ent[:, 1:], 0), label=algo)
     axes[0].set(xlabel="training step", ylabel="held-out success (greedy)")
     axes[1].set(xlabel="training wall time (s)", ylabel="held-out success (greedy)")
-    axes[2].set(xlabel="training step", ylabel="policy entropy (nats/token)")
-    for ax in axes:
-        ax.legend()
-    fig.tight_layout()
+    axes[2].set(xlabel="training step", ylabel="policy entropy at the sampling T (nats/token)")
+    # one legend under the panels (long override names do not fit inside them)
+    handles, labels = axes[0].get_legend_handles_labels()
+    rows = (len(labels) + 1) // 2
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 * rows, 1, 1))
     fig.savefig(path, dpi=120)
 
 
@@ -157,44 +165,78 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="success level for steps-to-threshold (default: start + 0.5 x (best - start))")
     p.add_argument("--train", nargs="*", default=[], help="extra training overrides for every run")
     p.add_argument("--out", default="runs/learning")
+    p.add_argument("--eval-checkpoints", nargs="*", default=[],
+                   help="train nothing: play the panel with each of these checkpoints (e.g. to choose a behaviour-"
+                        "cloned start) at each --eval-temperatures and print the success rates")
+    p.add_argument("--eval-temperatures", default="0", help="comma-separated, for --eval-checkpoints")
+    p.add_argument("--merge", nargs="*", default=[],
+                   help="results.json files of earlier runs (e.g. one process per algorithm): train nothing, write "
+                        "their union to OUT/results.json, plot and tabulate it")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.eval_checkpoints:
+        from agent_rl.config import load_config
+
+        cfg = load_config([f"env={args.env}", f"model={args.model}", *args.train,
+                           *[f"env.kwargs.{k}={v}" for k, v in args.env_kwargs.items()]])
+        rates = {ck: {t: evaluate(cfg, Path(ck), args.panel, args.split, float(t))
+                      for t in args.eval_temperatures.split(",")} for ck in args.eval_checkpoints}
+        for ck, by_t in rates.items():
+            print(ck, " ".join(f"T={t}: {r:.2f}" for t, r in by_t.items()), flush=True)
+        return {"eval": rates}
     results: dict[str, dict[str, dict[str, list]]] = {}
-    for algo in [a for a in args.algos.split(",") if a]:
+    for path in args.merge:
+        for algo, seeds in json.loads(Path(path).read_text()).items():
+            results.setdefault(algo, {}).update(seeds)
+    for algo in [a for a in args.algos.split(",") if a] if not args.merge else []:
         for seed in [int(s) for s in args.seeds.split(",") if s]:
             results.setdefault(algo, {})[str(seed)] = run_one(args.env, algo, seed, args, out)
             (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.json").write_text(json.dumps(results, indent=1))
     plot(results, out / "curves.png")
 
-    print(f"\n{'algo':28s} {'start':>6s} {'final':>6s} {'steps->thr':>10s} {'wall->thr s':>11s} {'final H':>8s}")
     start_mean = sum(c["eval_success"][0] for s in results.values() for c in s.values()) / max(
         1, sum(len(s) for s in results.values()))
     best = max(max(c["eval_success"]) for s in results.values() for c in s.values())
     thr = args.threshold or start_mean + 0.5 * (best - start_mean)
+    print(f"\nthreshold {thr:.2f}; mean [min-max] over seeds; steps/wall to threshold: mean over the seeds that "
+          "reach it (n/N reached)")
+    print(f"{'algo':28s} {'start':>16s} {'final':>16s} {'steps->thr':>16s} {'wall->thr s':>12s} {'final H':>8s}")
     table = {}
+    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     for algo, seeds in results.items():
         curves = list(seeds.values())
-        mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
         st = [steps_to(c, thr) for c in curves]
         wt = [steps_to(c, thr, "wall_s") for c in curves]
         ent = [c["entropy"][-1] for c in curves if c["entropy"][-1] is not None]
-        table[algo] = {"start": mean([c["eval_success"][0] for c in curves]),
-                       "final": mean([c["eval_success"][-1] for c in curves]),
-                       "steps_to_threshold": mean([s for s in st if s is not None]) if all(
-                           s is not None for s in st) else None,
-                       "wall_to_threshold_s": mean([w for w in wt if w is not None]) if all(
-                           w is not None for w in wt) else None,
+        starts = [c["eval_success"][0] for c in curves]
+        finals = [c["eval_success"][-1] for c in curves]
+        table[algo] = {"start": mean(starts), "start_min": min(starts), "start_max": max(starts),
+                       "final": mean(finals), "final_min": min(finals), "final_max": max(finals),
+                       "steps_to_threshold_per_seed": st, "wall_to_threshold_s_per_seed": wt,
+                       "steps_to_threshold": mean([s for s in st if s is not None]),
+                       "wall_to_threshold_s": mean([w for w in wt if w is not None]),
+                       "reached": sum(s is not None for s in st), "seeds": len(curves),
                        "final_entropy": mean(ent)}
         r = table[algo]
         fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
-        print(f"{algo:28s} {fmt(r['start'], '6.2f')} {fmt(r['final'], '6.2f')} {fmt(r['steps_to_threshold'], '10.1f')} "
-              f"{fmt(r['wall_to_threshold_s'], '11.0f')} {fmt(r['final_entropy'], '8.3f')}")
-    tg, gr = table.get("tgrl", {}), table.get("grpo", {})
+        print(f"{algo:28s} {r['start']:.2f} [{r['start_min']:.2f}-{r['start_max']:.2f}] "
+              f"{r['final']:.2f} [{r['final_min']:.2f}-{r['final_max']:.2f}] "
+              f"{fmt(r['steps_to_threshold'], '.1f'):>10s} ({r['reached']}/{r['seeds']}) "
+              f"{fmt(r['wall_to_threshold_s'], '12.0f')} {fmt(r['final_entropy'], '8.3f')}")
+    # the headline pair: the first entry of each algorithm that changes no credit rule (e.g. "tgrl+algo.warmup_steps=4")
+    plain = lambda name: next((table[a] for a in table if a.split("+")[0] == name and "credit=" not in a), {})  # noqa
+    tg, gr = plain("tgrl"), plain("grpo")
+    ratio = None
     if tg.get("steps_to_threshold") and gr.get("steps_to_threshold"):
-        print(f"TGRL/GRPO steps to threshold {thr:.2f}: "
-              f"{table['tgrl']['steps_to_threshold'] / table['grpo']['steps_to_threshold']:.2f}")
-    (out / "table.json").write_text(json.dumps({"threshold": thr, "table": table}, indent=1))
+        ratio = tg["steps_to_threshold"] / gr["steps_to_threshold"]
+        print(f"TGRL/GRPO steps to threshold {thr:.2f}: {ratio:.2f} "
+              f"(reached by {tg['reached']}/{tg['seeds']} and {gr['reached']}/{gr['seeds']} seeds)")
+    else:
+        print(f"TGRL/GRPO steps to threshold {thr:.2f}: - (not reached by every algorithm)")
+    (out / "table.json").write_text(json.dumps({"threshold": thr, "table": table, "tgrl_grpo_steps_ratio": ratio},
+                                               indent=1))
     return {"results": results, "table": table}
 
 
