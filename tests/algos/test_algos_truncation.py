@@ -28,7 +28,7 @@ def test_sampler_frequency_matches_reported_logprob():
     log-prob it reports (and the learner recomputes) is log 0.731, not the full-softmax log 0.644 = -0.4402."""
     z = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(20000, 1)
     gen = torch.Generator().manual_seed(0)
-    tokens, logp = _sample_from_logits(z, torch.ones(20000), 1.0, 2, gen)
+    tokens, logp = _sample_from_logits(z, torch.ones(20000), 1.0, 2, [gen] * 20000)
     freq = float((tokens == 0).float().mean())
     assert abs(freq - 0.731) < 0.015
     assert set(tokens.tolist()) <= {0, 1}
@@ -37,7 +37,7 @@ def test_sampler_frequency_matches_reported_logprob():
     learner_lp = logprobs_from_logits(truncate_logits(z[:1], 1.0, top_k=2), torch.tensor([0]), 1.0)
     assert abs(float(learner_lp) - lp0) < 1e-6
     # top_p at a temperature: the mask is taken on softmax(z / T)
-    tokens, logp = _sample_from_logits(z[:5000], torch.full((5000,), 2.0), 0.5, 0, gen)
+    tokens, logp = _sample_from_logits(z[:5000], torch.full((5000,), 2.0), 0.5, 0, [gen] * 5000)
     keep = truncation_mask(z[:1], 2.0, top_p=0.5)
     assert set(tokens.tolist()) <= set(keep[0].nonzero().flatten().tolist())
 
