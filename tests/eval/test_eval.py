@@ -103,6 +103,7 @@ def test_math_tiny_pass_at_k_consistent(tmp_path):
     out = tmp_path / "math"
     eval_main(["env=math", "model=tiny", "eval.dataset=amc23", "eval.samples=4", "eval.num_tasks=2",
                "eval.temperature=1.0", "engine.max_new_tokens=8", f"eval.output_dir={out}", "env_server.mode=local",
+               "eval.concurrency=1",
                "trainer.progress=false"])
     res = _load(out, "math_amc23")
     assert set(res["pass_at_k"]) == {"1", "2", "3", "4"}
@@ -116,7 +117,7 @@ def test_math_tiny_pass_at_k_consistent(tmp_path):
     texts = [e["actions"][0] for e in res["episodes"] if e["task"]["index"] == 0]
     assert len(set(texts)) > 1
     eval_main(["env=math", "model=tiny", "eval.dataset=amc23", "eval.samples=4", "eval.num_tasks=2",
-               "eval.temperature=1.0", "engine.max_new_tokens=8", f"eval.output_dir={out}2",
+               "eval.temperature=1.0", "engine.max_new_tokens=8", f"eval.output_dir={out}2", "eval.concurrency=1",
                "env_server.mode=local", "trainer.progress=false"])
     again = _load(tmp_path / "math2", "math_amc23")
     assert [e["actions"] for e in again["episodes"]] == [e["actions"] for e in res["episodes"]]
