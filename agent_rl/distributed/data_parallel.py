@@ -98,9 +98,9 @@ class DataParallel:
 
 
 # ------------------------------------------------------------------------------------------------ batches
-def _take(batch: RolloutBatch, rows: Tensor, episodes: Tensor) -> RolloutBatch:
-    """Rows ``rows`` (ascending) of ``batch`` whose episodes are exactly ``episodes`` (ascending), episodes renumbered
-    0..e-1 in that order."""
+def take_shard(batch: RolloutBatch, rows: Tensor, episodes: Tensor) -> RolloutBatch:
+    """Rows ``rows`` (ascending, (b,) long) of ``batch`` whose episodes are exactly ``episodes`` (ascending, (e,)
+    long), episodes renumbered 0..e-1 in that order: one entry of :func:`shard_indices` as a batch."""
     remap = torch.full((batch.episode_rewards.shape[0],), -1, dtype=torch.long)
     remap[episodes] = torch.arange(episodes.numel())
     n_rows, n_eps = batch.num_rows, batch.episode_rewards.shape[0]
@@ -157,7 +157,7 @@ def shard_batch(batch: RolloutBatch, num_shards: int) -> list[RolloutBatch]:
     Raises:
         ValueError: ``num_shards < 1`` or fewer groups than shards (a rank would have nothing to train on).
     """
-    return [_take(batch, rows, episodes) for rows, episodes in shard_indices(batch, num_shards)]
+    return [take_shard(batch, rows, episodes) for rows, episodes in shard_indices(batch, num_shards)]
 
 
 def unshard_rows(parts: Sequence[Tensor], rows: Sequence[Tensor], num_rows: int) -> Tensor:

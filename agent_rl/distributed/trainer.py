@@ -113,7 +113,7 @@ def train_ray(cfg: Any, out: Path, config_file: Path | None = None) -> dict[str,
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from agent_rl.distributed.data_parallel import shard_indices, shard_batch, unshard_rows
+    from agent_rl.distributed.data_parallel import shard_indices, take_shard, unshard_rows
     from agent_rl.episodes import parse_save_episodes, save_step_episodes
     from agent_rl.eval.training import TrainingEval
     from agent_rl.learner.checkpoint import latest_checkpoint
@@ -311,8 +311,8 @@ def train_ray(cfg: Any, out: Path, config_file: Path | None = None) -> dict[str,
                 if episodes and n_groups >= n_learners:
                     progress.phase(f"step {step}/{total} update")
                     batch = build_rollout_batch(episodes, pad_token_id=pad_id, mode=r.mode)
-                    split = shard_indices(batch, n_learners)
-                    shards = shard_batch(batch, n_learners)
+                    split = shard_indices(batch, n_learners)  # once: the shards and, below, their inverse
+                    shards = [take_shard(batch, rows, eps) for rows, eps in split]
                     k = min([cfg.algo.num_mini_batches] + [len(set(s.group_index.tolist())) for s in shards])
                     rank_metrics = ray.get([rk.update.remote(s, step, total, k) for rk, s in zip(ranks, shards)])
                     metrics.update(_merge_learner_metrics(rank_metrics, batch))

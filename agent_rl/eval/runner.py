@@ -39,6 +39,8 @@ from agent_rl.types import Episode, Generation, Task
 SPLIT_ALIASES = {"webshop": {"test": "val"}}
 DEFAULT_SPLIT = {"alfworld": "valid_unseen", "webshop": "test", "math": "math500", "code": "humanevalplus"}
 AGENT_ENVS = ("alfworld", "webshop")
+# envs whose ``expert=True`` gives ``info["expert_action"]`` (the expert / oracle reference row)
+EXPERT_ENVS = ("alfworld", "webshop")
 
 
 # ------------------------------------------------------------------------------------------------ panels
@@ -109,7 +111,7 @@ def build_panels(cfg: Any, *, split: str = "", num_tasks: int | None = None) -> 
     # the panel's own turn budget reaches the env (gymnasium's max_episode_steps, as in training), and scores are the
     # env's own: training's invalid-action penalty (rollout.invalid_penalty) is not applied to an evaluation
     kwargs = cfg.make_env_kwargs(ev.max_turns or cfg.rollout.max_turns)
-    if family in ("alfworld", "webshop") and ev.policy in ("expert", "oracle"):
+    if family in EXPERT_ENVS and ev.policy in ("expert", "oracle"):
         kwargs["expert"] = True  # the env computes info["expert_action"] (handcoded expert / scripted oracle)
     panels = []
     for name in names:
@@ -170,7 +172,7 @@ def make_policy(name: str, family: str, seed: int) -> Any:
         if family not in AGENT_ENVS:
             raise ValueError(f"policy=random needs admissible actions; {family} has none")
         return RandomPolicy(seed)
-    if family in ("alfworld", "webshop"):
+    if family in EXPERT_ENVS:
         return ExpertPolicy()
     raise ValueError(f"policy={name}: {family} has no scripted reference policy (valid: model)")
 

@@ -282,11 +282,13 @@ def ensure_game(family: str, level: int, split: str, index: int, root: Path | No
 
 def verify_game(record: GameRecord) -> None:
     """Raise ``RuntimeError`` when the game file's sha256 differs from its ``meta.json``."""
-    actual = sha256_file(record.path)
-    legacy = hashlib.sha256(record.path.read_bytes()).hexdigest()  # meta.json written before the serial was masked
-    if record.meta["sha256"] not in (actual, legacy):
-        raise RuntimeError(f"TextWorld game {record.path} is corrupt (sha256 {actual[:16]} != recorded "
-                           f"{record.meta['sha256'][:16]}); delete {record.path.parent} to regenerate it")
+    recorded, actual = record.meta["sha256"], sha256_file(record.path)
+    if actual == recorded:
+        return
+    if hashlib.sha256(record.path.read_bytes()).hexdigest() == recorded:  # meta.json from before the serial mask
+        return
+    raise RuntimeError(f"TextWorld game {record.path} is corrupt (sha256 {actual[:16]} != recorded "
+                       f"{recorded[:16]}); delete {record.path.parent} to regenerate it")
 
 
 def manifest(family: str, level: int, root: Path | None = None) -> list[dict[str, Any]]:

@@ -144,6 +144,27 @@ def test_generated_game_is_deterministic_and_in_the_manifest(textworld_games: Pa
             "sha256": meta["sha256"]}.items() <= row.items()
 
 
+def test_verify_game_masks_the_serial_and_accepts_legacy_hashes(textworld_games: Path, tmp_path: Path) -> None:
+    """The game hash leaves out the Z-machine serial (Inform's compile date); a meta.json written with the plain
+    sha256 (before the mask) still verifies; a changed byte outside the header does not."""
+    import hashlib
+    import shutil
+
+    record = tw_games.ensure_game("coin_collector", 2, "test", 0)
+    copy = tmp_path / "game.z8"
+    shutil.copy(record.path, copy)
+    data = bytearray(copy.read_bytes())
+    data[0x12:0x18] = b"991231"  # another compile date
+    copy.write_bytes(bytes(data))
+    assert tw_games.sha256_file(copy) == tw_games.sha256_file(record.path)
+    tw_games.verify_game(tw_games.GameRecord(copy, {"sha256": tw_games.sha256_file(record.path)}))
+    tw_games.verify_game(tw_games.GameRecord(copy, {"sha256": hashlib.sha256(bytes(data)).hexdigest()}))  # legacy
+    data[0x100] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match="is corrupt"):
+        tw_games.verify_game(tw_games.GameRecord(copy, {"sha256": tw_games.sha256_file(record.path)}))
+
+
 @pytest.mark.parametrize("family, level", CASES)
 @pytest.mark.parametrize("deviate", [0, 2])
 def test_expert_wins_in_process(textworld_games: Path, family: str, level: int, deviate: int) -> None:
