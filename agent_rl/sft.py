@@ -9,7 +9,7 @@ Warm-starts a policy on expert episodes, in the exact rows RL trains on:
    scripted oracle). Only won episodes
    are kept (``sft.keep_lost=true`` keeps all).
 2. **Render** every turn with the env's prompt format and the orchestrator's own prompt builder
-   (``RolloutOrchestrator._next_prompt``: per-turn or full-trajectory, ``rollout.mode``), the response being
+   (``RolloutOrchestrator.next_prompt``: per-turn or full-trajectory, ``rollout.mode``), the response being
    ``sft.response_template`` filled with the action (default ``<action>{action}</action>``, the format the RL
    parser reads) plus the end-of-turn token; rows are made by ``build_rollout_batch``, the one place RL rows are
    made. The rows are saved once (``DIR/sft_rows.pt``) so a resumed run trains on the same data.
@@ -160,7 +160,7 @@ async def collect_expert_episodes(cfg: Config, sft: SFTConfig, tokenizer: Any, p
                                       admissible=list(admissible) if admissible else None,
                                       history=history[-rcfg.history_length:] if rcfg.history_length else [],
                                       step=k, info=info)
-                    prompt_ids = builder._next_prompt(ctx, k, prompt_ids, ep.turns[-1] if ep.turns else None)
+                    prompt_ids = builder.next_prompt(ctx, k, prompt_ids, ep.turns[-1] if ep.turns else None)
                     if len(prompt_ids) > rcfg.max_prompt_tokens:
                         break
                     action = str(info["expert_action"])

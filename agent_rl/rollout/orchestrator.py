@@ -245,8 +245,13 @@ class RolloutOrchestrator:
                 pass
 
     # ------------------------------------------------------------------ one episode
-    def _next_prompt(self, ctx: TurnContext, k: int, prev: list[int], prev_turn: Turn | None) -> list[int]:
-        """Per-turn: the rendered messages. Trajectory: conversation so far + sampled response + new user turn."""
+    def next_prompt(self, ctx: TurnContext, k: int, prev: list[int], prev_turn: Turn | None) -> list[int]:
+        """The token ids of turn ``k``'s prompt (the one prompt builder of RL rows and behaviour cloning).
+
+        Per-turn (``rollout.mode=turn``, or the first turn): the env's messages for ``ctx`` rendered with the chat
+        template. Trajectory: ``prev`` (the previous prompt) + ``prev_turn.response_ids`` + the template's
+        end-of-turn separator + the new user turn, so the row's tokens are exactly the tokens sampled.
+        """
         if self.cfg.mode == "turn" or prev_turn is None:
             return render(self.tokenizer, self.prompt.messages(ctx))
         sep = self._sep
@@ -285,7 +290,7 @@ class RolloutOrchestrator:
                 ctx = TurnContext(task=task_text, observation=obs, admissible=list(admissible) if admissible else None,
                                   history=history[-cfg.history_length:] if cfg.history_length else [], step=k,
                                   info=info)
-                prompt_ids = self._next_prompt(ctx, k, prompt_ids, ep.turns[-1] if ep.turns else None)
+                prompt_ids = self.next_prompt(ctx, k, prompt_ids, ep.turns[-1] if ep.turns else None)
                 if len(prompt_ids) > cfg.max_prompt_tokens:
                     if not ep.turns:
                         ep.failure = f"prompt_too_long ({len(prompt_ids)} > {cfg.max_prompt_tokens} tokens)"
