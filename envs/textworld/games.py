@@ -149,13 +149,19 @@ def game_dir(family: str, level: int, split: str, index: int, root: Path | None 
 _Z_SERIAL = slice(0x12, 0x18)
 
 
+def _masked_sha256(path: Path, data: bytes) -> str:
+    """sha256 hex digest of ``data`` (the bytes of ``path``) with a Z-machine file's serial zeroed."""
+    if Path(path).suffix.startswith(".z") and len(data) >= 0x40:
+        masked = bytearray(data)
+        masked[_Z_SERIAL] = b"000000"
+        data = bytes(masked)
+    return hashlib.sha256(data).hexdigest()
+
+
 def sha256_file(path: Path) -> str:
     """sha256 of a compiled game without its serial number (the Z-machine header's compile date, so the same seed
     gives the same hash on any day; a test recorded on 2026-11-30 failed on 2026-12-01). Other files: plain sha256."""
-    data = bytearray(Path(path).read_bytes())
-    if Path(path).suffix.startswith(".z") and len(data) >= 0x40:
-        data[_Z_SERIAL] = b"000000"
-    return hashlib.sha256(bytes(data)).hexdigest()
+    return _masked_sha256(path, Path(path).read_bytes())
 
 
 def game_json_sha256(path: Path) -> str:
@@ -282,10 +288,11 @@ def ensure_game(family: str, level: int, split: str, index: int, root: Path | No
 
 def verify_game(record: GameRecord) -> None:
     """Raise ``RuntimeError`` when the game file's sha256 differs from its ``meta.json``."""
-    recorded, actual = record.meta["sha256"], sha256_file(record.path)
+    data = record.path.read_bytes()
+    recorded, actual = record.meta["sha256"], _masked_sha256(record.path, data)
     if actual == recorded:
         return
-    if hashlib.sha256(record.path.read_bytes()).hexdigest() == recorded:  # meta.json from before the serial mask
+    if hashlib.sha256(data).hexdigest() == recorded:  # meta.json from before the serial mask
         return
     raise RuntimeError(f"TextWorld game {record.path} is corrupt (sha256 {actual[:16]} != recorded "
                        f"{recorded[:16]}); delete {record.path.parent} to regenerate it")
