@@ -8,6 +8,7 @@ import gymnasium as gym
 import pytest
 
 from envs.webshop import WebShopEnv, parse_action
+from envs.wrappers import EpisodeOverError
 
 
 @pytest.fixture()
@@ -99,7 +100,9 @@ def test_actions_after_buy_now(env):
     assert info["purchased"] == {"asin": "B0743JKHBV", "options": {"size": '28" x 28"'}, "price": 14.95}
     assert info["available_actions"]["clickables"] == []
     for action in ("click[buy now]", "search[pillows]", "click[back to search]"):
-        obs2, reward2, terminated2, _, info2 = env.step(action)
+        with pytest.raises(EpisodeOverError, match="terminated at step 4"):  # gymnasium.make's guard (issue 20)
+            env.step(action)
+        obs2, reward2, terminated2, _, info2 = env.unwrapped.step(action)  # the class itself: the done page
         assert obs2 == obs and reward2 == 0.0 and terminated2 is True
         assert info2["invalid_action"] and "episode is over" in info2["error"]
 
