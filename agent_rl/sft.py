@@ -110,8 +110,12 @@ class _TokenizerOnly:
 
 
 def response_ids_for(tokenizer: Any, action: str, sft: SFTConfig) -> list[int]:
-    """Token ids of the target response for ``action`` (template + optional EOS)."""
-    ids = tokenizer.encode(sft.response_template.format(action=action), add_special_tokens=False)
+    """Token ids of the target response for ``action`` (template + optional EOS). The action is the env's text:
+    encoded as data (a special token's string in it stays plain characters, ``agent_rl.rollout.prompts.format_ids``);
+    the template's own text may hold control tokens."""
+    from agent_rl.rollout.prompts import format_ids
+
+    ids = format_ids(tokenizer, sft.response_template, action=action)
     if sft.append_eos and tokenizer.eos_token_id is not None:
         ids.append(int(tokenizer.eos_token_id))
     return ids

@@ -34,7 +34,7 @@ import numpy as np
 from agent_rl.engines.base import row_seed
 from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.parsing import parse_action
-from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, turn_separator, user_turn_text
+from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, render_followup
 from agent_rl.types import Episode, Generation, Task, Turn
 
 T = TypeVar("T")
@@ -200,8 +200,8 @@ class RolloutOrchestrator:
         self._prefetched_tasks: list[Task] = []
         self._runs = 0
         if cfg.mode == "trajectory":
-            self._sep = turn_separator(self.tokenizer)
             self._eos_ids = set(getattr(engine, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
+            render_followup(self.tokenizer, "probe")  # a template that cannot be spliced is refused here, by name
 
     # ------------------------------------------------------------------ env calls
     async def _env(self, make_call: Callable[[], Awaitable[T]]) -> T:
@@ -249,19 +249,18 @@ class RolloutOrchestrator:
         """The token ids of turn ``k``'s prompt (the one prompt builder of RL rows and behaviour cloning).
 
         Per-turn (``rollout.mode=turn``, or the first turn): the env's messages for ``ctx`` rendered with the chat
-        template. Trajectory: ``prev`` (the previous prompt) + ``prev_turn.response_ids`` + the template's
-        end-of-turn separator + the new user turn, so the row's tokens are exactly the tokens sampled.
+        template. Trajectory: ``prev`` (the previous prompt) + ``prev_turn.response_ids`` + what the template writes
+        after an assistant message for the new user turn (its end-of-turn, minus a sampled EOS that already closes the
+        response, the user turn, the generation prompt), so the row's tokens are exactly the tokens sampled. Env text
+        and earlier actions are encoded as data, never as control tokens (``agent_rl.rollout.prompts.encoding``).
         """
         if self.cfg.mode == "turn" or prev_turn is None:
             return render(self.tokenizer, self.prompt.messages(ctx))
-        sep = self._sep
-        if prev_turn.response_ids and prev_turn.response_ids[-1] in self._eos_ids:
-            # The sampled EOS already closes the assistant turn: write only what the template adds after it.
-            eos_text = self.tokenizer.decode(prev_turn.response_ids[-1:])
-            sep = sep[len(eos_text):] if sep.startswith(eos_text) else sep
-        text = sep + user_turn_text(self.tokenizer, self.prompt.followup(ctx))
-        obs_ids = self.tokenizer.encode(text, add_special_tokens=False)
-        return prev + list(prev_turn.response_ids) + obs_ids
+        response = list(prev_turn.response_ids)
+        obs_ids = render_followup(self.tokenizer, self.prompt.followup(ctx))
+        if response and response[-1] in self._eos_ids and obs_ids[:1] == response[-1:]:
+            obs_ids = obs_ids[1:]  # the sampled EOS already closes the assistant turn
+        return prev + response + obs_ids
 
     async def _generate(self, ctx: TurnContext, task: Task, slot: int, prompt_ids: list[int], temperature: float,
                         is_high: bool) -> Generation:

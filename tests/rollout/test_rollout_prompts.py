@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent_rl.rollout import TurnContext, get_prompt, parse_action
-from agent_rl.rollout.prompts import render_text, turn_separator, user_turn_text
+from agent_rl.rollout.prompts import render, render_followup, render_text
 
 ALF_OBS = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you "
            "see a cabinet 1, a coffeemachine 1.\n\nYour task is to: put a clean mug in coffeemachine.")
@@ -33,12 +33,17 @@ def test_generic_first_turn_has_no_history_and_plain_layout():
     msgs = p.messages(ctx)
     assert "turn(s)" not in msgs[1]["content"]
 
-    class NoTemplate:
+    class NoTemplate:  # no chat template, no special tokens: the plain layout, encoded as UTF-8 bytes
         chat_template = None
 
-    assert render_text(NoTemplate(), msgs).endswith("assistant:")
-    assert turn_separator(NoTemplate()) == "\n"
-    assert user_turn_text(NoTemplate(), "obs") == "user: obs\nassistant:"
+        def encode(self, text, add_special_tokens=False):
+            return list(text.encode())
+
+    text = render_text(NoTemplate(), msgs)
+    assert text.startswith("system: ") and text.endswith("\nassistant:")
+    assert render(NoTemplate(), msgs) == list(text.encode())
+    # the end of the assistant turn, then the new user turn and the generation prompt
+    assert render_followup(NoTemplate(), "obs") == list(b"\nuser: obs\nassistant:")
 
 
 def test_math_and_code_prompts_keep_answer_lines():

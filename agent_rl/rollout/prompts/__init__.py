@@ -8,10 +8,10 @@ from agent_rl.rollout.prompts.base import (
     get_prompt,
     register_prompt,
     render,
+    render_followup,
     render_text,
-    turn_separator,
-    user_turn_text,
 )
+from agent_rl.rollout.prompts.encoding import ChatTemplateError, UnsafeTokenizerError, encode_data, format_ids
 
-__all__ = ["PromptFormat", "TurnContext", "get_prompt", "register_prompt", "render", "render_text",
-           "turn_separator", "user_turn_text"]
+__all__ = ["ChatTemplateError", "PromptFormat", "TurnContext", "UnsafeTokenizerError", "encode_data", "format_ids",
+           "get_prompt", "register_prompt", "render", "render_followup", "render_text"]

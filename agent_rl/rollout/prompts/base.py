@@ -2,13 +2,18 @@
 
 A format turns what the orchestrator knows at a turn (:class:`TurnContext`) into chat messages; :func:`render` turns
 messages into prompt token ids with the tokenizer's own chat template (a plain ``role: content`` layout when the
-tokenizer has none). Generated text is never re-rendered: only prompts go through here.
+tokenizer has none), and :func:`render_followup` gives a full-trajectory row's next user turn. Both encode message
+content (env text, the history window's earlier actions) as data, never as control tokens
+(:mod:`agent_rl.rollout.prompts.encoding`, docs/training.md "Env text is data"). Generated ids are never re-rendered:
+only prompts go through here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
+
+from agent_rl.rollout.prompts.encoding import chat_ids, chat_segments, followup_ids
 
 Message = dict[str, str]
 
@@ -82,37 +87,33 @@ def format_history(history: list[tuple[str, str]], step: int) -> str:
 
 
 def render(tokenizer: Any, messages: list[Message], *, add_generation_prompt: bool = True) -> list[int]:
-    """Prompt token ids for ``messages`` via ``tokenizer.apply_chat_template`` (a plain layout without a template).
+    """Prompt token ids for ``messages``, rendered by ``tokenizer``'s chat template (a plain ``role: content`` layout
+    without one), every message's content encoded as data: a special token's string in it (``<|im_end|>``, BOS/EOS)
+    is encoded as the characters it spells, the template's own markers are the special ids
+    (:mod:`agent_rl.rollout.prompts.encoding`).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (or any ``encode``/``decode`` tokenizer without special tokens).
+        messages: ``[{"role": ..., "content": str}, ...]``.
+        add_generation_prompt: end with the template's generation prompt (the start of the assistant turn).
 
     Returns:
         list[int]: the ids the engine sees (no special tokens beyond what the template writes).
+
+    Raises:
+        ChatTemplateError: the template rewrites message content or drops/repeats a message (names the template).
+        UnsafeTokenizerError: the tokenizer ignores ``split_special_tokens``.
     """
-    return tokenizer.encode(render_text(tokenizer, messages, add_generation_prompt=add_generation_prompt),
-                            add_special_tokens=False)
+    return chat_ids(tokenizer, messages, add_generation_prompt=add_generation_prompt)
+
+
+def render_followup(tokenizer: Any, content: str) -> list[int]:
+    """Full-trajectory follow-up: the ids the chat template writes after a (sampled) assistant response for one more
+    user message ``content`` (data) plus the generation prompt (:func:`~agent_rl.rollout.prompts.encoding.followup_ids`;
+    Qwen3-style reasoning templates included, a template that cannot be spliced raises ``ChatTemplateError``)."""
+    return followup_ids(tokenizer, content)
 
 
 def render_text(tokenizer: Any, messages: list[Message], *, add_generation_prompt: bool = True) -> str:
-    """The chat-template text of ``messages`` (see :func:`render`)."""
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-    return text + ("assistant:" if add_generation_prompt else "")
-
-
-def turn_separator(tokenizer: Any) -> str:
-    """Text the chat template writes after an assistant message's content (e.g. ``"<|im_end|>\\n"``): in
-    full-trajectory mode it closes a sampled response before the next user message."""
-    probe = "\x00PROBE\x00"
-    text = render_text(tokenizer, [{"role": "user", "content": "u"}, {"role": "assistant", "content": probe}],
-                       add_generation_prompt=False)
-    return text[text.rindex(probe) + len(probe):] if probe in text else "\n"
-
-
-def user_turn_text(tokenizer: Any, content: str) -> str:
-    """Text of one more user message plus the generation prompt, as the template appends it to a conversation."""
-    base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
-    before = render_text(tokenizer, base, add_generation_prompt=False)
-    after = render_text(tokenizer, base + [{"role": "user", "content": content}], add_generation_prompt=True)
-    if after.startswith(before):
-        return after[len(before):]
-    return f"user: {content}\nassistant:"
+    """The text of ``messages`` as :func:`render` lays it out (for display; ids only come from :func:`render`)."""
+    return "".join(text for text, _ in chat_segments(tokenizer, messages, add_generation_prompt=add_generation_prompt))
