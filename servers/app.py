@@ -5,7 +5,10 @@
 Layout: ``routers/`` (thin routes), ``dependencies.py`` (the session manager from ``lifespan``, the token),
 ``sessions.py`` (the server's settings), ``schemas.py`` (bodies); sessions, env worker processes and their errors
 are :mod:`envs.hosting` (shared with the in-process client).
-Errors are HTTP codes with a JSON body ``{"detail": str, "code": str}``, never an error inside a 200.
+Errors are HTTP codes with a JSON body ``{"detail": str, "code": str}``, never an error inside a 200. Every answer is
+valid UTF-8 JSON: a lone UTF-16 surrogate in a request is a 422 (``servers.schemas``), and any text an answer echoes
+(the validation errors' ``input``, an env's message) has its lone surrogates replaced by U+FFFD
+(:func:`envs.hosting.jsonable.scrub_text`; env observations and ``info`` get the same in the env host).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from contextlib import asynccontextmanager
 
 import gymnasium
 from fastapi import Depends, FastAPI, Request
-from starlette.exceptions import HTTPException
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 import envs  # noqa: F401  (registers the built-in ids)
 from envs.hosting import SessionManager
@@ -33,6 +38,7 @@ from envs.hosting.errors import (
     UnknownEnv,
     http_error,
 )
+from envs.hosting.jsonable import scrub_text, to_jsonable
 from servers.dependencies import require_token
 from servers.middleware import BodyGuardMiddleware
 from servers.routers import meta, sessions
@@ -44,7 +50,7 @@ _HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
 
 
 def _error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"detail": detail, "code": code}, status_code=status, headers=headers)
+    return JSONResponse({"detail": scrub_text(detail), "code": code}, status_code=status, headers=headers)
 
 
 def _message(request: Request, exc: Exception) -> str:
@@ -137,6 +143,12 @@ def create_app(
 
     for cls, _, _ in HTTP_ERRORS:  # status and code of each: envs.hosting.errors.HTTP_ERRORS
         app.add_exception_handler(cls, _hosting_error)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer (the list of errors, each echoing its ``input``), made valid Unicode: the default
+        # handler cannot encode an echoed lone surrogate and the client got a 500 instead of this 422
+        return JSONResponse({"detail": to_jsonable(jsonable_encoder(exc.errors()))}, status_code=422)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:

@@ -1,13 +1,17 @@
 """Request and response bodies of the env server (the OpenAPI schema is generated from these).
 
-Bodies are strict (no type coercion, no unknown fields): ``{"action": 3}`` or ``{"seed": "1"}`` is a 422.
+Bodies are strict (no type coercion, no unknown fields): ``{"action": 3}`` or ``{"seed": "1"}`` is a 422, and
+every string in a request body (nested ``options``/``env_kwargs`` keys and values included) must be valid Unicode:
+a lone UTF-16 surrogate (``"\\ud800"``, legal JSON) is a 422 naming where it is (``docs/servers.md``, "Text").
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from envs.hosting.jsonable import lone_surrogate
 
 __all__ = [
     "CreateSessionRequest",
@@ -26,6 +30,15 @@ __all__ = [
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse a lone UTF-16 surrogate anywhere in the field (before its own checks: the clearer message)."""
+        found = lone_surrogate(value, info.field_name or "")
+        if found:
+            raise ValueError(found)
+        return value
 
 
 class CreateSessionRequest(_Strict):
@@ -124,8 +137,8 @@ class ErrorResponse(BaseModel):
 
 class UnprocessableResponse(BaseModel):
     """Body of a 422: FastAPI's list of validation errors (malformed body, wrong types, unknown fields, invalid
-    UTF-8), or ``{"detail": str, "code": "invalid_request"}`` when the env's ``make``/``reset`` rejected the
-    ``env_kwargs``, ``seed`` or ``options``."""
+    UTF-8, a lone UTF-16 surrogate in a string), or ``{"detail": str, "code": "invalid_request"}`` when the env's
+    ``make``/``reset`` rejected the ``env_kwargs``, ``seed`` or ``options``."""
 
     detail: str | list[dict[str, Any]]
     code: str | None = Field(default=None, description="invalid_request (the env rejected the request); absent for "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import re
 import time
 import uuid
 from collections import Counter
@@ -22,12 +23,25 @@ from agent_rl.envclient.base import (
     StepResult,
     client_error,
 )
+from envs.hosting.jsonable import lone_surrogate, to_jsonable
 
 __all__ = ["DEFAULT_TIMEOUT", "HTTPEnvPool"]
 
 # Per phase: connecting is quick or the server is down; reading waits for an env call (ALFWorld resets take seconds
 # of CPU, more when the server is busy); acquiring a pooled connection waits for other requests of this client.
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=60.0)
+
+# A JSON escape of a UTF-16 surrogate (paired ones too: those decode fine, the scrub below leaves them as they are).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _refuse_invalid_text(**fields: Any) -> None:
+    """``EnvClientError(code="invalid_request")`` for a lone UTF-16 surrogate in a request field: it has no UTF-8
+    encoding, so it cannot be sent (the server would answer 422; ``LocalEnvPool`` refuses it with the same message)."""
+    for name, value in fields.items():
+        found = lone_surrogate(value, name)
+        if found:
+            raise EnvClientError(found, code="invalid_request")
 
 
 class HTTPEnvPool:
@@ -120,7 +134,12 @@ class HTTPEnvPool:
     def _check(response: httpx.Response) -> Any:
         """The JSON body of a 2xx response, else the matching ``EnvClientError``."""
         if response.is_success:
-            return response.json() if response.content else None
+            if not response.content:
+                return None
+            payload = response.json()
+            # Our servers send valid Unicode; a server that escapes a lone surrogate would hand the trainer text
+            # that cannot be tokenized: the same rule as the server's (U+FFFD, docs/servers.md "Text")
+            return to_jsonable(payload) if _SURROGATE_ESCAPE.search(response.content) else payload
         try:
             payload = response.json()
         except ValueError:
@@ -146,7 +165,10 @@ class HTTPEnvPool:
         options: dict[str, Any] | None = None,
         env_kwargs: dict[str, Any] | None = None,
     ) -> ResetResult:
-        """Open a session on the least-loaded server (``POST /sessions``); see the class docstring for retries."""
+        """Open a session on the least-loaded server (``POST /sessions``); see the class docstring for retries.
+        Text that is not valid Unicode (a lone surrogate in ``env_id``, ``options`` or ``env_kwargs``) is refused
+        here (``EnvClientError``, ``code="invalid_request"``), as the server would (422)."""
+        _refuse_invalid_text(env_id=env_id, options=options, env_kwargs=env_kwargs)
         self._reap_orphans_soon()
         session_id = uuid.uuid4().hex
         body = {"env_id": env_id, "seed": seed, "options": options, "env_kwargs": env_kwargs,
@@ -180,10 +202,12 @@ class HTTPEnvPool:
         raise error or EnvUnavailable("no server answered")  # pragma: no cover (loop always returns or raises)
 
     async def step(self, session_id: str, action: str) -> StepResult:
-        """``POST /sessions/{id}/step``; retried only on connect errors. A non-``str`` action is refused here
-        (``EnvClientError``, ``code="invalid_request"``), as the server would (422) if it could be sent at all."""
+        """``POST /sessions/{id}/step``; retried only on connect errors. A non-``str`` action, or one holding a lone
+        UTF-16 surrogate, is refused here (``EnvClientError``, ``code="invalid_request"``), as the server would
+        (422) if it could be sent at all."""
         if not isinstance(action, str):
             raise EnvClientError(f"action must be a str, got {type(action).__name__}", code="invalid_request")
+        _refuse_invalid_text(action=action)
         url = self._url_for(session_id)
         for attempt in range(self.retries + 1):
             try:

@@ -27,8 +27,9 @@ class LocalEnvPool:
     loop. Errors are those of ``HTTPEnvPool`` for the same situation (one rule, :func:`client_error`, on the
     server's status and code of each :mod:`envs.hosting.errors` exception), with ``status=None``: an env that raises
     closes its session (``EnvServerError``, with ``code="env_infra_error"`` when the env could not judge, see
-    ``docs/env_errors.md``); ``make``/``reset`` refusing the kwargs, seed or options, an unknown env id and a
-    non-``str`` action are ``EnvClientError`` (``code`` ``"invalid_request"``, ``"unknown_env"``, HTTP's 422/404).
+    ``docs/env_errors.md``); ``make``/``reset`` refusing the kwargs, seed or options, an unknown env id, a
+    non-``str`` action and text with a lone UTF-16 surrogate (``docs/servers.md``, "Text") are ``EnvClientError``
+    (``code`` ``"invalid_request"``, ``"unknown_env"``, HTTP's 422/404).
 
     Args:
         max_workers: threads (``"thread"``) or worker processes (``"process"``, one session per process while

@@ -21,12 +21,13 @@ from envs.hosting.errors import (
     EnvRejected,
     EnvTimeout,
     EpisodeOver,
+    InvalidText,
     SessionBusy,
     SessionExists,
     SessionNotFound,
     UnknownEnv,
 )
-from envs.hosting.jsonable import to_jsonable
+from envs.hosting.jsonable import lone_surrogate, scrub_text, to_jsonable
 from envs.hosting.pool import StepReply, WorkerPool, env_module
 from envs.hosting.sessions import Session, SessionManager, SessionSettings
 from envs.hosting.threads import ThreadEnvPool
@@ -39,6 +40,7 @@ __all__ = [
     "EnvRejected",
     "EnvTimeout",
     "EpisodeOver",
+    "InvalidText",
     "Session",
     "SessionBusy",
     "SessionExists",
@@ -50,5 +52,7 @@ __all__ = [
     "UnknownEnv",
     "WorkerPool",
     "env_module",
+    "lone_surrogate",
+    "scrub_text",
     "to_jsonable",
 ]

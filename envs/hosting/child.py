@@ -29,7 +29,7 @@ import gymnasium
 
 from envs.errors import EnvInfraError
 from envs.hosting.errors import EnvFailed, EnvInfraFailed, EnvRejected
-from envs.hosting.jsonable import to_jsonable
+from envs.hosting.jsonable import scrub_text, to_jsonable
 
 __all__ = ["EnvHost", "can_renice", "raise_for_status", "rss_bytes", "worker_main"]
 
@@ -106,7 +106,8 @@ class EnvHost:
             rejected = op in ("open", "reset") and isinstance(exc, (ValueError, LookupError, TypeError,
                                                                      gymnasium.error.Error))
             status = "infra" if isinstance(exc, EnvInfraError) else "rejected" if rejected else "error"
-            return status, f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=20)
+            # an env's message is env text: valid Unicode for the JSON answer (docs/servers.md, "Text")
+            return status, scrub_text(f"{type(exc).__name__}: {exc}"), scrub_text(traceback.format_exc(limit=20))
 
     # ---- handlers: (session_id, args) -> JSON-ready payload -------------------------------------------------
     def open(self, session_id: str, args: tuple[str, dict[str, Any] | None, int | None, dict[str, Any] | None]

@@ -15,6 +15,7 @@ __all__ = [
     "EnvTimeout",
     "EpisodeOver",
     "HTTP_ERRORS",
+    "InvalidText",
     "SessionBusy",
     "SessionExists",
     "SessionNotFound",
@@ -63,6 +64,12 @@ class EpisodeOver(RuntimeError):
     """Step after the episode ended (terminated or truncated): reset the session first."""
 
 
+class InvalidText(ValueError):
+    """A request's text is not valid Unicode (a lone UTF-16 surrogate in the action, env id, session id, options or
+    env kwargs; :func:`envs.hosting.jsonable.lone_surrogate` names where): refused before any env sees it, the
+    session (if any) unchanged. HTTP 422 ``invalid_request``."""
+
+
 class SessionBusy(RuntimeError):
     """Another request on the same session is still running."""
 
@@ -85,6 +92,7 @@ HTTP_ERRORS: list[tuple[type[Exception], int, str]] = [
     (EnvTimeout, 504, "env_timeout"),
     (EnvInfraFailed, 500, ENV_INFRA_ERROR_CODE),
     (EnvRejected, 422, "invalid_request"),
+    (InvalidText, 422, "invalid_request"),
     (EnvFailed, 500, "env_error"),
 ]
 

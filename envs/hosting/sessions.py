@@ -28,11 +28,13 @@ from envs.hosting.errors import (
     EnvFailed,
     EnvNotReady,
     EpisodeOver,
+    InvalidText,
     SessionBusy,
     SessionExists,
     SessionNotFound,
     UnknownEnv,
 )
+from envs.hosting.jsonable import lone_surrogate
 from envs.hosting.pool import StepReply, WorkerPool, env_module
 
 __all__ = ["EnvBackend", "Session", "SessionManager", "SessionSettings"]
@@ -234,8 +236,9 @@ class SessionManager:
 
         ``session_id``: the client's choice (default: a new uuid4 hex), so a client that lost the answer can still
         close the session. Raises ``UnknownEnv`` (404), ``SessionExists`` (409), ``AtCapacity`` (503),
-        ``EnvFailed`` (500/504).
+        ``EnvFailed`` (500/504), ``InvalidText`` (422: a lone surrogate in any of the arguments).
         """
+        _check_text(env_id=env_id, session_id=session_id, options=options, env_kwargs=env_kwargs)
         if env_id not in (gymnasium.registry if self.settings.env_ids is None else self.settings.env_ids):
             served = "any registered id" if self.settings.env_ids is None else self.settings.env_ids
             raise UnknownEnv(f"env id {env_id!r} is not served here; served: {served}")
@@ -260,6 +263,7 @@ class SessionManager:
         self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Reset an open session -> ``(observation, info)``; raises as :meth:`step`."""
+        _check_text(options=options)
         async with self._exclusive(session_id) as session:
             observation, info = await self.pool.reset(session_id, seed=seed, options=options)
             session.done = False
@@ -268,7 +272,9 @@ class SessionManager:
 
     async def step(self, session_id: str, action: Any) -> StepReply:
         """Step an open session. Raises ``SessionNotFound`` (404), ``EpisodeOver``/``SessionBusy`` (409),
-        ``EnvFailed`` (500/504; the session is then closed)."""
+        ``EnvFailed`` (500/504; the session is then closed), ``InvalidText`` (422: the action is not valid Unicode;
+        the episode goes on as if it had not been sent)."""
+        _check_text(action=action)
         session = self.get(session_id)
         if session.done:
             raise EpisodeOver(f"episode of session {session_id} is over (terminated or truncated); reset it")
@@ -283,3 +289,12 @@ class SessionManager:
         self.get(session_id)
         self.sessions.pop(session_id, None)
         await self.pool.close(session_id)
+
+
+def _check_text(**fields: Any) -> None:
+    """``InvalidText`` naming the first field (and where in it) that holds a lone UTF-16 surrogate: text that is
+    not Unicode never reaches an env (the HTTP server refuses it the same way while validating the body)."""
+    for name, value in fields.items():
+        found = lone_surrogate(value, name)
+        if found:
+            raise InvalidText(found)

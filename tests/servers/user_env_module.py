@@ -21,12 +21,18 @@ from envs.errors import EnvDataError, EnvInfraError
 
 _INSTANCES = itertools.count()
 
+#: lone surrogates (high, low) and a pair stored as two code points: what a buggy env (a bad decode, a truncated
+#: UTF-16 buffer) can emit. The server sends ``"high \ufffd low \ufffd pair \U0001f600"`` (docs/servers.md, "Text").
+SURROGATE_TEXT = "high \ud800 low \udfff pair \ud83d\ude00"
+
 
 class EchoEnv(gymnasium.Env):
     """Echoes the action; ``"stop"`` terminates with reward 1. ``"raise"`` makes the env raise, ``"exit"`` kills
     its process, ``"sleep:<s>"`` sleeps (a slow step). ``reset(options={"sleep": s})`` sleeps too (a slow reset);
     ``reset(options={"raise": "IndexError"})`` raises that builtin exception; ``"infra"`` as an action or a
-    ``raise`` option raises ``EnvInfraError`` (the env could not judge).
+    ``raise`` option raises ``EnvInfraError`` (the env could not judge). Text that is not valid Unicode:
+    ``reset(options={"surrogate": True})`` and the action ``"surrogate"`` answer with :data:`SURROGATE_TEXT` in the
+    observation and in ``info`` (values and a key); the action ``"raise-surrogate"`` raises with it in the message.
     ``info`` carries numpy values on purpose (the server must send them as JSON numbers)."""
 
     def __init__(self, prefix: str = "echo") -> None:
@@ -45,6 +51,8 @@ class EchoEnv(gymnasium.Env):
         if "raise" in options:  # {"raise": "IndexError"}: reset raises that builtin exception
             raise getattr(builtins, options["raise"])("reset raised on purpose")
         self.t = 0
+        if options.get("surrogate"):
+            return f"{self.prefix}: ready {SURROGATE_TEXT}", {"note": SURROGATE_TEXT, "options": options}
         return f"{self.prefix}: ready", {"pid": os.getpid(), "t": np.int64(0), "options": options,
                                          "nice": os.getpriority(os.PRIO_PROCESS, 0),
                                          "instance": self.instance}
@@ -55,6 +63,11 @@ class EchoEnv(gymnasium.Env):
             raise RuntimeError("boom on purpose")
         if action == "infra":
             raise EnvInfraError("could not judge on purpose", component="echo")
+        if action == "raise-surrogate":
+            raise RuntimeError(f"boom on purpose: {SURROGATE_TEXT}")
+        if action == "surrogate":
+            info = {"note": SURROGATE_TEXT, "list": [SURROGATE_TEXT], "key \udc80": 1, "t": self.t}
+            return f"{self.prefix}: {SURROGATE_TEXT}", 0.0, False, False, info
         if action == "exit":
             os._exit(3)
         if action.startswith("sleep:"):
