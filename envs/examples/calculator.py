@@ -8,7 +8,8 @@ Actions (text):
     ``calc[<expr>]``    evaluate an arithmetic expression (numbers, ``+ - * / // % **``, parentheses; evaluated
                         on the ``ast``, never ``eval``) -> observation ``"Result: <value>"``;
     ``answer[<number>]`` submit the answer: the episode terminates, reward 1.0 if it equals the solution
-                        by value (relative tolerance 1e-6: ``1e-9`` is not ``2e-9``), else 0.0.
+                        by value (relative tolerance 1e-6: ``1e-9`` is not ``2e-9``), else 0.0. A number is
+                        decimal, with commas only as thousands separators (``1,000``; ``1,2`` is not a number).
 Anything else, or a bad expression, is answered with an error message and ``info["invalid_action"] = True``.
 
 ``reset(options=...)``: ``{"index": i}`` selects problem i (the same problem every time); ``{"problem": str,
@@ -51,6 +52,8 @@ _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _ACTION = re.compile(r"^\s*(calc|answer)\[(.*)\]\s*$", re.DOTALL)
 _MAX_ABS = 1e15
+# An answer: a decimal number, optionally with thousands separators in groups of three ("1,000") and an exponent.
+_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:[eE][+-]?\d+)?|[+-]?\.\d+(?:[eE][+-]?\d+)?")
 
 
 def safe_eval(expression: str) -> float:
@@ -174,10 +177,10 @@ class CalculatorEnv(gymnasium.Env[str, str]):
                 return f"Error: {exc}", 0.0, False, False, self._info(invalid=True)
             self._results.append(result)
             return f"Result: {result}", 0.0, False, False, self._info(invalid=False)
-        try:
-            given = float(argument.strip().replace(",", ""))
-        except ValueError:
+        number = argument.strip()
+        if not _NUMBER.fullmatch(number):  # commas only as thousands separators: "1,2" is not 12
             return f"Error: {argument!r} is not a number", 0.0, False, False, self._info(invalid=True)
+        given = float(number.replace(",", ""))
         # by value at every magnitude: an absolute tolerance would call 1e-9 and 2e-9 equal (issue 10)
         self._won = math.isclose(given, self._solution, rel_tol=1e-6, abs_tol=0.0)
         observation = "Correct!" if self._won else f"Wrong: the answer is {format_number(self._solution)}."

@@ -2,10 +2,19 @@
 
 from envs.math.datasets import LOADERS, MathProblem, load_math
 from envs.math.env import DEFAULT_INSTRUCTION, MathEnv, score_response
-from envs.math.grader import extract_answer, last_boxed, normalize_answer, strings_match
+from envs.math.grader import (
+    AnswerParts,
+    extract_answer,
+    final_answers,
+    last_boxed,
+    normalize_answer,
+    split_answer,
+    strings_match,
+)
 from envs.math.pool import VerifierPool, default_pool
 
 __all__ = [
-    "DEFAULT_INSTRUCTION", "LOADERS", "MathEnv", "MathProblem", "VerifierPool", "default_pool", "extract_answer",
-    "last_boxed", "load_math", "normalize_answer", "score_response", "strings_match",
+    "AnswerParts", "DEFAULT_INSTRUCTION", "LOADERS", "MathEnv", "MathProblem", "VerifierPool", "default_pool",
+    "extract_answer", "final_answers", "last_boxed", "load_math", "normalize_answer", "score_response",
+    "split_answer", "strings_match",
 ]

@@ -8,11 +8,14 @@ Contract (``gymnasium.Env[str, str]``):
   the instruction (default: Qwen-Math's "Please reason step by step, and put your final answer within \\boxed{}.").
   ``info``: ``dataset``, ``split``, ``index``, ``uid`` (= ``task_id``), ``task_type``, ``problem``, ``prompt``, ``instruction``
   (and ``level`` for MATH500). The reference answer is NOT in the reset info.
-- ``step(response)``: always ``terminated=True``. ``reward`` 1.0 if the final answer (last ``\\boxed{}``, else
-  GSM8K's ``####``) is equivalent to the reference by math-verify or by the normalised string match, else 0.0.
-  ``info``: ``extracted``, ``reference``, ``correct`` (= ``won``), ``reason`` (``correct``/``wrong_answer``/``no_answer``),
-  ``verifier`` (``math_verify``/``timeout``/``error: ...``), ``string_match``, plus the reset info. Numbers
-  compare by value (exact for exact rationals, else relative tolerance 1e-6: ``envs.math.grader.numbers_equal``).
+- ``step(response)``: always ``terminated=True``. ``reward`` 1.0 if the final answer (the last ``\\boxed{}``, else
+  GSM8K's ``####``) is equivalent to the reference by math-verify or by the normalised string match, and so is every
+  other final answer the response gives (several different boxed answers are a hedge: 0.0), else 0.0.
+  ``info``: ``extracted``, ``answers``, ``reference``, ``correct`` (= ``won``), ``reason``
+  (``correct``/``wrong_answer``/``hedged``/``no_answer``), ``verifier`` (``math_verify``/``timeout``/``error: ...``),
+  ``string_match``, plus the reset info. Numbers compare by value (exact for exact rationals, else relative
+  tolerance 1e-6: ``envs.math.grader.numbers_equal``); units, variables and marks are never dropped on one side
+  only (``envs.math.grader.parts_conflict``, ``docs/math_code_envs.md``).
   Raises :class:`envs.errors.EnvInfraError` when the verifier itself cannot judge (``docs/env_errors.md``).
 """
 
@@ -23,29 +26,54 @@ from typing import Any, Sequence
 import gymnasium
 
 from envs.math.datasets import SPLITS, MathProblem, canonical_name, load_math
-from envs.math.grader import extract_answer, strings_match
+from envs.math.grader import final_answers, strings_match
 from envs.math.pool import VerifierPool, default_pool
 from envs.spaces import TextSpace, check_action
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
+MAX_FINAL_ANSWERS = 8
+"""A response with more distinct final answers than this is graded 0 without checking them (``reason="hedged"``)."""
+
+
 def score_response(reference: str, response: str, pool: VerifierPool) -> dict[str, Any]:
     """Grade a full model response against a bare reference answer.
 
-    Returns a JSON-serialisable dict: ``reward`` (0.0/1.0), ``correct``, ``extracted`` (str | None), ``reference``,
-    ``reason``, ``verifier``, ``string_match``.
+    Every distinct final answer of the response (:func:`envs.math.grader.final_answers`: each boxed answer, a list
+    written as adjacent boxes counting as one; else each ``####`` line) must be equivalent to the reference: one
+    correct box among wrong ones is a hedge and scores 0 (``reason="hedged"``). Each answer is correct when the
+    string match (:func:`envs.math.grader.strings_match`) or math-verify in the pool says so; the last answer is
+    checked first.
+
+    Returns a JSON-serialisable dict: ``reward`` (0.0/1.0), ``correct``, ``extracted`` (the last answer, str | None),
+    ``answers`` (the distinct final answers, list of str), ``reference``, ``reason``
+    (correct/wrong_answer/hedged/no_answer), ``verifier`` and ``string_match`` (of the last answer).
+
+    Raises:
+        EnvInfraError: the verifier itself cannot judge (from :meth:`VerifierPool.check`).
     """
-    extracted = extract_answer(response)
-    out: dict[str, Any] = {"extracted": extracted, "reference": reference, "string_match": False,
-                           "verifier": "none"}
-    if extracted is None or not extracted.strip():
+    answers = final_answers(response)
+    extracted = answers[-1] if answers else None
+    out: dict[str, Any] = {"extracted": extracted, "answers": answers, "reference": reference,
+                           "string_match": False, "verifier": "none"}
+    if not answers:
         return {**out, "reward": 0.0, "correct": False, "reason": "no_answer"}
-    string_ok = strings_match(reference, extracted)
-    verdict, how = pool.check(reference, extracted)
-    correct = bool(verdict) or string_ok
-    return {**out, "reward": float(correct), "correct": correct, "string_match": string_ok, "verifier": how,
-            "reason": "correct" if correct else "wrong_answer"}
+    if len(answers) > MAX_FINAL_ANSWERS:
+        return {**out, "reward": 0.0, "correct": False, "reason": "hedged"}
+    n_correct = 0
+    for i, answer in enumerate(reversed(answers)):  # the final answer first: a wrong one settles it
+        string_ok = strings_match(reference, answer)
+        verdict, how = pool.check(reference, answer)
+        if i == 0:
+            out.update(string_match=string_ok, verifier=how)
+        if not (bool(verdict) or string_ok):
+            break
+        n_correct += 1
+    correct = n_correct == len(answers)
+    # the final answer right but another one wrong: a hedge; the final answer wrong: a wrong answer
+    reason = "correct" if correct else "hedged" if n_correct > 0 else "wrong_answer"
+    return {**out, "reward": float(correct), "correct": correct, "reason": reason}
 
 
 class MathEnv(gymnasium.Env[str, str]):

@@ -1,43 +1,47 @@
 """Answer extraction and equivalence checking for math problems.
 
-Pure string functions (:func:`last_boxed`, :func:`extract_answer`, :func:`normalize_answer`, :func:`strings_match`)
-plus :func:`verify_answer`, which runs ``math-verify`` (0.9.0) on the extracted answer in a worker process with an
-outer deadline and falls back to the normalised string match.
+Pure string functions (:func:`last_boxed`, :func:`final_answers`, :func:`extract_answer`, :func:`split_answer`,
+:func:`normalize_answer`, :func:`strings_match`) plus :func:`math_verify_equal`, which parses both answers with
+``math-verify`` 0.9.0 (its LaTeX normaliser and ``latex2sympy2_extended`` parser, then ``verify``); the env runs it in
+a worker process with an outer deadline (:class:`envs.math.pool.VerifierPool`) and ORs it with the string match.
+
+The rule every step here keeps: **a rewrite may join two spellings of one answer, never two different answers**. So
+nothing that carries meaning is thrown away on one side and kept on the other. An answer is split first
+(:func:`split_answer`) into its body, its unit (``\\text{ cm}``, ``\\%``, ``^\\circ``, ``\\$``) and its variable
+(``x =``); both grading paths compare those parts by the same rules (:func:`parts_conflict`): different units or
+variables never match; a unit or variable on one side only is allowed (a bare ``5`` answers ``5\\text{ cm}``).
+Marks that the parser would drop inside a body (``%``, ``^\\circ``, primes, ``\\$``, ``\\ldots``) must be the same on
+both sides. ``docs/math_code_envs.md`` lists every rule with a pair it keeps apart and a pair it joins.
 
 Why a process: ``math-verify`` bounds its own work with ``signal.alarm``, which only works in a main thread, and some
 inputs (``9^9^9^9``) block inside one C-level big-integer power that no signal interrupts. A worker process can be
-killed; a thread cannot. The pool (:class:`envs.math.pool.VerifierPool`) kills and replaces only the stuck worker, so
-one pathological answer never stalls the other checks.
+killed; a thread cannot. The pool kills and replaces only the stuck worker, so one pathological answer never stalls
+the other checks.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 # Commands whose argument is the boxed answer. ``\fbox`` is what some models and MATH solutions use.
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
+_BOX_START = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the LAST ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced.
+def _box_argument(text: str, i: int) -> tuple[str, int] | None:
+    """The argument of the box command ending at ``text[i]`` and the index just past it, or None when unclosed.
 
-    ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}`` (not ``\\frac{1``); ``\\boxed 5`` (no braces) gives ``5``.
-    Returns None when there is no box or the last box is not closed.
-    """
-    start = -1
-    for cmd in _BOX_COMMANDS:
-        start = max(start, text.rfind(cmd))
-    if start < 0:
-        return None
-    i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
+    ``{...}`` with balanced braces (escaped ``\\{ \\}`` do not count) or, without braces, the next token
+    (``\\boxed 5`` -> ``5``)."""
     while i < len(text) and text[i] == " ":
         i += 1
     if i >= len(text):
         return None
     if text[i] != "{":  # "\boxed 5": the argument is the next token
         match = re.match(r"[^\s$]+", text[i:])
-        return match.group(0) if match else None
+        return (match.group(0), i + match.end()) if match else None
     depth = 0
     for j in range(i, len(text)):
         char = text[j]
@@ -48,61 +52,493 @@ def last_boxed(text: str) -> str | None:
         elif char == "}" and text[j - 1] != "\\":
             depth -= 1
             if depth == 0:
-                return text[i + 1 : j].strip()
+                return text[i + 1 : j].strip(), j + 1
     return None
 
 
+def last_boxed(text: str) -> str | None:
+    """Content of the LAST ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced.
+
+    ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}`` (not ``\\frac{1``); ``\\boxed 5`` (no braces) gives ``5``.
+    Returns None when there is no box or the last box is not closed.
+    """
+    start = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
+    if start < 0:
+        return None
+    i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
+    found = _box_argument(text, i)
+    return found[0] if found else None
+
+
+def _unwrap_box(content: str) -> str:
+    """``\\boxed{\\boxed{7}}``'s content ``\\boxed{7}`` -> ``7`` (a box that is exactly one box is that box)."""
+    while True:
+        match = _BOX_START.match(content)
+        if not match:
+            return content
+        found = _box_argument(content, match.end())
+        if found is None or content[found[1]:].strip():
+            return content
+        content = found[0]
+
+
+# Boxes that a solution writes as one list ("\boxed{2}, \boxed{5}", "$\boxed{2}$ and $\boxed{5}$") form one answer
+# "2, 5": only a comma, semicolon, "and" or "or" (with spaces and $) between them. math-verify groups more loosely
+# (any 9 characters, or 70 with a separator somewhere), which would turn "\boxed{2}. On second thought, the
+# answer is \boxed{3}" into one list.
+_LIST_BETWEEN = re.compile(r"[\s$]*(?:[,;]|(?:[,;]?[\s$]*(?:and|or|\\text\{\s*(?:and|or)\s*\})))[\s$]*")
+
+
+def _box_groups(text: str) -> list[str]:
+    """Every final answer written in boxes, in order: the content of each box (nested boxes unwrapped), adjacent
+    boxes of one list joined by ``", "``. An unclosed box ends the scan."""
+    boxes: list[tuple[int, int, str]] = []  # (start, end, content)
+    pos = 0
+    while True:
+        match = _BOX_START.search(text, pos)
+        if not match:
+            break
+        found = _box_argument(text, match.end())
+        if found is None:
+            break
+        boxes.append((match.start(), found[1], _unwrap_box(found[0])))
+        pos = found[1]
+    groups: list[list[str]] = []
+    last_end = -1
+    for start, end, content in boxes:
+        if groups and _LIST_BETWEEN.fullmatch(text[last_end:start]):
+            if content != groups[-1][-1]:
+                groups[-1].append(content)
+        else:
+            groups.append([content])
+        last_end = end
+    return [", ".join(group) for group in groups]
+
+
+def final_answers(text: str) -> list[str]:
+    """The distinct final answers of a response, in order of appearance (the last one last).
+
+    The boxed answers (:func:`_box_groups`: a list written as adjacent boxes is one answer); when there is no box,
+    the first line after each GSM8K ``####``. Empty answers are dropped; answers with the same
+    :func:`normalize_answer` count once. More than one answer means the response hedged: the env pays only if
+    every one of them is correct.
+    """
+    answers = _box_groups(text)
+    if not answers and "####" in text:
+        for tail in text.split("####")[1:]:
+            tail = tail.strip()
+            answers.append(tail.splitlines()[0].strip() if tail else "")
+    distinct: dict[str, str] = {}
+    for answer in answers:
+        if answer.strip():
+            key = normalize_answer(answer)
+            distinct.pop(key, None)  # keep the last occurrence's position: the final answer stays last
+            distinct[key] = answer
+    return list(distinct.values())
+
+
 def extract_answer(text: str) -> str | None:
-    """The model's final answer: the last ``\\boxed{}``; else the text after GSM8K's last ``####``; else None."""
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed
+    """The model's final answer: the last boxed answer (adjacent boxes of one list joined, see
+    :func:`final_answers`); else the text after GSM8K's last ``####``; else None."""
+    answers = _box_groups(text)
+    if answers:
+        return answers[-1]
     if "####" in text:
         tail = text.rsplit("####", 1)[1].strip()
         return tail.splitlines()[0].strip() if tail else None
     return None
 
 
-_TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mbox|mathbf)\{([^{}]*)\}")
-_UNIT_WORDS = (
-    r"(?:degrees?|cm|m|km|mm|kg|g|units?|inches|inch|feet|foot|ft|meters?|miles?|hours?|minutes?|seconds?|"
-    r"dollars?|cents?|mph|km/h|sq|square)"
-)
+# --- splitting an answer into body, unit and variable ------------------------------------------------------------
+# Units: alias -> canonical name (one name per unit; no conversion between units: 500 cm is not 5 m here).
+# Keys are case-sensitive ("m" metre, "M" nothing); words of 2+ letters also match lower-cased, and plurals
+# ("hours", "inches") match their singular.
+_UNIT_ALIASES: dict[str, tuple[tuple[str, int], ...]] = {}
 
 
-def normalize_answer(answer: str) -> str:
-    """Canonical string for the fallback match (also used to clean answers before math-verify).
+def _units(canonical: str, *aliases: str, factors: tuple[tuple[str, int], ...] | None = None) -> None:
+    for alias in (canonical, *aliases):
+        _UNIT_ALIASES[alias] = factors or ((canonical, 1),)
 
-    Removes ``$``, spaces, ``\\left``/``\\right``, ``\\!``/``\\,``, ``^\\circ``, ``\\%``, text-wrapped units, a
-    leading ``x=``, thousands separators (``1,000`` -> ``1000``), a trailing period; ``\\dfrac``/``\\tfrac`` ->
-    ``\\frac``; ``0.50`` -> ``0.5``. Idempotent.
+
+for _name, *_aliases in (
+    ("meter", "m", "metre"), ("centimeter", "cm", "centimetre"), ("millimeter", "mm", "millimetre"),
+    ("kilometer", "km", "kilometre"), ("micrometer", "µm", "um", "micron"), ("nanometer", "nm", "nanometre"),
+    ("inch", "in"), ("foot", "ft", "feet"), ("yard", "yd"), ("mile", "mi"), ("acre",), ("hectare", "ha"),
+    ("liter", "L", "l", "litre"), ("milliliter", "mL", "ml", "millilitre"), ("gallon", "gal"), ("quart", "qt"),
+    ("cup",), ("gram", "g", "gm"), ("kilogram", "kg"), ("milligram", "mg"), ("pound", "lb"), ("ounce", "oz"),
+    ("ton", "tonne"), ("second", "s", "sec"), ("millisecond", "ms"), ("minute", "min"), ("hour", "h", "hr"),
+    ("day",), ("week", "wk"), ("month",), ("year", "yr"), ("newton", "N"), ("joule", "J"), ("kilojoule", "kJ"),
+    ("watt", "W"), ("kilowatt", "kW"), ("volt", "V"), ("ampere", "A", "amp"), ("coulomb", "C"), ("kelvin", "K"),
+    ("pascal", "Pa"), ("kilopascal", "kPa"), ("hertz", "Hz"), ("electronvolt", "eV"), ("mole", "mol"),
+    ("ohm", "Ω"), ("tesla", "T"), ("atmosphere", "atm"), ("calorie", "cal"), ("kilocalorie", "kcal"),
+    ("celsius",), ("fahrenheit",), ("degree", "°", "deg"), ("radian", "rad"), ("percent", "%", "pct"),
+    ("dollar", "$", "usd", "USD", "buck"), ("cent", "¢"), ("unit",),
+):
+    _units(_name, *_aliases)
+_units("mph", factors=(("mile", 1), ("hour", -1)))
+for _alias in ("kph", "kmh", "kmph"):
+    _units(_alias, factors=(("kilometer", 1), ("hour", -1)))
+_POWER_WORDS = {"square": 2, "sq": 2, "cubic": 3, "cu": 3}
+_POWER_SUFFIX_WORDS = {"squared": 2, "cubed": 3}
+# Single words after a plain number that are NOT a unit and change the answer ("5 dozen" is 60, "5 more" is a
+# difference): such a word on one side only keeps the two apart.
+_QUALIFIERS = frozenset(
+    "dozen dozens score hundred hundreds thousand thousands million millions billion billions trillion half halves "
+    "quarter quarters third thirds fold times more less fewer greater smaller larger least most or and not no "
+    "about approx approximately roughly nearly almost around over under than plus minus maybe possibly "
+    "squared cubed".split())
+
+
+def _lookup_unit(word: str) -> tuple[tuple[str, int], ...] | None:
+    """Canonical factors of one unit word, or None."""
+    for candidate in (word, word.lower() if len(word) > 1 else word):
+        if candidate in _UNIT_ALIASES:
+            return _UNIT_ALIASES[candidate]
+        if len(candidate) > 3 and candidate.endswith("es") and candidate[:-2] in _UNIT_ALIASES:
+            return _UNIT_ALIASES[candidate[:-2]]
+        if len(candidate) > 2 and candidate.endswith("s") and candidate[:-1] in _UNIT_ALIASES:
+            return _UNIT_ALIASES[candidate[:-1]]
+    return None
+
+
+_UNIT_TOKEN = re.compile(r"[A-Za-zµΩ]+|[°%$¢²³/*]|\^\s*-?\d+")
+
+
+def canonical_unit(phrase: str) -> str:
+    """Canonical name of a unit phrase: ``"km/h"`` and ``"kilometers per hour"`` -> ``"kilometer/hour"``,
+    ``"cm^2"`` and ``"square centimeters"`` -> ``"centimeter^2"``, ``"%"`` -> ``"percent"``, ``"°C"`` ->
+    ``"celsius"``. A phrase with any word that is not a known unit gives ``"text:<the phrase, lower-cased>"``."""
+    flat = re.sub(r"\\(?:text|textrm|textnormal|textup|textit|mathrm|mbox|rm|operatorname)\s*\{([^{}]*)\}",
+                  r" \1 ", phrase)
+    flat = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree", " ° ", flat)
+    flat = (flat.replace("\\%", "%").replace("\\$", "$").replace("\\Omega", "Ω").replace("\\mu ", "µ")
+            .replace("\\mu", "µ").replace("\\cdot", "*").replace("·", "*"))
+    flat = re.sub(r"\\[,;:! ]|~", " ", flat)
+    flat = re.sub(r"\^\s*\{\s*(-?\d+)\s*\}", r"^\1", flat).replace("{", " ").replace("}", " ")
+    text_form = "text:" + " ".join(flat.lower().split())
+    tokens = _UNIT_TOKEN.findall(flat)
+    if "".join(tokens).replace(" ", "") != re.sub(r"\s+", "", flat):  # something that is not a unit token
+        return text_form
+    factors: dict[str, int] = {}
+    sign, pending_power, last = 1, 1, None
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token in ("/",) or token.lower() == "per":
+            sign = -1
+        elif token == "*":
+            pass
+        elif token.lower() in _POWER_WORDS:
+            pending_power = _POWER_WORDS[token.lower()]
+        elif token.startswith("^") or token in "²³" or token.lower() in _POWER_SUFFIX_WORDS:
+            if last is None:
+                return text_form
+            power = (int(token[1:]) if token.startswith("^") else 2 if token in ("²",) else 3 if token == "³"
+                     else _POWER_SUFFIX_WORDS[token.lower()])
+            for name, exponent in last:
+                factors[name] += exponent * (power - 1)
+        else:
+            if token == "°" and i + 1 < len(tokens) and tokens[i + 1] in ("C", "F"):
+                token, i = ("celsius" if tokens[i + 1] == "C" else "fahrenheit"), i + 1
+            found = _lookup_unit(token)
+            if found is None:
+                return text_form
+            last = tuple((name, exponent * sign * pending_power) for name, exponent in found)
+            for name, exponent in last:
+                factors[name] = factors.get(name, 0) + exponent
+            sign, pending_power = 1, 1
+        i += 1
+    factors = {name: power for name, power in factors.items() if power}
+    if not factors:
+        return text_form
+    numerator = [name if p == 1 else f"{name}^{p}" for name, p in sorted(factors.items()) if p > 0]
+    denominator = [name if p == -1 else f"{name}^{-p}" for name, p in sorted(factors.items()) if p < 0]
+    return "*".join(numerator) + "".join("/" + d for d in denominator)
+
+
+_VARIABLE = re.compile(
+    r"(?:[A-Za-z]|\\(?:alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|"
+    r"rho|sigma|tau|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Phi|Psi|Omega))"
+    r"(?:_\{?[A-Za-z0-9]+\}?)?")
+_TEXT_TAIL = re.compile(
+    r"\\(?:text|textrm|textnormal|textup|mathrm|mbox|rm|operatorname)\s*\{[^{}]*\}"
+    r"(?:\s*\^\s*(?:\{\s*-?\d\s*\}|-?\d))?$")
+_DEGREE_TAIL = re.compile(r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\degree)(?:\s*[CF](?![A-Za-z]))?$")
+_PERCENT_TAIL = re.compile(r"\\?%$")
+_WORD_TAIL = re.compile(r"(?<![A-Za-z\\])[A-Za-zµΩ]{2,}(?:/[A-Za-z]+)?(?:\^\s*(?:\{\s*-?\d\s*\}|-?\d))?$")
+_CONNECTOR_TAIL = re.compile(r"(?:/|\\cdot)$")
+_DANGLING = re.compile(r"(?:[+\-*/=^_,(\[{&<>]|\\(?:cdot|times|div|pm|mp|le|ge|leq|geq|lt|gt|ne|neq|in|to))$")
+_PLAIN_NUMBER = re.compile(r"-?(?:\d+(?:[.,]\d+)*|\.\d+)(?:\\?%)?|-?\\frac\{\d+\}\{\d+\}")
+
+
+@dataclass(frozen=True)
+class AnswerParts:
+    """One answer split for grading (:func:`split_answer`).
+
+    Attributes:
+        body: what is left to compare as mathematics (``"5"`` of ``x = 5\\text{ cm}``).
+        unit: canonical unit (:func:`canonical_unit`: ``"centimeter"``, ``"percent"``, ``"degree"``, ``"dollar"``,
+            ``"text:apples"`` for other trailing text), or None.
+        variable: the variable of a leading ``x =`` (``"x"``, ``"\\theta"``, ``"a_1"``), or None.
     """
-    s = answer.strip()
-    s = s.replace("\\$", "").replace("$", "")
-    s = re.sub(r"\\(?:left|right|big|Big|bigl|bigr)\b", "", s)
-    s = re.sub(r"\\[!,;:]|\\ |~", " ", s)
-    s = s.replace("{,}", ",").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = re.sub(r"\^\s*\{?\\circ\}?", "", s).replace("°", "")
-    s = s.replace("\\%", "").replace("%", "")
-    s = re.sub(r"\\text\{\s*" + _UNIT_WORDS + r"(?:\^?\d)?\s*\}", "", s)
-    s = _TEXT_WRAPPERS.sub(r"\1", s)
-    s = s.strip().rstrip(".").strip()
-    s = re.sub(r"^[a-zA-Z]\s*=\s*(?=\S)", "", s)  # "x = 3" -> "3" (single variable only)
-    s = re.sub(r"\s+", "", s)
-    s = re.sub(r"^\((-?\d+)\)$", r"\1", s)  # "(051)" (AIME solutions box "\textbf{(051)}") -> "051"
-    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):  # thousands separators, not tuples like "1,2"
-        s = s.replace(",", "")
-    if re.fullmatch(r"-?\d+\.\d*", s):  # 0.50 -> 0.5, 3.0 -> 3
-        s = s.rstrip("0").rstrip(".")
+
+    body: str
+    unit: str | None = None
+    variable: str | None = None
+
+
+def _top_level(text: str, char: str) -> list[int]:
+    """Positions of ``char`` outside every bracket pair ``() [] {}`` (``\\{`` counts as a bracket)."""
+    depth, out = 0, []
+    for i, c in enumerate(text):
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == char and depth == 0:
+            out.append(i)
+    return out
+
+
+def _strip_delimiters(s: str) -> str:
+    s = s.strip()
+    for left, right in (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$")):
+        if len(s) > len(left) + len(right) and s.startswith(left) and s.endswith(right) and not s.endswith("\\$"):
+            s = s[len(left) : -len(right)].strip()
     return s
 
 
+_TAIL_WINDOW = 400  # characters searched for a unit at the end (a unit is short; a long answer stays linear)
+_TRAILING_SPACE = re.compile(r"(?:\s|\\[,;:! ]|~)$")
+
+
+def _rstrip_spaces(s: str, pos: int) -> int:
+    """``pos`` moved left over spaces and spacing commands (``\\,`` ``\\;`` ``\\ `` ``~``) ending at it."""
+    while pos > 0:
+        match = _TRAILING_SPACE.search(s, max(0, pos - 2), pos)
+        if match is None:
+            return pos
+        pos = match.start()
+    return pos
+
+
+def _unit_piece(s: str, pos: int) -> re.Match | None:
+    """The unit piece ending at ``pos`` (a text group, a degree mark, a percent sign, a known bare unit word)."""
+    for pattern in (_TEXT_TAIL, _DEGREE_TAIL, _PERCENT_TAIL, _WORD_TAIL):
+        match = pattern.search(s, max(0, pos - _TAIL_WINDOW), pos)
+        if match is None:
+            continue
+        if pattern is _WORD_TAIL:  # a bare word counts only when it is a known unit ("cm", "hours"), not "in"
+            word = re.sub(r"\^.*$", "", match.group(0))
+            if word == "in" or canonical_unit(word).startswith("text:"):
+                continue
+        return match
+    return None
+
+
+def _peel_unit(s: str) -> tuple[str, str]:
+    """``(body, unit phrase)``: the trailing unit pieces (text groups, ``^\\circ``, ``%``, known bare unit words,
+    joined by ``/`` or ``\\cdot``) cut off ``s``; ``(s, "")`` when there are none or no body would be left."""
+    pos, pieces = len(s), []
+    while len(pieces) < 8:  # a unit has a few pieces ("\\text{kg}\\cdot\\text{m}/\\text{s}^2"); more are not a unit
+        end = _rstrip_spaces(s, pos)
+        match = _unit_piece(s, end)
+        if match is None and pieces:  # "\text{m}/\text{s}": a connector, then another piece
+            connector = _CONNECTOR_TAIL.search(s, max(0, end - 8), end)
+            if connector is not None and _unit_piece(s, _rstrip_spaces(s, connector.start())) is not None:
+                pieces.insert(0, connector.group(0))
+                pos = connector.start()
+                continue
+        if match is None:
+            break
+        pieces.insert(0, match.group(0))
+        pos = match.start()
+    body = s[: _rstrip_spaces(s, pos)].strip()
+    if not pieces or not body or _DANGLING.search(body, max(0, len(body) - 16)):
+        return s, ""
+    return body, " ".join(pieces)
+
+
+def split_answer(answer: str) -> AnswerParts:
+    """Split an answer into body, unit and variable (see :class:`AnswerParts`).
+
+    ``$...$`` and ``\\(...\\)`` delimiters and a trailing sentence period are removed first. Then a leading ``\\$``
+    (or a lone ``$`` before a number, GSM8K style) is the unit ``dollar``; a leading single variable with ``=``
+    (``x = 3``, ``x = \\frac{6}{3} = 2``; not ``x = 1, y = 2``, which is a system) gives ``variable``; trailing
+    text groups, ``^\\circ``, ``\\%`` and known bare unit words (``cm``, ``hours``) give ``unit``. Examples:
+    ``"5\\text{ cm}"`` -> ``("5", "centimeter", None)``; ``"x = 50\\%"`` -> ``("50", "percent", "x")``;
+    ``"\\$18.50"`` -> ``("18.50", "dollar", None)``; ``"\\text{(B)}"`` -> ``("\\text{(B)}", None, None)``.
+    """
+    s = _strip_delimiters(answer)
+    s = re.sub(r"(?<=[^.\s])\s*\.$", "", s).strip()  # a sentence's period ("3." is 3), not "..."
+    money = re.match(r"^(-?)\s*(?:\\\$|\$(?=\s*[\d.]))\s*", s)
+    if money:
+        s = money.group(1) + s[money.end():]
+    variable = None
+    equals = [i for i in _top_level(s, "=") if s[i - 1 : i] not in ("<", ">", "!", "\\")]
+    if equals:
+        head, rest = s[: equals[0]].strip(), s[equals[0] + 1 :].strip()
+        # "x = 1, y = 2" and "x = 2 or x = 3" are several answers: the parser reads them whole
+        connected = _top_level(rest, ",") or _top_level(rest, ";") or _CONNECTIVE.search(rest)
+        if _VARIABLE.fullmatch(head) and rest and not connected:
+            variable, s = head, rest
+    body, phrase = _peel_unit(s)
+    unit_phrase = " ".join(p for p in ("$" if money else "", phrase) if p)
+    unit = canonical_unit(unit_phrase) if unit_phrase else None
+    if unit is not None and unit.startswith("text:") and not phrase:
+        unit = None
+    return AnswerParts(body=body, unit=unit, variable=variable)
+
+
+# --- the rules both paths apply to the parts ---------------------------------------------------------------------
+_MARK = re.compile(r"\\%|%|\bpercent(?:age)?\b|\bpct\b|\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\degree|'+|\"+|\\\$|"
+                   r"\\[lcv]?dots[bcimo]?|…|\.\.\.")
+_INEQUALITY = re.compile(r"<|>|\\(?:le|ge|leq|geq|lt|gt|ne|neq|leqslant|geqslant)(?![A-Za-z])")
+_CONNECTIVE = re.compile(r"(?<![A-Za-z])(and|or)(?![A-Za-z])|\\(lor|land|vee|wedge|cup|cap)(?![A-Za-z])")
+
+
+def _marks(body: str) -> list[str]:
+    """The marks in a body that the parser drops or rewrites (``%`` -> 1/100 or nothing, ``^\\circ``, primes and
+    quotes, ``\\$``, ellipses), in order, each as its kind."""
+    out = []
+    for match in _MARK.finditer(body):
+        mark = match.group(0)
+        if mark in ("\\%", "%") or mark.startswith(("percent", "pct")):
+            out.append("%")
+        elif "circ" in mark or mark in ("°", "\\degree"):
+            out.append("°")
+        elif mark.startswith(("'", '"', "\\$")):
+            out.append(mark)
+        else:
+            out.append("...")
+    return out
+
+
+def _outer_kind(body: str) -> str | None:
+    """``"set"`` for ``\\{...\\}``, ``"interval"`` for a ``(a, b)`` / ``[a, b]`` pair-like bracket, else None."""
+    s = re.sub(r"\\(?:left|right|big|Big|bigl|bigr)(?![A-Za-z])", "", body).replace(" ", "")
+    if re.match(r"^(?:\\\{|\\lbrace)", s) and re.search(r"(?:\\\}|\\rbrace)$", s):
+        return "set"
+    if s[:1] in "([" and s[-1:] in ")]" and _top_level(s[1:-1], ","):
+        return "interval"
+    return None
+
+
+def _connectives(body: str) -> list[str]:
+    """How the top-level parts of a body are joined: ``and`` / ``or`` / ``,``, in order."""
+    words = ["or" if (m.group(1) or m.group(2)) in ("or", "lor", "vee", "cup") else "and"
+             for m in _CONNECTIVE.finditer(body)]
+    return words + ["," for _ in _top_level(body, ",")]
+
+
+def _unit_one_sided_ok(parts: AnswerParts) -> bool:
+    """Whether ``parts.unit`` may be ignored when the other answer has no unit: a known unit, or one plain word
+    (not a qualifier like ``dozen`` or ``more``) after a plain number."""
+    if parts.unit is None or not parts.unit.startswith("text:"):
+        return True
+    words = parts.unit[len("text:"):].split()
+    return (len(words) == 1 and words[0].isalpha() and words[0] not in _QUALIFIERS
+            and bool(_PLAIN_NUMBER.fullmatch(parts.body.replace(" ", ""))))
+
+
+def parts_conflict(a: AnswerParts, b: AnswerParts) -> str | None:
+    """Why two split answers cannot be equal whatever their bodies are, or None when their bodies decide.
+
+    - variables: ``x = 2`` vs ``y = 2`` differ; a variable on one side only (``x = 2`` vs ``2``) is allowed;
+    - units: different units differ (``5 cm`` vs ``5 km``, ``30^\\circ`` vs ``30\\%``); a unit on one side only is
+      allowed when :func:`_unit_one_sided_ok` (``5\\text{ cm}`` vs ``5``; not ``5\\text{ dozen}`` vs ``5``);
+    - marks inside the bodies (:func:`_marks`) must be the same sequence (``(30^\\circ, 60^\\circ)`` vs
+      ``(30\\%, 60\\%)``, ``5'`` vs ``5''``, ``1, 2, \\ldots`` vs ``1, 2``);
+    - a set in braces is not an interval or tuple (``\\{1, 2\\}`` vs ``(1, 2)``);
+    - with an inequality on either side, ``and`` / ``or`` / ``,`` joining the parts must agree when both sides
+      have them (``x < 1 \\text{ or } x > 2`` vs ``x < 1 \\text{ and } x > 2``).
+    """
+    if a.variable and b.variable and a.variable != b.variable:
+        return f"different variables {a.variable} and {b.variable}"
+    if a.unit != b.unit:
+        if a.unit is not None and b.unit is not None:
+            return f"different units {a.unit} and {b.unit}"
+        if not _unit_one_sided_ok(a) or not _unit_one_sided_ok(b):
+            return f"trailing text {a.unit or b.unit} on one side only"
+    if _marks(a.body) != _marks(b.body):
+        return f"different marks {_marks(a.body)} and {_marks(b.body)}"
+    kinds = {_outer_kind(a.body), _outer_kind(b.body)}
+    if kinds == {"set", "interval"}:
+        return "a set is not an interval or tuple"
+    if _INEQUALITY.search(a.body) or _INEQUALITY.search(b.body):
+        ca, cb = _connectives(a.body), _connectives(b.body)
+        if ca and cb and ca != cb:
+            return f"different connectives {ca} and {cb}"
+    return None
+
+
+# --- the string path ---------------------------------------------------------------------------------------------
+_TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|textrm|textnormal|mathrm|mbox|mathbf)\{([^{}]*)\}")
+# thousands groups: "1,000", "1{,}000", "1\,000" (not "0,5" or "0,111": a list, or a decimal comma; not "1, 000")
+_THOUSANDS = re.compile(r"(?<![\d.,])(-?[1-9]\d{0,2})((?:(?:,|\{,\}|\\,|\\ |~)\d{3})+)(?![\d,])")
+
+
+def join_thousands(s: str) -> str:
+    """``1,000`` / ``1{,}000`` / ``1\\,000`` -> ``1000`` (a group of exactly three digits after each separator,
+    no space after a comma, the first group not starting with 0); ``1,2``, ``1, 000``, ``0,111`` stay."""
+    return _THOUSANDS.sub(lambda m: m.group(1) + re.sub(r"\D", "", m.group(2)), s)
+
+
+def _normalize_body(body: str) -> str:
+    s = body.strip().replace("$", "")
+    s = re.sub(r"\\(?:left|right|big|Big|bigl|bigr)(?![A-Za-z])", "", s)
+    s = join_thousands(s)
+    s = re.sub(r"\\[!,;:]|\\ |~", " ", s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _TEXT_WRAPPERS.sub(r"\1", s)
+    s = s.strip()
+    s = re.sub(r"(?<=\d)\s+(?=\d)", "\x00", s)  # "1 2" is not "12": keep one space there
+    s = re.sub(r"\s+", "", s).replace("\x00", " ")
+    s = s.replace(",", ", ")  # list commas (thousands are joined already): "1, 000" must not become "1,000"
+    # "(051)" (AIME's "\textbf{(051)}") -> "051"; "(B)" -> "B"; "(-5)" -> "-5" (never "5")
+    s = re.sub(r"^\((-?\d+|[A-Za-z])\)$", r"\1", s)
+    if re.fullmatch(r"-?\d+\.\d*", s):  # 0.50 -> 0.5, 3.0 -> 3
+        s = s.rstrip("0").rstrip(".")
+    if re.fullmatch(r"-?0+\d+", s):  # AIME's 051 is 51
+        s = re.sub(r"^(-?)0+(?=\d)", r"\1", s)
+    return s
+
+
+def normalize_answer(answer: str) -> str:
+    """Canonical string of one answer (the string path, and the key that tells two final answers apart).
+
+    The body (:func:`split_answer`) without ``$``, spaces (one kept between two digits: ``1 2`` is not ``12``),
+    ``\\left``/``\\right``, ``\\!``/``\\,``, with ``\\text{}`` unwrapped, thousands separators joined
+    (:func:`join_thousands`), ``\\dfrac``/``\\tfrac`` -> ``\\frac``, ``0.50`` -> ``0.5``, ``(051)`` -> ``51``;
+    then the variable in front (``x=``) and the canonical unit behind (``\\%``, ``^\\circ``,
+    ``\\text{centimeter}``). Nothing with meaning is dropped: ``10\\text{ cm}`` -> ``10\\text{centimeter}``,
+    ``50\\%`` -> ``50\\%``, ``x = 3.`` -> ``x=3``. Idempotent.
+    """
+    parts = split_answer(answer)
+    out = _normalize_body(parts.body)
+    if parts.variable:
+        out = f"{parts.variable}={out}"
+    if parts.unit == "percent":
+        out += "\\%"
+    elif parts.unit == "degree":
+        out += "^\\circ"
+    elif parts.unit is not None:
+        out += "\\text{" + parts.unit.removeprefix("text:") + "}"
+    return out
+
+
 def strings_match(reference: str, answer: str) -> bool:
-    """Fallback verdict: the normalised strings are equal (and non-empty)."""
-    ref, ans = normalize_answer(reference), normalize_answer(answer)
-    return bool(ref) and ref == ans
+    """String verdict: the parts do not conflict (:func:`parts_conflict`) and the normalised bodies are equal
+    and non-empty."""
+    ref, ans = split_answer(reference), split_answer(answer)
+    if parts_conflict(ref, ans):
+        return False
+    a, b = _normalize_body(ref.body), _normalize_body(ans.body)
+    return bool(a) and a == b
 
 
+# --- the math-verify path ----------------------------------------------------------------------------------------
 def _exact_rational(value: Any) -> Any:
     """``value`` as a sympy ``Rational`` when it is an exact rational number (``1/2004!`` included), else None."""
     try:
@@ -153,31 +589,110 @@ def numbers_equal(gold: Any, pred: Any, rel_tol: float = REL_TOL) -> bool | None
     return bool(sympy.Abs(a - b) <= rel_tol * sympy.Max(sympy.Abs(a), sympy.Abs(b)))
 
 
-def clean_for_parse(answer: str) -> str:
-    """What :func:`math_verify_equal` parses: percent signs and degree marks removed, scientific notation
-    (``1e-10``) written as LaTeX (``1\\times10^{-10}``)."""
-    s = answer.replace("\\%", "").replace("%", "")
-    s = re.sub(r"\^\s*\{?\\circ\}?", "", s)
-    return _SCIENTIFIC.sub(lambda m: f"{m.group(1)}\\times10^{{{m.group(2)}}}", s)
+def clean_for_parse(body: str) -> str:
+    """What :func:`math_verify_equal` hands to math-verify's normaliser: scientific notation (``1e-10``) written as
+    LaTeX (``1\\times10^{-10}``), thousands separators joined (:func:`join_thousands`) and every other comma
+    before a digit spaced (latex2sympy reads ``0,111`` as 0.111 and ``1,000`` as 1000), and ``\\frac123`` read as
+    TeX does (``\\frac{1}{2}3``; math-verify's own repair makes it ``\\frac{1}{23}``)."""
+    s = _SCIENTIFIC.sub(lambda m: f"{m.group(1)}\\times10^{{{m.group(2)}}}", body)
+    s = re.sub(r",(?=\d)", ", ", join_thousands(s))  # what is left are list commas ("0,111" is no decimal)
+    return re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", s)
+
+
+# Digits separated only by space ("1 2", "1\,5"): latex2sympy reads them as a sum or a product (1\,000 -> 0).
+_SPACED_DIGITS = re.compile(r"\d(?:\s|\\[,;:! ]|~)+(?=\d)")
+
+
+def _parse_latex(body: str, timeout_s: int) -> Any:
+    """``body`` as a sympy object through math-verify's own pieces, configured so that no text is dropped.
+
+    ``math_verify.parse`` is not used: its extraction falls back to any number found anywhere in the text and to the
+    last equation of a chain (so a long answer that merely contains the reference would match), its LaTeX
+    normalisation strips units, and its parser lower-cases every symbol (``B`` would equal ``b``). Here:
+    ``normalize_latex`` with ``units=False, boxed="none"`` and ``latex2sympy`` with ``lowercase_symbols=False``
+    on the whole body, under math-verify's own ``signal.alarm`` timeout.
+
+    Raises:
+        TimeoutError: parsing ran past ``timeout_s`` (math-verify's ``TimeoutException`` is a BaseException).
+        Exception: anything the parser raises on a body it does not understand.
+    """
+    # deferred: math-verify and sympy are heavy and only the verifier workers need them
+    from latex2sympy2_extended.latex2sympy2 import ConversionConfig, latex2sympy
+    from latex2sympy2_extended.math_normalization import NormalizationConfig, normalize_latex
+    from math_verify.errors import TimeoutException
+    from math_verify.grader import should_treat_as_complex
+    from math_verify.utils import timeout
+
+    config = NormalizationConfig(basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="none",
+                                 equations=False)
+    normalized = normalize_latex(clean_for_parse(body), config)
+    try:
+        return timeout(timeout_seconds=timeout_s)(latex2sympy)(
+            normalized, is_real=not should_treat_as_complex(normalized), convert_degrees=False,
+            normalization_config=None, conversion_config=ConversionConfig(lowercase_symbols=False))
+    except TimeoutException as exc:
+        raise TimeoutError(f"parsing {body[:80]!r} ran past {timeout_s} s") from exc
+
+
+def _value_of_numeric_equation(expr: Any) -> Any:
+    """The value of ``2 + 1 = 3`` or ``\\frac{6}{3} = 2`` (an equation or chain whose parts are all plain numbers
+    and equal by :func:`numbers_equal`), its last part; None for anything else (``x + 1 = 3``, ``5 = 3``)."""
+    import sympy
+    from latex2sympy2_extended.logic import And
+
+    relations = list(expr._unsorted_args) if isinstance(expr, And) else [expr]
+    if not all(isinstance(r, sympy.Eq) for r in relations):
+        return None
+    parts = [p for r in relations for p in (r.lhs, r.rhs)]
+    if any(_numeric_value(p) is None for p in parts):
+        return None
+    if not all(numbers_equal(x, y) for x, y in zip(parts, parts[1:])):
+        return None
+    return parts[-1]
 
 
 def math_verify_equal(reference: str, answer: str, timeout_s: int = 5) -> bool:
     """math-verify verdict for two bare answers (no ``\\boxed``). Runs in the calling process: use it only in a
     worker process (see :class:`envs.math.pool.VerifierPool`).
 
-    Both sides go through :func:`clean_for_parse`, are wrapped in ``\\boxed{}`` and parsed. Numbers compare by
-    value (:func:`numbers_equal`): exactly when both sides are exact rationals (``1/2004!`` is not ``1/2006!``),
-    else with the relative tolerance :data:`REL_TOL`; math-verify's own rounding to 6 decimals, which calls
-    ``1.6\\times10^{-19}`` and ``3.2\\times10^{-19}`` equal, is only used for what is not a plain number (sets,
-    intervals, equations, matrices, expressions with symbols).
-    """
-    from math_verify import parse, verify
+    Both answers are split (:func:`split_answer`) and must not conflict (:func:`parts_conflict`); the bodies are
+    parsed by :func:`_parse_latex` (bodies with digits separated only by spaces are not parsed: False, the string
+    path decides). Numbers compare by value (:func:`numbers_equal`): exactly when both sides are exact rationals
+    (``1/2004!`` is not ``1/2006!``), else with the relative tolerance :data:`REL_TOL`. Everything else goes to
+    ``math_verify.verify`` (sets unordered, tuples and intervals ordered, matrices, relations, symbolic
+    equality), except two of its joins that are refused here: an equation against a plain value counts only when
+    it is an assignment (``a + b = 5``, its right side) or an equality of numbers (``2 + 1 = 3``), never
+    ``x + 1 = 3`` for ``3``; and the symbol ``E`` is not Euler's ``e``.
 
-    gold = parse("\\boxed{" + clean_for_parse(reference) + "}", parsing_timeout=timeout_s)
-    pred = parse("\\boxed{" + clean_for_parse(answer) + "}", parsing_timeout=timeout_s)
-    if not gold or not pred:
+    Raises:
+        TimeoutError: parsing ran past ``timeout_s``.
+    """
+    import sympy
+    from math_verify import verify
+    from math_verify.grader import is_assignment_relation, is_equation, is_relation
+
+    ref, ans = split_answer(reference), split_answer(answer)
+    if parts_conflict(ref, ans) or not ref.body or not ans.body:
         return False
-    by_value = numbers_equal(gold[0], pred[0])
+    if _SPACED_DIGITS.search(join_thousands(ref.body)) or _SPACED_DIGITS.search(join_thousands(ans.body)):
+        return False
+    try:
+        gold, pred = _parse_latex(ref.body, timeout_s), _parse_latex(ans.body, timeout_s)
+    except TimeoutError:
+        raise
+    except Exception:  # the parser does not understand a body: no verdict from math-verify
+        return False
+    if is_equation(gold) != is_equation(pred):
+        equation, other = (gold, pred) if is_equation(gold) else (pred, gold)
+        if not is_relation(other) and not isinstance(other, sympy.Set) and not is_assignment_relation(equation):
+            value = _value_of_numeric_equation(equation)
+            if value is None:
+                return False
+            gold, pred = (value, pred) if equation is gold else (gold, value)
+    if (gold == sympy.E and isinstance(pred, sympy.Symbol) and pred.name == "E") or (
+            pred == sympy.E and isinstance(gold, sympy.Symbol) and gold.name == "E"):
+        return False  # latex2sympy reads "e" as Euler's number; a symbol E (a point, choice (E)) is not it
+    by_value = numbers_equal(gold, pred)
     if by_value is not None:
         return by_value
     return bool(verify(gold, pred, timeout_seconds=timeout_s))

@@ -44,10 +44,13 @@ def test_extract_answer_gsm8k_marker():
     assert extract_answer("the answer is 5") is None
 
 
+# Issue 20: the normal form used to drop the variable, the degree mark, the unit and the percent sign ("x = 3." -> "3",
+# "10\text{ cm}" -> "10"), so "5 cm" and "5 km" had one normal form; now they are kept, in canonical spelling.
 @pytest.mark.parametrize(
     "raw, normal",
-    [("$1{,}000$", "1000"), ("x = 3.", "3"), ("0.50", "0.5"), ("30^\\circ", "30"), ("\\dfrac{1}{2}", "\\frac{1}{2}"),
-     ("10\\text{ cm}", "10"), ("50\\%", "50"), ("(1,2)", "(1,2)"), ("\\textbf{(051) }", "051")],
+    [("$1{,}000$", "1000"), ("x = 3.", "x=3"), ("0.50", "0.5"), ("30^\\circ", "30^\\circ"),
+     ("\\dfrac{1}{2}", "\\frac{1}{2}"), ("10\\text{ cm}", "10\\text{centimeter}"), ("50\\%", "50\\%"),
+     ("(1,2)", "(1, 2)"), ("\\textbf{(051) }", "51"), ("1, 000", "1, 000"), ("1 2", "1 2")],
 )
 def test_normalize_answer(raw, normal):
     assert normalize_answer(raw) == normal
@@ -61,7 +64,7 @@ TRICKY = [
     ("\\frac{1}{3}", "\\boxed{0.33}", 0),  # rounded decimal is not 1/3
     ("\\frac{1}{2}", "\\boxed{\\dfrac{1}{2}}", 1),
     ("\\frac{1}{2}", "\\boxed{\\boxed{\\frac{1}{2}}}", 1),  # nested boxes
-    ("3", "first \\boxed{2} then \\boxed{3}", 1),  # last box wins
+    ("3", "first \\boxed{2} then \\boxed{3}", 0),  # a hedge (issue 20: this was 1, "the last box wins")
     ("2", "first \\boxed{2} then \\boxed{3}", 0),
     ("10", "\\boxed{10\\text{ cm}}", 1),  # units
     ("10", "\\boxed{10 \\text{ meters}}", 1),

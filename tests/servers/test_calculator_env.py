@@ -75,3 +75,18 @@ def test_answers_compare_by_value(solution, given, won):
     env.reset(options={"problem": "custom", "answer": solution})
     _, reward, terminated, _, info = env.step(f"answer[{given}]")
     assert (reward, terminated, info["won"]) == (float(won), True, won)
+
+
+@pytest.mark.parametrize("solution, given, reward, terminated", [
+    (12.0, "1,2", 0.0, False),  # a comma that is not a thousands separator: not a number (it was read as 12)
+    (12.0, "1,23", 0.0, False),
+    (1000.0, "1,000", 1.0, True),  # thousands separators still join
+    (1234567.0, "1,234,567", 1.0, True),
+    (12.0, "12.", 1.0, True),
+    (10.0, "1_0", 0.0, False),  # Python's digit grouping is not a number here
+])
+def test_answer_commas_are_only_thousands_separators(solution, given, reward, terminated):
+    env = gymnasium.make("agent_rl/Calculator-v0")
+    env.reset(options={"problem": "custom", "answer": solution})
+    _, got, done, _, info = env.step(f"answer[{given}]")
+    assert (got, done, info["invalid_action"]) == (reward, terminated, not terminated)
