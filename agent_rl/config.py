@@ -119,8 +119,13 @@ class TrainerConfig:
     resume: str = ""
     """"" = fresh run; auto = continue from the latest checkpoint in output_dir if any; or a checkpoint path."""
     resume_allow_changes: bool = False
-    """Resume even when keys that must match (``RESUME_MAY_CHANGE`` lists the others) differ from the checkpoint's
-    config; the differences are printed either way (docs/training.md, "Resume")."""
+    """Resume with changed keys of ``RESUME_APPLIED`` (optimiser and loss hyper-parameters, each applied from the
+    resumed step on); any other change outside ``RESUME_MAY_CHANGE`` is refused even then. The differences are
+    printed either way (docs/training.md, "Resume")."""
+    resume_weights_only: bool = False
+    """Resume a checkpoint from its policy weights, step and data position only: the optimizer (AdamW moments), the
+    LR warm-up, the value head and the mini-batch shuffling restart, as the run prints. Without it a checkpoint
+    that lacks ``learner.pt`` (or ``rng.pt``) is refused."""
     seed: int = 0
     """Seed of python, numpy, torch and the task sampler."""
     device: str = "auto"
@@ -166,6 +171,9 @@ class TrainerConfig:
             raise ValueError(f"trainer.backend={self.backend!r} is not valid; valid values: local, ray")
         if self.num_learners < 1:
             raise ValueError("trainer.num_learners must be >= 1")
+        if self.resume_weights_only and not self.resume:
+            raise ValueError("trainer.resume_weights_only=true resumes a checkpoint: it needs trainer.resume=auto or "
+                             "a checkpoint path (a new run from a checkpoint's weights: model.path=<checkpoint>)")
 
 
 @dataclass
@@ -511,8 +519,8 @@ def check_trainable(cfg: Config) -> list[str]:
 RESUME_MAY_CHANGE = (
     # length and bookkeeping of the run
     "trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.resume",
-    "trainer.resume_allow_changes", "trainer.output_dir", "trainer.tensorboard", "trainer.progress",
-    "trainer.save_episodes",
+    "trainer.resume_allow_changes", "trainer.resume_weights_only", "trainer.output_dir", "trainer.tensorboard",
+    "trainer.progress", "trainer.save_episodes",
     # where things run and how fast (same algorithm, same data)
     "trainer.device", "engine.batch_size", "engine.num_threads", "engine.gpu_memory_utilization", "env_server.",
     "trainer.backend", "trainer.ray_address", "trainer.num_learners", "trainer.learner_cpus", "trainer.learner_gpus",
@@ -525,9 +533,40 @@ RESUME_MAY_CHANGE = (
     # evaluation settings (they do not touch training)
     "eval.",
 )
-"""Keys (or prefixes ending in ".") a resumed run may change; every other key must match the checkpoint's config
-(algorithm, credit, schedule, model, optimiser, env and its tasks, rollout format, sampling, seeds), unless
-``trainer.resume_allow_changes=true``. Differences of either class are printed."""
+"""Keys (or prefixes ending in ".") a resumed run may change freely: they do not change what is trained. Keys of
+:data:`RESUME_APPLIED` may change with ``trainer.resume_allow_changes=true``; every other key must match the
+checkpoint's config (algorithm, credit, model, env and its tasks, rollout format, sampling, seeds), with or
+without it. Differences of each class are printed."""
+
+RESUME_APPLIED: dict[str, str] = {
+    # the optimiser: the restored AdamW state holds its own copies of these, so they are written back explicitly
+    "optim.lr": "Learner.load_state_dict -> restore_optimizer: every param group's lr and initial_lr, and the LR "
+                "schedule rebuilt at the restored optimiser step (logged as actor/lr)",
+    "optim.warmup": "restore_optimizer: the warm-up schedule rebuilt from the config at the restored optimiser step "
+                    "(logged as actor/lr)",
+    "optim.weight_decay": "restore_optimizer: every param group's weight_decay",
+    "optim.betas": "restore_optimizer: every param group's betas",
+    "optim.eps": "restore_optimizer: every param group's eps",
+    # read from the run's config at every optimiser step / micro-batch (the learner is built from it)
+    "optim.max_grad_norm": "Learner._optimise: the gradient-norm clip of every optimiser step",
+    "algo.clip_low": "Learner._micro_loss: the policy loss's clip range",
+    "algo.clip_high": "Learner._micro_loss: the policy loss's clip range",
+    "algo.dual_clip": "Learner._micro_loss: the policy loss's dual clip",
+    "algo.ent_coef": "Learner._micro_loss: the entropy bonus",
+    "algo.kl_coef": "Learner._micro_loss: the KL term (its reference is the run's initial policy, model.*)",
+    "algo.adv_clip": "Learner._plan: the clamp of the token advantages",
+    # the credit strength S(step, N): a pure function of the step, recomputed every step
+    "schedule.kind": "Learner._plan: the credit strength S of every step",
+    "schedule.m": "Learner._plan: the credit strength S of every step",
+    "schedule.s_min_ratio": "Learner._plan: the credit strength S of every step",
+    "schedule.s_max_ratio": "Learner._plan: the credit strength S of every step",
+    "schedule.value": "Learner._plan: the credit strength S of every step",
+}
+"""Keys a resumed run may change with ``trainer.resume_allow_changes=true``, each with the code that applies the
+new value from the first resumed step on (both backends build their learner from the resumed run's config and
+restore the checkpoint through ``Learner.load_state_dict``). Every other change outside
+:data:`RESUME_MAY_CHANGE` is refused even with ``trainer.resume_allow_changes=true``: nothing would apply it, or
+applying it would make the checkpoint's state meaningless (another model, env, task order or algorithm)."""
 
 
 def config_dict(cfg: Config) -> dict[str, Any]:
@@ -571,37 +610,48 @@ _MISSING = "(absent)"
 def compare_for_resume(saved: dict[str, Any] | None, cfg: Config, *, source: str = "the checkpoint") -> list[str]:
     """Compare the config a checkpoint was trained under (``saved``, nested dict) with ``cfg`` before resuming.
 
-    Returns the lines to print: one per differing key, ``resume: KEY: OLD -> NEW (may change | must match |
-    new key | removed key)``, plus a note when ``total_steps`` changes under a schedule that depends on it. Keys
-    added or removed by a code upgrade are reported, not refused.
+    Returns the lines to print: one per differing key, ``resume: KEY: OLD -> NEW (may change | applied: HOW |
+    new key | removed key)``, a warning when keys of :data:`RESUME_APPLIED` changed, plus a note when
+    ``total_steps`` changes under a schedule that depends on it. Keys added or removed by a code upgrade are
+    reported, not refused.
 
     Raises:
-        ConfigError: a key that must match differs and ``trainer.resume_allow_changes`` is false (one line naming
-            the keys with both values).
+        ConfigError: a key outside :data:`RESUME_MAY_CHANGE` and :data:`RESUME_APPLIED` differs (with or without
+            ``trainer.resume_allow_changes``), or a key of :data:`RESUME_APPLIED` differs and
+            ``trainer.resume_allow_changes`` is false; one line naming each key with both values.
     """
     if saved is None:
         return [f"resume: no saved config found ({source}); cannot check that the run resumes under the same one"]
     old, new = _flatten(saved), _flatten(config_dict(cfg))
-    lines, refused = [], []
+    lines, applied, fixed = [], [], []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, _MISSING), new.get(key, _MISSING)
-        if a == b or key in ("trainer.resume", "trainer.resume_allow_changes"):  # the resume request itself
-            continue
+        if a == b or key in ("trainer.resume", "trainer.resume_allow_changes", "trainer.resume_weights_only"):
+            continue  # the resume request itself
         if a is _MISSING or b is _MISSING:
             kind = "new key" if a is _MISSING else "removed key"
         elif may_change_on_resume(key):
             kind = "may change"
+        elif key in RESUME_APPLIED:
+            kind = f"applied: {RESUME_APPLIED[key]}"
+            applied.append(f"{key}: {a!r} -> {b!r}")
         else:
             kind = "must match"
-            refused.append(f"{key}: {a!r} -> {b!r}")
+            fixed.append(f"{key}: {a!r} -> {b!r}")
         lines.append(f"resume: {key}: {a!r} -> {b!r} ({kind})")
-    if refused and not cfg.trainer.resume_allow_changes:
-        raise ConfigError(f"resuming changes {len(refused)} key(s) that must match the checkpoint's config "
-                          f"({source}): {'; '.join(refused)}. Add trainer.resume_allow_changes=true to resume anyway, "
-                          "or use a new trainer.output_dir")
-    if refused:
-        lines.append(f"resume: WARNING: {len(refused)} key(s) that must match changed "
-                     "(trainer.resume_allow_changes=true): the resumed run is not the run it continues")
+    can_change = ", ".join(RESUME_APPLIED)
+    if fixed:
+        raise ConfigError(f"resuming changes {len(fixed)} key(s) that must match the checkpoint's config ({source}), "
+                          f"even with trainer.resume_allow_changes=true: {'; '.join(fixed)}. Only these keys can "
+                          f"change on resume (with trainer.resume_allow_changes=true): {can_change}; use a new "
+                          "trainer.output_dir (model.path=<checkpoint> starts a new run from its weights)")
+    if applied and not cfg.trainer.resume_allow_changes:
+        raise ConfigError(f"resuming changes {len(applied)} key(s) that must match the checkpoint's config "
+                          f"({source}): {'; '.join(applied)}. Add trainer.resume_allow_changes=true to resume and "
+                          "apply the new value(s) from the first resumed step, or use a new trainer.output_dir")
+    if applied:
+        lines.append(f"resume: WARNING: {len(applied)} key(s) changed (trainer.resume_allow_changes=true), each "
+                     "applied from the first resumed step: the resumed run is not the run it continues")
     if old.get("trainer.total_steps") != new.get("trainer.total_steps") and cfg.schedule.value is None and \
             cfg.schedule.kind not in ("none", "constant"):
         lines.append(f"resume: note: schedule={cfg.schedule.kind} depends on trainer.total_steps; the remaining "

@@ -220,16 +220,19 @@ class BehaviourCloner:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
                                            weight_decay=optim.weight_decay)
-        warm = optim.warmup
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda n: min(1.0, (n + 1) / warm) if warm > 0 else 1.0)
+        from agent_rl.learner.learner import lr_scheduler
+
+        self.scheduler = lr_scheduler(self.optimizer, optim.warmup)
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(sd["optimizer"])
-        self.scheduler.load_state_dict(sd["scheduler"])
+        """AdamW moments and step count from ``sd``; hyper-parameters and LR schedule from this run's ``optim``
+        (``restore_optimizer``, as the RL learner)."""
+        from agent_rl.learner.learner import restore_optimizer
+
+        self.scheduler = restore_optimizer(self.optimizer, sd, self.optim_cfg)
 
     def _token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -319,7 +322,7 @@ async def _collect(cfg: Config, sft: SFTConfig, tokenizer: Any, out: Path) -> tu
 def sft_loop(cfg: Config, sft: SFTConfig, out: Path) -> dict[str, Any]:
     """Collect (or reload) the rows, then train ``sft.epochs`` epochs; returns the summary dict."""
     from agent_rl.engines import set_torch_threads
-    from agent_rl.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from agent_rl.learner.checkpoint import IncompleteCheckpoint, latest_checkpoint, load_checkpoint, save_checkpoint
     from agent_rl.logging import MetricsLogger
     from agent_rl.models import load_policy
     from agent_rl.train import prune_checkpoints, resolve_device, resume_path, seed_everything
@@ -348,7 +351,13 @@ def sft_loop(cfg: Config, sft: SFTConfig, out: Path) -> dict[str, Any]:
     summary_file = out / "sft_summary.json"
     before = None
     if ckpt is not None:
-        extra = load_checkpoint(ckpt, model, cloner)
+        try:  # a missing learner.pt / rng.pt is refused unless trainer.resume_weights_only=true
+            extra = load_checkpoint(ckpt, model, cloner, weights_only=cfg.trainer.resume_weights_only)
+        except IncompleteCheckpoint as exc:
+            raise ConfigError(str(exc)) from None
+        if cfg.trainer.resume_weights_only:
+            print("resume: trainer.resume_weights_only=true: the optimizer (AdamW moments) and the LR warm-up "
+                  f"(optim.warmup={cfg.optim.warmup}) restart; weights and step from {ckpt}", file=sys.stderr)
         start = int(extra["step"]) + 1
         before = extra.get("loss_before")
         print(f"resumed from {ckpt} at step {start}", file=sys.stderr)

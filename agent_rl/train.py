@@ -79,12 +79,12 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
         for line in recover_checkpoints(out / "checkpoints"):
             print(f"checkpoints: {line}", file=sys.stderr)
     ckpt = resume_path(cfg, out, latest_checkpoint)
-    if ckpt is not None:
-        extra = load_checkpoint(ckpt, model, learner)
+    if ckpt is not None:  # the optimiser hyper-parameters and LR schedule are this config's (RESUME_APPLIED)
+        extra = load_checkpoint(ckpt, model, learner, weights_only=cfg.trainer.resume_weights_only)
         start = int(extra["step"]) + 1
         sampler.load_state_dict(extra["sampler"])
         engine.sync_weights(model)
-        print(f"resumed from {ckpt} at step {start}", file=sys.stderr)
+        print(f"resumed from {ckpt} at step {start} (actor/lr {learner.lr:.6g})", file=sys.stderr)
         if start > total:
             print(f"nothing to train: the checkpoint is at step {start - 1} and trainer.total_steps={total}; "
                   "raise trainer.total_steps to train further", file=sys.stderr)
@@ -142,9 +142,8 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
                     record = logger.log(step, metrics)
                     if step % cfg.trainer.save_every == 0 or step == total:
                         progress.phase(f"step {step}/{total} checkpoint")
-                        position = {"position": sampler.position - rollout.num_prefetched_tasks}
                         save_checkpoint(out / "checkpoints" / f"step_{step}", model, tokenizer, learner,
-                                        {"step": step, "sampler": position, "config": config_dict(cfg)})
+                                        checkpoint_extra(cfg, step, sampler.position - rollout.num_prefetched_tasks))
                         prune_checkpoints(out / "checkpoints", cfg.trainer.keep_checkpoints)
             finally:
                 await rollout.aclose()
@@ -180,6 +179,47 @@ def load_run_policy(cfg: Config, progress: Any, config_file: Path | None = None)
         if config_file is not None:
             config_file.write_text(to_yaml(cfg), encoding="utf-8")
     return model, tokenizer
+
+
+def checkpoint_extra(cfg: Config, step: int, position: int) -> dict[str, Any]:
+    """The ``extra.json`` of a training checkpoint, one format for both backends: the ``step`` it ends, the task
+    sampler's ``position`` (tasks drawn before the next step) and the run's resolved ``config``, which a resume
+    compares with its own (:func:`agent_rl.config.compare_for_resume`)."""
+    return {"step": int(step), "sampler": {"position": int(position)}, "config": config_dict(cfg)}
+
+
+def check_resume_state(cfg: Config, ckpt: Path) -> list[str]:
+    """Check that checkpoint ``ckpt`` holds the state a resume restores (``checkpoint.STATE_FILES``) before anything
+    starts; returns the lines to print: with ``trainer.resume_weights_only=true``, what restarts and what is kept.
+
+    Raises:
+        ConfigError: no ``extra.json`` (no step to continue from), or no ``learner.pt`` / ``rng.pt`` without
+            ``trainer.resume_weights_only=true`` (the message names each file and what it restores).
+    """
+    from agent_rl.learner.checkpoint import STATE_FILES, incomplete_message, missing_state
+
+    missing = missing_state(ckpt)
+    if "extra.json" in missing:
+        raise ConfigError(f"checkpoint {ckpt} has no extra.json ({STATE_FILES['extra.json']}): it cannot be resumed; "
+                          f"start a new run from its weights with model.path={ckpt}")
+    if missing and not cfg.trainer.resume_weights_only:
+        raise ConfigError(incomplete_message(ckpt, missing))
+    if not cfg.trainer.resume_weights_only:
+        return []
+    o = cfg.optim
+    restarted = ["the optimizer (AdamW moments and step count from 0)",
+                 f"the LR warm-up (optim.warmup={o.warmup} optimiser steps up to optim.lr={o.lr:g})" if o.warmup > 0
+                 else f"the LR schedule (constant optim.lr={o.lr:g}, optim.warmup=0)",
+                 "the mini-batch shuffling generator (trainer.seed)"]
+    if cfg.algo.uses_critic:
+        restarted.append("the value head (zeros)")
+    if "rng.pt" in missing:
+        restarted.append("the RNG states (rng.pt is missing: seeded from trainer.seed)")
+    kept = "the policy weights, the step, the task sampler's position" + ("" if "rng.pt" in missing else
+                                                                           ", the RNG states")
+    why = "learner.pt is missing" if "learner.pt" in missing else "learner.pt is not loaded"
+    return [f"resume: trainer.resume_weights_only=true ({why}): restarting {'; '.join(restarted)}; kept from "
+            f"{ckpt}: {kept}"]
 
 
 def check_dropped_groups(step: int, start: int, failures: list[Any], has_episodes: bool, filtered_groups: int) -> None:
@@ -231,12 +271,13 @@ def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, A
 
     ckpt = resume_path(cfg, out, latest_checkpoint)
     if ckpt is not None:  # resume: compare with the config the checkpoint was trained under (docs/training.md)
-        extra = json.loads((ckpt / "extra.json").read_text()) if (ckpt / "extra.json").is_file() else {}
+        state_notes = check_resume_state(cfg, ckpt)  # ConfigError: a state file is missing
+        extra = json.loads((ckpt / "extra.json").read_text())
         start = int(extra.get("step", 0)) + 1
         saved, source = extra.get("config"), f"{ckpt}/extra.json"
         if saved is None:  # a checkpoint written before configs were saved in it: the run's newest config file
             saved, source = saved_run_config(ckpt.parent.parent, start)
-        for line in compare_for_resume(saved, cfg, source=source):
+        for line in [*compare_for_resume(saved, cfg, source=source), *state_notes]:
             print(line, file=sys.stderr)
         if start <= cfg.trainer.total_steps:  # each config the run ran under is kept
             config_file = out / f"config.resume-{start}.yaml"

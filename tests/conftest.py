@@ -1,6 +1,10 @@
-"""Shared pytest setup: GPU tests skip cleanly without CUDA."""
+"""Shared pytest setup: GPU tests skip cleanly without CUDA (hardware a machine may lack); the data sets the suite
+needs are always there, so a missing one fails with the path it was looked for at (:func:`require_dataset`)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -22,13 +26,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
 
 
+def missing_data(what: str, exc: Exception) -> None:
+    """Fail the test for a data set the suite needs that is not there, naming the path looked for (the data root
+    of ``envs.data.data_root``: ``$AGENT_RL_DATA``, the cache, then ``../shared/data``; the error ``exc`` names it)."""
+    pytest.fail(f"{what} data missing ({exc}); the suite's data is always present in CI: point $AGENT_RL_DATA at the "
+                "data root or run `python -m envs.fetch all`", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def require_dataset() -> Callable[[str], Path]:
+    """``require_dataset(name)`` -> ``envs.data.dataset_dir(name)``; fails (never skips) naming the path looked for
+    when it is missing."""
+    from envs.data import dataset_dir
+
+    def _require(name: str) -> Path:
+        try:
+            return dataset_dir(name)
+        except FileNotFoundError as exc:
+            missing_data(name, exc)
+            raise  # not reached: pytest.fail raises
+
+    return _require
+
+
 @pytest.fixture()
 def require_alfworld() -> None:
-    """Skip when the ALFWorld games are not on this machine (a named absence: no data), and only then: an import error
-    of the project's own modules, or any other failure, fails the test."""
+    """The ALFWorld games (``list_games``): a missing data root or games folder fails naming the folder looked for."""
     from envs.alfworld import list_games
 
     try:
         list_games("valid_unseen")
     except FileNotFoundError as exc:
-        pytest.skip(f"ALFWorld data not available: {exc}")
+        missing_data("ALFWorld", exc)

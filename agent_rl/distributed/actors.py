@@ -130,11 +130,16 @@ class LearnerRank:
 
         save_checkpoint(directory, self.model, self.tokenizer, self.learner, extra)
 
-    def load(self, directory: str) -> dict[str, Any]:
-        """Load a checkpoint written by any number of ranks (every rank loads the same state)."""
+    def load(self, directory: str, weights_only: bool = False) -> dict[str, Any]:
+        """Load a checkpoint written by any number of ranks (every rank loads the same state; ``weights_only``:
+        ``trainer.resume_weights_only``, see ``load_checkpoint``). Returns its ``extra`` dict."""
         from agent_rl.learner.checkpoint import load_checkpoint
 
-        return load_checkpoint(directory, self.model, self.learner)
+        return load_checkpoint(directory, self.model, self.learner, weights_only=weights_only)
+
+    def lr(self) -> float:
+        """The learning rate of this rank's next optimiser step (``Learner.lr``)."""
+        return self.learner.lr
 
     def shutdown(self) -> None:
         import torch.distributed as dist

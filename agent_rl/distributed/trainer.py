@@ -5,7 +5,8 @@ groups (contiguous chunks, in parallel) -> ``build_rollout_batch`` on the driver
 the N learner ranks update together (torch DDP, :mod:`agent_rl.distributed.data_parallel`) -> rank 0's weights go
 through the Ray object store to every worker, as weight version ``step`` -> the episode store and, when due, the
 eval panel on rollout worker 0 -> log (same ``MetricsLogger`` as local) -> rank 0 writes ``DIR/checkpoints/step_N``
-(the local backend's format: resume works for any N, and across backends).
+(the local backend's format, ``extra.json`` with the run's config included: resume works for any N, and across
+backends, and compares configs as the local one does).
 
 Placement: learner ranks in one ``PACK`` placement group (one node when they fit: DDP traffic stays local), env-server
 replicas in a ``SPREAD`` group (one per node when possible), rollout workers by plain resource requests.
@@ -121,8 +122,8 @@ def train_ray(cfg: Any, out: Path, config_file: Path | None = None) -> dict[str,
     from agent_rl.progress import Progress
     from agent_rl.rollout import TaskSampler, build_rollout_batch, group_temperatures
     from agent_rl.rollout.orchestrator import rollout_metrics
-    from agent_rl.train import (check_dropped_groups, load_run_policy, prune_checkpoints, resume_path,
-                                seed_everything, warn_idle_run, warn_idle_step)
+    from agent_rl.train import (check_dropped_groups, checkpoint_extra, load_run_policy, prune_checkpoints,
+                                resume_path, seed_everything, warn_idle_run, warn_idle_step)
 
     for module in cfg.trainer.imports:
         importlib.import_module(module)
@@ -182,11 +183,12 @@ def train_ray(cfg: Any, out: Path, config_file: Path | None = None) -> dict[str,
         sampler = TaskSampler(cfg.env.id, cfg.env.sampler, env_kwargs=cfg.env_kwargs, seed=t.seed)
         total, start = t.total_steps, 1
         ckpt = resume_path(cfg, out, latest_checkpoint)
-        if ckpt is not None:
-            extra = ray.get([rk.load.remote(str(ckpt)) for rk in ranks])[0]
+        if ckpt is not None:  # the optimiser hyper-parameters and LR schedule are this config's (RESUME_APPLIED)
+            extra = ray.get([rk.load.remote(str(ckpt), t.resume_weights_only) for rk in ranks])[0]
             start = int(extra["step"]) + 1
             sampler.load_state_dict(extra["sampler"])
-            print(f"resumed from {ckpt} at step {start}", file=sys.stderr)
+            print(f"resumed from {ckpt} at step {start} (actor/lr {ray.get(ranks[0].lr.remote()):.6g})",
+                  file=sys.stderr)
             if start > total:
                 print(f"nothing to train: the checkpoint is at step {start - 1} and trainer.total_steps={total}; "
                       "raise trainer.total_steps to train further", file=sys.stderr)
@@ -343,7 +345,7 @@ def train_ray(cfg: Any, out: Path, config_file: Path | None = None) -> dict[str,
                 if step % t.save_every == 0 or step == total:
                     progress.phase(f"step {step}/{total} checkpoint")
                     ray.get(ranks[0].save.remote(str(out / "checkpoints" / f"step_{step}"),
-                                                 {"step": step, "sampler": sampler.state_dict()}))
+                                                 checkpoint_extra(cfg, step, sampler.position)))
                     prune_checkpoints(out / "checkpoints", t.keep_checkpoints)
         finally:
             versions_log.close()

@@ -9,6 +9,9 @@ Layout of one checkpoint folder (``DIR/checkpoints/step_N`` by convention of ``t
     rng.pt                                         RNG states
     extra.json                                     the caller's ``extra`` dict
 
+:func:`load_checkpoint` restores every state file it is asked for or refuses (:class:`IncompleteCheckpoint`): a
+missing ``learner.pt`` is never replaced by a fresh optimizer in silence; ``weights_only=True`` asks for exactly that.
+
 The folder is written under a temporary name in the same parent, its files and the folder flushed to disk
 (``fsync``), and renamed into place (``os.replace``), so a crash (SIGKILL, power loss) never leaves a half-written
 checkpoint where :func:`latest_checkpoint` would pick it up. Replacing an existing checkpoint moves the old one
@@ -107,14 +110,48 @@ def save_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, tokeni
     return target
 
 
+#: what each state file of a checkpoint restores (the names a refusal or a weights-only resume prints).
+STATE_FILES = {
+    "learner.pt": "the optimizer (AdamW moments and step count), the LR schedule's position (warm-up), the value head "
+                  "(algo=ppo) and the mini-batch shuffling generator",
+    "rng.pt": "the python / numpy / torch RNG states",
+    "extra.json": "the step and the task sampler's position",
+}
+
+
+class IncompleteCheckpoint(FileNotFoundError):
+    """A checkpoint folder lacks a state file (:data:`STATE_FILES`) that the load was asked to restore."""
+
+
+def missing_state(directory: str | os.PathLike) -> list[str]:
+    """The :data:`STATE_FILES` that checkpoint folder ``directory`` lacks (empty: complete)."""
+    return [name for name in STATE_FILES if not (Path(directory) / name).is_file()]
+
+
+def incomplete_message(directory: str | os.PathLike, absent: list[str]) -> str:
+    """The one-line refusal to resume checkpoint ``directory`` without its state files ``absent``: what each one
+    restores, and the two ways on (``trainer.resume_weights_only=true``; ``model.path`` for a new run)."""
+    return (f"checkpoint {directory} has no {' and no '.join(absent)} ({'; '.join(STATE_FILES[n] for n in absent)}): "
+            "resuming would restart that state silently. Set trainer.resume_weights_only=true to resume from its "
+            "weights, step and data position only (the run prints what restarts), or start a new run from its "
+            f"weights with model.path={directory}")
+
+
 def load_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, learner: Any = None,
-                    restore_rng: bool = True) -> dict[str, Any]:
+                    restore_rng: bool = True, *, weights_only: bool = False) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint` into ``model`` (in place) and ``learner``; restore the
     RNG states; return the ``extra`` dict.
 
+    ``weights_only``: load the weights (and ``extra``) only: ``learner`` keeps its fresh state, whether or not the
+    checkpoint has ``learner.pt``; the RNG states are restored when ``rng.pt`` is there. Otherwise a state file
+    the call restores (``learner.pt`` when ``learner`` is given, ``rng.pt`` when ``restore_rng``) must be there:
+    nothing is silently left fresh.
+
     Raises:
-        FileNotFoundError: no checkpoint there. RuntimeError: the weights do not match ``model`` (a missing key is
-            accepted only for a parameter tied to a loaded one, e.g. ``lm_head.weight`` tied to the embeddings).
+        FileNotFoundError: no checkpoint there. IncompleteCheckpoint (a FileNotFoundError): ``learner.pt`` or
+            ``rng.pt`` missing without ``weights_only`` (the message names the file, what it restores and the way
+            out). RuntimeError: the weights do not match ``model`` (a missing key is accepted only for a parameter
+            tied to a loaded one, e.g. ``lm_head.weight`` tied to the embeddings).
     """
     from safetensors.torch import load_file
 
@@ -122,6 +159,10 @@ def load_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, learne
     files = sorted(glob.glob(str(path / "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no checkpoint weights (*.safetensors) in {path}")
+    wanted = [name for name, needed in (("learner.pt", learner is not None), ("rng.pt", restore_rng)) if needed]
+    absent = [name for name in wanted if not (path / name).is_file()]
+    if absent and not weights_only:
+        raise IncompleteCheckpoint(incomplete_message(path, absent))
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(f))
@@ -131,7 +172,7 @@ def load_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, learne
     bad = [k for k in missing if k not in params or params[k].data_ptr() not in loaded_ptrs]
     if unexpected or bad:
         raise RuntimeError(f"checkpoint {path} does not match the model: missing={bad} unexpected={unexpected}")
-    if learner is not None and (path / "learner.pt").is_file():
+    if learner is not None and not weights_only:
         learner.load_state_dict(torch.load(path / "learner.pt", map_location=learner.device, weights_only=False))
     if restore_rng and (path / "rng.pt").is_file():
         _set_rng_state(torch.load(path / "rng.pt", weights_only=False))

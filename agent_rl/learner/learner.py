@@ -117,6 +117,49 @@ def group_mini_batches(group_index: Tensor, num_mini_batches: int, generator: to
     return [(chunk == i).nonzero(as_tuple=True)[0].to(group_index.device) for i in range(k)]
 
 
+def lr_scheduler(optimizer: torch.optim.Optimizer, warmup: int, *, steps_done: int = 0
+                 ) -> torch.optim.lr_scheduler.LambdaLR:
+    """The learning-rate schedule of ``OptimConfig``: linear warm-up over ``warmup`` optimiser steps, then constant:
+    ``lr(n) = initial_lr * min(1, (n + 1) / warmup)`` after n optimiser steps (``warmup`` 0: constant).
+
+    ``steps_done`` > 0 (a resume): the schedule continues after that many optimiser steps, from each param group's
+    ``initial_lr`` (the peak), which must be set; the groups' ``lr`` is set to the schedule's value there.
+    """
+    def factor(n: int) -> float:  # a plain function: LambdaLR's state_dict keeps no copy of it
+        return min(1.0, (n + 1) / warmup) if warmup > 0 else 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch=steps_done - 1)
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], optim: OptimConfig
+                      ) -> torch.optim.lr_scheduler.LambdaLR:
+    """Load a saved AdamW state into ``optimizer`` under the run's ``optim`` config, and return its LR schedule.
+
+    The checkpoint gives the AdamW moments and step counts (``state["optimizer"]``) and the optimiser steps taken
+    (``state["scheduler"]["last_epoch"]``); the config gives every hyper-parameter: each param group's ``lr`` /
+    ``initial_lr`` (``optim.lr``), ``weight_decay``, ``betas`` and ``eps`` are written over the restored ones, and
+    the schedule (``optim.warmup``) is rebuilt at the restored step. A resume under the same config restores the
+    exact learning rate; a resume that changes these keys (``agent_rl.config.RESUME_APPLIED``) applies them.
+
+    Args:
+        optimizer: the learner's (fresh) optimizer over the same parameters. state: ``{"optimizer": ...,
+            "scheduler": ...}`` as :meth:`Learner.state_dict` saves them.
+    Raises:
+        ValueError: the saved state does not fit ``optimizer`` (other parameter groups or sizes; torch's message).
+    """
+    optimizer.load_state_dict(state["optimizer"])
+    for group in optimizer.param_groups:
+        group.update(lr=optim.lr, initial_lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas),
+                     eps=optim.eps)
+    saved = dict(state["scheduler"])
+    scheduler = lr_scheduler(optimizer, optim.warmup, steps_done=int(saved["last_epoch"]))
+    # the saved counters (last_epoch, _step_count, ...) as they were; the learning rates as the config gives them
+    saved.update(base_lrs=list(scheduler.base_lrs), _last_lr=list(scheduler.get_last_lr()),
+                 lr_lambdas=[None] * len(optimizer.param_groups))
+    scheduler.load_state_dict(saved)
+    return scheduler
+
+
 def response_positions(response_mask: Tensor) -> tuple[Tensor, Tensor]:
     """Rows and columns of response tokens (column >= 1: the token at column c is predicted from position c - 1).
 
@@ -198,9 +241,7 @@ class Learner:
             self.params += list(self.value_head.parameters())
         self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
                                            weight_decay=optim.weight_decay)
-        warm = optim.warmup
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda n: min(1.0, (n + 1) / warm) if warm > 0 else 1.0)
+        self.scheduler = lr_scheduler(self.optimizer, optim.warmup)
         self.generator = torch.Generator().manual_seed(seed)
         self._compiled_js = torch.compile(algos.js_divergence_from_logits, dynamic=False) if algo.compile_js else None
         #: per-token tensors of the last ``update`` (see there); None before the first update.
@@ -277,13 +318,27 @@ class Learner:
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        """Inverse of :meth:`state_dict`."""
-        self.optimizer.load_state_dict(sd["optimizer"])
-        self.scheduler.load_state_dict(sd["scheduler"])
-        if self.value_head is not None and sd.get("value_head") is not None:
+        """Inverse of :meth:`state_dict`, under this learner's config: the AdamW moments, optimiser step count, value
+        head and shuffling generator come from ``sd``; the optimiser hyper-parameters and LR schedule from
+        ``optim`` (:func:`restore_optimizer`: a resume that changes ``optim.lr`` trains at the new one).
+
+        Raises:
+            ValueError: the learner has a value head (``algo=ppo``) and ``sd`` none, or the reverse.
+        """
+        if (self.value_head is None) != (sd.get("value_head") is None):
+            saved, mine = ("no", "one") if self.value_head is not None else ("a", "none")
+            raise ValueError(f"the saved learner state has {saved} value head but this learner "
+                             f"(algo={self.algo.name}) has {mine}")
+        self.scheduler = restore_optimizer(self.optimizer, sd, self.optim_cfg)
+        if self.value_head is not None:
             self.value_head.load_state_dict(sd["value_head"])
         if sd.get("generator") is not None:
             self.generator.set_state(sd["generator"])
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next optimiser step (``actor/lr`` of :meth:`update` is this after the step)."""
+        return float(self.scheduler.get_last_lr()[0])
 
     # ------------------------------------------------------------------------------------------------------------
     # Forward helpers

@@ -49,8 +49,7 @@ def _load(out, panel):
 
 # ------------------------------------------------------------------------------------------------ ALFWorld
 @pytest.mark.slow
-def test_alfworld_expert_and_random(tmp_path):
-    pytest.importorskip("alfworld")
+def test_alfworld_expert_and_random(tmp_path, require_alfworld):
     out = tmp_path / "alf"
     common = ["env=alfworld", "eval.split=valid_unseen", "eval.num_tasks=3", f"eval.output_dir={out}",
               "env_server.mode=local", "eval.concurrency=1", "trainer.progress=false"]
@@ -75,15 +74,14 @@ def test_alfworld_expert_and_random(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ WebShop
-def test_webshop_oracle_matches_the_direct_oracle(tmp_path):
-    gym = pytest.importorskip("gymnasium")
+def test_webshop_oracle_matches_the_direct_oracle(tmp_path, require_dataset):
+    import gymnasium as gym
+
     import envs  # noqa: F401
     from envs.webshop.oracle import run_oracle
 
-    try:
-        env = gym.make("agent_rl/WebShop-v0")
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"WebShop data not available: {exc}")
+    require_dataset("webshop")  # fails naming the data root looked for; any other error of the env fails as itself
+    env = gym.make("agent_rl/WebShop-v0")
     out = tmp_path / "ws"
     eval_main(["env=webshop", "policy=oracle", "eval.split=test", "eval.num_tasks=4", f"eval.output_dir={out}",
                "env_server.mode=local", "trainer.progress=false"])

@@ -62,14 +62,12 @@ def test_webshop_with_an_empty_products_file_refuses_to_start(tmp_path):
 
 
 def test_alfworld_with_an_empty_data_root_and_cache_refuses_to_start(tmp_path):
-    pytest.importorskip("alfworld")
     (tmp_path / "data").mkdir()
     last = refused("agent_rl/ALFWorld-v0", tmp_path / "data", tmp_path / "cache")
     assert str(tmp_path / "data" / "alfworld" / "json_2.1.1_tw-pddl.tar.xz") in last
 
 
 def test_alfworld_with_an_empty_games_folder_refuses_to_start(tmp_path):
-    pytest.importorskip("alfworld")
     games = tmp_path / "data" / "alfworld" / "json_2.1.1"
     games.mkdir(parents=True)
     last = refused("agent_rl/ALFWorld-v0", tmp_path / "data", tmp_path / "cache")

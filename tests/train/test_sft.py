@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("textworld", reason="textworld is not installed")
+import textworld  # noqa: F401  (installed by scripts/setup.sh's .[all]: absent is a broken install, not a skip)
 
 from agent_rl import sft as sft_mod  # noqa: E402
 from agent_rl.config import ConfigError  # noqa: E402

@@ -1,8 +1,9 @@
 """The viewer as a user sees it: headless Chromium (Debian's ``chromium`` + ``chromium-driver``, driven by Selenium)
 on ``python -m agent_rl.viewer`` serving the tiny run made in the test and a run with hostile text.
 
-Skips with the reason when Selenium, the chromium binary or chromedriver is missing. Screenshots go to the test's
-tmp dir, or to ``$AGENT_RL_SCREENSHOTS`` when set (how docs/img/viewer_*.png were made)."""
+Skips with the reason when the chromium binary or chromedriver (machine packages) is missing; Selenium is a pip
+dependency of the project (``.[dev]``), imported plainly. Screenshots go to the test's tmp dir, or to
+``$AGENT_RL_SCREENSHOTS`` when set (how docs/img/viewer_*.png were made)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import selenium  # noqa: F401  (a pip dependency of .[all]: absent is a broken install, not a skip)
 
 from agent_rl.episodes import load_episodes
 from agent_rl.train import free_port
@@ -20,10 +22,8 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrom
 
 
 def _browser_paths() -> tuple[str, str]:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        pytest.skip("no selenium (pip install -e '.[dev]')")
+    """The chromium and chromedriver binaries: a machine capability (apt packages), so their absence skips; selenium
+    is a pip dependency of the project and is imported plainly."""
     binary = next((p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
     if binary is None:
         pytest.skip("no chromium binary (apt-get install -y chromium chromium-driver)")

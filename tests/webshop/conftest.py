@@ -1,4 +1,5 @@
-"""Fixtures of the WebShop tests: the shared data directory (tests skip when it is absent) and envs."""
+"""Fixtures of the WebShop tests: the shared data directory (a missing one fails, naming the path looked for) and
+envs."""
 
 from __future__ import annotations
 
@@ -11,15 +12,11 @@ import gymnasium as gym
 import pytest
 
 import envs  # noqa: F401  (registers agent_rl/WebShop-v0)
-from envs.data import dataset_dir
 
 
 @pytest.fixture(scope="session")
-def webshop_dir() -> Path:
-    try:
-        return dataset_dir("webshop")
-    except FileNotFoundError as exc:
-        pytest.skip(f"WebShop data not available: {exc}")
+def webshop_dir(require_dataset) -> Path:
+    return require_dataset("webshop")
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,8 @@ def test_oracle_on_first_val_goals(make_env):
 
 
 def test_env_behind_http_server_matches_in_process(make_env):
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("fastapi")
+    import httpx
+
     from agent_rl.envclient import HTTPEnvPool
     from servers.app import create_app
 
