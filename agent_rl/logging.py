@@ -1,9 +1,20 @@
-"""Per-step metrics: console progress bar (tqdm), ``DIR/metrics.jsonl`` and TensorBoard (``DIR/tb``).
+"""Per-step metrics: console progress bar (tqdm), ``DIR/metrics.jsonl`` and TensorBoard (``DIR/tb``), and the one
+reader of ``metrics.jsonl`` (:func:`read_metrics`) that every consumer uses (report, viewer, scripts, benchmarks).
 
-Every JSONL line holds ``step`` and every metric name of algorithms.md section 6 (``null`` when a step has no value
-for it, e.g. the learner metrics of a step whose groups were all dropped), plus any other metric the rollout or the
-learner returned. Under a single-temperature algo every episode counts as "low": ``tgrl/delta_R`` and
-``tgrl/success_high`` read 0.0 and ``tgrl/success_low`` equals ``success/rate``.
+Each JSONL line is one row: ``{"step": int, "kind": KIND, <metric>: float | null, ...}``. ``KIND`` (:data:`KINDS`):
+
+- ``"train"``: one RL training step (``agent_rl.train``, both backends), ``step`` >= 1. Holds every metric name of
+  algorithms.md section 6 (``null`` when a step has no value for it, e.g. the learner metrics of a step whose groups
+  were all dropped), plus any other metric the rollout or the learner returned (``batch/rows``, ``rollout/...``);
+  never an ``eval/`` name. Under a single-temperature algo every episode counts as "low": ``tgrl/delta_R`` and
+  ``tgrl/success_high`` read 0.0 and ``tgrl/success_low`` equals ``success/rate``.
+- ``"eval"``: one in-training evaluation of the held-out panel(s) (``trainer.eval_every``), only ``eval/<panel>/...``
+  names; ``step`` = updates done when it ran (0 = before training; at step N it follows that step's ``train`` row).
+- ``"sft"``: one behaviour-cloning optimizer step (``agent_rl.sft``): ``sft/...``, ``time/step_s``; step 1 also the
+  expert-collection numbers.
+
+A step repeats when a resumed run logs it again (a crash after the row, before the checkpoint): the row written last
+wins, per (kind, step). Lines written before rows had a kind are read as what they hold (see :func:`row_kinds`).
 """
 
 from __future__ import annotations
@@ -22,6 +33,10 @@ SECTION6_METRICS: tuple[str, ...] = (
     "episode/turns_mean", "episode/invalid_action_frac", "time/rollout_s", "time/update_s", "time/env_wait_frac",
     "throughput/tokens_per_s",
 )
+#: the row kinds of metrics.jsonl (module docstring); the order rows of one step sort in
+KINDS: tuple[str, ...] = ("train", "sft", "eval")
+#: metric names of evaluation rows
+EVAL_PREFIX = "eval/"
 # What the progress bar shows.
 BAR_KEYS = {"reward/mean": "R", "success/rate": "succ", "actor/pg_loss": "loss", "actor/approx_kl": "kl",
             "time/rollout_s": "roll_s", "time/update_s": "upd_s"}
@@ -36,9 +51,79 @@ def _clean(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def check_kind(kind: str) -> None:
+    """Raises ValueError (naming the kinds) when ``kind`` is not one of :data:`KINDS`."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown metrics row kind {kind!r}; the kinds are {', '.join(KINDS)}")
+
+
+def row_kinds(line: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of one parsed ``metrics.jsonl`` line: itself when it has a ``kind``; a line written before rows had
+    one is read as what it holds: ``sft/`` names -> an ``sft`` row; else its ``eval/`` names -> an ``eval`` row and
+    the other names -> a ``train`` row (none when they are all null: the old step-0 line carried every training name
+    as null). A line without an integer ``step`` has no row."""
+    step = line.get("step")
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):
+        return []
+    step = int(step)
+    if "kind" in line:
+        return [{**line, "step": step}]
+    if any(k.startswith("sft/") for k in line):
+        return [{"step": step, "kind": "sft", **{k: v for k, v in line.items() if k != "step"}}]
+    evals = {k: v for k, v in line.items() if k.startswith(EVAL_PREFIX)}
+    rest = {k: v for k, v in line.items() if k != "step" and not k.startswith(EVAL_PREFIX)}
+    rows = []
+    if any(v is not None for v in rest.values()):
+        rows.append({"step": step, "kind": "train", **rest})
+    if evals:
+        rows.append({"step": step, "kind": "eval", **evals})
+    return rows
+
+
+def read_metrics(path: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """The rows of the ``metrics.jsonl`` file ``path`` (module docstring), one per (kind, step): when a step
+    repeats (a resumed run logged it again) the row written last wins. Sorted by step, and within a step train/sft
+    before eval (an evaluation at step N ran after update N). Unreadable lines (a line being written, one cut by a
+    crash) are skipped; a missing file has no rows.
+
+    Args:
+        path: the file (``DIR/metrics.jsonl``).
+        kind: only rows of this kind (``"train"``, ``"eval"``, ``"sft"``); None: every row.
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`KINDS`.
+    """
+    if kind is not None:
+        check_kind(kind)
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for text in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(line, dict):
+            continue
+        for row in row_kinds(line):
+            key = (str(row["kind"]), row["step"])
+            rows.pop(key, None)  # the later row replaces the earlier one
+            rows[key] = row
+    order = {k: i for i, k in enumerate(KINDS)}
+    out = sorted(rows.values(), key=lambda r: (r["step"], order.get(str(r["kind"]), len(KINDS))))
+    return [r for r in out if kind is None or r["kind"] == kind]
+
+
+def metrics_by_step(path: str | Path, kind: str) -> dict[int, dict[str, Any]]:
+    """``{step: row}`` of the ``kind`` rows of ``path`` (:func:`read_metrics`)."""
+    return {r["step"]: r for r in read_metrics(path, kind)}
+
+
 def drop_records_from(path: Path, step: int) -> int:
-    """Rewrite the JSONL file ``path`` without its records of steps >= ``step`` (and unreadable lines, e.g. one cut
-    by a crash), so a run resumed at ``step`` does not log those steps twice. Returns how many lines were dropped."""
+    """Rewrite the JSONL file ``path`` without its rows of steps >= ``step`` (any kind) and its unreadable lines
+    (e.g. one cut by a crash), so a run resumed at ``step`` does not log those steps twice. Returns how many lines
+    were dropped."""
     if not path.is_file():
         return 0
     lines = path.read_text(encoding="utf-8").splitlines()
@@ -57,15 +142,17 @@ def drop_records_from(path: Path, step: int) -> int:
 
 
 class MetricsLogger:
-    """Writes one record per step to the console, ``metrics.jsonl`` (appended, so a resumed run continues the file)
-    and TensorBoard.
+    """Writes the rows of each step (module docstring) to ``metrics.jsonl`` (appended, so a resumed run continues
+    the file), TensorBoard and the console.
 
     Args:
         out_dir: run directory.
         total_steps: for the progress bar.
-        start_step: first step of this process (1, or the resumed step).
+        start_step: first step of this process (1, or the resumed step). The file's rows of steps >= ``start_step``
+            (a crashed run logged past its last checkpoint: those steps run again) are dropped; at 1 (a run from
+            the start) every row, the step-0 evaluation included.
         tensorboard: write ``out_dir/tb`` events.
-        progress: tqdm bar (else one plain line per step).
+        progress: tqdm bar (else one plain line per training step).
     """
 
     def __init__(self, out_dir: str | Path, *, total_steps: int, start_step: int = 1, tensorboard: bool = True,
@@ -73,7 +160,7 @@ class MetricsLogger:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
-        drop_records_from(self.path, start_step)  # a crashed run logged past its last checkpoint: steps re-run now
+        drop_records_from(self.path, start_step if start_step > 1 else 0)
         self._file = self.path.open("a", encoding="utf-8")
         self._tb = None
         if tensorboard:
@@ -89,27 +176,47 @@ class MetricsLogger:
 
             self._bar = tqdm(total=total_steps, initial=start_step - 1, desc="train", unit="step", dynamic_ncols=True)
 
-    def log(self, step: int, metrics: dict[str, Any]) -> dict[str, float | None]:
-        """Record ``metrics`` of ``step``; returns the JSON record written (section-6 names always present)."""
-        record: dict[str, Any] = {"step": step}
-        for name in SECTION6_METRICS:
-            record[name] = _clean(metrics.get(name))
-        for name, value in sorted(metrics.items()):
-            if name not in record:
-                record[name] = _clean(value)
-        self._file.write(json.dumps(record) + "\n")
+    def log(self, step: int, metrics: dict[str, Any], *, kind: str = "train") -> dict[str, Any]:
+        """Record ``metrics`` of ``step``: a ``kind`` row of the names outside ``eval/`` (a ``train`` row always
+        holds the section-6 names), then, when there are ``eval/`` names, an ``eval`` row of those (an evaluation
+        that ran at this step). ``kind="eval"``: only the ``eval`` row. Returns the ``kind`` row written.
+
+        Raises:
+            ValueError: an unknown ``kind``, or ``kind="eval"`` with a name outside ``eval/``.
+        """
+        check_kind(kind)
+        evals = {k: v for k, v in metrics.items() if k.startswith(EVAL_PREFIX)}
+        rest = {k: v for k, v in metrics.items() if not k.startswith(EVAL_PREFIX)}
+        if kind == "eval" and rest:
+            raise ValueError(f"an eval row holds only {EVAL_PREFIX} names; got {sorted(rest)[:5]}")
+        rows = []
+        if kind != "eval":
+            row: dict[str, Any] = {"step": step, "kind": kind}
+            if kind == "train":
+                row.update((name, _clean(rest.get(name))) for name in SECTION6_METRICS)
+            for name, value in sorted(rest.items()):
+                if name not in row:
+                    row[name] = _clean(value)
+            rows.append(row)
+        if evals or kind == "eval":
+            rows.append({"step": step, "kind": "eval", **{k: _clean(v) for k, v in sorted(evals.items())}})
+        for row in rows:
+            self._file.write(json.dumps(row) + "\n")
+            if self._tb is not None:
+                for name, value in row.items():
+                    if name not in ("step", "kind") and value is not None:
+                        self._tb.add_scalar(name, value, step)
         self._file.flush()
         if self._tb is not None:
-            for name, value in record.items():
-                if name != "step" and value is not None:
-                    self._tb.add_scalar(name, value, step)
             self._tb.flush()
-        shown = {short: f"{record[k]:.3g}" for k, short in BAR_KEYS.items() if record.get(k) is not None}
-        if self._bar is not None:
-            self._bar.set_postfix(shown, refresh=False)
-            self._bar.update(1)
-        else:
-            print(f"step {step}: " + " ".join(f"{k}={v}" for k, v in shown.items()), file=sys.stderr, flush=True)
+        record = rows[0]
+        if kind != "eval":  # the bar counts steps; an evaluation prints its own lines (agent_rl.eval.training)
+            shown = {short: f"{record[k]:.3g}" for k, short in BAR_KEYS.items() if record.get(k) is not None}
+            if self._bar is not None:
+                self._bar.set_postfix(shown, refresh=False)
+                self._bar.update(1)
+            else:
+                print(f"step {step}: " + " ".join(f"{k}={v}" for k, v in shown.items()), file=sys.stderr, flush=True)
         return record
 
     def close(self) -> None:

@@ -1,13 +1,15 @@
-"""End-of-run report from ``DIR/metrics.jsonl``: ``DIR/curves.png`` (reward, success train and eval, entropy,
-clip fraction, ``tgrl/delta_R``, JS mean, per step) and ``DIR/summary.md`` (steps, episodes, eval success before ->
-after, the last step's numbers); :func:`finish_run` writes both and returns the console summary."""
+"""End-of-run report from ``DIR/metrics.jsonl`` (read by row kind: :func:`agent_rl.logging.read_metrics`):
+``DIR/curves.png`` (reward, success train and eval, entropy, clip fraction, ``tgrl/delta_R``, JS mean, per step) and
+``DIR/summary.md`` (training steps, episodes, eval success before -> after, the last training step's numbers);
+:func:`finish_run` writes both and returns the console summary."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
+
+from agent_rl.logging import read_metrics
 
 CURVES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward/mean",)),
@@ -22,18 +24,6 @@ TABLE_KEYS = ("reward/mean", "success/rate", "tgrl/delta_R", "actor/entropy", "a
               "time/rollout_s", "time/update_s")
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Records of ``metrics.jsonl`` (unreadable lines skipped), sorted by step."""
-    records = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return sorted(records, key=lambda r: r.get("step", 0))
-
-
 def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
     xs, ys = [], []
     for r in records:
@@ -45,13 +35,15 @@ def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
 
 
 def eval_success_keys(records: list[dict[str, Any]]) -> list[str]:
-    """``eval/<panel>/success`` keys present in the records."""
-    keys = {k for r in records for k in r if k.startswith("eval/") and k.endswith("/success") and k.count("/") == 2}
+    """``eval/<panel>/success`` keys present in the ``eval`` rows of ``records``."""
+    keys = {k for r in records if r.get("kind") == "eval" for k in r
+            if k.startswith("eval/") and k.endswith("/success") and k.count("/") == 2}
     return sorted(keys)
 
 
 def write_curves(records: list[dict[str, Any]], path: Path) -> None:
-    """Six panels of per-step curves (a missing metric leaves its panel empty, titled "n/a")."""
+    """Six panels of per-step curves from the rows of :func:`read_metrics` (training metrics from ``train`` rows,
+    eval success from ``eval`` rows; a missing metric leaves its panel empty, titled "n/a")."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -62,7 +54,8 @@ def write_curves(records: list[dict[str, Any]], path: Path) -> None:
         keys = keys + (tuple(eval_success_keys(records)) if title == "success" else ())
         drawn = False
         for key in keys:
-            xs, ys = _series(records, key)
+            xs, ys = _series([r for r in records if r.get("kind") == ("eval" if key.startswith("eval/") else "train")],
+                             key)
             if xs:
                 label = "train" if key == "success/rate" else key.split("/")[1] if key.startswith("eval/") else key
                 ax.plot(xs, ys, marker="o", markersize=3, label=label)
@@ -77,11 +70,12 @@ def write_curves(records: list[dict[str, Any]], path: Path) -> None:
 
 
 def summarize_run(records: list[dict[str, Any]], out: Path) -> dict[str, Any]:
-    """Steps, episodes, eval success before (first eval) -> after (last eval) per panel, last step's numbers."""
-    steps = [r for r in records if r.get("step", 0) >= 1]
+    """Training steps (``train`` rows), episodes, eval success before (first ``eval`` row) -> after (last) per
+    panel, the last training step's numbers. ``records``: the rows of :func:`read_metrics`."""
+    steps = [r for r in records if r.get("kind") == "train"]
     evals = {}
     for key in eval_success_keys(records):
-        xs, ys = _series(records, key)
+        xs, ys = _series([r for r in records if r.get("kind") == "eval"], key)
         evals[key.split("/")[1]] = {"before": ys[0], "after": ys[-1], "first_step": xs[0], "last_step": xs[-1]}
     return {
         "run_dir": str(out),

@@ -374,7 +374,7 @@ def sft_loop(cfg: Config, sft: SFTConfig, out: Path) -> dict[str, Any]:
             metrics["time/step_s"] = time.perf_counter() - t0
             if step == 1:
                 metrics.update(collect_metrics)
-            logger.log(step, metrics)
+            logger.log(step, metrics, kind="sft")
             if step % cfg.trainer.save_every == 0 or step == total:
                 save_checkpoint(out / "checkpoints" / f"step_{step}", model, tokenizer, cloner,
                                 {"step": step, "loss_before": before, "kind": "sft"})

@@ -107,7 +107,7 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
                                          on_episode=lambda ep: progress.episode(ep.won))
             try:
                 if start == 1 and evaluator.due(0, total):  # the panel before training, logged as step 0
-                    record = logger.log(0, await evaluator.run(0, pool, engine))
+                    record = logger.log(0, await evaluator.run(0, pool, engine), kind="eval")
                 for step in range(start, total + 1):
                     progress.phase(f"step {step}/{total} rollout",
                                    total=cfg.trainer.tasks_per_step * len(group_temperatures(cfg.algo, step)))

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -45,6 +46,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from agent_rl.logging import read_metrics  # noqa: E402  (metrics.jsonl rows by kind)
 
 ENVS = {"webshop": ("agent_rl/WebShop-v0", ["--workers", "4", "--import", "envs.webshop.preload"], 8002),
         "alfworld": ("agent_rl/ALFWorld-v0", [], 8001)}
@@ -356,8 +359,7 @@ async def run_training(args: argparse.Namespace, fault: str, url: str | None, in
                 pass
             except Exception as exc:  # noqa: BLE001 (the injection itself failed: reported)
                 outcome.problems.append(f"injector failed: {type(exc).__name__}: {exc}")
-    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()] \
-        if (out_dir / "metrics.jsonl").is_file() else []
+    rows = read_metrics(out_dir / "metrics.jsonl", "train")  # training steps (not the eval rows)
     outcome.steps = len(rows)
     outcome.trained = sum(1 for r in rows if r.get("batch/rows"))
     outcome.orphans_closed = sum(getattr(p, "orphans_closed", 0) for p in observer.pools)
@@ -513,13 +515,15 @@ async def fault_trainer_ckpt(args, server) -> Outcome:
     resumed = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "agent_rl.train", *base,
                                                        "trainer.resume=auto"],
                                       cwd=ROOT, env=env, capture_output=True, text=True)
-    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_metrics(out_dir / "metrics.jsonl", "train")  # a resumed step's last row; the eval rows apart
     steps = [r["step"] for r in rows]
     outcome.steps, outcome.trained = len(rows), sum(1 for r in rows if r.get("batch/rows"))
-    line = next((ln for ln in resumed.stderr.splitlines() if ln.startswith("resumed from")), "")
+    # "resumed from DIR/checkpoints/step_N at step N+1" (the line may go on, e.g. with the learning rate)
+    found = re.search(r"^resumed from \S*/(step_\d+) at step (\d+)\b", resumed.stderr, re.MULTILINE)
     outcome.note = (f"killed rc={child.returncode} leaving {partial}; latest complete={latest and latest.name}; "
-                    f"{line.split('/')[-1] if line else 'no resume line'}; resumed rc={resumed.returncode}")
-    if not (latest is not None and latest.name == "step_1" and line.endswith("step_1 at step 2")):
+                    f"{f'resumed from {found[1]} at step {found[2]}' if found else 'no resume line'}; "
+                    f"resumed rc={resumed.returncode}")
+    if not (latest is not None and latest.name == "step_1" and found and found.groups() == ("step_1", "2")):
         outcome.problems.append("did not resume from the last complete checkpoint (step_1)")
     if resumed.returncode != 0 or steps != [1, 2, 3] or not (out_dir / "checkpoints" / "step_3").is_dir():
         outcome.problems.append(f"resume rc={resumed.returncode}, logged steps {steps}: {resumed.stderr[-500:]}")

@@ -73,6 +73,7 @@ def evaluate(cfg: Any, checkpoint: Path | None, panel: int, split: str, temperat
 def run_one(env: str, algo: str, seed: int, args: argparse.Namespace, out: Path) -> dict[str, list]:
     from agent_rl.config import load_config
     from agent_rl.learner.checkpoint import latest_checkpoint
+    from agent_rl.logging import read_metrics
     from agent_rl.train import main as train_main
 
     run_dir = out / "runs" / f"{algo.replace('+', '_').replace('=', '-')}_seed{seed}"
@@ -94,7 +95,7 @@ def run_one(env: str, algo: str, seed: int, args: argparse.Namespace, out: Path)
         t0 = time.perf_counter()
         train_main([*overrides, f"trainer.total_steps={step}"])
         wall += time.perf_counter() - t0
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        records = read_metrics(run_dir / "metrics.jsonl", "train")
         ckpt = latest_checkpoint(run_dir)
         success = evaluate(cfg, ckpt, args.panel, args.split)
         curve["step"].append(step)

@@ -1,5 +1,5 @@
-"""Compare two training runs step by step: ``metrics.jsonl`` (every metric both runs log, except wall-clock times and
-throughputs) and the parameters of a checkpoint. Used to check that ``trainer.backend=ray`` with one learner and one
+"""Compare two training runs step by step: ``metrics.jsonl`` (row by row, per kind and step: every metric both runs
+log, except wall-clock times and throughputs) and the parameters of a checkpoint. Used to check that ``trainer.backend=ray`` with one learner and one
 rollout worker reproduces ``trainer.backend=local`` (docs/scaling.md, Determinism)::
 
     python -m agent_rl.train env=choose_item model=tiny algo=tgrl trainer.total_steps=2 trainer.tasks_per_step=2 \\
@@ -9,48 +9,63 @@ rollout worker reproduces ``trainer.backend=local`` (docs/scaling.md, Determinis
     python scripts/compare_runs.py DIR_LOCAL DIR_RAY --checkpoint step_2
 
 Prints one table row per differing metric (and the largest difference), the parameters' max |a - b|, and exits 1
-when a difference exceeds ``--atol`` + ``--rtol`` * |a| (or a step/key/parameter is missing on one side).
+when a difference exceeds ``--atol`` + ``--rtol`` * |a| (or a row/key/parameter is missing on one side), 2 when a
+run directory has no ``metrics.jsonl``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from agent_rl.logging import read_metrics
+
 #: metric name prefixes that measure wall-clock time or speed (never equal across runs)
 TIMING_PREFIXES = ("time/", "throughput/", "perf/")
 
 
-def load_metrics(run: Path) -> dict[int, dict[str, Any]]:
-    """``{step: record}`` of ``run/metrics.jsonl``."""
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {int(r["step"]): r for r in records}
+Row = tuple[str, int]  # (kind, step)
 
 
-def compare_metrics(a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]], *, atol: float, rtol: float,
+def load_metrics(run: Path) -> dict[Row, dict[str, Any]]:
+    """``{(kind, step): row}`` of ``run/metrics.jsonl`` (``agent_rl.logging.read_metrics``: a repeated step's last
+    row).
+
+    Raises:
+        FileNotFoundError: ``run`` has no ``metrics.jsonl``.
+    """
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (not a training run directory?)")
+    return {(r["kind"], r["step"]): r for r in read_metrics(path)}
+
+
+def compare_metrics(a: dict[Row, dict[str, Any]], b: dict[Row, dict[str, Any]], *, atol: float, rtol: float,
                     only_common: bool = True) -> tuple[list[str], float, int]:
     """Problems (one line each), the largest |a - b| over numeric metrics, and how many values were compared.
+    ``a``, ``b``: :func:`load_metrics` of each run.
 
     Keys logged by one run only are ignored with ``only_common`` (e.g. the Ray backend's ``rollout/weight_version``),
-    but the steps must match."""
+    but the rows (kind and step) must match."""
     problems: list[str] = []
     worst, count = 0.0, 0
-    if sorted(a) != sorted(b):
-        problems.append(f"steps differ: {sorted(a)} vs {sorted(b)}")
-    for step in sorted(set(a) & set(b)):
-        ra, rb = a[step], b[step]
+    for kind in sorted({k for k, _ in a} | {k for k, _ in b}):
+        sa, sb = sorted(s for k, s in a if k == kind), sorted(s for k, s in b if k == kind)
+        if sa != sb:
+            problems.append(f"{kind} steps differ: {sa} vs {sb}")
+    for kind, step in sorted(set(a) & set(b)):
+        ra, rb = a[kind, step], b[kind, step]
         keys = set(ra) & set(rb) if only_common else set(ra) | set(rb)
         for key in sorted(keys):
-            if key.startswith(TIMING_PREFIXES) or key == "step":
+            if key.startswith(TIMING_PREFIXES) or key in ("step", "kind"):
                 continue
             va, vb = ra.get(key), rb.get(key)
             if not isinstance(va, (int, float)) or not isinstance(vb, (int, float)):
                 if va != vb:
-                    problems.append(f"step {step} {key}: {va!r} vs {vb!r}")
+                    problems.append(f"{kind} step {step} {key}: {va!r} vs {vb!r}")
                 continue
             count += 1
             if math.isnan(va) and math.isnan(vb):
@@ -58,7 +73,7 @@ def compare_metrics(a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]], 
             diff = abs(va - vb)
             worst = max(worst, diff)
             if not diff <= atol + rtol * abs(va):
-                problems.append(f"step {step} {key}: {va!r} vs {vb!r} (|diff| {diff:.3g})")
+                problems.append(f"{kind} step {step} {key}: {va!r} vs {vb!r} (|diff| {diff:.3g})")
     return problems, worst, count
 
 
@@ -100,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rtol", type=float, default=1e-4)
     ap.add_argument("--param-atol", type=float, default=1e-5)
     args = ap.parse_args(argv)
-    problems, worst, n = compare_metrics(load_metrics(args.run_a), load_metrics(args.run_b), atol=args.atol,
-                                         rtol=args.rtol)
+    try:
+        metrics_a, metrics_b = load_metrics(args.run_a), load_metrics(args.run_b)
+    except FileNotFoundError as exc:
+        print(f"compare_runs: {exc}", file=sys.stderr)
+        return 2
+    problems, worst, n = compare_metrics(metrics_a, metrics_b, atol=args.atol, rtol=args.rtol)
     print(f"metrics: {n} values compared, max |diff| {worst:.3g}")
     if args.checkpoint:
         p2, w2, n2 = compare_checkpoints(args.run_a / "checkpoints" / args.checkpoint,

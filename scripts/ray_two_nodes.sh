@@ -24,6 +24,13 @@ print('nodes:', len(n), [x['Resources'].get('CPU') for x in n]); assert len(n) =
   trainer.learner_cpus=1 rollout.worker_cpus=0.5 trainer.total_steps=2 trainer.tasks_per_step=2 \
   trainer.progress=false engine.max_new_tokens=16 trainer.output_dir="$OUT" 2> "$OUT.log" || { tail -40 "$OUT.log"; exit 1; }
 grep -E "env-server replicas|learner rank" "$OUT.log"
-test "$(wc -l < "$OUT/metrics.jsonl")" -eq 2 && test -f "$OUT/checkpoints/step_2/model.safetensors"
-"$PY" -c "import json,sys; [print({k: r[k] for k in ('step', 'reward/mean', 'actor/pg_loss', 'rollout/weight_version', 'time/rollout_s', 'time/update_s')}) for r in map(json.loads, open(sys.argv[1]))]" "$OUT/metrics.jsonl"
+test -f "$OUT/checkpoints/step_2/model.safetensors"
+"$PY" -c "
+import sys
+from agent_rl.logging import read_metrics
+rows = read_metrics(sys.argv[1], 'train')  # the training steps' rows (docs/training.md)
+assert [r['step'] for r in rows] == [1, 2], rows
+for r in rows:
+    print({k: r[k] for k in ('step', 'reward/mean', 'actor/pg_loss', 'rollout/weight_version', 'time/rollout_s',
+                             'time/update_s')})" "$OUT/metrics.jsonl"
 echo "two-node run OK: $OUT"

@@ -1,15 +1,19 @@
 """docker-compose.yml and the Dockerfiles, checked without a Docker engine: the compose file validates against the
 Compose Specification JSON schema (the copy vendored by the ``check-jsonschema`` package), every env service runs
 the same ``python -m servers.serve`` entry point the server tests start with uvicorn, and the images install no
-torch."""
+torch. With an engine: the engine's own ``compose config`` resolves the file (host ports from
+``AGENT_RL_ALFWORLD_PORT`` / ``AGENT_RL_WEBSHOP_PORT``); without one that test skips with the reason, or fails
+under ``AGENT_RL_COMPOSE_REQUIRED=1`` (``compose_helpers``)."""
 
 from __future__ import annotations
 
 import copy
 import importlib.metadata
 import json
+import os
 import re
 import shlex
+import subprocess
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -20,10 +24,13 @@ import pytest
 import yaml
 
 import envs  # noqa: F401  (registers the built-in ids)
+from compose_helpers import require_engine
 from servers.serve import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_SERVICES = {"alfworld": "agent_rl/ALFWorld-v0", "webshop": "agent_rl/WebShop-v0"}
+#: the variable that sets each env service's host port, and its default
+HOST_PORTS = {"alfworld": ("AGENT_RL_ALFWORLD_PORT", 8001), "webshop": ("AGENT_RL_WEBSHOP_PORT", 8002)}
 
 
 def compose() -> dict:
@@ -81,7 +88,8 @@ def test_env_services_run_the_serve_entry_point(service, env_id):
     args = build_parser().parse_args(command[3:])
     assert args.env_ids == [env_id] and env_id in gymnasium.registry
     assert args.host == "0.0.0.0"  # inside the container; the host side binds loopback (below)
-    assert spec["ports"] == [f"${{AGENT_RL_BIND:-127.0.0.1}}:{8001 + sorted(ENV_SERVICES).index(service)}:{args.port}"]
+    var, default = HOST_PORTS[service]
+    assert spec["ports"] == [f"${{AGENT_RL_BIND:-127.0.0.1}}:${{{var}:-{default}}}:{args.port}"]
     health = " ".join(spec["healthcheck"]["test"])
     assert f"http://127.0.0.1:{args.port}/health" in health
     assert spec["build"]["dockerfile"] == f"servers/{service}/Dockerfile"
@@ -150,3 +158,26 @@ def test_torch_check_would_catch_a_torch_extra():
     optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     names = [re.match(r"\s*([A-Za-z0-9_.\-]+)", r).group(1) for r in optional["train"]]
     assert "torch" in _requirement_closure(names)
+
+
+def _published(port: object) -> str:
+    """``host_ip:published:target`` of one resolved port entry (podman-compose prints the short string, Docker
+    Compose the long mapping)."""
+    if isinstance(port, dict):
+        return f"{port.get('host_ip', '')}:{port['published']}:{port['target']}"
+    return str(port)
+
+
+@pytest.mark.parametrize("ports", [{}, {"AGENT_RL_ALFWORLD_PORT": "18001", "AGENT_RL_WEBSHOP_PORT": "18002"}])
+def test_the_engine_resolves_the_compose_file_and_its_host_ports(ports):
+    """What scripts/check_compose.sh relies on to run beside another stack: the engine reads the host ports from
+    the environment (defaults 8001/8002), on loopback."""
+    engine = require_engine()
+    env = {k: v for k, v in os.environ.items() if k not in ("AGENT_RL_ALFWORLD_PORT", "AGENT_RL_WEBSHOP_PORT",
+                                                                  "AGENT_RL_BIND")}
+    run = subprocess.run([*engine, "config"], cwd=ROOT, env={**env, **ports}, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    services = yaml.safe_load(run.stdout)["services"]
+    for service, (var, default) in HOST_PORTS.items():
+        assert [_published(p) for p in services[service]["ports"]] == [f"127.0.0.1:{ports.get(var, default)}:8000"]

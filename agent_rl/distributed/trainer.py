@@ -245,7 +245,7 @@ def train_ray(cfg: Any, out: Path, config_file: Path | None = None) -> dict[str,
             return evaluator.metrics(step, results)
 
         if start == 1 and evaluator.due(0, total):  # the panel before training, logged as step 0
-            record = logger.log(0, run_eval(0))
+            record = logger.log(0, run_eval(0), kind="eval")
         versions_log = open(out / "weight_versions.jsonl", "a", encoding="utf-8")
         try:
             for step in range(start, total + 1):

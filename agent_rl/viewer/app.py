@@ -3,7 +3,7 @@
 Pages: ``/`` run overview (config, curves from metrics.jsonl, eval summaries, stored steps), ``/steps/{step}`` the
 step's groups side by side (T0 vs T1), ``/episodes`` a filtered list over a step range, ``/episodes/{id}`` one
 episode turn by turn with its action tokens coloured by ``?color=adv|js|entropy|trained|logprob``.
-JSON: ``/api/steps``, ``/api/episodes?step=N`` (+ filters), ``/api/episodes/{id}``, ``/api/metrics``.
+JSON: ``/api/steps``, ``/api/episodes?step=N`` (+ filters), ``/api/episodes/{id}``, ``/api/metrics`` (``?kind=``).
 Filters (query parameters, so every view is a shareable URL): ``task_type``, ``outcome=won|lost``, ``temp=T0|T1``,
 ``step_min``, ``step_max``, ``source``.
 
@@ -13,6 +13,7 @@ autoescape, and the Content-Security-Policy forbids scripts, so even model outpu
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -21,6 +22,7 @@ from fastapi import FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from agent_rl.logging import KINDS
 from agent_rl.viewer.data import Filters, RunReader
 from agent_rl.viewer.heat import QUANTITIES, colour, episode_scale, fmt, legend
 
@@ -110,9 +112,13 @@ def create_app(run_dir: str | Path) -> FastAPI:
                  step_max: Annotated[int | None, Query(ge=0)] = None) -> HTMLResponse:
         filters = Filters(step_min=step_min, step_max=step_max)
         metrics = reader.metrics()
+        steps_rows = [r for r in metrics if r["kind"] != "eval"]  # training (RL or behaviour cloning) steps
+        counts = Counter(r["kind"] for r in metrics)
+        counts = {k: counts[k] for k in sorted(counts, key=lambda k: (KINDS.index(k) if k in KINDS else len(KINDS), k))}
         return page(request, "overview.html", filters=filters, steps=reader.step_table(filters),
-                    config=reader.config_text(), last_metrics=metrics[-1] if metrics else None,
-                    num_metrics=len(metrics), evals=reader.eval_results(), facets=reader.facets(),
+                    config=reader.config_text(), last_metrics=steps_rows[-1] if steps_rows else None,
+                    last_eval=next((r for r in reversed(metrics) if r["kind"] == "eval"), None),
+                    metric_counts=counts, evals=reader.eval_results(), facets=reader.facets(),
                     plot_query=filters.query())
 
     @app.get("/plots/curves.png")
@@ -189,8 +195,11 @@ def create_app(run_dir: str | Path) -> FastAPI:
         return get_episode(episode_id)
 
     @app.get("/api/metrics")
-    def api_metrics() -> list[dict[str, Any]]:
-        """``metrics.jsonl`` records."""
-        return reader.metrics()
+    def api_metrics(kind: str | None = None) -> list[dict[str, Any]]:
+        """``metrics.jsonl`` rows, each with its ``kind`` (``?kind=train|eval|sft``: only those; another kind: 400)."""
+        try:
+            return reader.metrics(kind)
+        except ValueError as exc:
+            raise HTTPException(status_code=400, detail=str(exc)) from None
 
     return app

@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from agent_rl.episodes import list_steps, parse_episode_id, read_step_file, step_path
+from agent_rl.logging import check_kind, read_metrics
 
-#: Curves of the overview: (title, metric names drawn in it). ``eval/*success*`` metrics join "success".
+#: Curves of the overview: (title, metric names drawn in it). ``eval/*success*`` metrics join "success". Each name is
+#: read from the metrics rows of its kind (:func:`row_kind_of`): ``eval/`` from ``eval`` rows, ``sft/`` from ``sft``
+#: rows (behaviour cloning), the others from ``train`` rows.
 CURVES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward/mean",)),
     ("success (train / eval)", ("success/rate",)),
@@ -26,6 +29,7 @@ CURVES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("JS mean", ("credit/js_mean",)),
     ("S (schedule)", ("schedule/S",)),
     ("trained token fraction", ("credit/trained_token_frac",)),
+    ("loss (behaviour cloning)", ("sft/loss",)),
 )
 #: Step files whose full records stay in memory (least recently used dropped first).
 FULL_FILES = 8
@@ -160,20 +164,17 @@ class RunReader:
         return {"task_type": sorted(types), "source": sorted(sources)}
 
     # ------------------------------------------------------------------ run files
-    def metrics(self) -> list[dict[str, Any]]:
-        """``metrics.jsonl`` records (a partial last line, e.g. one being written, is skipped)."""
-        def read(path: Path) -> list[dict[str, Any]]:
-            out = []
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(rec, dict) and isinstance(rec.get("step"), (int, float)):
-                    out.append(rec)
-            return out
+    def metrics(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """``metrics.jsonl`` rows (:func:`agent_rl.logging.read_metrics`: each with its ``kind``, one per (kind,
+        step), sorted by step; a partial last line, e.g. one being written, is skipped), only ``kind``'s if given.
 
-        return self._cached(self.run_dir / "metrics.jsonl", read) or []
+        Raises:
+            ValueError: ``kind`` is not a row kind.
+        """
+        if kind is not None:
+            check_kind(kind)
+        rows = self._cached(self.run_dir / "metrics.jsonl", read_metrics) or []
+        return rows if kind is None else [r for r in rows if r["kind"] == kind]
 
     def config_text(self) -> str:
         return self._cached(self.run_dir / "config.yaml",
@@ -196,19 +197,26 @@ class RunReader:
     def curves(self, filters: Filters) -> list[tuple[str, dict[str, tuple[list[float], list[float]]]]]:
         """(title, {metric: (steps, values)}) of each overview curve that has data in the step range."""
         recs = [r for r in self.metrics() if filters.step_ok(int(r["step"]))]
-        eval_success = sorted({k for r in recs for k in r if k.startswith("eval/") and "success" in k})
+        eval_success = sorted({k for r in recs if r["kind"] == "eval" for k in r
+                               if k.startswith("eval/") and "success" in k})
         out = []
         for title, names in CURVES:
             names = names + tuple(eval_success) if title.startswith("success") else names
             series = {}
             for name in names:
+                kind = row_kind_of(name)
                 pts = [(float(r["step"]), float(r[name])) for r in recs
-                       if isinstance(r.get(name), (int, float)) and math.isfinite(float(r[name]))]
+                       if r["kind"] == kind and isinstance(r.get(name), (int, float)) and math.isfinite(float(r[name]))]
                 if pts:
                     series[name] = ([p[0] for p in pts], [p[1] for p in pts])
             if series:
                 out.append((title, series))
         return out
+
+
+def row_kind_of(name: str) -> str:
+    """The kind of the metrics rows that hold the metric ``name`` (docs/training.md, "metrics.jsonl rows")."""
+    return "eval" if name.startswith("eval/") else "sft" if name.startswith("sft/") else "train"
 
 
 def _read_json(path: Path) -> Any:

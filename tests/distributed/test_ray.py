@@ -18,6 +18,7 @@ from agent_rl.distributed.data_parallel import shard_batch, shard_indices, unsha
 from agent_rl.engines import get_engine  # noqa: E402
 from agent_rl.learner import AlgoConfig, Learner, OptimConfig  # noqa: E402
 from agent_rl.learner.config import ModelConfig  # noqa: E402
+from agent_rl.logging import read_metrics  # noqa: E402
 from agent_rl.models import load_policy  # noqa: E402
 from agent_rl.rollout import build_rollout_batch  # noqa: E402
 from agent_rl.types import Episode, Task, Turn  # noqa: E402
@@ -165,7 +166,7 @@ def test_ray_backend_two_steps_kill_a_worker_and_a_replica_then_resume_with_one_
     main(common + ["trainer.num_learners=2", "rollout.num_workers=2", "trainer.total_steps=2"])
     killer.join(timeout=5)
     assert sorted(killed) == ["agent_rl-env-0", "agent_rl-rollout-0-0"]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(out / "metrics.jsonl", "train")
     assert [r["step"] for r in records] == [1, 2]
     assert sum(r["rollout/worker_restarts"] for r in records) >= 1
     assert all(r["rollout/dropped_groups"] == 0 for r in records)
@@ -187,7 +188,7 @@ def test_ray_backend_two_steps_kill_a_worker_and_a_replica_then_resume_with_one_
         assert records[step - 1]["batch/rows"] >= sum(per_group.values())  # >= 1 row per episode
     # resume the 2-rank checkpoint with one rank and one worker
     main(common + ["trainer.num_learners=1", "rollout.num_workers=1", "trainer.total_steps=3", "trainer.resume=auto"])
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(out / "metrics.jsonl", "train")
     assert [r["step"] for r in records] == [1, 2, 3]
     assert records[-1]["rollout/weight_version"] == 2.0
     assert ray.is_initialized()  # the module's cluster was reused, not shut down by the trainer
@@ -216,8 +217,7 @@ def test_ray_backend_with_one_learner_and_one_worker_matches_local(ray_cluster, 
                           "--checkpoint", "step_2"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "metrics: " in run.stdout and "checkpoint step_2: 21 tensors compared" in run.stdout
-    local, ray_ = ([json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-                   for name in ("local", "ray"))
+    local, ray_ = (read_metrics(tmp_path / name / "metrics.jsonl", "train") for name in ("local", "ray"))
     assert [r["step"] for r in ray_] == [1, 2] and all(r["batch/rows"] > 0 for r in ray_)
     for a, b in zip(local, ray_):  # the Ray backend logs every metric the local one does (and its own extras)
         assert set(a) <= set(b), sorted(set(a) - set(b))
@@ -230,7 +230,6 @@ def test_ray_backend_writes_the_local_artefacts_eval_panel_and_episode_store(ray
     episode store ``episodes/step_N.jsonl`` (per-token learner numbers gathered from the ranks in the batch's row
     order), ``curves.png`` and ``summary.md``. Math (choose_item has no panel), tiny model, 2 GRPO steps."""
     from agent_rl.episodes import load_episodes
-    from agent_rl.report import read_metrics
     from agent_rl.train import main
 
     common = ["env=math", "model=tiny", "algo=grpo", "algo.group_size=2", "trainer.total_steps=2",
@@ -240,7 +239,7 @@ def test_ray_backend_writes_the_local_artefacts_eval_panel_and_episode_store(ray
     main(common + [f"trainer.output_dir={tmp_path / 'local'}"])
     main(common + [f"trainer.output_dir={tmp_path / 'ray'}", "trainer.backend=ray", "trainer.num_learners=1",
                    "rollout.num_workers=1", "trainer.learner_cpus=0.5", "rollout.worker_cpus=0.5"])
-    local, ray_ = (read_metrics(tmp_path / name / "metrics.jsonl") for name in ("local", "ray"))
+    local, ray_ = (read_metrics(tmp_path / name / "metrics.jsonl", "eval") for name in ("local", "ray"))
     assert [r["step"] for r in local] == [r["step"] for r in ray_] == [0, 1, 2]
     keys = sorted(k for k in local[0] if k.startswith("eval/math_amc23/"))
     assert "eval/math_amc23/success" in keys and "eval/math_amc23/mean_turns" in keys

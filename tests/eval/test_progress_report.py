@@ -8,7 +8,8 @@ import json
 import pytest
 
 from agent_rl.progress import Progress
-from agent_rl.report import finish_run, read_metrics
+from agent_rl.logging import read_metrics
+from agent_rl.report import finish_run
 
 
 def test_progress_plain_lines_without_terminal():
@@ -28,6 +29,7 @@ def test_progress_plain_lines_without_terminal():
 
 
 def test_finish_run_curves_and_summary(tmp_path):
+    # lines as written before rows had a kind: the step-0 evaluation alone, a later one merged into its step's line
     recs = [{"step": 0, "eval/alfworld_valid_unseen/success": 0.25},
             {"step": 1, "reward/mean": 0.1, "success/rate": 0.0, "rollout/episodes": 4.0, "actor/entropy": 1.0},
             {"step": 2, "reward/mean": 0.5, "success/rate": 0.5, "rollout/episodes": 4.0, "actor/entropy": 0.9,
@@ -38,7 +40,8 @@ def test_finish_run_curves_and_summary(tmp_path):
     text = (tmp_path / "summary.md").read_text()
     assert "| reward/mean | 0.5 |" in text and "success 25.0% (step 0) -> 50.0% (step 2)" in text
     assert (tmp_path / "curves.png").stat().st_size > 5000
-    assert len(read_metrics(tmp_path / "metrics.jsonl")) == 3
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [(r["kind"], r["step"]) for r in rows] == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]
 
 
 @pytest.mark.slow
@@ -50,9 +53,11 @@ def test_training_eval_panel_logged(tmp_path):
           "trainer.tasks_per_step=1", "engine.max_new_tokens=8", "env_server.mode=local", "trainer.progress=false",
           "trainer.eval_every=2", "trainer.eval_panel=amc23", "trainer.eval_tasks=2", f"trainer.output_dir={out}"])
     recs = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in recs] == [0, 1, 2]
+    assert [(r["kind"], r["step"]) for r in recs] == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]
     key = "eval/math_amc23/success"
-    assert recs[0][key] is not None and recs[1].get(key) is None and recs[2][key] is not None
+    assert all(r[key] is not None and "reward/mean" not in r for r in recs if r["kind"] == "eval")
+    assert all(r["reward/mean"] is not None and not any(k.startswith("eval/") for k in r)
+               for r in recs if r["kind"] == "train")
     assert json.loads((out / "eval" / "step_2" / "math_amc23.json").read_text())["num_tasks"] == 2
     assert (out / "curves.png").is_file() and "eval math_amc23" in (out / "summary.md").read_text()
     with pytest.raises(ValueError, match="training split"):  # eval tasks must be held out

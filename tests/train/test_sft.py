@@ -4,7 +4,6 @@ the action-token cross-entropy falls, the loss is the hand-computed masked CE, t
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import textworld  # noqa: F401  (installed by scripts/setup.sh's .[all]: absent 
 
 from agent_rl import sft as sft_mod  # noqa: E402
 from agent_rl.config import ConfigError  # noqa: E402
+from agent_rl.logging import read_metrics  # noqa: E402
 from envs.textworld import games as tw_games  # noqa: E402
 
 GAMES = [("coin_collector", 1, "train", i) for i in range(2)]
@@ -51,8 +51,9 @@ def test_sft_lowers_action_cross_entropy(sft_run) -> None:
     assert summary["collect/success_rate"] == 1.0 and summary["collect/kept_episodes"] == 4
     assert summary["rows"] == 4 and summary["steps"] == 3  # coin collector level 1: one turn ("take coin")
     assert summary["loss_after"] < summary["loss_before"] - 0.5, summary
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2, 3]
+    records = read_metrics(out / "metrics.jsonl")
+    assert [(r["kind"], r["step"]) for r in records] == [("sft", 1), ("sft", 2), ("sft", 3)]
+    assert not any("reward/mean" in r for r in records)  # behaviour cloning rows hold no RL names
     assert all(r["sft/loss"] > 0 and r["actor/grad_norm"] > 0 for r in records)
     assert records[-1]["sft/loss"] < records[0]["sft/loss"]
     assert (out / "checkpoints" / "step_3" / "learner.pt").is_file()
@@ -106,7 +107,7 @@ def test_resume_continues_on_the_saved_rows(sft_run) -> None:
     summary = sft_mod.main([*BASE, "sft.num_episodes=4", "sft.epochs=4", "sft.batch_size=4",
                             f"trainer.output_dir={out}", "trainer.resume=auto"])
     assert summary["steps"] == 4 and (out / "sft_rows.pt").stat().st_mtime == rows_mtime
-    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl", "sft")] == [1, 2, 3, 4]
     assert (out / "checkpoints" / "step_4").is_dir()
 
 
@@ -123,6 +124,6 @@ def test_textworld_one_rl_step(games: Path, tmp_path: Path) -> None:
     out = tmp_path / "rl"
     main([*BASE, "algo=tgrl", "algo.warmup_steps=0", "trainer.total_steps=1", "trainer.tasks_per_step=1",
           "rollout.max_turns=2", "engine.max_new_tokens=8", f"trainer.output_dir={out}"])
-    (rec,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (rec,) = read_metrics(out / "metrics.jsonl", "train")
     assert rec["episode/turns_mean"] >= 1 and rec["rollout/episodes"] == 4
     assert (out / "checkpoints" / "step_1").is_dir()

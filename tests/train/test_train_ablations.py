@@ -4,13 +4,13 @@ each paper row to these command lines."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from agent_rl import algos
 from agent_rl.config import load_config
+from agent_rl.logging import read_metrics
 from agent_rl.rollout.orchestrator import group_temperatures
 from agent_rl.train import main
 
@@ -57,7 +57,7 @@ def test_paper_ablation_runs_one_step(tmp_path: Path, row: str):
     assert (plan.js_strength, plan.credit, plan.zero_low_rows) == (js_strength, credit, zero_low)
     out = tmp_path / "run"
     main([*SMALL, *overrides, f"trainer.output_dir={out}"])
-    (rec,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (rec,) = read_metrics(out / "metrics.jsonl", "train")
     assert rec["actor/grad_norm"] is not None and rec["actor/grad_norm"] >= 0
     if js_strength:
         assert rec["credit/js_mean"] > 0  # the JS was computed on the high rows

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.logging import SECTION6_METRICS
+from agent_rl.logging import SECTION6_METRICS, read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 CMD = [sys.executable, "-m", "agent_rl.train", "env=alfworld", "algo=tgrl", "model=tiny", "trainer.tasks_per_step=1",
@@ -29,7 +29,7 @@ def test_alfworld_train_then_resume(tmp_path, require_alfworld):
     first = subprocess.run([*CMD, "trainer.total_steps=2", f"trainer.output_dir={out}"], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-4000:]
-    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    recs = read_metrics(out / "metrics.jsonl", "train")
     assert [r["step"] for r in recs] == [1, 2]
     for rec in recs:
         assert all(name in rec for name in SECTION6_METRICS)
@@ -42,7 +42,7 @@ def test_alfworld_train_then_resume(tmp_path, require_alfworld):
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert second.returncode == 0, second.stderr[-4000:]
     assert "at step 3" in second.stderr
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl", "train")]
     assert steps == [1, 2, 3]
     extra = json.loads((out / "checkpoints" / "step_3" / "extra.json").read_text())
     assert extra["step"] == 3 and extra["sampler"] == {"position": 3}

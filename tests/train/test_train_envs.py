@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 
-from agent_rl.logging import SECTION6_METRICS
+from agent_rl.logging import SECTION6_METRICS, read_metrics
 from agent_rl.train import main
 
 BASE = ["model=tiny", "algo=tgrl", "algo.warmup_steps=0", "env_server.mode=local", "trainer.total_steps=1",
@@ -24,7 +23,7 @@ BASE = ["model=tiny", "algo=tgrl", "algo.warmup_steps=0", "env_server.mode=local
 def test_env_family_one_tgrl_step(tmp_path: Path, env: str, extra: list[str]) -> None:
     out = tmp_path / "run"
     main([f"env={env}", *BASE, *extra, f"trainer.output_dir={out}"])
-    (rec,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (rec,) = read_metrics(out / "metrics.jsonl", "train")
     assert set(SECTION6_METRICS) <= set(rec)
     # a random tiny model answers nothing right: rewards are 0, so the group advantage is 0 (nothing to train on),
     # but the rollout and the learner ran end to end on real problems

@@ -19,10 +19,9 @@ success fall instead. ``algo.num_mini_batches=1`` keeps one optimiser step per R
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
+from agent_rl.logging import read_metrics
 from agent_rl.train import main
 
 LEARN = ["env=choose_item", "model=tiny", "env_server.mode=local", "trainer.total_steps=20", "engine.top_k=100",
@@ -38,7 +37,7 @@ def test_success_rate_increases(tmp_path, algo):
     extra = ["algo.warmup_steps=0", "optim.lr=1e-3", "optim.warmup=0", "optim.weight_decay=0.01",
              "algo.num_mini_batches=1"] if algo == "tgrl" else ["optim.lr=1e-2"]
     main([*LEARN, f"algo={algo}", f"trainer.output_dir={tmp_path}", *extra])
-    recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    recs = read_metrics(tmp_path / "metrics.jsonl", "train")
     success = [r["success/rate"] for r in recs]
     first = sum(success[:2]) / 2
     best = max(sum(success[i:i + 4]) / 4 for i in range(len(success) - 3))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent_rl.config import ConfigError, load_config
-from agent_rl.logging import SECTION6_METRICS
+from agent_rl.logging import SECTION6_METRICS, read_metrics
 from agent_rl.train import main
 
 SMALL = ["env=choose_item", "model=tiny", "env_server.mode=local", "trainer.total_steps=1", "trainer.tasks_per_step=1",
@@ -24,7 +24,7 @@ SMALL = ["env=choose_item", "model=tiny", "env_server.mode=local", "trainer.tota
 def run(tmp_path: Path, *overrides: str) -> list[dict]:
     out = tmp_path / "run"
     main([*SMALL, f"trainer.output_dir={out}", *overrides])
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics(out / "metrics.jsonl", "train")
 
 
 def check_record(rec: dict) -> None:
@@ -68,7 +68,7 @@ def test_resume_continues_at_next_step(tmp_path):
     args = [*SMALL, f"trainer.output_dir={out}", "algo=grpo", "trainer.save_every=1"]
     main([*args, "trainer.total_steps=2"])
     main([*args, "trainer.total_steps=3", "trainer.resume=auto"])
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl", "train")]
     assert steps == [1, 2, 3]
     extra = json.loads((out / "checkpoints" / "step_3" / "extra.json").read_text())
     # one group per step: the data position after 3 steps is 3 tasks
@@ -86,8 +86,8 @@ def test_resume_after_a_crash_does_not_log_steps_twice(tmp_path, capsys):
     # a crash after step 3 was logged but before its checkpoint: the newest checkpoint is step_2
     shutil.rmtree(out / "checkpoints" / "step_3")
     main([*args, "trainer.total_steps=3", "trainer.resume=auto"])
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3]
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in lines] == [("train", 1), ("train", 2), ("train", 3)]  # no step twice
     # resuming a finished run says so and changes nothing
     main([*args, "trainer.total_steps=3", "trainer.resume=auto"])
     assert "nothing to train: the checkpoint is at step 3 and trainer.total_steps=3" in capsys.readouterr().err

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from agent_rl.config import ConfigError
+from agent_rl.logging import read_metrics
 from agent_rl.train import main, saved_run_config
 
 BASE = ["model=tiny", "env=choose_item", "env_server.mode=local", "trainer.tasks_per_step=1", "rollout.max_turns=1",
@@ -20,7 +21,8 @@ BASE = ["model=tiny", "env=choose_item", "env_server.mode=local", "trainer.tasks
 
 
 def _steps(out: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    """The training steps logged in ``out/metrics.jsonl`` (its ``train`` rows)."""
+    return [r["step"] for r in read_metrics(out / "metrics.jsonl", "train")]
 
 
 def test_resume_under_another_algorithm_is_refused_even_when_allowed(tmp_path, capsys):
@@ -97,7 +99,7 @@ def test_step_that_trains_on_nothing_is_loud(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "WARNING: step 1 trains on nothing (0 episodes: 0 group(s) dropped, 1 filtered as all-equal" in err
     assert "WARNING: 2 of 2 step(s) trained on nothing" in err
-    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    recs = read_metrics(out / "metrics.jsonl", "train")
     assert [(r["batch/rows"], r["rollout/filtered_groups"]) for r in recs] == [(0, 1.0), (0, 1.0)]
 
 

@@ -13,11 +13,10 @@ from viewer_helpers import HOSTILE_ACTION, HOSTILE_OBS, TINY_RUN, ByteTokenizer,
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """{"dir": run dir, "metrics", "steps": {step: {"episodes", "batch", "token_stats"}}} of a 2-step tiny TGRL run
-    on ChooseItem, captured when the trainer hands them to the store."""
-    import json
-
+    """{"dir": run dir, "metrics": {step: train row}, "steps": {step: {"episodes", "batch", "token_stats"}}} of a
+    2-step tiny TGRL run on ChooseItem, captured when the trainer hands them to the store."""
     import agent_rl.episodes as store
+    from agent_rl.logging import metrics_by_step
     from agent_rl.train import main
 
     out = tmp_path_factory.mktemp("viewer") / "tiny-run"
@@ -36,7 +35,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         main([*TINY_RUN, f"trainer.output_dir={out}"])
     finally:
         mp.undo()
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = metrics_by_step(out / "metrics.jsonl", "train")
     return {"dir": out, "metrics": metrics, "steps": captured}
 
 

@@ -158,7 +158,7 @@ def test_tiny_run_stores_every_episode_with_the_learners_numbers(tiny_run, step)
     recs = load_episodes(tiny_run["dir"], step)
     cap = tiny_run["steps"][step]
     eps, batch, stats = cap["episodes"], cap["batch"], cap["token_stats"]
-    assert len(recs) == len(eps) == tiny_run["metrics"][step - 1]["rollout/episodes"] == 8  # 2 groups x G=4
+    assert len(recs) == len(eps) == tiny_run["metrics"][step]["rollout/episodes"] == 8  # 2 groups x G=4
     assert list_steps(tiny_run["dir"]) == [1, 2] and {r["step"] for r in recs} == {step}
     assert [r["temp_label"] for r in recs] == ["T0", "T1", "T1", "T1"] * 2  # TGRL after warm-up: 1 x T0 + 3 x T1
     assert [r["group"] for r in recs] == [0] * 4 + [1] * 4

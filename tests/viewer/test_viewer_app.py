@@ -4,6 +4,7 @@ store, escaping of hostile episode text, live reading, read-only behaviour and c
 from __future__ import annotations
 
 import html.parser
+import json
 import os
 import subprocess
 import sys
@@ -183,6 +184,36 @@ def test_eval_output_directory(tmp_path):
     page = client.get("/episodes/0-0", params={"color": "js"}).text
     assert "no JS divergence (T0 vs T1) values" in page and spans_of(page).spans[0]["data-js"] == ""
     assert float(spans_of(page).spans[0]["data-logprob"]) == pytest.approx(-0.1)  # the engine's, kept in eval
+
+
+def test_metrics_rows_by_kind(tmp_path):
+    """``/api/metrics`` gives each row with its kind (``?kind=`` selects, another value is a 400); the curves read
+    training metrics from train rows only and eval success from eval rows only, a repeated step's last row."""
+    from agent_rl.viewer.data import Filters, RunReader
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": 0, "kind": "eval", "eval/p/success": 0.25},
+            {"step": 1, "kind": "train", "success/rate": 0.5, "reward/mean": 0.5},
+            {"step": 2, "kind": "train", "success/rate": 0.0, "reward/mean": 0.0},
+            {"step": 2, "kind": "train", "success/rate": 1.0, "reward/mean": 1.0},  # the resumed run's step 2
+            {"step": 2, "kind": "eval", "eval/p/success": 0.75},
+            {"step": 3, "sft/loss": 0.5}]  # a line without a kind: read as what it holds
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    client = TestClient(create_app(run))
+    assert [(r["kind"], r["step"]) for r in client.get("/api/metrics").json()] == [
+        ("eval", 0), ("train", 1), ("train", 2), ("eval", 2), ("sft", 3)]
+    assert [r["step"] for r in client.get("/api/metrics", params={"kind": "eval"}).json()] == [0, 2]
+    bad = client.get("/api/metrics", params={"kind": "bogus"})
+    assert bad.status_code == 400 and "the kinds are train, sft, eval" in bad.json()["detail"]
+    curves = dict(RunReader(run).curves(Filters()))
+    assert curves["success (train / eval)"] == {"success/rate": ([1.0, 2.0], [0.5, 1.0]),
+                                                "eval/p/success": ([0.0, 2.0], [0.25, 0.75])}
+    assert curves["reward"] == {"reward/mean": ([1.0, 2.0], [0.5, 1.0])}
+    assert curves["loss (behaviour cloning)"] == {"sft/loss": ([3.0], [0.5])}
+    home = client.get("/").text
+    assert "metrics rows: 2 train, 1 sft, 2 eval" in home
+    assert "last sft row (step 3)" in home and "last eval row (step 2)" in home
 
 
 def test_live_run_read_only_and_errors(tmp_path):
