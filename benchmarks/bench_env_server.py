@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent_rl.envclient import EnvPool, HTTPEnvPool, LocalEnvPool  # noqa: E402
+from servers.wait import ServerExited, wait_healthy  # noqa: E402
 
 PEER = {1: 6.6, 8: 6.4, 32: 4.3}  # AgentGym's ALFWorld server, steps/s (step p99 25.7 s at 32)
 
@@ -146,20 +147,12 @@ def start_server(args: argparse.Namespace, max_sessions: int, reset_nice: int | 
         cmd += ["--workers", str(args.workers)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
-    import httpx
-
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    proc.kill()
-    raise TimeoutError("server not healthy after 300 s")
+    try:
+        wait_healthy([url], timeout_s=300, interval_s=0.25, request_timeout_s=2.0, process=proc)
+    except (TimeoutError, ServerExited):
+        proc.kill()
+        raise
+    return proc, url
 
 
 def stop_server(proc: subprocess.Popen) -> None:

@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent_rl.logging import read_metrics  # noqa: E402  (metrics.jsonl rows by kind)
+from servers import wait as servers_wait  # noqa: E402  (the one wait-until-/health)
 
 ENVS = {"webshop": ("agent_rl/WebShop-v0", ["--workers", "4", "--import", "envs.webshop.preload"], 8002),
         "alfworld": ("agent_rl/ALFWorld-v0", [], 8001)}
@@ -71,14 +72,11 @@ async def get_json(url: str, timeout_s: float = 5.0) -> Any:
 
 
 async def wait_healthy(url: str, timeout_s: float) -> float:
-    """Seconds until ``url/health`` answers 200 (TimeoutError after ``timeout_s``)."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        with contextlib.suppress(Exception):
-            await get_json(url + "/health", 2.0)
-            return time.monotonic() - t0
-        await asyncio.sleep(0.2)
-    raise TimeoutError(f"{url} not healthy after {timeout_s} s")
+    """Seconds until ``url/health`` answers 200 (``servers.wait.wait_healthy`` in a thread; TimeoutError after
+    ``timeout_s``)."""
+    ready = await asyncio.to_thread(servers_wait.wait_healthy, [url], timeout_s=timeout_s, interval_s=0.2,
+                                    request_timeout_s=2.0)
+    return ready[url]
 
 
 # ------------------------------------------------------------------------------------------------ servers

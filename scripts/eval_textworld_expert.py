@@ -27,6 +27,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
+from servers.wait import ServerExited, wait_healthy  # noqa: E402
+
 ENV_ID = "agent_rl/TextWorld-v0"
 SAFE = ("go ", "look", "inventory", "examine")
 
@@ -96,23 +98,15 @@ async def play_over_http(url: str, family: str, level: int, split: str, indices:
 
 def start_server(port: int) -> subprocess.Popen:
     """``python -m servers.serve --env agent_rl/TextWorld-v0`` on 127.0.0.1:``port``, waited for ``/health``."""
-    import httpx
-
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-m", "servers.serve", "--env", ENV_ID, "--port", str(port),
                              "--log-level", "warning"], cwd=REPO, env=env)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"env server exited with code {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.terminate()
-    raise RuntimeError("env server not healthy after 120 s")
+    try:
+        wait_healthy([f"http://127.0.0.1:{port}"], timeout_s=120, interval_s=0.3, process=proc)
+    except (TimeoutError, ServerExited):
+        proc.terminate()
+        raise
+    return proc
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from servers.wait import ServerExited, wait_healthy  # noqa: E402
+
 ENV_ID = "agent_rl/WebShop-v0"
 
 
@@ -37,26 +39,18 @@ def _free_port() -> int:
 
 def start_server(port: int, workers: int, max_sessions: int) -> subprocess.Popen:
     """``python -m servers.serve`` for WebShop with the catalog prebuilt in the forkserver; waits for /health."""
-    import httpx
-
     cmd = [
         sys.executable, "-m", "servers.serve", "--env", ENV_ID, "--import", "envs.webshop.preload",
         "--port", str(port), "--workers", str(workers), "--max-sessions", str(max_sessions),
         "--prestart-workers", str(workers), "--log-level", "warning",
     ]
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"env server exited with {proc.returncode}: {' '.join(cmd)}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.terminate()
-    raise RuntimeError("env server did not become healthy within 120 s")
+    try:
+        wait_healthy([f"http://127.0.0.1:{port}"], timeout_s=120, interval_s=0.3, process=proc)
+    except (TimeoutError, ServerExited):
+        proc.terminate()
+        raise
+    return proc
 
 
 async def run_http(url: str, goal_ids: list[int], goals: list[dict[str, Any]], concurrency: int) -> list[dict]:

@@ -4,6 +4,9 @@ The compose file's ``envs`` service runs it (``docker compose run --rm envs`` / 
 returns once every env server serves), because compose's ``depends_on: condition: service_healthy`` and
 HEALTHCHECK timers are not honoured by every engine (podman 4.3 ignores both). ``scripts/check_compose.sh`` runs it
 on the host against the published ports. Standard library only (it runs in the images and on a bare host).
+:func:`wait_healthy` is the project's one "wait until ``/health``": the trainer's own env server
+(``agent_rl.runtime.EnvServerProcess``), the Ray backend's replicas, the scripts and benchmarks that start a server
+all call it, with the server's process to watch (a server that exits stops the wait at once, naming its exit code).
 
 Exit status: 0 once every URL answered 200; 1 after ``--timeout`` seconds (the message names the URLs still down
 and the last error of each).
@@ -16,8 +19,17 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
-__all__ = ["wait_healthy"]
+__all__ = ["ServerExited", "wait_healthy"]
+
+
+class ServerExited(RuntimeError):
+    """The watched server process exited before ``/health`` answered 200 (``returncode``: its exit status)."""
+
+    def __init__(self, message: str, returncode: int | None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
 
 
 def _healthy(url: str, timeout_s: float) -> tuple[bool, str]:
@@ -32,8 +44,14 @@ def _healthy(url: str, timeout_s: float) -> tuple[bool, str]:
 
 
 def wait_healthy(urls: list[str], *, timeout_s: float = 600.0, interval_s: float = 1.0,
-                 request_timeout_s: float = 4.0) -> dict[str, float]:
+                 request_timeout_s: float = 4.0, process: Any = None) -> dict[str, float]:
     """Poll every URL's ``/health`` until each answered 200 once.
+
+    Args:
+        urls: base URLs (``http://host:port``).
+        timeout_s: seconds to wait at most. interval_s: seconds between polls. request_timeout_s: per request.
+        process: the server's process (anything with ``poll()`` and ``returncode``, e.g. ``subprocess.Popen``), when
+            the caller started it: checked before every poll, so a server that dies is reported at once.
 
     Returns:
         seconds from the call until each URL was first healthy.
@@ -41,11 +59,15 @@ def wait_healthy(urls: list[str], *, timeout_s: float = 600.0, interval_s: float
     Raises:
         TimeoutError: some URL was not healthy within ``timeout_s`` seconds (the message names it and its last
             error).
+        ServerExited: ``process`` exited first (the message names its exit code and the URLs still down).
     """
     t0 = time.monotonic()
     pending = {u: "not tried" for u in urls}
     ready: dict[str, float] = {}
     while True:
+        if process is not None and process.poll() is not None:
+            raise ServerExited(f"the server process exited with code {process.returncode} before "
+                               f"{', '.join(pending)} answered /health 200", process.returncode)
         for url in list(pending):
             ok, reason = _healthy(url, request_timeout_s)
             if ok:

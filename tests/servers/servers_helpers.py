@@ -14,6 +14,7 @@ import httpx
 import uvicorn
 
 import user_env_module  # noqa: F401  (registers user/Echo-v0 in this process)
+from servers import wait as servers_wait
 from servers.app import create_app
 
 CALC = "agent_rl/Calculator-v0"
@@ -62,15 +63,6 @@ def uvicorn_in_thread(app: Any, port: int, delay_s: float = 0.0) -> Iterator[uvi
 
 
 def wait_healthy(url: str, timeout_s: float = 60.0, proc: Any = None) -> None:
-    """Poll ``GET /health`` until 200 (raise if the process exits or time runs out)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not healthy after {timeout_s} s")
+    """Poll ``GET /health`` until 200 (``servers.wait.wait_healthy``: ServerExited if ``proc`` exits, TimeoutError
+    when time runs out)."""
+    servers_wait.wait_healthy([url], timeout_s=timeout_s, interval_s=0.2, request_timeout_s=2.0, process=proc)
