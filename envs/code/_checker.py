@@ -1,6 +1,6 @@
 """Checker side of the sandbox: runs the TRUSTED test code against a remote proxy of the program.
 
-Run as ``python -I -c <_codec.py + this file> REQ_FD RESP_FD LIMITS_JSON`` with the test spec (JSON) on stdin, in
+Run as ``python -I -S -c <_codec.py + this file> REQ_FD RESP_FD LIMITS_JSON`` with the test spec (JSON) on stdin, in
 its own sandbox under a different uid than the worker. The program never runs in this process: the test code calls
 :class:`Remote` proxies that forward each call to the worker and get back plain data only. The verdict is written
 to this process's original stdout, which the worker has no handle on.
@@ -448,3 +448,7 @@ def _checker_main():
 
 if __name__ == "__main__":
     _checker_main()
+    # the verdict is written and flushed: skip the interpreter's teardown, the caller is waiting for this exit
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

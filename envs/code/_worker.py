@@ -1,6 +1,7 @@
 """Worker side of the sandbox: runs the UNTRUSTED program and answers the checker's requests.
 
-Run as ``python -I -c <_codec.py + this file> REQ_FD RESP_FD LIMITS_JSON`` with the program on stdin. Nothing here
+Run as ``python -I -S -c <_codec.py + this file> REQ_FD RESP_FD LIMITS_JSON`` (in the sandbox: by its launcher, see
+``_launcher.py``) with the program on stdin. Nothing here
 is trusted after ``exec(program)``: the program may rewrite any of it. That is fine by design, because the worker
 only ever sends *values* (plain data, see ``_codec``) over a pipe; the verdict is computed in the separate checker
 process, which never runs program code and never learns anything from the worker but those values.
@@ -10,7 +11,8 @@ target a global name (str) or a reference; replies ``["ok", value]`` or ``["exc"
 under ``signal.setitimer`` so an honest slow call reports ``TimeoutError`` and the next test can still run.
 """
 
-import builtins  # noqa: E402  (this file is pasted after _codec.py)
+import _sitebuiltins  # noqa: E402  (this file is pasted after _codec.py)
+import builtins  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
@@ -59,6 +61,9 @@ def _worker_main():
     # "the sandbox could not start" (an infrastructure failure, never a reward) from "the program crashed".
     send(["started"])
     signal.signal(signal.SIGALRM, _on_alarm)
+    # what ``site`` would add (the sandbox runs without it, -S): exit() and quit() raise SystemExit as usual
+    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
     namespace = {"__name__": "__candidate__", "__builtins__": builtins}
     try:
         code = compile(program, "<program>", "exec")

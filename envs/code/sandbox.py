@@ -2,38 +2,47 @@
 
 Design (details and threat model in ``docs/math_code_envs.md``):
 
-- **Worker** (runs the program) and **checker** (runs the test code) are two fresh ``python -I`` interpreters, each
-  started through :func:`launcher_argv`: a new network namespace (no interfaces but a down loopback), a new mount
-  namespace with fresh small tmpfs mounts over ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run/lock`` (the only
-  world-writable places; the tmpfs ``/tmp`` is the program's own temporary directory and its cwd), a new PID
-  namespace (the program sees only its own processes; when its init dies the kernel kills every process in it, so
-  nothing outlives the run, not even a child that called ``setsid``), and a fresh unprivileged uid per run
-  (``setpriv --reuid``, no capabilities, ``no_new_privs``), so ``RLIMIT_NPROC`` counts this run's processes only.
-  rlimits: CPU seconds, address space, file size (also caps what it can print), processes, open files, no core.
-  The environment is rebuilt from scratch: no variable of the parent leaks.
+- **Worker** (runs the program) and **checker** (runs the test code) are two sandboxes, each started through
+  :func:`launcher_argv`: ``unshare`` gives new network (no interfaces but a down loopback), mount, PID and IPC
+  namespaces; the launcher (``_launcher.py``, the namespace's PID 1) builds a minimal read-only root filesystem
+  (:func:`sandbox_layout`: the interpreter, its standard library and the shared libraries it loads, bound
+  read-only at their own paths; ``/dev/null`` & co; a fresh ``/proc``; fresh tmpfs ``/tmp`` (cwd, ``$HOME``) and
+  ``/dev/shm``), ``pivot_root``s into it and detaches the host's root, so no data root, checkout, cache or any
+  other host file is left to see. It then forks the program's process: a fresh unprivileged uid per run (level
+  full), no capabilities, ``no_new_privs``, running the source as ``python -I -S -c``. When PID 1 exits the kernel
+  kills every process of the namespace, so nothing outlives the run, not even a child that called ``setsid``.
+  ``RLIMIT_NPROC`` counts this run's processes only. rlimits: CPU seconds, address space, file size (also caps
+  what it can print), processes, open files, no core. The environment is rebuilt from scratch (no variable of the
+  parent leaks); stdin, stdout and stderr are files without a name.
 - **Why two processes**: a program running in the same interpreter as its tests can rewrite them (patch ``print``,
   ``sys.exit``, the harness, ``__eq__``). Here the checker never executes program code: each test call goes over a
   pipe to the worker, and only plain data (see ``_codec``: exact builtin types, rebuilt by the checker) comes back.
   The verdict goes to the checker's stdout file, which the worker has no descriptor for; the two run as different
   uids so the worker cannot signal or ptrace the checker. So a program cannot fake a pass; it can only return values.
-- **Isolation levels** (:func:`isolation_level`, detected once): ``full`` as root (or with CAP_SYS_ADMIN);
-  ``userns`` when unprivileged user namespaces are allowed (same namespaces, but the program keeps the caller's uid:
-  no per-run uid, so NPROC is shared with the caller); ``none`` otherwise (process group + rlimits only; a program can
-  then reach the network and the caller's files: do not train on untrusted code like that).
+- **Isolation levels** (:func:`isolation_level`, probed once inside a candidate sandbox: the host's files must be
+  gone): ``full`` as root (or with CAP_SYS_ADMIN); ``userns`` when unprivileged user namespaces are allowed (same
+  namespaces and root filesystem, but the program keeps the caller's uid: no per-run uid, so NPROC is shared with
+  the caller); ``none`` otherwise (process group + rlimits only; a program can then reach the network and the
+  caller's files: do not train on untrusted code like that). ``RunResult.isolation`` / ``info["isolation"]``
+  report the level of each run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import re
 import secrets
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,30 +102,146 @@ def _source(name: str) -> str:
 
 WORKER_SOURCE = _source("_worker.py")
 CHECKER_SOURCE = _source("_checker.py")
+LAUNCHER_SOURCE = (_HERE / "_launcher.py").read_text(encoding="utf-8")
 
-# Runs as root inside the new namespaces, then drops to the run's uid. "exit $?" keeps sh as the PID-namespace
-# init (no exec): the program is never PID 1, so its rlimit signals are delivered normally.
-_INNER_SCRIPT = (
-    "for d in /tmp /var/tmp /dev/shm /run/lock; do "
-    "[ -d $d ] && { mount -t tmpfs -o size=64m,mode=1777,nosuid,nodev tmpfs $d || exit 125; }; done; "
-    "cd /tmp || exit 125; u=$1; shift; "
-    'if [ -n "$u" ]; then setpriv --reuid=$u --regid=$u --clear-groups --no-new-privs --inh-caps=-all '
-    '--bounding-set=-all -- "$@"; else setpriv --no-new-privs --inh-caps=-all --bounding-set=-all -- "$@"; fi; '
-    "exit $?"
-)
-_NS_FLAGS = ["--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private"]
+# unshare forks the launcher as PID 1 of the new PID namespace (--kill-child: killing unshare kills it, and with it
+# every process of the namespace); the launcher builds the minimal root, pivots into it and starts the program.
+_NS_FLAGS = ["--net", "--mount", "--pid", "--ipc", "--fork", "--kill-child", "--propagation", "private"]
+
+# Paths the sandbox owns: fresh in every run (tmpfs /tmp and /dev/shm, bound device nodes, a new /proc), so nothing
+# of the host there is visible; the interpreter cannot live under them.
+SANDBOX_DIRS = ("/tmp", "/dev", "/proc")
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+TMPFS = (("/tmp", "size=64m,mode=1777"), ("/dev/shm", "size=64m,mode=1777"))
+
+# Run by the sandbox interpreter itself (-I -S, as the sandbox runs it): where its standard library is.
+_PATHS_PROBE = ("import json, sys, sysconfig\n"
+                "print(json.dumps({'path': sys.path, 'site': sorted({sysconfig.get_path('purelib'), "
+                "sysconfig.get_path('platlib')})}))")
+_LDD_PATH = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x[0-9a-fA-F]+\)")
+_FALLBACK_LIB_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64")
 
 
-def launcher_argv(level: str, uid: int | None, argv: list[str]) -> list[str]:
-    """Command that runs ``argv`` in the sandbox of ``level`` (``full``/``userns``/``none``) as ``uid``."""
-    if level == "none":
-        return list(argv)
+def _under(path: str, dirs: Any) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
+
+
+def _expose(path: str, links: dict[str, str], depth: int = 0) -> str:
+    """Real path of absolute ``path``; every symlink met on the way (``/lib -> usr/lib``, ``libz.so.1 ->
+    libz.so.1.2.13``) is recorded in ``links`` (link path -> target text), so the same lookup works in the sandbox."""
+    if depth > 40:
+        raise RuntimeError(f"too many levels of symbolic links resolving {path}")
+    parts = [p for p in os.path.normpath(path).split("/") if p]
+    current = "/"
+    for i, part in enumerate(parts):
+        candidate = os.path.join(current, part)
+        if os.path.islink(candidate):
+            target = os.readlink(candidate)
+            links[candidate] = target
+            rest = "/".join(parts[i + 1:])
+            resolved = os.path.normpath(os.path.join(current, target))
+            return _expose(os.path.join(resolved, rest) if rest else resolved, links, depth + 1)
+        current = candidate
+    return current
+
+
+def _shared_libraries(binaries: list[str]) -> list[str] | None:
+    """Every shared library (and the dynamic loader) that ``binaries`` load, as ``ldd`` resolves them; None
+    without ``ldd``."""
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        return None
+    found: set[str] = set()
+    for i in range(0, len(binaries), 200):
+        done = subprocess.run([ldd, *binaries[i:i + 200]], capture_output=True, text=True, timeout=120,
+                              env=clean_env())
+        found.update(_LDD_PATH.findall(done.stdout))
+    return sorted(found)
+
+
+@functools.lru_cache(maxsize=4)
+def sandbox_layout(python: str) -> dict[str, list]:
+    """Everything of the host a sandboxed program sees (levels ``full`` and ``userns``), bound read-only at the same
+    paths in an otherwise empty root (``docs/math_code_envs.md``, "What a program can see").
+
+    - ``files``: the interpreter ``python`` and each shared library it or a standard-library extension module loads
+      (``ldd``; the directories of the system's libraries whole where ``ldd`` is missing);
+    - ``dirs``: the directories of the interpreter's own ``sys.path`` under ``-I -S``: its standard library (with
+      ``lib-dynload``), nothing else (no task imports anything outside the standard library);
+    - ``hide``: the site-packages directories inside those, covered by an empty read-only tmpfs;
+    - ``links``: the symlinks on the way to any of those (``/lib64 -> usr/lib64``), as ``[path, target]``;
+    - ``devices``: ``/dev/null``, ``/dev/zero``, ``/dev/full``, ``/dev/random``, ``/dev/urandom``;
+    - ``tmpfs``: the writable places, fresh and empty per run: ``/tmp`` (cwd, ``$HOME``, ``$TMPDIR``), ``/dev/shm``.
+
+    Computed once per interpreter (one ``ldd`` over the interpreter and its extension modules, under a second).
+
+    Raises:
+        RuntimeError: the interpreter cannot be run, or one of those paths lies under :data:`SANDBOX_DIRS`.
+    """
+    try:
+        done = subprocess.run([python, "-I", "-S", "-c", _PATHS_PROBE], capture_output=True, text=True,
+                              timeout=60, env=clean_env())
+        paths = json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        raise RuntimeError(f"cannot run the sandbox interpreter {python}: {exc}") from exc
+    links: dict[str, str] = {}
+    dirs: list[str] = []
+    for entry in sorted({_expose(p, links) for p in paths["path"] if p and os.path.isdir(p)}):
+        if not _under(entry, dirs):
+            dirs.append(entry)
+    hide = sorted({real for p in paths["site"] if p and os.path.isdir(p)
+                   for real in [_expose(p, links)] if _under(real, dirs)})
+    modules = [os.path.join(top, name) for d in dirs for top, subdirs, names in os.walk(d)
+               if not _under(top, hide) for name in names if ".so" in name]
+    libraries = _shared_libraries([python, *modules])
+    files = {_expose(python, links)}
+    if libraries is None:
+        for d in _FALLBACK_LIB_DIRS:
+            if os.path.isdir(d):
+                real = _expose(d, links)
+                if not _under(real, dirs):
+                    dirs.append(real)
+    else:
+        files.update(_expose(lib, links) for lib in libraries)
+    files = {f for f in files if not _under(f, dirs)}
+    links = {p: t for p, t in links.items() if not _under(p, dirs)}
+    for path in [*dirs, *files, *links]:
+        if _under(path, SANDBOX_DIRS):
+            raise RuntimeError(f"{path} (needed by the sandbox interpreter {python}) lies under {SANDBOX_DIRS}, "
+                               "which the code sandbox replaces; install Python elsewhere or set "
+                               "AGENT_RL_SANDBOX=none (no isolation)")
+    return {"dirs": sorted(dirs), "files": sorted(files), "hide": hide, "links": sorted(map(list, links.items())),
+            "devices": [d for d in DEVICES if os.path.exists(d)], "tmpfs": [list(t) for t in TMPFS]}
+
+
+def _launch(level: str, python: str, uid: int | None, source: str, args: list[str], root: str,
+            close_fds: Any) -> list[str]:
+    layout = {**sandbox_layout(python), "root": root, "uid": uid if level == "full" else None, "cwd": "/tmp",
+              "source": source, "args": list(args), "close_fds": list(close_fds)}
     prefix = ["unshare", *(_NS_FLAGS if level == "full" else ["--user", "--map-root-user", *_NS_FLAGS])]
-    return [*prefix, "--", "sh", "-c", _INNER_SCRIPT, "sh", str(uid) if level == "full" else "", *argv]
+    return [*prefix, "--", python, "-I", "-S", "-c", f"{LAUNCHER_SOURCE}\n_launcher_main({layout!r})\n"]
 
 
-# Directories the sandbox hides behind fresh tmpfs mounts (levels full and userns).
-MASKED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+def launcher_argv(level: str, uid: int | None, source: str, args: list[str], root: str = "",
+                  close_fds: Any = ()) -> list[str]:
+    """Command that runs ``python -I -S -c source *args`` in the sandbox of ``level`` (``full``/``userns``/``none``)
+    as ``uid``.
+
+    ``root``: an empty directory the launcher mounts the program's root filesystem on (in its own mount namespace;
+    the host sees nothing there); ``close_fds``: descriptors only the program keeps (the launcher closes its copies).
+
+    Raises:
+        RuntimeError: from :func:`sandbox_python` or :func:`sandbox_layout` (the interpreter cannot be run, or lives
+            where the sandbox cannot show it).
+    """
+    python = sandbox_python()
+    if level == "none":
+        return [python, "-I", "-S", "-c", source, *args]
+    return _launch(level, python, uid, source, args, root, close_fds)
+
+
+def _base_python() -> str:
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
 @functools.lru_cache(maxsize=1)
@@ -124,16 +249,16 @@ def sandbox_python() -> str:
     """The interpreter that runs sandboxed programs: the real (base) interpreter behind ``sys.executable``.
 
     A virtual environment's ``bin/python`` is only a link to it, and the venv may live under ``/tmp`` (a CI clone),
-    which the sandbox hides behind its own tmpfs; the base interpreter with ``-I`` also keeps the program away from
-    the project's installed packages.
+    which the sandbox replaces with its own tmpfs; the base interpreter with ``-I -S`` also keeps the program away
+    from the project's and the base interpreter's installed packages.
 
     Raises:
-        RuntimeError: if even the base interpreter lies under a masked directory (the sandbox could not start it).
+        RuntimeError: if even the base interpreter lies under a directory the sandbox replaces (it could not start).
     """
-    path = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-    if isolation_level() != "none" and any(path == d or path.startswith(d + "/") for d in MASKED_DIRS):
-        raise RuntimeError(f"the Python interpreter {path} lies under {MASKED_DIRS}, which the code sandbox masks; "
-                           "install Python elsewhere or set AGENT_RL_SANDBOX=none (weaker isolation)")
+    path = _base_python()
+    if isolation_level() != "none" and _under(path, SANDBOX_DIRS):
+        raise RuntimeError(f"the Python interpreter {path} lies under {SANDBOX_DIRS}, which the code sandbox "
+                           "replaces; install Python elsewhere or set AGENT_RL_SANDBOX=none (weaker isolation)")
     return path
 
 
@@ -143,27 +268,55 @@ def clean_env(home: str = "/tmp") -> dict[str, str]:
             "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
+# Run in the candidate sandbox: exit 0 only when the host's files are gone (this package's directory, passed as
+# argv[1]), the cwd is the fresh /tmp and, at level full, the process runs as the given uid (argv[2]).
+_LEVEL_PROBE = ("import os, sys\n"
+                "ok = not os.path.exists(sys.argv[1]) and os.getcwd() == '/tmp' and os.access('/tmp', os.W_OK)\n"
+                "ok = ok and (sys.argv[2] == '' or os.getuid() == int(sys.argv[2]))\n"
+                "sys.exit(0 if ok else 3)")
+
+
 @functools.lru_cache(maxsize=1)
 def isolation_level() -> str:
-    """Strongest level that works here: ``full``, ``userns`` or ``none`` (probed once by running ``true``).
+    """Strongest level that works here: ``full``, ``userns`` or ``none`` (probed once by running a program that
+    checks, inside the candidate sandbox, that the host's files are out of its sight). Falling back to ``none``
+    warns (``RuntimeWarning``) with what the kernel refused.
 
     ``$AGENT_RL_SANDBOX`` (full/userns/none) forces a level (e.g. ``none`` on a machine without util-linux).
+
+    Raises:
+        ValueError: ``$AGENT_RL_SANDBOX`` holds another value.
+        RuntimeError: the namespaces work but the interpreter cannot be shown to a program
+            (:func:`sandbox_layout`): an installation problem, never a silent ``none``.
     """
     forced = os.environ.get("AGENT_RL_SANDBOX")
     if forced:
         if forced not in ("full", "userns", "none"):
             raise ValueError(f"AGENT_RL_SANDBOX must be full, userns or none, got {forced!r}")
         return forced
-    if shutil.which("unshare") and shutil.which("setpriv"):
-        candidates = ["full", "userns"] if os.geteuid() == 0 else ["userns"]
-        for level in candidates:
-            argv = launcher_argv(level, _UID_RANGE[0], ["true"])
-            try:
-                done = subprocess.run(argv, env=clean_env(), capture_output=True, timeout=20)
-            except (OSError, subprocess.TimeoutExpired):
-                continue
+    refused = []
+    if not shutil.which("unshare"):
+        refused.append("no unshare (util-linux) on PATH")
+    else:
+        python = _base_python()
+        sandbox_layout(python)  # RuntimeError: no level can run this interpreter
+        for level in ["full", "userns"] if os.geteuid() == 0 else ["userns"]:
+            uid = _UID_RANGE[0] if level == "full" else None
+            args = [str(_HERE), "" if uid is None else str(uid)]
+            with tempfile.TemporaryDirectory(prefix="agent_rl_sbx_probe_") as tmp:
+                os.mkdir(os.path.join(tmp, "root"))
+                argv = _launch(level, python, uid, _LEVEL_PROBE, args, os.path.join(tmp, "root"), ())
+                try:
+                    done = subprocess.run(argv, env=clean_env(), capture_output=True, timeout=30, cwd=tmp)
+                except (OSError, subprocess.TimeoutExpired) as exc:
+                    refused.append(f"{level}: {exc}")
+                    continue
             if done.returncode == 0:
                 return level
+            refused.append(f"{level}: exit {done.returncode} {done.stderr.decode(errors='replace').strip()[-300:]}")
+    warnings.warn("code sandbox: no namespace isolation here (" + "; ".join(refused) + "); programs run with "
+                  "isolation 'none' and can read this machine's files, the benchmark included", RuntimeWarning,
+                  stacklevel=2)
     return "none"
 
 
@@ -182,17 +335,42 @@ def _kill(proc: subprocess.Popen, level: str) -> None:
                 proc.kill()
         except ProcessLookupError:
             pass
+    _wait(proc, 10)  # SIGKILL cannot be ignored
+
+
+def _read_capped(f: Any, limit: int) -> tuple[str, int]:
+    """First ``limit`` bytes of the open file ``f`` (decoded, invalid UTF-8 replaced) and its full size."""
+    size = os.fstat(f.fileno()).st_size
+    f.seek(0)
+    return f.read(limit).decode("utf-8", errors="replace"), size
+
+
+def _anonymous_file(tmp: str, data: bytes = b"") -> Any:
+    """A file with no name (``O_TMPFILE``): a sandboxed process holding it learns no host path from it."""
+    f = tempfile.TemporaryFile(dir=tmp)
+    if data:
+        f.write(data)
+        f.seek(0)
+    return f
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for ``proc`` to exit; False on timeout. Wakes up the moment it exits (a pidfd), not
+    at the next tick of ``Popen.wait``'s polling loop (up to 50 ms late: the sandbox runs many short programs)."""
     try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
-        pass
-
-
-def _read_capped(path: Path, limit: int) -> tuple[str, int]:
-    size = path.stat().st_size if path.exists() else 0
-    with open(path, "rb") as f:
-        data = f.read(limit)
-    return data.decode("utf-8", errors="replace"), size
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3) or already reaped: poll
+        pidfd = None
+    if pidfd is not None:
+        try:
+            select.select([pidfd], [], [], timeout)
+        finally:
+            os.close(pidfd)
+    try:
+        proc.wait(timeout=0 if pidfd is not None else timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _kill_uid(uid: int) -> None:
@@ -246,35 +424,41 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
         excerpt_bytes: bytes of the worker's stdout/stderr kept in the result.
     """
     limits = limits or SandboxLimits()
-    level = isolation_level()
+    try:
+        level = isolation_level()
+    except RuntimeError as exc:
+        raise EnvInfraError(str(exc), component="sandbox") from exc
     checker_uid, worker_uid = _fresh_uid_pair()
     started = time.monotonic()
     result = RunResult(isolation=level, uids=[checker_uid, worker_uid] if level == "full" else [])
-    with tempfile.TemporaryDirectory(prefix="agent_rl_sbx_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="agent_rl_sbx_") as tmp, contextlib.ExitStack() as open_files:
         tmpdir = Path(tmp)
-        (tmpdir / "program.py").write_text(program, encoding="utf-8", errors="surrogatepass")
-        (tmpdir / "spec.json").write_text(_codec.dumps(spec), encoding="utf-8")
         work = tmpdir / "work"
         work.mkdir()
+        root = tmpdir / "root"  # each sandbox mounts its own root filesystem here, in its own mount namespace
+        root.mkdir()
         home = "/tmp" if level != "none" else str(work)
+
+        def anonymous(data: bytes = b"") -> Any:
+            return open_files.enter_context(_anonymous_file(tmp, data))
+
+        program_in = anonymous(program.encode("utf-8", errors="surrogatepass"))
+        spec_in = anonymous(_codec.dumps(spec).encode("utf-8"))
+        w_out, w_err, c_out, c_err = anonymous(), anonymous(), anonymous(), anonymous()
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
         pipe_fds = [req_r, req_w, resp_r, resp_w]
         procs: list[tuple[subprocess.Popen, int]] = []
-        files = []
         try:
-            def start(source: str, fds: tuple[int, int], uid: int, stdin: Path, out: Path, err: Path,
+            def start(source: str, fds: tuple[int, int], uid: int, stdin: Any, out: Any, err: Any,
                       cfg: dict[str, Any]) -> subprocess.Popen:
                 try:
-                    python = sandbox_python()
+                    launch = launcher_argv(level, uid, source, [str(fds[0]), str(fds[1]), json.dumps(cfg)],
+                                           str(root), fds)
                 except RuntimeError as exc:
                     raise EnvInfraError(str(exc), component="sandbox") from exc
-                argv = [python, "-I", "-c", source, str(fds[0]), str(fds[1]), json.dumps(cfg)]
-                fin, fout, ferr = open(stdin, "rb"), open(out, "wb"), open(err, "wb")
-                files.extend([fin, fout, ferr])
-                launch = launcher_argv(level, uid, argv)
                 try:
-                    proc = subprocess.Popen(launch, stdin=fin, stdout=fout, stderr=ferr, pass_fds=fds,
+                    proc = subprocess.Popen(launch, stdin=stdin, stdout=out, stderr=err, pass_fds=fds,
                                             env=clean_env(home), cwd=str(work), start_new_session=True)
                 except OSError as exc:  # no such interpreter / unshare: the sandbox cannot start
                     raise EnvInfraError(f"cannot start the sandbox ({launch[0]}): {exc}",
@@ -282,16 +466,14 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
                 procs.append((proc, uid))
                 return proc
 
-            worker = start(WORKER_SOURCE, (req_r, resp_w), worker_uid, tmpdir / "program.py",
-                           tmpdir / "w.out", tmpdir / "w.err", limits.for_worker())
-            checker = start(CHECKER_SOURCE, (req_w, resp_r), checker_uid, tmpdir / "spec.json",
-                            tmpdir / "c.out", tmpdir / "c.err", limits.for_checker())
+            worker = start(WORKER_SOURCE, (req_r, resp_w), worker_uid, program_in, w_out, w_err,
+                           limits.for_worker())
+            checker = start(CHECKER_SOURCE, (req_w, resp_r), checker_uid, spec_in, c_out, c_err,
+                            limits.for_checker())
             # the parent's copies must go now: a dead worker is then an immediate EOF for the checker
             while pipe_fds:
                 os.close(pipe_fds.pop())
-            try:
-                checker.wait(timeout=limits.wall_s)
-            except subprocess.TimeoutExpired:
+            if not _wait(checker, limits.wall_s):
                 result.timed_out = True
         finally:  # whatever happened (even KeyboardInterrupt, or a failed start), nothing may outlive the run
             while pipe_fds:
@@ -300,12 +482,10 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
                 _kill(proc, level)
                 if level == "full":
                     _kill_uid(uid)
-            for f in files:
-                f.close()
         result.worker_exit = worker.returncode
-        result.stdout, result.stdout_bytes = _read_capped(tmpdir / "w.out", excerpt_bytes)
-        result.stderr, result.stderr_bytes = _read_capped(tmpdir / "w.err", excerpt_bytes)
-        verdict_text, _ = _read_capped(tmpdir / "c.out", 256 << 20)
+        result.stdout, result.stdout_bytes = _read_capped(w_out, excerpt_bytes)
+        result.stderr, result.stderr_bytes = _read_capped(w_err, excerpt_bytes)
+        verdict_text, _ = _read_capped(c_out, 256 << 20)
         if not result.timed_out:
             try:
                 verdict = json.loads(verdict_text)
@@ -314,11 +494,11 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
                 result.outputs = verdict["outputs"]
                 result.worker_state = verdict.get("worker")
                 if verdict.get("infra"):
-                    err, _ = _read_capped(tmpdir / "w.err", 2000)
+                    err, _ = _read_capped(w_err, 2000)
                     result.infra_error = (f"{verdict['infra']}; worker exit {worker.returncode}, "
                                           f"stderr: {err[-1000:]!r}")
             except (ValueError, KeyError, TypeError):
-                err, _ = _read_capped(tmpdir / "c.err", 2000)
+                err, _ = _read_capped(c_err, 2000)
                 result.checker_error = f"checker exit {checker.returncode}: {err[-1000:]}"
     result.wall_s = time.monotonic() - started
     return result

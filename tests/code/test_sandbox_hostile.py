@@ -27,9 +27,10 @@ CHECK_SPEC = {"mode": "check", "context": "def f(x):\n    '''doc'''\n", "entry_p
 MARKER = f"agentrlmarker{secrets.token_hex(6)}"
 
 # Without namespaces ("none") nothing here is contained: the suite documents that by skipping. With "userns"
-# (unprivileged) the program keeps the caller's uid, so the uid-dependent checks are skipped too.
-pytestmark = pytest.mark.skipif(isolation_level() == "none", reason="no sandbox isolation on this machine")
-needs_full = pytest.mark.skipif(isolation_level() != "full", reason="needs a per-run uid (isolation 'full', root)")
+# (unprivileged) the program keeps the caller's uid, so the uid-dependent checks are skipped too. With
+# AGENT_RL_SANDBOX_REQUIRE=full (CI) each of those skips is a failure instead (tests/code/conftest.py).
+pytestmark = pytest.mark.sandbox("namespaces")
+needs_full = pytest.mark.sandbox("full")
 
 
 def _processes_with(marker: str, uids: list[int]) -> list[str]:
@@ -66,6 +67,8 @@ def test_isolation_is_available_here():
     assert isolation_level() in ("full", "userns", "none")
     if os.geteuid() == 0 and not os.environ.get("AGENT_RL_SANDBOX"):
         assert isolation_level() == "full"
+    if os.environ.get("AGENT_RL_SANDBOX_REQUIRE") == "full":
+        assert isolation_level() == "full", "AGENT_RL_SANDBOX_REQUIRE=full, but the sandbox runs at a lower level"
 
 
 def test_honest_program_passes_for_reference():
@@ -180,13 +183,14 @@ def test_opening_a_network_connection():
 
 def test_child_that_outlives_the_test():
     info = run_hostile(f"""
-        import os, subprocess, time
-        subprocess.Popen(["sh", "-c", "sleep 600; echo {MARKER}"], start_new_session=True,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import os, subprocess, sys, time
+        # the sandbox holds no shell: the children are the interpreter itself (sys.executable)
+        sleeper = [sys.executable, "-c", "import time; time.sleep(600)  # {MARKER}"]
+        subprocess.Popen(sleeper, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if os.fork() == 0:  # a double-forked daemon in its own session
             os.setsid()
             if os.fork() == 0:
-                os.execvp("sh", ["sh", "-c", "sleep 600; echo {MARKER}"])
+                os.execv(sleeper[0], sleeper)
             os._exit(0)
         if os.fork() == 0:  # a plain forked child that just waits (found by its uid)
             time.sleep(600)
