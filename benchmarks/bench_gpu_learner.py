@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from agent_rl.learner import AlgoConfig, Learner, OptimConfig
+from agent_rl.learner import AlgoConfig, CreditConfig, Learner, OptimConfig
 from agent_rl.types import RolloutBatch
 
 SHAPES = {  # Llama-architecture configs of the same sizes (vocab, hidden, layers, heads, kv heads, ffn)
@@ -77,7 +77,8 @@ def sync(device: str) -> None:
 
 def run_learner(name: str, algo: AlgoConfig, args, batch: RolloutBatch) -> dict[str, float]:
     model = build_model(args.shape, args.device)
-    learner = Learner(model, IdTokenizer(), algo, OptimConfig(lr=1e-6), device=args.device)
+    credit = CreditConfig(name="js" if algo.is_tgrl else "uniform")  # the presets' credit (algo=tgrl: js)
+    learner = Learner(model, IdTokenizer(), algo, OptimConfig(lr=1e-6), credit=credit, device=args.device)
     learner.update(batch, step=1, total_steps=10)  # warm-up (allocator, kernels)
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()

@@ -62,7 +62,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from agent_rl.learner import AlgoConfig, Learner, ModelConfig, OptimConfig
+    from agent_rl.learner import AlgoConfig, CreditConfig, Learner, ModelConfig, OptimConfig
     from agent_rl.models import find_smollm2_gguf, load_policy, models_cache_dir
 
     name = args.model
@@ -72,7 +72,8 @@ def worker(args: argparse.Namespace) -> None:
     model, tok = load_policy(ModelConfig(name=name))
     algo = AlgoConfig(name=args.algo, warmup_steps=0, micro_batch_size=args.micro, logits_chunk_size=args.chunk,
                       compile_js=args.compile_js)
-    learner = Learner(model, tok, algo, OptimConfig(lr=1e-6))
+    credit = CreditConfig(name="js" if algo.is_tgrl else "uniform")  # the presets' credit (algo=tgrl: js)
+    learner = Learner(model, tok, algo, OptimConfig(lr=1e-6), credit=credit)
     batch = _synthetic_batch(len(tok), args.rows, args.prompt_len, args.response_len)
     base_rss = _rss_gib()
     learner.update(batch, step=1, total_steps=100)  # untimed: allocator warm-up, optimizer state

@@ -10,6 +10,7 @@ import torch
 
 from agent_rl.config import (RESUME_APPLIED, ConfigError, compare_for_resume, config_dict, fit_prompt_budget,
                              load_config)
+from agent_rl.engines.vllm import vllm_build
 from agent_rl.models import TINY_MAX_POSITIONS
 
 CHEAP = ["env=choose_item", "model=tiny", "env_server.mode=local"]
@@ -83,10 +84,41 @@ def test_repetition_penalty_off_policy_is_said(capsys):
         capsys.readouterr().err
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available() or vllm_build() is not None,
+                    reason="checks the refusal on a machine without CUDA and without vLLM")
 def test_vllm_without_cuda_is_refused():
-    with pytest.raises(ConfigError, match="engine=vllm needs a CUDA device"):
+    with pytest.raises(ConfigError, match="engine=vllm needs a CUDA device") as info:
         load_config([*CHEAP, "engine=vllm"])
+    assert "scripts/setup_vllm.sh" in str(info.value)  # says how to get vLLM's CPU build
+
+
+@pytest.mark.vllm
+def test_vllm_config_that_can_run_is_accepted_and_its_context_caps_the_prompt_budget(capsys):
+    cfg = load_config([*CHEAP, "engine=vllm", "model.tiny_hidden_size=128", "engine.max_model_len=512",
+                       "engine.max_new_tokens=32"])
+    assert cfg.engine.name == "vllm" and cfg.rollout.max_prompt_tokens == 480  # 512 - 32
+    assert "engine.max_model_len" in capsys.readouterr().err
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("overrides,reason", [
+    # head size 64 / 4 = 16: below vLLM-CPU attention's sizes (and not one of them); the fix is named
+    (["model.tiny_hidden_size=64"], r"head size is 16 \(model.tiny_hidden_size=64 / 4 heads\).*"
+                                    r"model.tiny_hidden_size=128"),
+    (["model.tiny_hidden_size=192"], r"head size is 48"),
+    (["model.tiny_hidden_size=128", f"engine.max_model_len={TINY_MAX_POSITIONS + 1}"],
+     rf"engine.max_model_len={TINY_MAX_POSITIONS + 1} is longer than the model's context of {TINY_MAX_POSITIONS}"),
+])
+def test_vllm_config_that_cannot_run_is_refused_at_load(overrides, reason):
+    with pytest.raises(ConfigError, match=reason):
+        load_config([*CHEAP, "engine=vllm", *overrides])
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's CPU build: no sleep mode")
+def test_vllm_sleep_mode_on_cpu_is_refused():
+    with pytest.raises(ConfigError, match="engine.sleep_mode=true: vLLM's CPU build has no sleep mode"):
+        load_config([*CHEAP, "engine=vllm", "model.tiny_hidden_size=128", "engine.sleep_mode=true"])
 
 
 # ------------------------------------------------------------------------------------------- section 7
@@ -211,3 +243,37 @@ def test_resume_total_steps_under_a_schedule_is_noted():
     lines = compare_for_resume(_changed(config_dict(cfg), "trainer.total_steps"), cfg)
     assert lines[-1] == "resume: note: schedule=linear depends on trainer.total_steps; the remaining steps follow " \
                         "the new N"
+
+
+# ------------------------------------------------------------------------------------- one default per concept
+def test_one_default_per_concept():
+    """The root ``configs/config.yaml`` and the group options it selects by default restate the schema's dataclass
+    defaults, never another value; presets (``algo=tgrl``'s JS credit, its 4 mini-batches) are presets. The learner's
+    own default credit rule is the config's."""
+    from dataclasses import asdict
+
+    import yaml
+
+    from agent_rl.config import CONFIG_DIR, Config
+    from agent_rl.learner import AlgoConfig, Learner, OptimConfig
+    from agent_rl.models import load_policy
+
+    defaults = asdict(Config())
+    root = yaml.safe_load((CONFIG_DIR / "config.yaml").read_text())
+    chosen = {k: v for item in root["defaults"] if isinstance(item, dict) for k, v in item.items()}
+    assert chosen["credit"] == "uniform" and chosen["schedule"] == "none"
+    files = {"root": {k: v for k, v in root.items() if k != "defaults"}}
+    for group in ("credit", "schedule", "engine", "trainer", "model"):
+        files[group] = yaml.safe_load((CONFIG_DIR / group / f"{chosen[group]}.yaml").read_text())
+    differ = []
+    for name, tree in files.items():
+        for section, values in tree.items():
+            for key, value in (values or {}).items():
+                default = defaults[section][key]
+                if value != (list(default) if isinstance(default, tuple) else default):
+                    differ.append(f"{name}: {section}.{key}={value!r} (schema default {default!r})")
+    assert differ == []
+    assert load_config([*CHEAP, "algo=grpo"]).credit.name == "uniform"
+    assert load_config([*CHEAP, "algo=tgrl"]).credit.name == "js"  # the preset's choice
+    model, tok = load_policy(load_config(CHEAP).model)
+    assert Learner(model, tok, AlgoConfig(name="tgrl"), OptimConfig()).credit == Config().credit  # no hidden rule

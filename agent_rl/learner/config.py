@@ -169,8 +169,9 @@ class AlgoConfig:
 class CreditConfig:
     """Credit rule (``credit=...``, algorithms.md section 5)."""
 
-    name: str = "js"
-    """uniform | js | tp | forking | entropy_adv | empg."""
+    name: str = "uniform"
+    """uniform | js | tp | forking | entropy_adv | empg. The one default is ``configs/config.yaml``'s (uniform);
+    ``algo=tgrl``'s preset selects ``js`` (TGRL's own credit), ``credit=`` any rule for any algorithm."""
     level: str = "token"
     """token | turn (which levels each rule supports: see ``agent_rl.algos.apply_credit``)."""
     kwargs: dict[str, Any] = field(default_factory=dict)

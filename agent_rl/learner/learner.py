@@ -185,7 +185,8 @@ class Learner:
         model: the policy (``transformers`` causal LM); moved to ``device``.
         tokenizer: its tokenizer (saved with checkpoints).
         algo, optim: algorithm and optimiser configs.
-        credit: credit rule (default: ``js`` for ``algo=tgrl``, ``uniform`` otherwise).
+        credit: credit rule (default ``CreditConfig()``: uniform, the config's default; ``algo=tgrl``'s preset
+            selects ``js``, TGRL's own credit: pass ``CreditConfig(name="js")`` for it).
         schedule: temporal schedule of the credit strength S (default ``none``).
         ref_model: frozen reference for ``algo.kl_coef > 0`` (default: a deep copy of ``model`` at construction).
         device: ``"cpu"`` / ``"cuda"``.
@@ -207,7 +208,7 @@ class Learner:
         self.algo, self.optim_cfg = algo, optim
         algos.truncation_mask(torch.zeros(1, 2), 1.0, top_k, top_p)  # validates top_k / top_p
         self.top_k, self.top_p = int(top_k), float(top_p)
-        self.credit = credit or CreditConfig(name="js" if algo.is_tgrl else "uniform")
+        self.credit = credit or CreditConfig()
         self.schedule = schedule or ScheduleConfig()
         # Fail early on unknown registry names (their errors list the valid names).
         algos.get_policy_loss(algo.policy_loss)

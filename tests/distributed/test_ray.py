@@ -17,7 +17,7 @@ from agent_rl.distributed.actors import LearnerRank, LearnerSpec  # noqa: E402
 from agent_rl.distributed.data_parallel import shard_batch, shard_indices, unshard_rows  # noqa: E402
 from agent_rl.engines import get_engine  # noqa: E402
 from agent_rl.learner import AlgoConfig, Learner, OptimConfig  # noqa: E402
-from agent_rl.learner.config import ModelConfig  # noqa: E402
+from agent_rl.learner.config import CreditConfig, ModelConfig  # noqa: E402
 from agent_rl.logging import read_metrics  # noqa: E402
 from agent_rl.models import load_policy  # noqa: E402
 from agent_rl.rollout import build_rollout_batch  # noqa: E402
@@ -88,7 +88,8 @@ def test_ray_ddp_matches_single_learner(ray_cluster):
     # lr 1e-4, eps 1e-6: AdamW's first step is ~lr * g / (|g| + eps), so a float-summation-order difference in a
     # gradient entry of size ~eps would move a weight by up to ~lr / 4: keep that well under the 1e-5 check
     optim = OptimConfig(lr=1e-4, eps=1e-6, max_grad_norm=1.0, warmup=0)
-    spec = LearnerSpec(model=ModelConfig(name="tiny"), algo=algo, optim=optim, device="cpu", seed=0)
+    credit = CreditConfig(name="js")  # TGRL's own credit (its preset's)
+    spec = LearnerSpec(model=ModelConfig(name="tiny"), algo=algo, optim=optim, credit=credit, device="cpu", seed=0)
     Rank = ray.remote(num_cpus=1)(LearnerRank)
     ranks = [Rank.remote(r, 2, spec) for r in range(2)]
     addr, port = ray.get(ranks[0].address.remote())
@@ -98,7 +99,7 @@ def test_ray_ddp_matches_single_learner(ray_cluster):
     model, tok = load_policy(ModelConfig(name="tiny"))
     model.load_state_dict(init)
     batch = _batch(copy.deepcopy(model), tok, groups=4)
-    single = Learner(model, tok, algo, optim, device="cpu", seed=0)
+    single = Learner(model, tok, algo, optim, credit=credit, device="cpu", seed=0)
     ref = single.update(batch, step=1, total_steps=10)
 
     shards = shard_batch(batch, 2)

@@ -30,7 +30,8 @@ CREDITS = {  # credit -> level it is run at
 def _learner(model, tok, algo: dict, credit: str | None = None, level: str = "token", schedule: str = "none",
              lr: float = 1e-3, **kw) -> Learner:
     cfg = AlgoConfig(**{**algo, **kw})
-    credit_cfg = CreditConfig(name=credit, level=level) if credit else None
+    # no credit given: the presets' (algo=tgrl selects js, the others keep the default uniform)
+    credit_cfg = CreditConfig(name=credit or ("js" if cfg.is_tgrl else "uniform"), level=level)
     return Learner(model, tok, cfg, OptimConfig(lr=lr, weight_decay=0.0), credit=credit_cfg,
                    schedule=ScheduleConfig(kind=schedule))
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agent_rl import algos
-from agent_rl.learner import AlgoConfig, Learner, OptimConfig
+from agent_rl.learner import AlgoConfig, CreditConfig, Learner, OptimConfig
 from learner_helpers import sample_batch
 
 pytestmark = pytest.mark.gpu
@@ -24,7 +24,7 @@ def test_cuda_fp32_update_equals_cpu_update(tiny):
     for device in ("cpu", "cuda"):
         m = copy.deepcopy(model)
         learner = Learner(m, tok, AlgoConfig(name="tgrl", warmup_steps=0, num_mini_batches=2), OptimConfig(lr=1e-3),
-                          device=device, mixed_precision="no", seed=0)
+                          credit=CreditConfig(name="js"), device=device, mixed_precision="no", seed=0)
         metrics = learner.update(batch, step=1, total_steps=4)
         results.append((metrics, [p.detach().float().cpu() for p in m.parameters()], learner.last_token_stats))
     (m_cpu, p_cpu, s_cpu), (m_gpu, p_gpu, s_gpu) = results
@@ -81,7 +81,7 @@ def test_truncated_sampling_on_cuda_matches_learner(tiny):
     rows = [dict(prompt=p, gen=g, temperature=t, group=0, episode=i, is_high=i > 0, turn=0, num_turns=1,
                  reward=float(i % 2)) for i, (p, g, t) in enumerate(zip(prompts, gens, [0.3, 1.2, 1.2, 1.2]))]
     batch = build_batch(rows, tok.pad_token_id)
-    lp = Learner(model, tok, AlgoConfig(name="tgrl"), OptimConfig(), device="cuda", mixed_precision="no",
-                 top_k=5).evaluate(batch).logprobs.cpu()
+    lp = Learner(model, tok, AlgoConfig(name="tgrl"), OptimConfig(), credit=CreditConfig(name="js"), device="cuda",
+                 mixed_precision="no", top_k=5).evaluate(batch).logprobs.cpu()
     rm = batch.response_mask > 0
     assert float((lp - batch.engine_logprobs).abs()[rm].max()) < 1e-4
