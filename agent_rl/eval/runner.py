@@ -476,7 +476,7 @@ def load_tokenizer_only(cfg: Any) -> Any:
 
 
 async def _run(cfg: Any, out: Path, progress: Any) -> list[dict[str, Any]]:
-    from agent_rl.engines import get_engine, set_torch_threads
+    from agent_rl.engines import engine_kwargs, get_engine, set_torch_threads
     from agent_rl.train import open_env_pool, resolve_device, seed_everything
 
     seed_everything(cfg.eval.seed)
@@ -488,15 +488,16 @@ async def _run(cfg: Any, out: Path, progress: Any) -> list[dict[str, Any]]:
         progress.note(f"loading model {cfg.model.path or cfg.model.name} (SmolLM2: converted on first use, ~30 s)")
         model, tokenizer = load_policy(cfg.model)
         model.to(resolve_device(cfg.trainer.device)).eval()
-        engine = get_engine(cfg.engine.name, model, tokenizer, batch_size=cfg.engine.batch_size,
-                            seed=cfg.engine.seed, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-                            dtype=cfg.model.dtype)
+        engine = get_engine(cfg.engine.name, model, tokenizer, **engine_kwargs(cfg))
     else:
         engine = ScriptedEngine(load_tokenizer_only(cfg))
     if cfg.env_server.mode != "local" and not cfg.env_server.urls:
         progress.note(f"starting the {cfg.env.id} env server (log: {out / 'env_server.log'})")
-    async with open_env_pool(cfg, out) as pool:
-        return await evaluate(cfg, pool, engine, panels=panels, folder=out / "eval", progress=progress)
+    try:
+        async with open_env_pool(cfg, out) as pool:
+            return await evaluate(cfg, pool, engine, panels=panels, folder=out / "eval", progress=progress)
+    finally:
+        getattr(engine, "close", lambda: None)()  # vllm: its engine processes and sync files
 
 
 def main(overrides: list[str] | None = None) -> dict[str, Any]:
