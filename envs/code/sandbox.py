@@ -357,9 +357,11 @@ def _anonymous_file(tmp: str, data: bytes = b"") -> Any:
 def _wait(proc: subprocess.Popen, timeout: float) -> bool:
     """Wait up to ``timeout`` s for ``proc`` to exit; False on timeout. Wakes up the moment it exits (a pidfd), not
     at the next tick of ``Popen.wait``'s polling loop (up to 50 ms late: the sandbox runs many short programs)."""
-    try:
+    if proc.poll() is not None:  # reaped: its pid may already name another process
+        return True
+    try:  # not reaped yet, so the pid is still this process's (a zombie at worst)
         pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # no pidfd (Linux < 5.3) or already reaped: poll
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3): poll
         pidfd = None
     if pidfd is not None:
         try:
