@@ -83,6 +83,7 @@ def _bind(source, target, writable=False):
 
 def _build_root(layout):
     root = layout["root"]
+    os.umask(0o022)  # the directories made here must be searchable by the run's uid, whatever the caller's umask
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755", "mount root tmpfs on")
 
     def inside(path):
