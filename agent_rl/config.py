@@ -51,6 +51,19 @@ class EnvConfig:
     sampler: TaskSamplerConfig = field(default_factory=TaskSamplerConfig)
     """Training tasks, set by each ``configs/env/*.yaml`` (ALFWorld: the 3553 ``train`` games, ``{"split": "train",
     "index": i}``). Empty by default: Hydra merges dicts, so default options would leak into every env's options."""
+    action_format: str = "text"
+    """text: the env's text commands in ``<action>`` tags; tools: the model's native tool calls (docs/tools.md):
+    the env is made with ``action_format="tools"`` and declares its tools, the prompt passes them to the chat
+    template, calls are read by ``model.tool_call_format``."""
+    tools: list[str] = field(default_factory=list)
+    """Tools given to a task env by name (math, code: ``[python]`` makes an episode multi-turn, calls run in the
+    code sandbox); needs ``env.action_format=tools``. Passed to the env as its ``tools`` kwarg."""
+
+    def __post_init__(self) -> None:
+        if self.action_format not in ("text", "tools"):
+            raise ValueError(f"env.action_format={self.action_format!r} is not valid; valid values: text, tools")
+        if self.tools and self.action_format != "tools":
+            raise ValueError(f"env.tools={list(self.tools)} needs env.action_format=tools")
 
 
 @dataclass
@@ -212,8 +225,13 @@ class Config:
         the turn budget ``max_episode_steps = max_turns`` (gymnasium's TimeLimit: the env itself truncates at the
         rollout's last turn, so the two can never disagree) for multi-turn budgets (with ``max_turns=1``, single-turn
         envs, the env's own registration decides, so a one-step answer is terminated, not truncated), and
-        ``invalid_action_penalty`` when > 0 (``envs.wrappers.InvalidActionPenalty``, applied by ``make_env``)."""
+        ``invalid_action_penalty`` when > 0 (``envs.wrappers.InvalidActionPenalty``, applied by ``make_env``), and
+        ``action_format="tools"`` (with ``tools`` when ``env.tools`` is set) for ``env.action_format=tools``."""
         kwargs = dict(self.env.kwargs)
+        if self.env.action_format == "tools":
+            kwargs["action_format"] = "tools"
+            if self.env.tools:
+                kwargs["tools"] = list(self.env.tools)
         if self.data.root and self.env.data_root_kwarg:
             kwargs.setdefault(self.env.data_root_kwarg, self.data.root)
         if max_turns > 1:
@@ -364,6 +382,10 @@ def _registry_checks(cfg: Config) -> None:
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown engine {cfg.engine.name!r} (engine.name); valid names: {engine_names()}.{hint}")
     get_prompt(cfg.env.prompt)
+    if cfg.env.action_format == "tools":
+        from agent_rl.rollout.tools import get_tool_call_format
+
+        get_tool_call_format(cfg.model.tool_call_format)
 
 
 def _keyword_params(fn: Any, skip: int = 0) -> list[str] | None:
@@ -417,6 +439,11 @@ def _env_checks(cfg: Config) -> None:
     if accepted is None:
         return
     unknown = sorted(set(cfg.env_kwargs) - set(accepted) - {"max_episode_steps", *WRAPPER_KWARGS})  # make_env's
+    for key, what in (("action_format", "env.action_format=tools"), ("tools", f"env.tools={list(cfg.env.tools)}")):
+        if key in unknown and key not in cfg.env.kwargs:
+            raise ConfigError(f"{what}: {cfg.env.id} ({entry}) takes no {key!r} argument, so it offers no tool "
+                              "interface; a tool env takes action_format='tools' and declares its tools "
+                              "(docs/tools.md)")
     if unknown:
         raise ConfigError(f"env.kwargs {', '.join(unknown)} not accepted by {cfg.env.id} ({entry}); valid keys: "
                           f"{', '.join(sorted(accepted)) or '(none)'}")
@@ -507,6 +534,10 @@ def check_trainable(cfg: Config) -> list[str]:
         raise ConfigError("algo.adv_estimator=reinforce_pp whitens over the step's episodes: trainer.tasks_per_step x "
                           f"algo.group_size = {cfg.trainer.tasks_per_step * algo.group_size} gives advantage 0; "
                           "use >= 2 episodes per step")
+    if cfg.env.tools and cfg.rollout.max_turns < 2:
+        raise ConfigError(f"env.tools={list(cfg.env.tools)} makes an episode multi-turn (tool calls, then the final "
+                          f"answer) but rollout.max_turns={cfg.rollout.max_turns}; set rollout.max_turns >= 2 "
+                          "(env=math_python uses 4)")
     if algo.adv_estimator == "gigpo" and cfg.rollout.mode != "turn":
         raise ConfigError("algo.adv_estimator=gigpo groups turns by their observation: it needs rollout.mode=turn "
                           f"(got {cfg.rollout.mode})")

@@ -90,6 +90,9 @@ def load_sft_config(overrides: list[str]) -> tuple[Config, SFTConfig]:
         # SFT's optim.* are config.yaml's and the model preset's, unless given
         rest = ["algo=grpo", *rest]
     cfg = load_config(rest)
+    if cfg.env.action_format != "text":  # the envs' experts answer in text commands, not in tool calls
+        raise ConfigError("behaviour cloning needs env.action_format=text: the env experts give text commands, and "
+                          "their tool-call form (docs/tools.md) is not written yet")
     try:
         node = OmegaConf.merge(OmegaConf.structured(SFTConfig),
                                OmegaConf.from_dotlist([o[len("sft."):] for o in sft_ov]))

@@ -103,6 +103,8 @@ async def train_loop(cfg: Config, out: Path, config_file: Path | None = None) ->
                                          max_new_tokens=cfg.engine.max_new_tokens, top_p=cfg.engine.top_p,
                                          top_k=cfg.engine.top_k, seed=cfg.engine.seed,
                                          high_repetition_penalty=cfg.algo.high_repetition_penalty,
+                                         action_format=cfg.env.action_format,
+                                         tool_call_format=cfg.model.tool_call_format,
                                          on_turn=lambda gen: progress.turn(len(gen.token_ids)),
                                          on_episode=lambda ep: progress.episode(ep.won))
             try:

@@ -140,7 +140,7 @@ BAD = [
     ("env.id=agent_rl/ChoseItem-v0", "env.id='agent_rl/ChoseItem-v0' is not a registered gymnasium id; registered: "
                                      "agent_rl/ALFWorld-v0, "),
     ("env.kwargs.bogus=1", "env.kwargs bogus not accepted by agent_rl/ChooseItem-v0 "
-                           "(envs.examples.choose_item:ChooseItemEnv); valid keys: items, targets"),
+                           "(envs.examples.choose_item:ChooseItemEnv); valid keys: action_format, items, targets"),
     ("trainer.device=gpu", "trainer.device='gpu' is not a device; valid: auto, cpu, cuda, cuda:N"),
     ("trainer.imports=[no_such_module_xyz]", "trainer.imports: cannot import 'no_such_module_xyz'"),
     ("env_server.imports=[no_such_module_xyz]", "env_server.imports: cannot import 'no_such_module_xyz'"),

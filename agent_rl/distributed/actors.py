@@ -191,7 +191,8 @@ class RolloutWorker:
         self.orchestrator = RolloutOrchestrator(
             self.pool, self.engine, get_prompt(cfg.env.prompt), cfg.rollout, max_new_tokens=cfg.engine.max_new_tokens,
             top_p=cfg.engine.top_p, top_k=cfg.engine.top_k, seed=seed,
-            high_repetition_penalty=cfg.algo.high_repetition_penalty)
+            high_repetition_penalty=cfg.algo.high_repetition_penalty, action_format=cfg.env.action_format,
+            tool_call_format=cfg.model.tool_call_format)
         self._ready = True
 
     async def _open_pool(self) -> Any:

@@ -398,7 +398,8 @@ async def evaluate(cfg: Any, pool: Any, engine: Any, *, panels: list[Panel], fol
     max_new = ev.max_new_tokens or cfg.engine.max_new_tokens
     orch = PolicyOrchestrator(pool, engine, get_prompt(cfg.env.prompt), eval_rollout_config(cfg),
                               max_new_tokens=max_new, top_p=cfg.engine.top_p, top_k=cfg.engine.top_k,
-                              seed=cfg.engine.seed if cfg.engine.seed is not None else ev.seed, policy=policy)
+                              seed=cfg.engine.seed if cfg.engine.seed is not None else ev.seed, policy=policy,
+                              action_format=cfg.env.action_format, tool_call_format=cfg.model.tool_call_format)
     categories = None
     try:
         for panel in panels:

@@ -250,6 +250,10 @@ class ModelConfig:
     """``model=tiny``: decoder layers."""
     seed: int = 0
     """``model=tiny``: seed of the random weights."""
+    tool_call_format: str = "hermes"
+    """How the model writes tool calls (``env.action_format=tools``; ``agent_rl.rollout.tools``): hermes
+    (``<tool_call>{json}</tool_call>``: Qwen2.5, Qwen3, SmolLM2) | llama3_json (Llama 3.1+) | a registered one. Set
+    by each model preset; set it for any other model."""
 
     def __post_init__(self) -> None:
         _check("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))

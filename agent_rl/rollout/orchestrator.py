@@ -19,6 +19,14 @@ episode is re-run from the same task up to ``rollout.episode_retries`` times; a 
 fails is dropped whole and counted (``rollout/dropped_groups``). That includes an env that could not judge
 (``envs.errors.EnvInfraError``: HTTP 500 ``env_infra_error``, ``EnvServerError`` in-process), which is never a
 reward (``docs/env_errors.md``). Engine errors propagate (they are bugs).
+
+Tools (``action_format="tools"``, docs/tools.md): the env declares its tools at reset (``info["tools"]``); the
+prompt passes them to the chat template (:class:`agent_rl.rollout.prompts.tools.ToolPrompt`,
+:func:`agent_rl.rollout.tools.tool_messages`), the model's native call is parsed by its tool-call format
+(``model.tool_call_format``) into the env action, and the env's answer comes back as a ``tool`` message (in
+trajectory mode: the template's render of that message, spliced after the sampled ids). Generation stops at the
+format's stop strings instead of ``rollout.stop``. A call that cannot be read, an unknown tool or wrong arguments is
+an invalid turn (the env gives the reason in its observation); the episode goes on.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from agent_rl.engines.base import row_seed
 from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.parsing import parse_action
 from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, render_followup
+from agent_rl.rollout.prompts.tools import ToolPrompt
+from agent_rl.rollout.tools import TemplateTools, get_tool_call_format, tool_messages
 from agent_rl.types import Episode, Generation, Task, Turn
 
 T = TypeVar("T")
@@ -42,6 +52,11 @@ T = TypeVar("T")
 
 class EnvCallFailed(RuntimeError):
     """An env call (reset/step) raised or ran past ``rollout.env_timeout_s``."""
+
+
+class ToolEnvError(ValueError):
+    """``action_format="tools"`` with an env whose reset declares no tools (``info["tools"]``): a config mistake,
+    raised out of the rollout (never retried)."""
 
 
 @dataclass
@@ -182,15 +197,27 @@ class RolloutOrchestrator:
         max_new_tokens, top_p, top_k: sampling settings of every turn (the temperature is per episode).
         high_repetition_penalty: repetition penalty of high-temperature episodes (TGRL, 1.0 = off).
         seed: base seed of generation calls (None: engine default).
+        action_format: ``text`` (``<action>`` tags, :func:`parse_action`) or ``tools`` (native tool calls, module
+            docstring; ``env.action_format``).
+        tool_call_format: how the model writes calls (``model.tool_call_format``: hermes | llama3_json | a
+            registered one), used in tools mode.
     """
 
     def __init__(self, pool: Any, engine: Any, prompt: PromptFormat, cfg: RolloutConfig, *, max_new_tokens: int,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                 high_repetition_penalty: float = 1.0) -> None:
+                 high_repetition_penalty: float = 1.0, action_format: str = "text",
+                 tool_call_format: str = "hermes") -> None:
+        if action_format not in ("text", "tools"):
+            raise ValueError(f"action_format must be text or tools, got {action_format!r}")
+        self.action_format = action_format
+        self.tool_format = get_tool_call_format(tool_call_format) if action_format == "tools" else None
+        if self.tool_format is not None:
+            prompt = ToolPrompt(prompt, self.tool_format)
         self.pool, self.engine, self.prompt, self.cfg = pool, engine, prompt, cfg
         self.high_repetition_penalty = float(high_repetition_penalty)
         self.tokenizer = engine.tokenizer
-        self.gen_kwargs = dict(max_new_tokens=max_new_tokens, top_p=top_p, top_k=top_k, stop=list(cfg.stop) or None,
+        stop = list(self.tool_format.stop) if self.tool_format is not None else list(cfg.stop)
+        self.gen_kwargs = dict(max_new_tokens=max_new_tokens, top_p=top_p, top_k=top_k, stop=stop or None,
                                batch_size=cfg.gen_batch_size, seed=seed, wait_s=cfg.gen_wait_s)
         self._batcher: GenerationBatcher | None = None
         self.last_batcher: GenerationBatcher | None = None
@@ -202,6 +229,8 @@ class RolloutOrchestrator:
         if cfg.mode == "trajectory":
             self._eos_ids = set(getattr(engine, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
             render_followup(self.tokenizer, "probe")  # a template that cannot be spliced is refused here, by name
+            if self.tool_format is not None:
+                render_followup(self.tokenizer, "probe", role=self._tool_role)
 
     # ------------------------------------------------------------------ env calls
     async def _env(self, make_call: Callable[[], Awaitable[T]]) -> T:
@@ -255,12 +284,40 @@ class RolloutOrchestrator:
         and earlier actions are encoded as data, never as control tokens (``agent_rl.rollout.prompts.encoding``).
         """
         if self.cfg.mode == "turn" or prev_turn is None:
-            return render(self.tokenizer, self.prompt.messages(ctx))
+            messages = self.prompt.messages(ctx)
+            if not ctx.tools or self.tool_format is None:
+                return render(self.tokenizer, messages)
+            messages, tools = tool_messages(messages, ctx.tools, self.tokenizer, self.tool_format)
+            return render(self.tokenizer, messages, tools=tools)
         response = list(prev_turn.response_ids)
-        obs_ids = render_followup(self.tokenizer, self.prompt.followup(ctx))
+        if ctx.tools and self.tool_format is not None:  # the env's answer to the call is a tool message
+            caps = TemplateTools.of(self.tokenizer)
+            obs_ids = render_followup(self.tokenizer, self.prompt.followup(ctx), role=self._tool_role,
+                                      tools=ctx.tools if caps.tools else None)
+        else:
+            obs_ids = render_followup(self.tokenizer, self.prompt.followup(ctx))
         if response and response[-1] in self._eos_ids and obs_ids[:1] == response[-1:]:
             obs_ids = obs_ids[1:]  # the sampled EOS already closes the assistant turn
         return prev + response + obs_ids
+
+    @property
+    def _tool_role(self) -> str:
+        """The role of the env's answer to a call: ``tool``, or ``user`` for a template without that role."""
+        return "tool" if TemplateTools.of(self.tokenizer).tool_role else "user"
+
+    def parse(self, text: str, ctx: TurnContext) -> tuple[str, bool]:
+        """``(env action, well_formed)`` of a reply: in tools mode (the env declared tools) the tool-call format's
+        reading (:attr:`agent_rl.rollout.tools.ToolCallParse.action`; not well formed when a call cannot be read),
+        else :func:`parse_action` (math/code: the whole answer, lines kept)."""
+        raw = bool(getattr(self.prompt, "raw_actions", False))
+        if self.tool_format is not None and ctx.tools:
+            parsed = self.tool_format.parse(text)
+            action = parsed.action
+            if not parsed.calls and parsed.error is None and not raw:  # a text reply: cut as text actions are
+                action = " ".join(action.split())[:self.cfg.max_action_chars]
+            return action, parsed.well_formed
+        parsed_text = parse_action(text, max_chars=self.cfg.max_action_chars, normalize_whitespace=not raw)
+        return parsed_text.action, parsed_text.well_formed or raw
 
     async def _generate(self, ctx: TurnContext, task: Task, slot: int, prompt_ids: list[int], temperature: float,
                         is_high: bool) -> Generation:
@@ -282,33 +339,38 @@ class RolloutOrchestrator:
             obs, info = reset.observation, dict(reset.info or {})
             ep = Episode(task=task, temperature=temperature, is_high=is_high, task_type=info.get("task_type"))
             task_text = self.prompt.task_text(obs, info)
+            tools = info.get("tools")
+            if self.tool_format is not None and tools is None:
+                raise ToolEnvError(f"action_format=tools, but {task.env_id} declared no tools at reset (info['tools']"
+                                   "); make the env with action_format='tools' (docs/tools.md) or use "
+                                   "env.action_format=text")
+            tools = list(tools) if self.tool_format is not None and tools else None
             history: list[tuple[str, str]] = []
             prompt_ids: list[int] = []
             for k in range(cfg.max_turns):
                 admissible = info.get("admissible_actions") or info.get("admissible_commands")
                 ctx = TurnContext(task=task_text, observation=obs, admissible=list(admissible) if admissible else None,
                                   history=history[-cfg.history_length:] if cfg.history_length else [], step=k,
-                                  info=info)
+                                  info=info, tools=tools)
                 prompt_ids = self.next_prompt(ctx, k, prompt_ids, ep.turns[-1] if ep.turns else None)
                 if len(prompt_ids) > cfg.max_prompt_tokens:
                     if not ep.turns:
                         ep.failure = f"prompt_too_long ({len(prompt_ids)} > {cfg.max_prompt_tokens} tokens)"
                     break  # the episode ends here: recorded as truncated (its last turn is not terminated)
                 gen = await self._generate(ctx, task, slot, prompt_ids, temperature, is_high)
-                raw = bool(getattr(self.prompt, "raw_actions", False))  # math/code: the whole answer, lines kept
-                parsed = parse_action(gen.text, max_chars=cfg.max_action_chars, normalize_whitespace=not raw)
-                step = await self._env(lambda: self.pool.step(sid, parsed.action))
+                action, well_formed = self.parse(gen.text, ctx)
+                step = await self._env(lambda: self.pool.step(sid, action))
                 step_info = dict(step.info or {})
                 inadmissible = step_info.get("invalid_action")
                 if inadmissible is None:  # the env does not say: judge by its admissible list, when it has one
-                    inadmissible = ctx.admissible is not None and parsed.action not in ctx.admissible
+                    inadmissible = not tools and ctx.admissible is not None and action not in ctx.admissible
                 ep.turns.append(Turn(
                     prompt_ids=list(prompt_ids), response_ids=list(gen.token_ids),
-                    response_logprobs=list(gen.logprobs), action=parsed.action, observation=step.observation,
+                    response_logprobs=list(gen.logprobs), action=action, observation=step.observation,
                     reward=float(step.reward), terminated=bool(step.terminated), truncated=bool(step.truncated),
-                    info=step_info, invalid=(not (parsed.well_formed or raw)) or bool(inadmissible),
+                    info=step_info, invalid=(not well_formed) or bool(inadmissible),
                     response_truncated=gen.finish_reason == "length"))
-                history.append((obs, parsed.action))
+                history.append((obs, action))
                 obs, info = step.observation, step_info
                 if step.terminated or step.truncated:
                     break

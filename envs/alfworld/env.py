@@ -33,6 +33,7 @@ from envs.alfworld.data import (
 from envs.errors import EnvInfraError
 from envs.locks import TEXTWORLD_LOCK
 from envs.spaces import TextSpace, check_action
+from envs.tools import ToolCallError, check_action_format, command_tool, invalid_call_text, require_call
 
 import textworld  # noqa: E402
 from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos  # noqa: E402
@@ -44,6 +45,11 @@ from envs.alfworld.expert import FixedAlfredExpert  # noqa: E402
 
 NOTHING_HAPPENS = "Nothing happens."
 MAX_TEXT = 1 << 16
+
+
+ALFWORLD_TOOLS = [command_tool("Take one action in the household, e.g. \"go to desk 1\", \"take mug 1 from desk 1\", "
+                               "\"open fridge 1\"; it must be one of the admissible actions.")]
+"""The tools of ``action_format="tools"``."""
 
 
 class _PooledPddlEnv(PddlEnv):
@@ -85,6 +91,10 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         split: default split when ``options`` has none (one of ``train``, ``valid_seen``, ``valid_unseen``,
             ``valid_train``).
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the last observation).
+        action_format: ``text`` (a command per step) or ``tools`` (docs/tools.md): the one tool
+            :data:`ALFWORLD_TOOLS` ``act(command)`` in ``self.tools`` and reset's ``info["tools"]``; a step takes an
+            ``envs.tools`` call; a reply without a call, an unknown tool or wrong arguments is not sent to the game:
+            the observation is ``Invalid tool call: <reason>`` and ``info["invalid_action"]`` is True.
 
     Raises:
         ValueError: unknown split / task type, or options that select no game.
@@ -100,7 +110,10 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         data_root: str | None = None,
         split: str = "train",
         render_mode: str | None = None,
+        action_format: str = "text",
     ) -> None:
+        self.action_format = check_action_format(action_format)
+        self.tools = list(ALFWORLD_TOOLS) if action_format == "tools" else []
         if isinstance(task_types, str):  # one type, e.g. from the command line: env.kwargs.task_types=pick_...
             task_types = (task_types,)
         task_types = None if task_types is None else tuple(task_types)
@@ -201,6 +214,8 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         self.last_observation = str(self._state["feedback"])
         info = self._info()
         info["walkthrough"] = list(self.walkthrough)
+        if self.action_format == "tools":
+            info["tools"] = self.tools
         return self.last_observation, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -208,6 +223,12 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         action = check_action(self, action)  # TypeError for a non-str (HTTP: 422)
         if self._state is None:
             raise RuntimeError("step() before reset()")
+        if self.action_format == "tools":
+            try:
+                action = require_call(action, self.tools).arguments["command"]
+            except ToolCallError as exc:  # not played: the game state is unchanged
+                return invalid_call_text(exc), 0.0, False, False, {**self._info(), "invalid_action": True,
+                                                                   "tool_error": str(exc)}
         invalid = action.strip() not in self._state["admissible_commands"]
         try:
             with TEXTWORLD_LOCK:

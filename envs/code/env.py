@@ -14,6 +14,9 @@ Contract (``gymnasium.Env[str, str]``):
   no_code, no_tests), ``passed`` (= ``won``), ``n_passed``, ``n_tests``, ``status_counts``, ``tests`` (first ``max_test_details`` per-test
   dicts), ``load_error``, ``stdout``/``stderr`` excerpts and sizes, ``isolation``, ``wall_s``, plus the reset info.
   Raises :class:`envs.errors.EnvInfraError` when the sandbox could not judge (``docs/env_errors.md``).
+- Tools (``action_format="tools", tools=["python"]``, docs/tools.md): multi-turn as math's (``envs.math.env``): a
+  ``python`` call runs in the sandbox and its output is the observation; an invalid call is answered ``Invalid tool
+  call: <reason>``; a plain text reply is the solution, graded as above. Without tools the env is single-turn.
 """
 
 from __future__ import annotations
@@ -28,8 +31,11 @@ from envs.code.datasets import LOADERS, CodeTask, humanevalplus_expected, load_c
 from envs.code.sandbox import RunResult, SandboxLimits, raise_if_infra, run_tests
 from envs.errors import EnvInfraError
 from envs.spaces import TextSpace, check_action
+from envs.tools import named_tools, task_tool_step
 
 DEFAULT_INSTRUCTION = "Write the complete Python solution in a single ```python code block."
+TOOL_INSTRUCTION = ("You can run Python programs with the python tool to test your code. When done, write the "
+                    "complete Python solution in a single ```python code block in a reply that calls no tool.")
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _SYNTAX = {"SyntaxError", "IndentationError", "TabError"}
 
@@ -117,6 +123,8 @@ class CodeEnv(gymnasium.Env[str, str]):
         limits: sandbox limits (a :class:`SandboxLimits` or a dict of its fields).
         plus_wall_s: wall-clock budget of a HumanEval+ run (hundreds of inputs), seconds.
         max_test_details: per-test dicts kept in ``info["tests"]`` (failures first).
+        action_format: ``text`` or ``tools`` (see the module docstring).
+        tools: tool names (``["python"]``) for ``action_format="tools"``; none keeps the env single-turn.
     """
 
     metadata = {"render_modes": []}
@@ -130,7 +138,13 @@ class CodeEnv(gymnasium.Env[str, str]):
         limits: SandboxLimits | dict[str, Any] | None = None,
         plus_wall_s: float = 60.0,
         max_test_details: int = 20,
+        action_format: str = "text",
+        tools: Sequence[str] = (),
     ) -> None:
+        self.tools = named_tools(action_format, tools)  # ValueError for unknown names / tools without "tools"
+        self.action_format = action_format
+        if self.tools and instruction == DEFAULT_INSTRUCTION:
+            instruction = TOOL_INSTRUCTION
         names = [datasets] if isinstance(datasets, str) else list(datasets)
         for name in names:
             if name not in LOADERS:
@@ -170,6 +184,8 @@ class CodeEnv(gymnasium.Env[str, str]):
                       "task_type": task.task_type or name,
                       "entry_point": task.entry_point, "problem": task.prompt, "prompt": prompt,
                       "instruction": self.instruction, "n_tests_declared": n_tests}
+        if self.action_format == "tools":
+            return prompt, {**self._info, "tools": self.tools}
         return prompt, dict(self._info)
 
     def evaluate(self, task: CodeTask, code: str) -> dict[str, Any]:
@@ -189,7 +205,11 @@ class CodeEnv(gymnasium.Env[str, str]):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         action = check_action(self, action)  # TypeError for a non-str (HTTP: 422), before the episode is used up
         if self._task is None:
-            raise RuntimeError("call reset() before step(); each episode has exactly one step")
+            raise RuntimeError("call reset() before step(); the episode ended at its solution")
+        turn = task_tool_step(action, self.tools, {**self.limits.__dict__, "wall_s": min(self.limits.wall_s, 10.0)})
+        if turn is not None:  # a tool call (or an invalid one): the episode goes on
+            observation, extra = turn
+            return observation, 0.0, False, False, {**self._info, **extra, "won": False}
         task, self._task = self._task, None
         code = extract_code(action, task.entry_point)
         if not code.strip():

@@ -12,6 +12,12 @@ Actions (text):
                         decimal, with commas only as thousands separators (``1,000``; ``1,2`` is not a number).
 Anything else, or a bad expression, is answered with an error message and ``info["invalid_action"] = True``.
 
+Tool interface (``action_format="tools"``, docs/tools.md): the same two actions as tools, declared in
+:data:`CALCULATOR_TOOLS` (``env.tools`` and reset's ``info["tools"]``): ``calc(expression: str)`` and
+``answer(answer: number)``; ``step`` takes a call encoded by ``envs.tools.encode_call``
+(``{"name": "calc", "arguments": {"expression": "3 * 4"}}``). A reply that calls no tool, an unknown tool or wrong
+arguments is an invalid action whose observation gives the reason (``Invalid tool call: ...``).
+
 ``reset(options=...)``: ``{"index": i}`` selects problem i (the same problem every time); ``{"problem": str,
 "answer": float}`` poses your own; otherwise a problem is drawn with the env's ``np_random`` (seeded by ``seed``).
 ``info``: ``task_id``, ``task_type`` (template name), ``admissible_actions`` (tool calls on the problem's numbers and
@@ -32,8 +38,17 @@ import gymnasium
 import numpy as np
 
 from envs.spaces import TextSpace, check_action
+from envs.tools import ToolCallError, check_action_format, function_tool, invalid_call_text, require_call
 
-__all__ = ["CalculatorEnv", "safe_eval", "format_number", "TEMPLATES"]
+__all__ = ["CALCULATOR_TOOLS", "CalculatorEnv", "safe_eval", "format_number", "TEMPLATES"]
+
+CALCULATOR_TOOLS = [
+    function_tool("calc", "Evaluate an arithmetic expression (numbers, + - * / // % **, parentheses) and get its value.",
+                  {"expression": {"type": "string", "description": "the expression, e.g. \"(3 + 4) * 2\""}}),
+    function_tool("answer", "Submit the final answer to the problem; this ends the episode.",
+                  {"answer": {"type": "number", "description": "the answer, a number"}}),
+]
+"""The tools of ``action_format="tools"``."""
 
 # name -> (problem text with {a} {b} {c}, solution as a function of a, b, c)
 TEMPLATES: dict[str, tuple[str, Any]] = {
@@ -111,9 +126,12 @@ class CalculatorEnv(gymnasium.Env[str, str]):
     metadata = {"render_modes": []}
     _charset = string.printable
 
-    def __init__(self, num_problems: int = 1000) -> None:
+    def __init__(self, num_problems: int = 1000, action_format: str = "text") -> None:
+        self.action_format = check_action_format(action_format)
+        self.tools = CALCULATOR_TOOLS if action_format == "tools" else []
         self.observation_space = TextSpace(4096, charset=self._charset)
-        self.action_space = TextSpace(256, charset=self._charset)
+        # room for a tool call's JSON around a 200-character expression
+        self.action_space = TextSpace(256 if action_format == "text" else 1024, charset=self._charset)
         self.num_problems = num_problems
         self._problem = ""
         self._solution = 0.0
@@ -153,6 +171,9 @@ class CalculatorEnv(gymnasium.Env[str, str]):
             self._pose(int(index) if index is not None else int(self.np_random.integers(self.num_problems)))
         self._results = []
         self._won = False
+        if self.action_format == "tools":
+            observation = f"{self._problem}\nUse the calc tool to compute and the answer tool to answer."
+            return observation, {**self._info(invalid=False), "tools": self.tools}
         observation = f"{self._problem}\nUse calc[<expression>] to compute and answer[<number>] to answer."
         return observation, self._info(invalid=False)
 
@@ -165,7 +186,14 @@ class CalculatorEnv(gymnasium.Env[str, str]):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Run one tool call or answer -> ``(observation, reward, terminated, truncated=False, info)``."""
-        match = _ACTION.match(check_action(self, action))  # TypeError for a non-str (HTTP: 422)
+        action = check_action(self, action)  # TypeError for a non-str (HTTP: 422)
+        if self.action_format == "tools":
+            try:
+                call = require_call(action, self.tools)
+            except ToolCallError as exc:
+                return invalid_call_text(exc), 0.0, False, False, {**self._info(invalid=True), "tool_error": str(exc)}
+            action = f"{call.name}[{call.arguments['answer' if call.name == 'answer' else 'expression']}]"
+        match = _ACTION.match(action)
         if match is None:
             return ("Invalid action. Use calc[<expression>] or answer[<number>].", 0.0, False, False,
                     self._info(invalid=True))

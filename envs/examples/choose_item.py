@@ -10,6 +10,11 @@ with the item's initial letter (the terse-command convention of text adventures,
 initial-letter rule gives a randomly initialised test model a real chance (about 1/25 per sampled token) to hit the
 right item, so RL tests can show learning in a few CPU minutes; a real model simply answers ``pick sock``.
 
+Tool interface (``action_format="tools"``, docs/tools.md): one tool, ``pick(item)`` (``item`` one of the items, a
+JSON-schema enum), declared as ``env.tools`` and in reset's ``info["tools"]``; a call ``pick(item=x)`` plays
+``pick x``. A reply without a call, an unknown tool or an item not in the list is answered ``Invalid tool call:
+<reason>`` (``invalid_action=True``) and the episode goes on.
+
 Task selection: ``reset(seed=s)`` draws the target and the order of the admissible items from the env's np_random;
 ``options={"index": i}`` selects target ``items[i % len(items)]`` deterministically instead.
 """
@@ -21,6 +26,7 @@ from typing import Any
 import gymnasium
 
 from envs.spaces import TextSpace, check_action
+from envs.tools import ToolCallError, check_action_format, function_tool, invalid_call_text, require_call
 
 DEFAULT_ITEMS = ("sock", "cup", "pen", "mug")
 
@@ -32,11 +38,14 @@ class ChooseItemEnv(gymnasium.Env[str, str]):
     Args:
         items: candidate items; their initial letters must be distinct (raises ``ValueError`` otherwise).
         targets: the items a task may ask for (default: all ``items``); a single target makes a bandit.
+        action_format: ``text`` (``pick <item>``) or ``tools`` (the ``pick`` tool, see the module docstring).
     """
 
     metadata = {"render_modes": []}
 
-    def __init__(self, items: list[str] | tuple[str, ...] = DEFAULT_ITEMS, targets: list[str] | None = None) -> None:
+    def __init__(self, items: list[str] | tuple[str, ...] = DEFAULT_ITEMS, targets: list[str] | None = None,
+                 action_format: str = "text") -> None:
+        self.action_format = check_action_format(action_format)
         self.items = [str(it).lower() for it in items]
         initials = [it[0] for it in self.items]
         if len(set(initials)) != len(initials) or not all(it.isalpha() for it in initials):
@@ -45,6 +54,9 @@ class ChooseItemEnv(gymnasium.Env[str, str]):
         unknown = sorted(set(self.targets) - set(self.items))
         if unknown:
             raise ValueError(f"targets {unknown} are not among items {self.items}")
+        self.tools = [function_tool("pick", "Pick one of the items you see; this ends the episode.",
+                                    {"item": {"type": "string", "enum": list(self.items),
+                                              "description": "the item to pick"}})] if action_format == "tools" else []
         self.observation_space = TextSpace(4096)
         self.action_space = TextSpace(4096)
         self._target = self.targets[0]
@@ -71,7 +83,7 @@ class ChooseItemEnv(gymnasium.Env[str, str]):
         self._done = False
         listing = ", ".join(self._order)
         obs = f"You see: {listing}.\n\nYour task is to: pick the {self._target}."
-        return obs, self._info()
+        return obs, ({**self._info(), "tools": self.tools} if self.action_format == "tools" else self._info())
 
     def _resolve(self, action: str) -> str | None:
         """The item an action names, or None (see the module docstring)."""
@@ -89,8 +101,14 @@ class ChooseItemEnv(gymnasium.Env[str, str]):
         action = check_action(self, action)  # TypeError for a non-str (HTTP: 422)
         if self._done:
             raise RuntimeError("step() called after the episode ended; call reset()")
-        item = self._resolve(action)
         info = self._info()
+        if self.action_format == "tools":
+            try:
+                action = "pick " + require_call(action, self.tools).arguments["item"]
+            except ToolCallError as exc:
+                return invalid_call_text(exc), 0.0, False, False, {**info, "invalid_action": True,
+                                                                   "tool_error": str(exc)}
+        item = self._resolve(action)
         if item is None:
             info["invalid_action"] = True
             return "Nothing happens.", 0.0, False, False, info

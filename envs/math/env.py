@@ -17,6 +17,14 @@ Contract (``gymnasium.Env[str, str]``):
   tolerance 1e-6: ``envs.math.grader.numbers_equal``); units, variables and marks are never dropped on one side
   only (``envs.math.grader.parts_conflict``, ``docs/math_code_envs.md``).
   Raises :class:`envs.errors.EnvInfraError` when the verifier itself cannot judge (``docs/env_errors.md``).
+- Tools (``action_format="tools", tools=["python"]``, docs/tools.md): the episode is multi-turn. ``self.tools`` and
+  reset's ``info["tools"]`` declare the ``python`` tool (``envs.tools.PYTHON_TOOL``); a step whose action is a call
+  (``envs.tools.encode_call``) runs the program in the code sandbox and observes what it prints (reward 0, not
+  terminated; info ``tool``, ``tool_ok``, ``invalid_action=False``); an invalid call is answered ``Invalid tool
+  call: <reason>`` (``invalid_action=True``); a plain text reply is the final answer, graded as above
+  (``terminated=True``). The turn budget is gymnasium's ``TimeLimit`` (``max_episode_steps``, the trainer's
+  ``rollout.max_turns``): past it the episode is truncated with reward 0. Without tools the env is single-turn,
+  whatever ``action_format``.
 """
 
 from __future__ import annotations
@@ -29,8 +37,12 @@ from envs.math.datasets import SPLITS, MathProblem, canonical_name, load_math
 from envs.math.grader import final_answers, strings_match
 from envs.math.pool import VerifierPool, default_pool
 from envs.spaces import TextSpace, check_action
+from envs.tools import named_tools, task_tool_step
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+TOOL_INSTRUCTION = ("You can run Python programs with the python tool. Please reason step by step, and put your "
+                    "final answer within \\boxed{} in a reply that calls no tool.")
+"""The instruction of an env with tools when ``instruction`` is left at :data:`DEFAULT_INSTRUCTION`."""
 
 
 MAX_FINAL_ANSWERS = 8
@@ -87,6 +99,9 @@ class MathEnv(gymnasium.Env[str, str]):
         instruction: appended to the problem after a blank line; "" for none.
         verify_timeout_s: outer deadline of one math-verify check (seconds).
         n_workers: verifier processes shared by every MathEnv of this process with the same settings.
+        action_format: ``text`` or ``tools`` (see the module docstring).
+        tools: tool names (``["python"]``) for ``action_format="tools"``; none keeps the env single-turn.
+        tool_limits: sandbox limits of a ``python`` call (``envs.code.sandbox.SandboxLimits`` fields; default 10 s).
     """
 
     metadata = {"render_modes": []}
@@ -99,7 +114,13 @@ class MathEnv(gymnasium.Env[str, str]):
         instruction: str = DEFAULT_INSTRUCTION,
         verify_timeout_s: float = 5.0,
         n_workers: int = 2,
+        action_format: str = "text",
+        tools: Sequence[str] = (),
+        tool_limits: dict[str, Any] | None = None,
     ) -> None:
+        self.tools = named_tools(action_format, tools)  # ValueError for unknown names / tools without "tools"
+        self.action_format = action_format
+        self.tool_limits = tool_limits
         names = [datasets] if isinstance(datasets, str) else list(datasets)
         try:
             self.datasets = [canonical_name(name) for name in names]
@@ -107,7 +128,7 @@ class MathEnv(gymnasium.Env[str, str]):
             raise ValueError(str(exc.args[0])) from None
         self.split = split
         self.root = root
-        self.instruction = instruction
+        self.instruction = TOOL_INSTRUCTION if self.tools and instruction == DEFAULT_INSTRUCTION else instruction
         self.pool = default_pool(n_workers=n_workers, timeout_s=verify_timeout_s)
         self.observation_space = TextSpace(1_000_000)
         self.action_space = TextSpace(1_000_000)
@@ -142,12 +163,18 @@ class MathEnv(gymnasium.Env[str, str]):
                       "task_type": self._problem.task_type or name, "problem": self._problem.problem,
                       "prompt": prompt, "instruction": self.instruction,
                       **{k: v for k, v in self._problem.meta.items() if isinstance(v, (str, int, float, bool))}}
+        if self.action_format == "tools":
+            return prompt, {**self._info, "tools": self.tools}
         return prompt, dict(self._info)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         action = check_action(self, action)  # TypeError for a non-str (HTTP: 422), before the episode is used up
         if self._problem is None:
-            raise RuntimeError("call reset() before step(); each episode has exactly one step")
+            raise RuntimeError("call reset() before step(); the episode ended at its final answer")
+        turn = task_tool_step(action, self.tools, self.tool_limits)
+        if turn is not None:  # a tool call (or an invalid one): the episode goes on
+            observation, extra = turn
+            return observation, 0.0, False, False, {**self._info, **extra, "won": False}
         result = score_response(self._problem.answer, action, self.pool)
         info = {**self._info, **result, "won": bool(result["correct"])}
         self._problem = None

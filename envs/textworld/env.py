@@ -15,6 +15,7 @@ from typing import Any
 import gymnasium
 
 from envs.spaces import TextSpace, check_action
+from envs.tools import ToolCallError, check_action_format, command_tool, invalid_call_text, require_call
 from envs.textworld.games import (
     FAMILIES,
     SPLITS,
@@ -65,6 +66,11 @@ def clean_feedback(text: str) -> str:
     return text.strip()
 
 
+TEXTWORLD_TOOLS = [command_tool("Type one command in the game, e.g. \"go north\", \"take coin\", \"open door\"; it "
+                                 "should be one of the admissible commands.")]
+"""The tools of ``action_format="tools"``."""
+
+
 class TextWorldEnv(gymnasium.Env[str, str]):
     """One TextWorld game of a family and level at a time. Observations and actions are ``str``.
 
@@ -97,6 +103,10 @@ class TextWorldEnv(gymnasium.Env[str, str]):
         split: default split for ``reset`` without options.
         num_games: games per split drawn from by a reset without ``index`` (the generated pool's size).
         render_mode: ``None`` or ``"ansi"``.
+        action_format: ``text`` (a command per step) or ``tools`` (docs/tools.md): the one tool
+            :data:`TEXTWORLD_TOOLS` ``act(command)`` in ``self.tools`` and reset's ``info["tools"]``; a reply without
+            a call, an unknown tool or wrong arguments is not played: the observation is ``Invalid tool call:
+            <reason>`` and ``info["invalid_action"]`` is True.
 
     Raises:
         ValueError: unknown family, level, split, reward, reset options, or an index out of range.
@@ -105,7 +115,10 @@ class TextWorldEnv(gymnasium.Env[str, str]):
     metadata = {"render_modes": ["ansi"]}
 
     def __init__(self, family: str = "coin_collector", level: int = 1, expert: bool = False, reward: str = "win",
-                 split: str = "train", num_games: int = 100, render_mode: str | None = None) -> None:
+                 split: str = "train", num_games: int = 100, render_mode: str | None = None,
+                 action_format: str = "text") -> None:
+        self.action_format = check_action_format(action_format)
+        self.tools = list(TEXTWORLD_TOOLS) if action_format == "tools" else []
         if isinstance(level, str) and level.strip().isdigit():  # env.kwargs.level=5 from a command line
             level = int(level)
         check_family_level(family, level)
@@ -212,6 +225,8 @@ class TextWorldEnv(gymnasium.Env[str, str]):
         info = self._info()
         info["objective"] = str(self._state["objective"] or "")
         info["walkthrough"] = list(self.walkthrough)
+        if self.action_format == "tools":
+            info["tools"] = self.tools
         return self.last_observation, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -222,6 +237,12 @@ class TextWorldEnv(gymnasium.Env[str, str]):
         if self._state["won"] or self._state["lost"]:
             # a client's mistake, not an env failure (the server answers 422)
             raise ValueError("step() after the game ended (won or lost); call reset()")
+        if self.action_format == "tools":
+            try:
+                action = require_call(action, self.tools).arguments["command"]
+            except ToolCallError as exc:  # not played: the game state is unchanged
+                return invalid_call_text(exc), 0.0, False, False, {**self._info(), "invalid_action": True,
+                                                                   "tool_error": str(exc)}
         action = interpreter_command(action)
         invalid = action.lower() not in {a.lower() for a in self._state["admissible_commands"] or []}
         k = len(self._played)

@@ -11,6 +11,10 @@ Contract:
     - ``step(action)``: ``search[keywords]`` (any page) or ``click[value]`` (a clickable of the current page).
       reward = the WebShop score in [0, 1] at Buy Now, else 0.0; ``terminated`` after Buy Now; ``truncated`` is
       always False here (the 15-step limit is gymnasium's ``TimeLimit`` from the registration).
+    - ``action_format="tools"`` (docs/tools.md): the two actions as tools (:data:`WEBSHOP_TOOLS`: ``search(query)``,
+      ``click(target)``) in ``self.tools`` and reset's ``info["tools"]``; a step takes an ``envs.tools`` call, played
+      as ``search[query]`` / ``click[target]``. A reply without a call, an unknown tool or wrong arguments is an
+      invalid action whose observation starts ``Invalid tool call: <reason>`` (then the unchanged page).
     - An invalid action leaves the page unchanged (reward 0, not terminated) and sets ``info["invalid_action"]``
       and a readable ``info["error"]``; so does any action after Buy Now (until ``reset``).
     - ``info`` (JSON-serialisable): ``available_actions`` ({has_search_bar, clickables} as the reference),
@@ -36,6 +40,7 @@ import gymnasium as gym
 
 from envs.errors import EnvInfraError
 from envs.spaces import TextSpace, check_action
+from envs.tools import ToolCallError, check_action_format, function_tool, invalid_call_text, require_call
 from envs.webshop import pages
 from envs.webshop.catalog import Catalog, get_catalog
 from envs.webshop.oracle import OraclePolicy
@@ -48,6 +53,14 @@ SPLITS = ("val", "train", "all")
 VAL_GOALS = 500  # verl-agent small setting: val = goals[:500], train = goals[500:]
 SEARCH_RETURN_N = 50
 _ACTION_RE = re.compile(r"(.+)\[(.+)\]")  # reference engine.parse_action
+WEBSHOP_TOOLS = [
+    function_tool("search", "Search the shop for products (only on the search page: click 'back to search' first "
+                  "elsewhere).", {"query": {"type": "string", "description": "the search keywords"}}),
+    function_tool("click", "Click a button, option or product on the current page, e.g. 'b078gwrc1j', 'buy now', "
+                  "'< prev', 'back to search' or an option value.",
+                  {"target": {"type": "string", "description": "the clickable's text, one of the page's clickables"}}),
+]
+"""The tools of ``action_format="tools"``."""
 
 
 def _is_int(value: Any) -> bool:
@@ -86,6 +99,7 @@ class WebShopEnv(gym.Env[str, str]):
             for behaviour cloning and upper-bound rows. The oracle's memory (options tried, fallback search done)
             advances only when its suggestion is the action played, so a step off its path does not corrupt it: it
             plans again from the page it finds. Absent once the episode is over.
+        action_format: ``text`` (``search[...]`` / ``click[...]``) or ``tools`` (see the module docstring).
     """
 
     metadata = {"render_modes": []}
@@ -100,7 +114,10 @@ class WebShopEnv(gym.Env[str, str]):
         max_action_chars: int = 2000,
         show_attrs: bool = False,
         expert: bool = False,
+        action_format: str = "text",
     ) -> None:
+        self.action_format = check_action_format(action_format)
+        self.tools = list(WEBSHOP_TOOLS) if action_format == "tools" else []
         if observation_mode not in OBSERVATION_MODES:
             raise ValueError(f"observation_mode must be one of {OBSERVATION_MODES}, got {observation_mode!r}")
         if split not in SPLITS:
@@ -174,6 +191,8 @@ class WebShopEnv(gym.Env[str, str]):
         self._suggestion = None
         self._to_search_page()
         self.state.url = f"{pages.BASE_URL}/{self.session_id}"
+        if self.action_format == "tools":
+            return self._observation(), {**self._info(), "tools": self.tools}
         return self._observation(), self._info()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -181,6 +200,15 @@ class WebShopEnv(gym.Env[str, str]):
         action = check_action(self, action)  # TypeError for a non-str (HTTP: 422)
         if self.goal is None:
             raise RuntimeError("call reset() before step()")
+        if self.action_format == "tools":
+            try:
+                call = require_call(action, self.tools)
+            except ToolCallError as exc:  # not played: the page is unchanged
+                self._suggestion = None
+                obs, reward, terminated, truncated, info = self._invalid(invalid_call_text(exc))
+                return f"{invalid_call_text(exc)}\n\n{obs}", reward, terminated, truncated, {**info,
+                                                                                           "tool_error": str(exc)}
+            action = f"{call.name}[{call.arguments['query' if call.name == 'search' else 'target']}]"
         if self._suggestion is not None and _same_action(action, self._suggestion[0]):
             self._oracle = self._suggestion[1]  # the expert's step was played: its memory moves on
         self._suggestion = None

@@ -11,6 +11,9 @@ from agent_rl.rollout.prompts.generic import GenericPrompt
 
 class ALFWorldPrompt(GenericPrompt):
     system = "You are an expert household agent in the ALFRED text environment (ALFWorld)."
+    instructions = ACTION_INSTRUCTIONS + " The action must be one of the admissible actions."
+    tool_instructions = ("Think step by step if it helps, then call the act tool once, with one of the admissible "
+                         "actions as its command.")
 
     def task_text(self, observation: str, info: dict[str, Any]) -> str:
         # The reset observation ends with "Your task is to: <goal>."; keep the goal sentence only.
@@ -26,7 +29,7 @@ class ALFWorldPrompt(GenericPrompt):
         parts.append(f"Now at step {ctx.step + 1}, your observation is: {ctx.observation.strip()}")
         if ctx.admissible:
             parts.append("Admissible actions: [" + ", ".join(ctx.admissible) + "].")
-        parts.append(ACTION_INSTRUCTIONS + " The action must be one of the admissible actions.")
+        parts.append(self.instructions)
         return [{"role": "system", "content": self.system}, {"role": "user", "content": "\n\n".join(parts)}]
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Protocol
 
 from agent_rl.rollout.prompts.encoding import chat_ids, chat_segments, followup_ids
 
-Message = dict[str, str]
+Message = dict[str, Any]  # {"role", "content": str}, and an assistant message's "tool_calls" (tools mode)
 
 
 @dataclass
@@ -29,6 +29,8 @@ class TurnContext:
         history: the last ``history_length`` (observation, action) pairs before this turn, oldest first.
         step: number of actions already taken.
         info: the env's latest info dict.
+        tools: the tools the env declared at reset (``info["tools"]``, OpenAI function schemas) in tools mode
+            (``env.action_format=tools``), else None.
     """
 
     task: str
@@ -37,6 +39,7 @@ class TurnContext:
     history: list[tuple[str, str]] = field(default_factory=list)
     step: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None
 
 
 class PromptFormat(Protocol):
@@ -86,7 +89,8 @@ def format_history(history: list[tuple[str, str]], step: int) -> str:
     return "\n".join(lines)
 
 
-def render(tokenizer: Any, messages: list[Message], *, add_generation_prompt: bool = True) -> list[int]:
+def render(tokenizer: Any, messages: list[Message], *, add_generation_prompt: bool = True,
+           tools: list[dict[str, Any]] | None = None) -> list[int]:
     """Prompt token ids for ``messages``, rendered by ``tokenizer``'s chat template (a plain ``role: content`` layout
     without one), every message's content encoded as data: a special token's string in it (``<|im_end|>``, BOS/EOS)
     is encoded as the characters it spells, the template's own markers are the special ids
@@ -96,6 +100,9 @@ def render(tokenizer: Any, messages: list[Message], *, add_generation_prompt: bo
         tokenizer: a Hugging Face tokenizer (or any ``encode``/``decode`` tokenizer without special tokens).
         messages: ``[{"role": ..., "content": str}, ...]``.
         add_generation_prompt: end with the template's generation prompt (the start of the assistant turn).
+        tools: OpenAI function schemas passed to the template as ``tools=`` (their text is data too); the template
+            must render them (:func:`agent_rl.rollout.tools.tool_messages` moves them into the system prompt for
+            templates that cannot).
 
     Returns:
         list[int]: the ids the engine sees (no special tokens beyond what the template writes).
@@ -104,14 +111,16 @@ def render(tokenizer: Any, messages: list[Message], *, add_generation_prompt: bo
         ChatTemplateError: the template rewrites message content or drops/repeats a message (names the template).
         UnsafeTokenizerError: the tokenizer ignores ``split_special_tokens``.
     """
-    return chat_ids(tokenizer, messages, add_generation_prompt=add_generation_prompt)
+    return chat_ids(tokenizer, messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
 
-def render_followup(tokenizer: Any, content: str) -> list[int]:
+def render_followup(tokenizer: Any, content: str, *, role: str = "user",
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
     """Full-trajectory follow-up: the ids the chat template writes after a (sampled) assistant response for one more
-    user message ``content`` (data) plus the generation prompt (:func:`~agent_rl.rollout.prompts.encoding.followup_ids`;
-    Qwen3-style reasoning templates included, a template that cannot be spliced raises ``ChatTemplateError``)."""
-    return followup_ids(tokenizer, content)
+    message ``content`` (data; ``role`` ``user``, or ``tool`` for the env's answer to a tool call) plus the generation
+    prompt (:func:`~agent_rl.rollout.prompts.encoding.followup_ids`; Qwen3-style reasoning templates included, a
+    template that cannot be spliced raises ``ChatTemplateError``)."""
+    return followup_ids(tokenizer, content, role=role, tools=tools)
 
 
 def render_text(tokenizer: Any, messages: list[Message], *, add_generation_prompt: bool = True) -> str:

@@ -33,6 +33,7 @@ encoded with a plain ``encode``: there is nothing to forge.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import secrets
 import string
@@ -138,26 +139,111 @@ def encode_segments(tokenizer: Any, segments: Sequence[Segment]) -> list[int]:
     return ids
 
 
-def _apply(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+def _apply(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
+           tools: list[dict[str, Any]] | None = None) -> str:
+    if tools:
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
-def chat_segments(tokenizer: Any, messages: Sequence[dict[str, Any]], *,
-                  add_generation_prompt: bool = True) -> list[tuple[str, int | None]]:
-    """The rendered conversation as ``(text, message_index)`` pieces: ``message_index`` is None for the template's
-    own text, else the index of the message whose content the piece is (data).
+# Keys of a tool schema / tool call that are its structure (JSON Schema and OpenAI function keywords): kept as they
+# are, so a template can branch on them. Every other key, every key of a dict below a NAME_KEYS key (parameter
+# names) and everything below a DATA_KEYS key (arguments, names, descriptions, enum values) is env or model text:
+# data, never control tokens.
+SCHEMA_KEYS = frozenset({
+    "type", "function", "name", "description", "parameters", "properties", "required", "items", "enum", "default",
+    "additionalProperties", "anyOf", "oneOf", "allOf", "not", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum", "multipleOf", "minLength", "maxLength", "pattern", "format", "title", "const", "examples",
+    "minItems", "maxItems", "uniqueItems", "prefixItems", "nullable", "strict", "arguments", "$ref", "$defs",
+    "definitions", "id"})
+NAME_KEYS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
+DATA_KEYS = frozenset({"arguments", "enum", "default", "const", "examples", "description", "name", "title",
+                       "pattern", "format", "required"})
+SCHEMA_TYPES = frozenset({"function", "object", "string", "number", "integer", "boolean", "array", "null"})
 
-    Without a chat template the layout is ``"{role}: {content}\\n"`` per message, then ``"assistant:"``.
+
+class _DataMarks:
+    """Placeholders for the strings of tool schemas and tool calls (one per distinct string, so a template that
+    compares two of them, e.g. a parameter name with ``required``, sees them equal in the probe too)."""
+
+    def __init__(self, nonce: str) -> None:
+        self.nonce, self.values, self._index = nonce, [], {}
+
+    def mark(self, value: str) -> str:
+        if not value:
+            return value
+        if value not in self._index:
+            self._index[value] = len(self.values)
+            self.values.append(value)
+        return f"AGENTRLDATA{self.nonce}N{self._index[value]}X"
+
+    def pattern(self) -> str:
+        return f"AGENTRLDATA{self.nonce}N\\d+X"
+
+    def value_of(self, mark: str) -> str:
+        return self.values[int(mark[len(f"AGENTRLDATA{self.nonce}N"):-1])]
+
+    def marked(self, obj: Any, key: str | None = None, mode: str = "schema") -> Any:
+        """``obj`` with every data string replaced by its placeholder. ``mode``: ``schema`` (structure keys kept,
+        ``type`` values checked), ``names`` (a dict whose keys are names, its values schemas: ``properties``),
+        ``data`` (everything below is data: ``arguments``, ``enum``, ``default``, ...)."""
+        if isinstance(obj, str):
+            if mode == "schema" and key == "type":
+                if obj not in SCHEMA_TYPES:
+                    raise ChatTemplateError(f"a tool schema's type {obj[:40]!r} is not a JSON Schema type "
+                                            f"({', '.join(sorted(SCHEMA_TYPES))})")
+                return obj
+            return self.mark(obj)
+        if isinstance(obj, dict):
+            out = {}
+            for k, v in obj.items():
+                k = str(k)
+                if mode == "data" or k not in SCHEMA_KEYS and mode == "schema":
+                    out[self.mark(k)] = self.marked(v, None, "data")
+                elif mode == "names":
+                    out[self.mark(k)] = self.marked(v, None, "schema")
+                else:
+                    child = "names" if k in NAME_KEYS else "data" if k in DATA_KEYS else "schema"
+                    out[k] = self.marked(v, k, child)
+            return out
+        if isinstance(obj, (list, tuple)):
+            return [self.marked(v, key, "data" if mode == "data" else mode) for v in obj]
+        return obj  # numbers, booleans, None: nothing to forge
+
+
+def _variants(value: str, trim: bool) -> list[str]:
+    """How a template may write ``value``: as it is, whitespace-trimmed (message contents, ``| trim``), or
+    JSON-escaped inside a string literal (``| tojson``, either ``ensure_ascii``)."""
+    out = [value]
+    if trim:
+        out.append(value.strip(string.whitespace))
+    out += [json.dumps(value, ensure_ascii=False)[1:-1], json.dumps(value)[1:-1]]
+    return list(dict.fromkeys(out))
+
+
+def chat_segments(tokenizer: Any, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
+                  tools: Sequence[dict[str, Any]] | None = None) -> list[tuple[str, int | None]]:
+    """The rendered conversation as ``(text, message_index)`` pieces: ``message_index`` is None for the template's
+    own text, else the index of the message whose content the piece is (data), or -1 for the text of a tool schema
+    (``tools``, passed to the template as ``tools=``) or of an assistant message's ``tool_calls`` (data as well).
+
+    Without a chat template the layout is ``"{role}: {content}\\n"`` per message, then ``"assistant:"`` (tools and
+    tool calls need a template: :mod:`agent_rl.rollout.tools` puts them in the messages' text otherwise).
 
     Raises:
-        ChatTemplateError: a message's content is not a string; the template does not write each content exactly
-            once, or rewrites it beyond trimming whitespace (names the template).
+        ChatTemplateError: a message's content is not a string; the template does not write each non-empty content
+            exactly once, or rewrites a content or a tool's text beyond trimming whitespace / JSON-escaping it
+            (names the template); a tool schema's ``type`` is not a JSON Schema type.
     """
     for k, m in enumerate(messages):
         if not isinstance(m.get("content"), str):
             raise ChatTemplateError(f"message {k} ({m.get('role')!r}) has non-string content "
                                     f"{type(m.get('content')).__name__}")
     if not getattr(tokenizer, "chat_template", None):
+        if tools or any(m.get("tool_calls") for m in messages):
+            raise ChatTemplateError(f"{template_name(tokenizer)} cannot show tools or tool calls; put them in the "
+                                    "messages' text")
         out: list[tuple[str, int | None]] = []
         for k, m in enumerate(messages):
             out += [(f"{m['role']}: ", None), (m["content"], k), ("\n", None)]
@@ -165,18 +251,28 @@ def chat_segments(tokenizer: Any, messages: Sequence[dict[str, Any]], *,
             out.append(("assistant:", None))
         return out
     nonce = secrets.token_hex(8)
-    marks = [f"AGENTRLCONTENT{nonce}N{k}X" for k in range(len(messages))]
-    probe = _apply(tokenizer, [{**m, "content": mark} for m, mark in zip(messages, marks)], add_generation_prompt)
-    pieces = re.split("(" + "|".join(marks) + ")", probe) if marks else [probe]
-    found = [marks.index(p) for p in pieces[1::2]]
-    if sorted(found) != list(range(len(messages))):
-        missing = sorted(set(range(len(messages))) - set(found))
+    data = _DataMarks(nonce)
+    marks = {k: f"AGENTRLCONTENT{nonce}N{k}X" for k, m in enumerate(messages) if m["content"]}
+    probe_messages = []
+    for k, m in enumerate(messages):
+        pm = {**m, "content": marks.get(k, m["content"])}
+        if m.get("tool_calls"):
+            pm["tool_calls"] = data.marked(list(m["tool_calls"]))
+        probe_messages.append(pm)
+    probe_tools = data.marked(list(tools)) if tools else None
+    probe = _apply(tokenizer, probe_messages, add_generation_prompt, probe_tools)
+    alternatives = [re.escape(mk) for mk in marks.values()] + [data.pattern()]
+    pieces = re.split("(" + "|".join(alternatives) + ")", probe)
+    found = [k for k, mk in marks.items() for p in pieces[1::2] if p == mk]
+    if sorted(found) != sorted(marks):
+        missing = sorted(set(marks) - set(found))
         twice = sorted({k for k in found if found.count(k) > 1})
         raise ChatTemplateError(
             f"{template_name(tokenizer)} does not write every message's content exactly once (roles "
             f"{[m.get('role') for m in messages]}; missing: {missing}, repeated: {twice}), so its control text cannot "
             "be told from the messages' text; use a template that writes each content verbatim")
-    real = _apply(tokenizer, list(messages), add_generation_prompt)
+    by_mark = {mk: k for k, mk in marks.items()}
+    real = _apply(tokenizer, list(messages), add_generation_prompt, list(tools) if tools else None)
     out = []
     pos = 0
     for j, piece in enumerate(pieces):
@@ -186,10 +282,14 @@ def chat_segments(tokenizer: Any, messages: Sequence[dict[str, Any]], *,
             out.append((piece, None))
             pos += len(piece)
             continue
-        k = found[j // 2]
-        content = messages[k]["content"]
+        if piece in by_mark:
+            k = by_mark[piece]
+            variants = _variants(messages[k]["content"], trim=True)
+        else:
+            k = -1
+            variants = _variants(data.value_of(piece), trim=False)
         following = pieces[j + 1]
-        for variant in dict.fromkeys((content, content.strip(string.whitespace))):
+        for variant in variants:
             if real.startswith(variant + following, pos):
                 out.append((variant, k))
                 pos += len(variant)
@@ -204,16 +304,19 @@ def chat_segments(tokenizer: Any, messages: Sequence[dict[str, Any]], *,
     return [(text, k) for text, k in out if text]
 
 
-def chat_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of ``messages`` rendered by the chat template, message contents encoded as data
-    (:func:`chat_segments` + :func:`encode_segments`)."""
-    pieces = chat_segments(tokenizer, messages, add_generation_prompt=add_generation_prompt)
+def chat_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
+             tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+    """Token ids of ``messages`` (and ``tools``) rendered by the chat template, message contents, tool schemas and
+    tool calls encoded as data (:func:`chat_segments` + :func:`encode_segments`)."""
+    pieces = chat_segments(tokenizer, messages, add_generation_prompt=add_generation_prompt, tools=tools)
     return encode_segments(tokenizer, [(text, k is not None) for text, k in pieces])
 
 
-def followup_ids(tokenizer: Any, content: str) -> list[int]:
-    """Ids the chat template writes after an assistant message's content when one more user message (``content``,
-    data) and the generation prompt follow: the end of the assistant turn, the user turn, the generation prompt.
+def followup_ids(tokenizer: Any, content: str, *, role: str = "user",
+                 tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+    """Ids the chat template writes after an assistant message's content when one more message (``role``: ``user``,
+    or ``tool`` for an env's answer to a tool call; ``content``, data) and the generation prompt follow: the end of
+    the assistant turn, the new turn, the generation prompt (rendered with ``tools`` when given, as the prompt was).
 
     Full-trajectory rows splice these after the sampled response, so the row holds the tokens sampled and, after them,
     exactly what the template renders for the new turn. Templates whose render of a conversation is not a prefix of
@@ -226,9 +329,9 @@ def followup_ids(tokenizer: Any, content: str) -> list[int]:
             after; names the template), or see :func:`chat_segments`.
     """
     conv = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
-            {"role": "user", "content": content}]
+            {"role": role, "content": content}]
     try:
-        pieces = chat_segments(tokenizer, conv, add_generation_prompt=True)
+        pieces = chat_segments(tokenizer, conv, add_generation_prompt=True, tools=tools)
     except ChatTemplateError as exc:
         raise ChatTemplateError(f"rollout.mode=trajectory cannot splice a follow-up turn: {exc}") from None
     cut = next((j for j, (_, k) in enumerate(pieces) if k == 1), None)

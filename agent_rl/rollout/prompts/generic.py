@@ -15,6 +15,8 @@ class GenericPrompt:
     history, observation, admissible actions, answer format."""
 
     system = "You are an agent acting in a text environment."
+    instructions = ACTION_INSTRUCTIONS
+    """How to answer (tools mode replaces it, :mod:`agent_rl.rollout.prompts.tools`)."""
 
     def task_text(self, observation: str, info: dict[str, Any]) -> str:
         if isinstance(info.get("task"), str):
@@ -30,7 +32,7 @@ class GenericPrompt:
         if ctx.history:
             parts.append(f"Your last {len(ctx.history)} turn(s):\n{format_history(ctx.history, ctx.step)}")
         parts.append(f"Current observation (step {ctx.step + 1}): {ctx.observation.strip()}{self._admissible(ctx)}")
-        parts.append(ACTION_INSTRUCTIONS)
+        parts.append(self.instructions)
         return [{"role": "system", "content": self.system}, {"role": "user", "content": "\n\n".join(parts)}]
 
     def followup(self, ctx: TurnContext) -> str:

@@ -12,6 +12,8 @@ from agent_rl.rollout.prompts.base import Message, TurnContext, register_prompt
 class MathPrompt:
     system = "You are a careful mathematician."
     instruction = "Please reason step by step, and put your final answer within \\boxed{}."
+    tool_instruction = ("You can run Python programs with the python tool. Please reason step by step, and put your "
+                        "final answer within \\boxed{} in a reply that calls no tool.")
     raw_actions = True
 
     def task_text(self, observation: str, info: dict[str, Any]) -> str:
@@ -28,6 +30,8 @@ class MathPrompt:
 class CodePrompt(MathPrompt):
     system = "You are an expert Python programmer."
     instruction = "Write the complete Python solution in a single ```python code block."
+    tool_instruction = ("You can run Python programs with the python tool to test your code. When done, write the "
+                        "complete Python solution in a single ```python code block in a reply that calls no tool.")
 
 
 @register_prompt("math")

@@ -14,6 +14,8 @@ class WebShopPrompt(GenericPrompt):
         "You are a web shopping agent. Actions are search[<query>] and click[<button or product>]; buy the product "
         "that matches the instruction."
     )
+    tool_system = ("You are a web shopping agent. Use the search and click tools to find and buy the product that "
+                   "matches the instruction.")
 
     def task_text(self, observation: str, info: dict[str, Any]) -> str:
         for key in ("instruction", "goal", "task"):

@@ -1,0 +1,324 @@
+"""Native tool calls (``env.action_format=tools``): how each model family writes a call, read back into an env action.
+
+A model family's *tool-call format* (``model.tool_call_format``, one registry, :func:`register_tool_call_format`)
+says how its model writes a call and how tools are described to it when its chat template cannot:
+
+- ``hermes`` (Qwen2.5, Qwen3, Hermes, SmolLM2): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``
+  (a JSON list of such objects inside one block is read too, as SmolLM2 was trained to write); generation stops at
+  ``</tool_call>``, so one call per turn;
+- ``llama3_json`` (Llama 3.1/3.2/3.3): the whole reply is ``{"name": ..., "parameters": {...}}`` (``arguments``
+  accepted too), optionally after ``<|python_tag|>``; calls separated by ``;`` are read as several.
+
+:meth:`ToolCallFormat.parse` gives a :class:`ToolCallParse` (the calls, the text around them, or why a call the
+model started cannot be read: bad JSON, no name, ...); :attr:`ToolCallParse.action` is the env action in the
+``envs.tools`` encoding (the first call; an unreadable call as ``encode_invalid``; a reply without a call as its
+text). The env checks the call against its tools and answers an unknown tool or wrong arguments as an invalid
+action with the reason (``envs.tools.decode_action``).
+
+:class:`TemplateTools` says what a tokenizer's chat template can show: a ``tools=`` branch (else the tools go into
+the system prompt, in the format's own words: never silently dropped), assistant ``tool_calls`` (else a past call is
+written as the model would write it, in the message's content) and the ``tool`` role (else the env's answer is a
+user message). Rules of the whole path: docs/tools.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+from envs.tools import encode_call, encode_invalid
+
+ToolSchema = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCallParse:
+    """What a model reply holds. ``calls``: ``(name, arguments)`` in order; ``content``: the reply without its
+    calls (stripped); ``error``: why a call the reply started cannot be read (None when every call was read)."""
+
+    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    content: str = ""
+    error: str | None = None
+    text: str = ""
+
+    @property
+    def action(self) -> str:
+        """The env action (``envs.tools`` encoding): the first call; an unreadable call as
+        ``encode_invalid(error, text)``; a reply without a call as its text."""
+        if self.error is not None:
+            return encode_invalid(self.error, self.text.strip())
+        if self.calls:
+            name, arguments = self.calls[0]
+            return encode_call(name, arguments)
+        return self.text.strip()
+
+    @property
+    def well_formed(self) -> bool:
+        """Every call the reply started could be read (a reply without a call is well formed: math's answer)."""
+        return self.error is None
+
+
+class ToolCallFormat(Protocol):
+    """One model family's way of writing tool calls."""
+
+    name: str
+    stop: tuple[str, ...]
+    """Stop strings of generation in tools mode (the end of one call)."""
+
+    def parse(self, text: str) -> ToolCallParse: ...
+
+    def render_call(self, name: str, arguments: dict[str, Any]) -> str:
+        """A call as the model writes it (a past call, for templates that cannot show ``tool_calls``)."""
+        ...
+
+    def system_prompt(self, tools: Sequence[ToolSchema]) -> str:
+        """The tools and how to call them, for templates without a ``tools=`` branch."""
+        ...
+
+
+_FORMATS: dict[str, Callable[[], ToolCallFormat]] = {}
+
+
+def register_tool_call_format(name: str) -> Callable[[Callable[[], ToolCallFormat]], Callable[[], ToolCallFormat]]:
+    """Decorator registering a :class:`ToolCallFormat` factory under ``name`` (a duplicate raises ``ValueError``)."""
+
+    def deco(factory: Callable[[], ToolCallFormat]) -> Callable[[], ToolCallFormat]:
+        if name in _FORMATS:
+            raise ValueError(f"tool-call format {name!r} is already registered")
+        _FORMATS[name] = factory
+        return factory
+
+    return deco
+
+
+def tool_call_format_names() -> list[str]:
+    return sorted(_FORMATS)
+
+
+def get_tool_call_format(name: str) -> ToolCallFormat:
+    """The format registered as ``name``; ``ValueError`` lists the valid names (``model.tool_call_format``)."""
+    if name not in _FORMATS:
+        raise ValueError(f"unknown tool-call format {name!r} (model.tool_call_format); valid: {tool_call_format_names()}")
+    return _FORMATS[name]()
+
+
+def _json_error(exc: json.JSONDecodeError) -> str:
+    return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+
+
+def _read_call(obj: Any, arguments_keys: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
+    """``(name, arguments)`` of one decoded call object; ``ValueError`` with the reason otherwise."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"a call must be a JSON object {{\"name\": ..., \"{arguments_keys[0]}\": {{...}}}}, "
+                         f"got a {type(obj).__name__}")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"the call has no \"name\" string (keys: {sorted(obj)[:8]})")
+    arguments: Any = {}
+    for key in arguments_keys:
+        if key in obj:
+            arguments = obj[key]
+            break
+    if isinstance(arguments, str):  # OpenAI's wire format: arguments as a JSON string
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"the arguments of {name} are a string that is not JSON ({_json_error(exc)})") from None
+    if not isinstance(arguments, dict):
+        raise ValueError(f"the arguments of {name} must be a JSON object, got a {type(arguments).__name__}")
+    return name, arguments
+
+
+def _tools_json(tools: Sequence[ToolSchema], indent: int | None = None) -> str:
+    return "\n".join(json.dumps(t, ensure_ascii=False, indent=indent) for t in tools)
+
+
+class HermesFormat:
+    """``<tool_call>{json}</tool_call>`` (Hermes 2 Pro, Qwen2.5/Qwen3, SmolLM2). Rules as vLLM's ``hermes`` parser:
+    every ``<tool_call>...</tool_call>`` block, and a last block left open (the reply ran out of tokens)."""
+
+    name = "hermes"
+    stop = ("</tool_call>",)
+    _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)\Z", re.DOTALL)
+
+    def parse(self, text: str) -> ToolCallParse:
+        blocks = list(self._BLOCK.finditer(text))
+        if not blocks:
+            return ToolCallParse(content=text.strip(), text=text)
+        content = (text[:blocks[0].start()] + text[blocks[-1].end():]).strip()
+        calls: list[tuple[str, dict[str, Any]]] = []
+        for block in blocks:
+            payload = (block.group(1) if block.group(1) is not None else block.group(2)).strip()
+            if not payload:
+                return ToolCallParse(calls, content, "the <tool_call> block is empty", text)
+            try:
+                obj = json.loads(payload)
+            except json.JSONDecodeError as exc:
+                unclosed = block.group(1) is None
+                return ToolCallParse(calls, content, f"the <tool_call> block is not JSON ({_json_error(exc)})"
+                                     + ("; it was never closed with </tool_call>" if unclosed else ""), text)
+            try:
+                calls += [_read_call(o, ("arguments", "parameters")) for o in (obj if isinstance(obj, list) else [obj])]
+            except ValueError as exc:
+                return ToolCallParse(calls, content, str(exc), text)
+        if not calls:
+            return ToolCallParse(calls, content, "the <tool_call> block holds an empty list of calls", text)
+        return ToolCallParse(calls, content, None, text)
+
+    def render_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + \
+            "\n</tool_call>"
+
+    def system_prompt(self, tools: Sequence[ToolSchema]) -> str:
+        # The Hermes convention, in the words of Qwen2.5's chat template (Apache-2.0).
+        return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+                "with function signatures within <tools></tools> XML tags:\n<tools>\n" + _tools_json(tools) +
+                "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+                "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                "<args-json-object>}\n</tool_call>")
+
+
+class Llama3JsonFormat:
+    """Llama 3.1+ JSON calls: the reply (after an optional ``<|python_tag|>``) is ``{"name": ..., "parameters":
+    {...}}``; several calls are separated by ``;``. A reply that does not start with ``{`` (or the tag) is text."""
+
+    name = "llama3_json"
+    stop: tuple[str, ...] = ()  # the call ends the turn (<|eot_id|> / <|eom_id|>, the engine's EOS)
+    _TAG = "<|python_tag|>"
+
+    def parse(self, text: str) -> ToolCallParse:
+        body = text.strip()
+        tagged = body.startswith(self._TAG)
+        if tagged:
+            body = body[len(self._TAG):].strip()
+        if not body.startswith("{"):
+            if tagged:
+                return ToolCallParse(content=body, error="<|python_tag|> is not followed by a JSON call", text=text)
+            return ToolCallParse(content=body, text=text)
+        decoder = json.JSONDecoder()
+        calls: list[tuple[str, dict[str, Any]]] = []
+        pos = 0
+        while True:
+            try:
+                obj, end = decoder.raw_decode(body, pos)
+            except json.JSONDecodeError as exc:
+                return ToolCallParse(calls, "", f"the call is not JSON ({_json_error(exc)})", text)
+            try:
+                calls.append(_read_call(obj, ("parameters", "arguments")))
+            except ValueError as exc:
+                return ToolCallParse(calls, "", str(exc), text)
+            rest = body[end:].lstrip()
+            if not rest.startswith(";") or not rest[1:].strip():
+                return ToolCallParse(calls, rest.lstrip(";").strip(), None, text)
+            pos = len(body) - len(rest[1:].lstrip())
+
+    def render_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
+
+    def system_prompt(self, tools: Sequence[ToolSchema]) -> str:
+        return ("You have access to the functions below. To call one, answer with a JSON object "
+                "{\"name\": function name, \"parameters\": dictionary of argument names and values} and nothing "
+                "else.\n\n" + _tools_json(tools, indent=4))
+
+
+@register_tool_call_format("hermes")
+def _hermes() -> HermesFormat:
+    return HermesFormat()
+
+
+@register_tool_call_format("llama3_json")
+def _llama3_json() -> Llama3JsonFormat:
+    return Llama3JsonFormat()
+
+
+# ------------------------------------------------------------------------------------------ chat templates
+_PROBE_TOOL: ToolSchema = {"type": "function", "function": {
+    "name": "agentrlprobetool", "description": "agentrlprobedescription",
+    "parameters": {"type": "object", "properties": {"agentrlprobearg": {"type": "string"}}}}}
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], **kw: Any) -> str | None:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, **kw)
+    except Exception:  # noqa: BLE001 (jinja's TemplateError, raise_exception, a missing key: the template cannot)
+        return None
+
+
+@dataclass(frozen=True)
+class TemplateTools:
+    """What a chat template can show. ``tools``: it renders ``tools=`` (the probe tool's name and description
+    appear); ``tool_calls``: it renders an assistant message's ``tool_calls``; ``tool_role``: it renders a ``tool``
+    message's content."""
+
+    tools: bool
+    tool_calls: bool
+    tool_role: bool
+
+    @staticmethod
+    def of(tokenizer: Any) -> "TemplateTools":
+        """Probe ``tokenizer``'s chat template (cached per template text)."""
+        template = getattr(tokenizer, "chat_template", None)
+        if not template or not isinstance(template, str):
+            return TemplateTools(False, False, False)
+        key = hashlib.sha256(template.encode("utf-8")).hexdigest()
+        if key not in _PROBED:
+            base = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+            with_tools = _render(tokenizer, base, tools=[_PROBE_TOOL], add_generation_prompt=True) or ""
+            call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+                "name": "agentrlprobetool", "arguments": {"agentrlprobearg": "agentrlprobevalue"}}}]}
+            calls = _render(tokenizer, base + [call], add_generation_prompt=False) or ""
+            answered = _render(tokenizer, base + [{"role": "assistant", "content": "a"},
+                                                  {"role": "tool", "content": "agentrlprobeanswer"}],
+                               add_generation_prompt=True) or ""
+            _PROBED[key] = TemplateTools(
+                tools="agentrlprobetool" in with_tools and "agentrlprobedescription" in with_tools,
+                tool_calls="agentrlprobetool" in calls and "agentrlprobevalue" in calls,
+                tool_role="agentrlprobeanswer" in answered)
+        return _PROBED[key]
+
+
+_PROBED: dict[str, TemplateTools] = {}
+
+
+def tool_messages(messages: list[dict[str, Any]], tools: Sequence[ToolSchema], tokenizer: Any,
+                  fmt: ToolCallFormat) -> tuple[list[dict[str, Any]], list[ToolSchema] | None]:
+    """``(messages, tools=)`` to render for ``tokenizer``'s template: unchanged (and ``tools``) when the template
+    shows tools, tool calls and tool messages; otherwise the tools go into the system message (one is added first
+    when there is none) as :meth:`ToolCallFormat.system_prompt` words them, past calls into their message's content
+    as :meth:`ToolCallFormat.render_call` writes them, and ``tool`` messages become ``user`` messages."""
+    caps = TemplateTools.of(tokenizer)
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls") and not caps.tool_calls:
+            calls = [fmt.render_call(c["function"]["name"], c["function"]["arguments"]) for c in m.pop("tool_calls")]
+            m["content"] = "\n".join(p for p in [m.get("content", "")] + calls if p)
+        if m.get("role") == "tool" and not caps.tool_role:
+            m["role"] = "user"
+        out.append(m)
+    if not tools or caps.tools:
+        return out, (list(tools) if tools else None)
+    prompt = fmt.system_prompt(tools)
+    if out and out[0].get("role") == "system":
+        out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{prompt}" if out[0]["content"] else prompt}
+    else:
+        out.insert(0, {"role": "system", "content": prompt})
+    return out, None
+
+
+def assistant_message(action: str, fmt: ToolCallFormat) -> dict[str, Any]:
+    """The assistant message of a past turn whose env action was ``action`` (``envs.tools`` encoding): its call as
+    ``tool_calls``; an unreadable call or a text reply as the text the model wrote."""
+    try:
+        obj = json.loads(action) if action.lstrip().startswith("{") else None
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("arguments"), dict):
+        return {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": obj["name"], "arguments": obj["arguments"]}}]}
+    if isinstance(obj, dict) and "invalid_tool_call" in obj:
+        return {"role": "assistant", "content": str(obj.get("text", ""))}
+    return {"role": "assistant", "content": action}
