@@ -2,7 +2,8 @@
 
 Every ``import`` and ``from ... import`` counts, at module level and inside functions alike (an import inside a
 function still runs, later); imports under ``if TYPE_CHECKING:`` do not (they never run). A ``from pkg import name``
-is an edge to ``pkg.name`` when that is a module, else to ``pkg`` (the package's ``__init__``). Rules:
+is an edge to ``pkg.name`` when that is a module, else to ``pkg`` (the package's ``__init__``); importing
+``pkg.sub.mod`` from outside ``pkg.sub`` is an edge to ``pkg.sub`` too (its ``__init__`` runs first). Rules:
 
 - no import cycles among ``agent_rl`` modules (a cycle hidden behind a function-level import is still a cycle: the
   modules cannot be understood, tested or moved one at a time);
@@ -71,7 +72,16 @@ def import_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> tuple[dict
                     up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                     base = ".".join(up + ([node.module] if node.module else []))
                 names = [f"{base}.{a.name}" for a in node.names]
-            return {t for t in map(resolve, names) if t is not None and t != module}
+            found = {t for t in map(resolve, names) if t is not None and t != module}
+            # importing pkg.sub.mod from outside pkg.sub runs pkg.sub/__init__ first (and pkg/__init__ from outside
+            # pkg): an edge to each such package
+            for t in list(found):
+                parts = t.split(".")
+                for depth in range(1, len(parts)):
+                    parent = ".".join(parts[:depth])
+                    if parent in files and not (module == parent or module.startswith(parent + ".")):
+                        found.add(parent)
+            return found
 
         def visit(node: ast.AST, in_function: bool) -> None:
             for child in ast.iter_child_nodes(node):
@@ -188,11 +198,19 @@ def test_a_cycle_behind_a_function_level_import_is_found_and_type_checking_impor
         "pkg/sub/__init__.py": "",
         "pkg/sub/e.py": "from . import f\n",
         "pkg/sub/f.py": "from .e import x\n",
+        # importing pkg.p.y from outside pkg.p runs pkg/p/__init__, which imports x, which imports q: a cycle
+        # through the package's __init__ (a sibling inside pkg.p importing pkg.p.y would not run it again)
+        "pkg/q.py": "from pkg.p.y import Y\n",
+        "pkg/p/__init__.py": "from pkg.p.x import X\n",
+        "pkg/p/x.py": "import pkg.q\n",
+        "pkg/p/y.py": "from pkg.p.x import X as Y\n",
     })
     edges, function_level = import_graph(tmp_path, ("pkg",))
     assert edges["pkg.b"] == {"pkg.a"} and edges["pkg.c"] == set() and edges["pkg.d"] == {"pkg.c"}
+    assert edges["pkg.q"] == {"pkg.p", "pkg.p.y"} and edges["pkg.p.y"] == {"pkg.p.x"}
     assert function_level == [("pkg.b", 3, ["pkg.a"])]
-    assert import_cycles(edges, "pkg") == [["pkg.a", "pkg.b"], ["pkg.sub.e", "pkg.sub.f"]]
+    assert import_cycles(edges, "pkg") == [["pkg.a", "pkg.b"], ["pkg.p", "pkg.p.x", "pkg.p.y", "pkg.q"],
+                                           ["pkg.sub.e", "pkg.sub.f"]]
     # the project's own check fails on such a graph: this is the assertion test_no_import_cycles_in_agent_rl makes
     with pytest.raises(AssertionError):
         assert import_cycles(edges, "pkg") == []
