@@ -2,9 +2,11 @@
 
     app = create_app(["agent_rl/ALFWorld-v0"], max_sessions=64, token=None)
 
-Layout: ``routers/`` (thin routes), ``dependencies.py`` (the session manager from ``lifespan``, the token),
-``sessions.py`` (the server's settings), ``schemas.py`` (bodies); sessions, env worker processes and their errors
-are :mod:`envs.hosting` (shared with the in-process client).
+Layout: ``routers/`` (thin routes of our session API), ``openenv.py`` (each env's OpenEnv surface, HTTP and WS, under
+``/envs/<env id>``), ``mcp.py`` (its MCP server, ``/envs/<env id>/mcp``), ``errors.py`` (one error mapping for every
+surface), ``dependencies.py`` (the session manager from ``lifespan``, the token), ``sessions.py`` (the server's
+settings), ``schemas.py`` (bodies); sessions, env worker processes and their errors are :mod:`envs.hosting` (shared
+with the in-process client), and every surface uses the same ones.
 Errors are HTTP codes with a JSON body ``{"detail": str, "code": str}``, never an error inside a 200. Every answer is
 valid UTF-8 JSON: a lone UTF-16 surrogate in a request is a 422 (``servers.schemas``), and any text an answer echoes
 (the validation errors' ``input``, an env's message) has its lone surrogates replaced by U+FFFD
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import gymnasium
 from fastapi import Depends, FastAPI, Request
@@ -23,55 +25,28 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Route
 
 import envs  # noqa: F401  (registers the built-in ids)
 from envs.hosting import SessionManager
-from envs.hosting.errors import (
-    HTTP_ERRORS,
-    AtCapacity,
-    EnvFailed,
-    EnvInfraFailed,
-    EnvNotReady,
-    EnvRejected,
-    EnvTimeout,
-    SessionNotFound,
-    UnknownEnv,
-    http_error,
-)
+from envs.hosting.errors import HTTP_ERRORS, EnvNotReady
 from envs.hosting.jsonable import scrub_text, to_jsonable
 from servers.dependencies import require_token
+from servers.errors import describe_error
+from servers.mcp import EnvMCP
 from servers.middleware import BodyGuardMiddleware
+from servers.openenv import EnvFacts, build_router, openenv_path
 from servers.routers import meta, sessions
 from servers.sessions import ServerSettings
 
 __all__ = ["create_app"]
 
-_HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "action_too_large"}
+_HTTP_CODES = {400: "invalid_task", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
+               413: "action_too_large", 501: "not_implemented"}
 
 
 def _error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": scrub_text(detail), "code": code}, status_code=status, headers=headers)
-
-
-def _message(request: Request, exc: Exception) -> str:
-    """The ``detail`` of an error answer for an :mod:`envs.hosting.errors` exception."""
-    if isinstance(exc, SessionNotFound):
-        return f"no live session {exc.args[0]!r} (closed, expired or broken)"
-    if isinstance(exc, UnknownEnv):
-        return str(exc.args[0])
-    if isinstance(exc, AtCapacity):
-        return f"server at capacity: {exc}"
-    if not isinstance(exc, EnvFailed):
-        return str(exc)
-    # POST /sessions failed: no session exists; on /step or /reset the open session was closed
-    after = "no session was opened" if request.url.path.rstrip("/") == "/sessions" else "the session was closed"
-    if isinstance(exc, EnvTimeout):
-        return f"{exc}; {after}"
-    if isinstance(exc, EnvInfraFailed):  # the env could not judge (docs/env_errors.md): never a reward
-        return f"the env could not judge: {exc}; {after}"
-    if isinstance(exc, EnvRejected):  # bad env_kwargs / seed / options: the client's error
-        return f"the env rejected the request: {exc}; {after}"
-    return f"the env raised {exc}; {after}"
 
 
 def create_app(
@@ -114,6 +89,9 @@ def create_app(
                             workers=workers, token=token, max_action_bytes=max_action_bytes, imports=imports,
                             **settings)  # type: ignore[arg-type]
 
+    facts = {env_id: EnvFacts(env_id) for env_id in env_ids}
+    mcps = {env_id: EnvMCP(env_id, facts[env_id], config) for env_id in env_ids}
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         manager = SessionManager(config)
@@ -124,7 +102,10 @@ def create_app(
             raise
         app.state.manager = manager
         try:
-            yield
+            async with AsyncExitStack() as stack:
+                for server in mcps.values():
+                    await stack.enter_async_context(server.run(manager))
+                yield
         finally:
             await manager.aclose()  # graceful shutdown: every env closed, every worker ended
 
@@ -135,11 +116,23 @@ def create_app(
     app.include_router(meta.router)
     app.include_router(meta.envs_router, dependencies=[Depends(require_token)])
     app.include_router(sessions.router, dependencies=[Depends(require_token)])
+    # OpenEnv (HTTP, WS) and MCP under each env's path; a one-env server answers them at its root too (not /health)
+    for env_id in env_ids:
+        app.include_router(build_router(env_id, facts[env_id]), prefix=openenv_path(env_id))
+        app.router.routes.append(Route(f"{openenv_path(env_id)}/mcp", endpoint=mcps[env_id],
+                                       methods=["GET", "POST", "DELETE"]))
+    if len(env_ids) == 1:
+        app.include_router(build_router(env_ids[0], facts[env_ids[0]], health=False))
+        app.router.routes.append(Route("/mcp", endpoint=mcps[env_ids[0]], methods=["GET", "POST", "DELETE"]))
+    app.state.mcp = mcps
 
     async def _hosting_error(request: Request, exc: Exception) -> JSONResponse:
-        status, code = http_error(exc) or (500, "error")
+        # POST /sessions (and the stateless OpenEnv routes while they open one): a failure means no session exists;
+        # on /step or /reset the open session was closed
+        opening = getattr(request.state, "opening", request.url.path.rstrip("/") == "/sessions")
+        status, code, detail = describe_error(exc, opening=opening)
         headers = {"Retry-After": str(config.retry_after_s)} if status == 503 else None
-        return _error(status, code, _message(request, exc), headers=headers)
+        return _error(status, code, detail, headers=headers)
 
     for cls, _, _ in HTTP_ERRORS:  # status and code of each: envs.hosting.errors.HTTP_ERRORS
         app.add_exception_handler(cls, _hosting_error)

@@ -15,6 +15,8 @@ from envs.hosting.jsonable import lone_surrogate
 
 __all__ = [
     "CreateSessionRequest",
+    "CreateSessionResponse",
+    "EnvEntry",
     "EnvsResponse",
     "ErrorResponse",
     "HealthResponse",
@@ -76,6 +78,14 @@ class ResetResponse(BaseModel):
     info: dict[str, Any] = Field(description="e.g. admissible_actions, task_type, task_id, expert_action")
 
 
+class CreateSessionResponse(ResetResponse):
+    """A new session's first observation, and the tools its env declares."""
+
+    tools: list[dict[str, Any]] = Field(
+        description="the env's declared tools: OpenAI-style function schemas {type: function, function: {name, "
+                    "description, parameters}} (an env made with action_format=tools); [] when it declares none")
+
+
 class StepResponse(BaseModel):
     """gymnasium's ``step`` tuple as an object."""
 
@@ -121,8 +131,19 @@ class HealthResponse(BaseModel):
     expired_sessions: int
 
 
+class EnvEntry(BaseModel):
+    """One served env and where its other protocols are."""
+
+    env_id: str
+    openenv_path: str = Field(description="base path of its OpenEnv surface (/reset, /step, /state, /schema, "
+                                          "/metadata, /health, WS /ws, the Task API): an OpenEnv client's base_url "
+                                          "is the server's URL plus this")
+    mcp_path: str = Field(description="its MCP endpoint (streamable HTTP)")
+
+
 class EnvsResponse(BaseModel):
     env_ids: list[str]
+    envs: list[EnvEntry]
 
 
 class ErrorResponse(BaseModel):

@@ -90,7 +90,7 @@ class EnvHost:
         self.collect_due = False  # an env was really closed: the worker runs gc.collect() after replying
         self.handlers: dict[str, Callable[[str, Any], Any]] = {
             "open": self.open, "reset": self.reset, "step": self.step, "close": self.close, "ping": self.ping,
-            "shutdown": self.shutdown,
+            "shutdown": self.shutdown, "info": self.info,
         }
 
     def handle(self, op: str, session_id: str, args: Any) -> tuple[str, Any, str]:
@@ -103,8 +103,8 @@ class EnvHost:
             return "ok", handler(session_id, args), ""
         except Exception as exc:
             # make/reset rejecting the client's kwargs/seed/options is the client's error, not the env's
-            rejected = op in ("open", "reset") and isinstance(exc, (ValueError, LookupError, TypeError,
-                                                                     gymnasium.error.Error))
+            rejected = op in ("open", "reset", "info") and isinstance(exc, (ValueError, LookupError, TypeError,
+                                                                             gymnasium.error.Error))
             status = "infra" if isinstance(exc, EnvInfraError) else "rejected" if rejected else "error"
             # an env's message is env text: valid Unicode for the JSON answer (docs/servers.md, "Text")
             return status, scrub_text(f"{type(exc).__name__}: {exc}"), scrub_text(traceback.format_exc(limit=20))
@@ -148,6 +148,31 @@ class EnvHost:
             self.made_with.pop(session_id, None)  # an env that raised is closed, never handed on
             raise
         return to_jsonable(observation), float(reward), bool(terminated), bool(truncated), to_jsonable(info)
+
+    def info(self, session_id: str, args: tuple[str, dict[str, Any] | None]) -> Any:
+        """What an open session's env declares, without touching its episode: ``("tools", None)`` -> its tools
+        (the ``tools`` attribute of the unwrapped env, OpenAI-style function schemas; ``[]`` when it declares none);
+        ``("tasks", None)`` -> its splits and their sizes, ``("tasks", {"split", "start", "stop"})`` -> task specs
+        (:mod:`envs.hosting.tasks`); ``None`` for an env without a task listing. A bad split or range is
+        ``"rejected"``."""
+        from envs.hosting import tasks
+
+        what, params = args
+        env = self.sessions[session_id].unwrapped
+        if what == "tools":
+            declared = getattr(env, "tools", None) or []
+            if not isinstance(declared, (list, tuple)) or not all(isinstance(t, dict) for t in declared):
+                raise RuntimeError(f"{type(env).__name__}.tools must be a list of function schemas (dicts), "
+                                f"got {type(declared).__name__}")
+            return to_jsonable(list(declared))
+        if what == "tasks":
+            try:
+                if params is None:
+                    return to_jsonable(tasks.task_catalog(env))
+                return to_jsonable(tasks.task_range(env, params["split"], int(params["start"]), int(params["stop"])))
+            except tasks.NoTaskApi:
+                return None
+        raise ValueError(f"unknown info {what!r} (tools, tasks)")
 
     def close(self, session_id: str, args: Any = None) -> None:
         """Close a session (its env is kept for reuse if there is room)."""

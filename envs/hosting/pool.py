@@ -197,6 +197,11 @@ class WorkerPool:
                                                                              self.timeout_s)
         return StepReply(observation, reward, terminated, truncated, info)
 
+    async def info(self, session_id: str, what: str, params: Any = None) -> Any:
+        """What an open session's env declares (``"tools"``, ``"tasks"``: :meth:`envs.hosting.child.EnvHost.info`);
+        its episode is not touched."""
+        return await self._worker_of(session_id).call("info", session_id, (what, params), self.timeout_s)
+
     async def close(self, session_id: str) -> None:
         """Close the session's env (idempotent); recycle its worker if it is due."""
         await self._release(session_id, send_close=True)

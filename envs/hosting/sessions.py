@@ -27,6 +27,7 @@ from envs.hosting.errors import (
     AtCapacity,
     EnvFailed,
     EnvNotReady,
+    EnvRejected,
     EpisodeOver,
     InvalidText,
     SessionBusy,
@@ -99,6 +100,7 @@ class EnvBackend(Protocol):
     async def reset(self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None
                     ) -> tuple[Any, dict[str, Any]]: ...
     async def step(self, session_id: str, action: Any) -> StepReply: ...
+    async def info(self, session_id: str, what: str, params: Any = None) -> Any: ...
     async def close(self, session_id: str) -> None: ...
     async def reap(self) -> None: ...
     def broken_sessions(self) -> list[str]: ...
@@ -283,6 +285,30 @@ class SessionManager:
             session.steps += 1
             session.done = reply.terminated or reply.truncated
         return reply
+
+    async def info(self, session_id: str, what: str, params: Any = None) -> Any:
+        """What the env of an open session declares, its episode untouched: ``info(sid, "tools")`` -> its tools
+        (OpenAI-style function schemas, ``[]`` when none); ``info(sid, "tasks")`` -> ``[{"name", "type",
+        "num_tasks"}]`` per split, ``info(sid, "tasks", {"split", "start", "stop"})`` -> task specs; ``None`` when
+        the env has no task listing (:mod:`envs.hosting.tasks`).
+
+        Raises ``SessionNotFound`` (404), ``SessionBusy`` (409), ``EnvRejected`` (422: a bad split or range; the
+        session stays open), ``EnvFailed`` (500/504: the env or its worker failed; the session is closed)."""
+        session = self.get(session_id)
+        if session.busy:
+            raise SessionBusy(f"session {session_id} is busy with another request")
+        session.busy = True
+        try:
+            return await self.pool.info(session_id, what, params)
+        except EnvRejected:
+            raise
+        except EnvFailed:
+            self.sessions.pop(session_id, None)
+            await self.pool.close(session_id)
+            raise
+        finally:
+            session.busy = False
+            session.last_used = time.monotonic()
 
     async def close(self, session_id: str) -> None:
         """Close a session and free its env (404 if unknown)."""

@@ -65,6 +65,12 @@ class ThreadEnvPool:
             raise KeyError(session_id)
         return StepReply(*await self._call("step", session_id, action))
 
+    async def info(self, session_id: str, what: str, params: Any = None) -> Any:
+        """What an open session's env declares (``"tools"``, ``"tasks"``: :meth:`envs.hosting.child.EnvHost.info`)."""
+        if session_id not in self._owned:
+            raise KeyError(session_id)
+        return await self._call("info", session_id, (what, params))
+
     async def close(self, session_id: str) -> None:
         """Close the session's env (idempotent; an env that raises on close is dropped all the same)."""
         if session_id in self._owned:

@@ -6,7 +6,8 @@ from fastapi import APIRouter
 
 from envs.hosting.child import rss_bytes
 from servers.dependencies import Manager
-from servers.schemas import EnvsResponse, HealthResponse
+from servers.openenv import openenv_path
+from servers.schemas import EnvEntry, EnvsResponse, HealthResponse
 
 router = APIRouter(tags=["meta"])
 
@@ -34,5 +35,7 @@ envs_router = APIRouter(tags=["meta"])
 
 @envs_router.get("/envs", response_model=EnvsResponse)
 async def list_envs(manager: Manager) -> EnvsResponse:
-    """The env ids this server serves."""
-    return EnvsResponse(env_ids=manager.settings.env_ids)
+    """The env ids this server serves, and each one's OpenEnv and MCP paths."""
+    ids = manager.settings.env_ids
+    return EnvsResponse(env_ids=ids, envs=[EnvEntry(env_id=e, openenv_path=openenv_path(e),
+                                                    mcp_path=f"{openenv_path(e)}/mcp") for e in ids])

@@ -3,13 +3,16 @@ errors are raised as exceptions that ``servers.app`` maps to HTTP codes."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from fastapi import APIRouter, HTTPException, Response, status
 
+from envs.hosting import SessionNotFound
 from servers.dependencies import Manager, Settings
 from servers.schemas import (
     CreateSessionRequest,
+    CreateSessionResponse,
     ErrorResponse,
     ResetRequest,
     ResetResponse,
@@ -26,15 +29,21 @@ _E = {"model": ErrorResponse}
 _422 = {"model": UnprocessableResponse, "description": "validation errors, or the env rejected the request"}
 
 
-@router.post("", response_model=ResetResponse, status_code=status.HTTP_201_CREATED,
+@router.post("", response_model=CreateSessionResponse, status_code=status.HTTP_201_CREATED,
              responses={404: _E, 409: _E, 422: _422, 500: _E, 503: _E, 504: _E})
-async def create_session(body: CreateSessionRequest, manager: Manager) -> ResetResponse:
-    """Open a session on ``env_id`` and return its first observation (409 if the client-chosen ``session_id`` is
-    taken by a live session)."""
+async def create_session(body: CreateSessionRequest, manager: Manager) -> CreateSessionResponse:
+    """Open a session on ``env_id`` and return its first observation and the env's declared ``tools`` (409 if the
+    client-chosen ``session_id`` is taken by a live session)."""
     session_id, observation, info = await manager.create(
         body.env_id, seed=body.seed, options=body.options, env_kwargs=body.env_kwargs, session_id=body.session_id
     )
-    return ResetResponse(session_id=session_id, observation=observation, info=info)
+    try:
+        tools = await manager.info(session_id, "tools")
+    except BaseException:  # the env's tools attribute is broken (or the request was cancelled): no session kept
+        with contextlib.suppress(SessionNotFound):
+            await manager.close(session_id)
+        raise
+    return CreateSessionResponse(session_id=session_id, observation=observation, info=info, tools=tools)
 
 
 @router.get("", response_model=SessionsResponse)

@@ -55,7 +55,8 @@ def test_calculator_episode_over_http():
             assert [(s["session_id"], s["steps"], s["done"]) for s in listed] == [(sid, 2, True)]
             assert (await c.delete(f"/sessions/{sid}")).status_code == 204
             assert (await c.get("/sessions")).json()["sessions"] == []
-            assert (await c.get("/envs")).json() == {"env_ids": [CALC, ECHO]}
+            assert (await c.get("/envs")).json() == {"env_ids": [CALC, ECHO], "envs": [
+                {"env_id": e, "openenv_path": f"/envs/{e}", "mcp_path": f"/envs/{e}/mcp"} for e in (CALC, ECHO)]}
     run(main())
 
 
@@ -77,8 +78,11 @@ def test_openapi_documents_every_route_and_shape():
     async def main():
         async with serve_asgi(make_app()) as c:
             schema = (await c.get("/openapi.json")).json()
+            openenv = {f"/envs/{e}/{r}" for e in (CALC, ECHO) for r in (  # servers/openenv.py (WS, MCP: no OpenAPI)
+                "reset", "step", "state", "schema", "metadata", "health", "splits", "tasks", "num_tasks", "task",
+                "task_range")}
             assert set(schema["paths"]) == {"/health", "/envs", "/sessions", "/sessions/{session_id}/step",
-                                            "/sessions/{session_id}/reset", "/sessions/{session_id}"}
+                                            "/sessions/{session_id}/reset", "/sessions/{session_id}"} | openenv
             for name in ("CreateSessionRequest", "StepRequest", "StepResponse", "ResetResponse", "ErrorResponse"):
                 assert name in schema["components"]["schemas"]
             step = schema["paths"]["/sessions/{session_id}/step"]["post"]["responses"]

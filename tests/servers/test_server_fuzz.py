@@ -19,6 +19,7 @@ sessions the fuzzer opened are deleted, holds none. Case budget per route and mo
 from __future__ import annotations
 
 import copy
+import time
 import json
 import os
 import subprocess
@@ -45,7 +46,7 @@ SERVERS = {
     "webshop": (["agent_rl/WebShop-v0"], ["--workers", "2", "--import", "envs.webshop.preload"]),
     "alfworld": (["agent_rl/ALFWorld-v0"], ["--workers", "2"]),
 }
-DOCUMENTED_5XX = {(500, "env_error"), (504, "env_timeout")}
+DOCUMENTED_5XX = {(500, "env_error"), (504, "env_timeout"), (501, "not_implemented")}  # 501: no task listing
 
 
 @pytest.fixture(scope="module", params=sorted(SERVERS))
@@ -218,3 +219,184 @@ def test_fuzz_the_api_from_its_openapi_schema(server):
         assert health.status_code == 200 and health.json()["sessions"] == 0, health.text
     assert statuses[404] and statuses[422]  # it reached past validation and into the session routes
     assert surrogates > 0
+
+
+# ------------------------------------------------------------------------------ OpenEnv WS and MCP (no OpenAPI)
+_json = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False)
+                     | st.text(max_size=20), lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+_reset_data = st.fixed_dictionaries({}, optional={
+    "seed": st.integers(-3, 2**33) | st.text(max_size=3), "split": st.sampled_from(["train", "val", "test",
+                                                                                    "valid_unseen", "x"]),
+    "index": st.integers(-2, 3000) | st.text(max_size=3), "goal_idx": st.integers(-2, 20),
+    "options": _json, "env_kwargs": _json | st.fixed_dictionaries({"expert": st.booleans()}),
+    "episode_id": st.text(max_size=300)})
+_step_data = st.fixed_dictionaries({"action": st.text(max_size=40) | _json | st.sampled_from(
+    ["look", "inventory", "search[red shoes]", "click[back to search]", "calc[1 + 2]", "answer[3]", "stop"])},
+    optional={"metadata": _json})
+WS_MESSAGES = st.one_of(
+    st.just({"type": "reset", "data": {}}),  # valid ones often enough that steps reach an episode
+    st.builds(lambda a: {"type": "step", "data": {"action": a}}, st.sampled_from(["look", "stop", "answer[3]"])),
+    st.builds(lambda d: {"type": "reset", "data": d}, _reset_data),
+    st.builds(lambda d: {"type": "step", "data": d}, _step_data),
+    st.builds(lambda t, d: {"type": t, "data": d}, st.sampled_from(["reset", "step", "state", "close", "mcp", "x"]),
+              _json),
+    st.just({"type": "state"}), st.just({"type": "close"}), _json,
+    st.text(max_size=30),  # not JSON, mostly
+    st.tuples(st.integers(0xD800, 0xDFFF), st.sampled_from(["reset", "step"])).map(  # a lone surrogate
+        lambda c: json.dumps({"type": c[1], "data": {"action" if c[1] == "step" else "split": chr(c[0])}})),
+)
+WS_DOCUMENTED_5XX = DOCUMENTED_5XX | {(500, "env_infra_error"), (503, "at_capacity")}
+
+
+def test_fuzz_the_openenv_ws_channel(server):
+    """Fuzzed messages (valid and invalid resets and steps, other types, non-JSON, lone surrogates) on one connection
+    per env: every answer is one of openenv-core's message models, errors carry one of its codes and our status,
+    the connection survives everything but ``close``, and no session outlives its connection."""
+    from openenv.core.env_server.types import WSErrorCode, WSErrorResponse, WSObservationResponse, WSStateResponse
+    from websockets.sync.client import connect
+
+    name, url, env_ids = server
+    models = {"observation": WSObservationResponse, "state": WSStateResponse, "error": WSErrorResponse}
+    codes = {c.value for c in WSErrorCode}
+    problems: list[str] = []
+    counts: Counter = Counter()
+    for env_id in env_ids:
+        address = url.replace("http://", "ws://") + f"/envs/{env_id}/ws"
+        holder = {"ws": connect(address, open_timeout=30).__enter__()}
+
+        @given(message=WS_MESSAGES)
+        @settings(max_examples=10 * EXAMPLES, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        def run(message):
+            text = message if isinstance(message, str) and not message.startswith('{"type"') else (
+                message if isinstance(message, str) else json.dumps(message))
+            ws = holder["ws"]
+            ws.send(text)
+            if isinstance(message, dict) and message.get("type") == "close" and set(message) <= {"type", "data"} \
+                    and isinstance(message.get("data", {}), dict):
+                holder["ws"] = connect(address, open_timeout=30).__enter__()  # closed by the server: a new one
+                counts["close"] += 1
+                return
+            raw = ws.recv(timeout=120)
+            try:
+                answer = json.loads(raw)
+                models[answer["type"]].model_validate(answer)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"{env_id} {text[:200]!r} -> not an OpenEnv message ({exc}): {raw[:200]!r}")
+                return
+            counts[answer["type"]] += 1
+            if answer["type"] == "error":
+                data = answer["data"]
+                if data.get("code") not in codes or not isinstance(data.get("status"), int):
+                    problems.append(f"{env_id} {text[:200]!r} -> error without an OpenEnv code/status: {data}")
+                elif data["status"] >= 500 and (data["status"], data.get("error_code")) not in WS_DOCUMENTED_5XX:
+                    problems.append(f"{env_id} {text[:200]!r} -> undocumented server error {data}")
+                counts[data["code"]] += 1
+            if lone_surrogate(answer) is not None:
+                problems.append(f"{env_id} {text[:200]!r} -> answer holds a lone surrogate")
+
+        run()
+        holder["ws"].close()
+    print(f"\nWS fuzz {name}: {dict(sorted(counts.items()))}, {len(problems)} problems")
+    assert problems == [], "\n".join(problems[:20])
+    with httpx.Client(base_url=url, timeout=60) as http:
+        deadline = time.monotonic() + 30
+        while http.get("/health").json()["sessions"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        health = http.get("/health")
+        assert health.status_code == 200 and health.json()["sessions"] == 0, health.text
+    assert counts["observation"] and counts["error"]
+
+
+_rpc_method = st.sampled_from(["initialize", "tools/list", "tools/call", "server/discover", "ping", "bogus"])
+MCP_BODIES = st.one_of(
+    st.builds(lambda m, i, p: {"jsonrpc": "2.0", "id": i, "method": m, "params": p}, _rpc_method,
+              st.integers(0, 10) | st.text(max_size=4), _json | st.fixed_dictionaries(
+                  {"name": st.sampled_from(["reset", "act", "search", "click", "calc", "nope"]),
+                   "arguments": _json})),
+    _json, st.text(max_size=40))
+MCP_CALLS = st.tuples(st.sampled_from(["reset", "act", "search", "click", "calc", "answer", "close", "nope"]),
+                      st.dictionaries(st.sampled_from(["split", "index", "seed", "options", "env_kwargs",
+                                                       "session_id", "command", "query", "target", "expression",
+                                                       "answer", "x"]), _json, max_size=3))
+
+
+def test_fuzz_mcp(server):
+    """Fuzzed JSON-RPC bodies POSTed to each env's /mcp (with and without the 2026 protocol header): never a 5xx,
+    every answer JSON; fuzzed tools/call through the mcp SDK's client: a result (maybe ``isError``, with our error
+    code) or a JSON-RPC error, never a broken connection; the server healthy and holding no session afterwards."""
+    import asyncio
+
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.exceptions import MCPError
+
+    name, url, env_ids = server
+    problems: list[str] = []
+    statuses: Counter = Counter()
+    told: set[str] = set()  # session ids the fuzzer's resets were answered
+    http = httpx.Client(base_url=url, timeout=120)
+    for env_id in env_ids:
+        @given(body=MCP_BODIES, modern=st.booleans())
+        @settings(max_examples=10 * EXAMPLES, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        def post(body, modern):
+            headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+            if modern:
+                headers["mcp-protocol-version"] = "2026-07-28"
+            r = http.post(f"/envs/{env_id}/mcp", content=json.dumps(body).encode(), headers=headers)
+            statuses[r.status_code] += 1
+            if r.status_code >= 500:
+                problems.append(f"{env_id} POST {str(body)[:200]} -> {r.status_code}: {r.text[:200]}")
+            elif r.content and "json" not in (r.headers.get("content-type") or ""):
+                problems.append(f"{env_id} POST {str(body)[:200]} -> not JSON: {r.text[:200]}")
+
+        post()
+        calls: list[tuple[str, dict]] = []
+
+        @given(call=MCP_CALLS)
+        @settings(max_examples=10 * EXAMPLES, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        def collect(call):
+            calls.append(call)
+
+        collect()
+
+        async def play() -> None:
+            async with Client(streamable_http_client(f"{url}/envs/{env_id}/mcp",
+                                                     http_client=httpx2.AsyncClient(timeout=120))) as client:
+                sid = None
+                for tool, arguments in calls:
+                    if sid is not None and "session_id" not in arguments:
+                        arguments = {**arguments, "session_id": sid}
+                    try:
+                        r = await client.call_tool(tool, arguments)
+                    except MCPError:
+                        statuses["rpc_error"] += 1
+                        continue
+                    statuses["tool_error" if r.is_error else "tool_ok"] += 1
+                    content = r.structured_content or {}
+                    if r.is_error and not isinstance(content.get("error_code"), str):
+                        problems.append(f"{env_id} {tool}({arguments}) -> tool error without a code: {r.content}")
+                    if r.is_error and content.get("status", 0) >= 500 and (
+                            content["status"], content["error_code"]) not in WS_DOCUMENTED_5XX:
+                        problems.append(f"{env_id} {tool}({arguments}) -> undocumented server error {content}")
+                    if tool == "reset" and not r.is_error:
+                        sid = content["session_id"]
+                        told.add(sid)
+                if sid is not None:
+                    await client.call_tool("close", {"session_id": sid})
+
+        asyncio.run(play())
+    print(f"\nMCP fuzz {name}: {dict(sorted(statuses.items(), key=str))}, {len(problems)} problems")
+    assert problems == [], "\n".join(problems[:20])
+    deadline = time.monotonic() + 30
+    for sid in told:  # the stateless protocol has no MCP session to end: close every episode the server named
+        http.delete(f"/sessions/{sid}")
+    while http.get("/health").json()["sessions"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert http.get("/health").json()["sessions"] == 0
+    http.close()
+    assert statuses["tool_ok"] and statuses[200]

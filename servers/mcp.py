@@ -1,0 +1,283 @@
+"""MCP for each served env: ``POST {openenv path}/mcp``, the ``mcp`` SDK's streamable HTTP server (JSON answers,
+stateful sessions with the legacy handshake, and the 2026 stateless protocol), with the env's episode as tools:
+
+- ``reset(split?, index?, seed?, options?, env_kwargs?, session_id?)`` starts an episode and answers its
+  ``session_id`` and first observation;
+- the env's own tools (an env made with ``action_format="tools"`` declares them as ``tools``, OpenAI-style function
+  schemas: ALFWorld and TextWorld ``act(command)``, WebShop ``search(query)`` and ``click(target)``, the calculator
+  ``calc``/``answer``); an env without tools gets one, ``act(command)``, that plays the command text. A call plays
+  ``{"name", "arguments"}`` (``envs.tools.encode_call``'s encoding) or the command as the env's next action;
+- ``close(session_id?)`` ends the episode's session.
+
+Every ``tools/call`` answers ``structuredContent`` ``{"session_id", "observation", "reward", "done",
+"terminated", "truncated", "info"}`` and the observation as text content; an error (episode over, expired session,
+an env failure, at capacity) is a tool result with ``isError`` and ``{"error_code", "status", "detail"}`` as our API
+would answer (``servers.errors.describe_error``). An unknown tool or malformed arguments are JSON-RPC errors.
+
+Which episode a call plays: its ``session_id`` argument, else the episode that ``reset`` opened on the same MCP
+session (the ``Mcp-Session-Id`` of a client that did the initialize handshake); a client of the stateless protocol
+(no MCP session; the SDK's default ``mode="auto"`` against this server) passes the ``session_id`` that reset
+answered. An MCP session that ends (the client's ``DELETE``) closes its episode's session; an unclosed one expires
+with the server's TTL, like any session. Token: as every route (``Authorization: Bearer <token>``), else 401.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import mcp_types as types
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from starlette.responses import JSONResponse
+
+from envs.hosting import SessionManager, SessionNotFound
+from envs.hosting.errors import EnvFailed, EnvRejected, http_error
+from envs.hosting.jsonable import lone_surrogate
+from servers.dependencies import token_ok
+from servers.errors import describe_error
+from servers.openenv import EnvFacts, close_quietly
+
+__all__ = ["EnvMCP"]
+
+log = logging.getLogger(__name__)
+
+SESSION_HEADER = "mcp-session-id"
+
+#: The tool of an env that declares none: its action text (what ``envs.tools.command_tool`` declares).
+COMMAND_TOOL = {"type": "function", "function": {
+    "name": "act", "description": "Play one command (the env's action text) and get the next observation.",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string", "description": "the command"}},
+                   "required": ["command"], "additionalProperties": False}}}
+
+_SESSION_ARG = {"type": "string", "description": "the episode (the session_id reset answered); default: the episode "
+                                                 "reset opened on this MCP session"}
+
+RESET_TOOL = types.Tool(
+    name="reset",
+    description="Start an episode and get its first observation and session_id. split/index select the task "
+                "(e.g. split='valid_unseen', index=3); options are further reset options, env_kwargs the env's "
+                "construction arguments. With session_id (or on an MCP session that has one) that session is reset "
+                "in place.",
+    input_schema={"type": "object", "additionalProperties": False, "properties": {
+        "split": {"type": "string", "description": "the task's split (GET .../tasks lists them)"},
+        "index": {"type": "integer", "minimum": 0, "description": "the task's index in the split"},
+        "seed": {"type": "integer", "minimum": 0},
+        "options": {"type": "object", "description": "more reset options, e.g. {\"goal_idx\": 12}"},
+        "env_kwargs": {"type": "object", "description": "keyword arguments of gymnasium.make, e.g. {\"expert\": true}"},
+        "session_id": _SESSION_ARG}})
+
+CLOSE_TOOL = types.Tool(
+    name="close", description="End the episode and free its session.",
+    input_schema={"type": "object", "additionalProperties": False, "properties": {"session_id": _SESSION_ARG}})
+
+
+def _invalid(message: str) -> MCPError:
+    return MCPError(code=types.INVALID_PARAMS, message=message)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+class EnvMCP:
+    """The MCP server of one env: an ASGI endpoint (mount at ``{openenv path}/mcp``) and the session manager to
+    run in the app's lifespan (:meth:`run`)."""
+
+    def __init__(self, env_id: str, facts: EnvFacts, settings: Any) -> None:
+        self.env_id = env_id
+        self.facts = facts
+        self.settings = settings
+        self.server: Server[Any] = Server(
+            f"agent_rl {env_id}", version="0.1.0",
+            instructions=f"An episode of {env_id}: call reset, then the env's tools; each call answers the "
+                         "observation, reward and done.",
+            on_list_tools=self._list_tools, on_call_tool=self._call_tool)
+        self.manager: SessionManager | None = None
+        self.transport: StreamableHTTPSessionManager | None = None
+        self.bound: dict[str, str] = {}  # MCP session id -> env session id
+        self._made_with: dict[str, dict[str, Any]] = {}  # env session id -> its env kwargs (other kwargs: new one)
+        self._action_kwargs: dict[str, Any] | None = None
+        self._tools: list[dict[str, Any]] | None = None
+
+    @contextlib.asynccontextmanager
+    async def run(self, manager: SessionManager) -> AsyncIterator[None]:
+        """Serve while the context is open (a fresh transport session manager each time)."""
+        self.manager = manager
+        self.transport = StreamableHTTPSessionManager(
+            app=self.server, json_response=True,
+            # the token guards this server; a bound container port has a Host header no allow-list can know
+            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            session_idle_timeout=self.settings.session_ttl_s, max_sessions=None,
+            max_request_body_size=self.settings.max_body_bytes)
+        async with self.transport.run():
+            try:
+                yield
+            finally:
+                for sid in list(self.bound.values()):
+                    await close_quietly(manager, sid)
+                self.bound.clear()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        if not token_ok(headers.get("authorization"), self.settings.token):
+            await JSONResponse({"detail": "missing or wrong bearer token", "code": "unauthorized"}, status_code=401,
+                               headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        if self.transport is None:
+            await JSONResponse({"detail": "MCP is not running", "code": "not_ready"}, status_code=503)(
+                scope, receive, send)
+            return
+        await self.transport.handle_request(scope, receive, send)
+        if scope.get("method") == "DELETE" and headers.get(SESSION_HEADER) in self.bound:  # the MCP session ended
+            assert self.manager is not None
+            await close_quietly(self.manager, self.bound.pop(headers[SESSION_HEADER]))
+
+    # ---- tools ---------------------------------------------------------------------------------------------
+    async def env_tools(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The env's tools and the env kwargs that make it take them: ``action_format="tools"`` if the env accepts
+        it, else its defaults (and :data:`COMMAND_TOOL` if it then declares no tools)."""
+        if self._tools is None:
+            assert self.manager is not None
+            try:
+                tools, kwargs = await self.facts.tools(self.manager, {"action_format": "tools"}), {
+                    "action_format": "tools"}
+            except EnvRejected:  # the env takes no action_format (a user's env): its text actions
+                tools, kwargs = await self.facts.tools(self.manager), {}
+            self._tools, self._action_kwargs = tools or [COMMAND_TOOL], kwargs
+        assert self._action_kwargs is not None
+        return self._tools, self._action_kwargs
+
+    async def _list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        try:
+            tools, _ = await self.env_tools()
+        except Exception as exc:  # noqa: BLE001  (at capacity, env failure: a JSON-RPC error naming it)
+            _, code, detail = describe_error(exc, opening=True)
+            raise MCPError(code=types.INTERNAL_ERROR, message=f"{code}: {detail}") from None
+        listed = [RESET_TOOL]
+        for tool in tools:
+            fn = tool.get("function") or tool
+            schema = dict(fn.get("parameters") or {"type": "object"})
+            schema["properties"] = {**(schema.get("properties") or {}), "session_id": _SESSION_ARG}
+            listed.append(types.Tool(name=fn["name"], description=fn.get("description"), input_schema=schema))
+        listed.append(CLOSE_TOOL)
+        return types.ListToolsResult(tools=listed)
+
+    def _episode(self, ctx: Any, arguments: dict[str, Any]) -> tuple[str | None, str | None]:
+        """``(env session id or None, MCP session id or None)`` a call refers to."""
+        request = getattr(ctx, "request", None)
+        mcp_sid = request.headers.get(SESSION_HEADER) if request is not None else None
+        sid = arguments.get("session_id")
+        if sid is not None and not isinstance(sid, str):
+            raise _invalid("session_id must be a string")
+        return sid or (self.bound.get(mcp_sid) if mcp_sid else None), mcp_sid
+
+    async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        arguments = dict(params.arguments or {})
+        found = lone_surrogate(arguments, "arguments")
+        if found:
+            raise _invalid(found)
+        try:
+            if params.name == "reset":
+                return await self._reset(ctx, arguments)
+            if params.name == "close":
+                sid, mcp_sid = self._episode(ctx, arguments)
+                if sid is None:
+                    raise _invalid("no episode to close: pass session_id")
+                assert self.manager is not None
+                await self.manager.close(sid)
+                if mcp_sid and self.bound.get(mcp_sid) == sid:
+                    del self.bound[mcp_sid]
+                return types.CallToolResult(content=[types.TextContent(type="text", text="closed")],
+                                            structured_content={"session_id": sid, "closed": True})
+            return await self._act(ctx, params.name, arguments)
+        except MCPError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (every env-side failure is a tool error the caller can read)
+            if http_error(exc) is None:
+                log.exception("MCP %s on %s failed", params.name, self.env_id)
+            status, code, detail = describe_error(exc, opening=params.name == "reset")
+            return types.CallToolResult(content=[types.TextContent(type="text", text=f"{code}: {detail}")],
+                                        structured_content={"error_code": code, "status": status, "detail": detail},
+                                        is_error=True)
+
+    async def _reset(self, ctx: Any, arguments: dict[str, Any]) -> types.CallToolResult:
+        assert self.manager is not None
+        unknown = sorted(set(arguments) - {"split", "index", "seed", "options", "env_kwargs", "session_id"})
+        if unknown:
+            raise _invalid(f"unknown arguments of reset: {', '.join(unknown)}")
+        for name, kind in (("split", str), ("index", int), ("seed", int), ("options", dict), ("env_kwargs", dict)):
+            value = arguments.get(name)
+            if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+                raise _invalid(f"{name} must be {'an integer' if kind is int else 'a ' + kind.__name__}")
+        _, action_kwargs = await self.env_tools()
+        env_kwargs = {**action_kwargs, **(arguments.get("env_kwargs") or {})}
+        options = dict(arguments.get("options") or {})
+        options.update({k: arguments[k] for k in ("split", "index") if arguments.get(k) is not None})
+        sid, mcp_sid = self._episode(ctx, arguments)
+        seed, reply = arguments.get("seed"), None
+        if sid is not None and sid in self.manager.sessions and self._made_with.get(sid) == env_kwargs:
+            with contextlib.suppress(SessionNotFound):
+                reply = await self.manager.reset(sid, seed=seed, options=options or None)
+        if reply is None:
+            if sid is not None:
+                await close_quietly(self.manager, sid)
+                self._made_with.pop(sid, None)
+            sid, obs, info = await self.manager.create(self.env_id, seed=seed, options=options or None,
+                                                       env_kwargs=env_kwargs)
+            self._made_with[sid] = env_kwargs
+        else:
+            obs, info = reply
+        if mcp_sid:
+            self.bound[mcp_sid] = sid
+        self._prune()
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=_text(obs))],
+            structured_content={"session_id": sid, "observation": obs, "reward": None, "done": False,
+                                "terminated": False, "truncated": False, "info": info})
+
+    async def _act(self, ctx: Any, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        assert self.manager is not None
+        tools, action_kwargs = await self.env_tools()
+        names = [str((t.get("function") or t).get("name")) for t in tools]
+        if name not in names:
+            raise _invalid(f"unknown tool {name!r}; tools: reset, {', '.join(names)}, close")
+        sid, _ = self._episode(ctx, arguments)
+        if sid is None:
+            raise _invalid("no episode: call reset first (and pass the session_id it answered when the client "
+                           "has no MCP session)")
+        call_args = {k: v for k, v in arguments.items() if k != "session_id"}
+        if self._tools == [COMMAND_TOOL]:  # an env without tools: the command is the action text
+            command = call_args.get("command")
+            if not isinstance(command, str) or set(call_args) != {"command"}:
+                raise _invalid("act takes one string argument, command")
+            action = command
+        else:  # envs.tools.encode_call: the env checks the arguments against its schema
+            action = json.dumps({"name": name, "arguments": call_args}, ensure_ascii=True)
+        if len(action.encode("utf-8")) > self.settings.max_action_bytes:
+            raise _invalid(f"action longer than max_action_bytes={self.settings.max_action_bytes}")
+        try:
+            reply = await self.manager.step(sid, action)
+        except EnvFailed:
+            self._made_with.pop(sid, None)
+            raise
+        done = reply.terminated or reply.truncated
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=_text(reply.observation))],
+            structured_content={"session_id": sid, "observation": reply.observation, "reward": reply.reward,
+                                "done": done, "terminated": reply.terminated, "truncated": reply.truncated,
+                                "info": reply.info})
+
+    def _prune(self) -> None:
+        """Forget bindings and kwargs of sessions that are gone (expired, closed by an env failure)."""
+        assert self.manager is not None
+        live = self.manager.sessions
+        for mcp_sid in [m for m, s in self.bound.items() if s not in live]:
+            del self.bound[mcp_sid]
+        for sid in [s for s in self._made_with if s not in live]:
+            del self._made_with[sid]
