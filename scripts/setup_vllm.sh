@@ -21,11 +21,13 @@ VERSION="${AGENT_RL_VLLM_VERSION:-0.32.0}"
 # weights_path/weights_iterator, reset_prefix_cache, SamplingParams per request): agent_rl/engines/vllm.py checks the
 # same number (MIN_VLLM_VERSION) at engine start.
 MIN_VERSION=0.32.0
-# The project's extras installed into the venv: everything but `cpu` (vLLM brings its own torch), so that the whole
-# test tree collects there (`pytest -m vllm` imports every test module) and the trainer runs every env.
-EXTRAS="train,ray,server,alfworld,textworld,webshop,math,code,viewer,dev"
+# The project's extras installed into the venv: those of `all` in pyproject.toml but `cpu` (vLLM brings its own
+# torch), so that the whole test tree collects there (`pytest -m vllm` imports every test module) and the trainer runs
+# every env. The stamp holds the vLLM version and pyproject.toml's hash: a changed pyproject reinstalls the project.
+EXTRAS=$(sed -n 's/^all = \["agent_rl\[\(.*\)\]"\]/\1/p' pyproject.toml | tr ',' '\n' | grep -vx 'cpu' | paste -sd, -)
+[ -n "$EXTRAS" ] || { echo "could not read the extras of 'all' in pyproject.toml" >&2; exit 2; }
 STAMP="$VENV/.agent_rl-setup"
-WANT="vllm=$VERSION extras=$EXTRAS"
+WANT="vllm=$VERSION pyproject=$(sha256sum pyproject.toml | cut -c1-16)"
 
 check() {
   # vLLM imports, is recent enough, and its LLM class loads (the broken torchvision/torchaudio make this fail).

@@ -116,9 +116,11 @@ def test_vllm_config_that_cannot_run_is_refused_at_load(overrides, reason):
 
 @pytest.mark.vllm
 @pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's CPU build: no sleep mode")
-def test_vllm_sleep_mode_on_cpu_is_refused():
+def test_vllm_sleep_mode_and_in_process_engine_on_cpu_are_refused():
     with pytest.raises(ConfigError, match="engine.sleep_mode=true: vLLM's CPU build has no sleep mode"):
         load_config([*CHEAP, "engine=vllm", "model.tiny_hidden_size=128", "engine.sleep_mode=true"])
+    with pytest.raises(ConfigError, match="engine.multiprocessing=false: vLLM's CPU build in the trainer's process"):
+        load_config([*CHEAP, "engine=vllm", "model.tiny_hidden_size=128", "engine.multiprocessing=false"])
 
 
 # ------------------------------------------------------------------------------------------- section 7

@@ -41,7 +41,9 @@ class EngineConfig:
     """vllm on CUDA: free its GPU memory (weights to CPU, KV cache dropped) during each learner update; refused on
     vLLM's CPU build, which has no sleep mode."""
     multiprocessing: bool = True
-    """vllm: its engine core in a process of its own (vLLM's default) or in the trainer's (starts faster)."""
+    """vllm: its engine core in a process of its own (vLLM's default) or in the trainer's (starts faster; CUDA only
+    for training: vLLM's CPU build in-process takes over the process's OpenMP threads and fails when the rollout
+    calls it from worker threads, so it is refused there)."""
     sync_dir: str = ""
     """vllm: folder of its sync folders (the weights file of each sync, the in-memory model it starts from); "" = the
     system temp folder. A container's /dev/shm may hold only 64 MiB: not the default. Folders of dead runs are

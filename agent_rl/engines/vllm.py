@@ -168,7 +168,7 @@ def check_config(cfg: Any, context: int | None) -> list[str]:
     Raises:
         ValueError: the reason, and what to do: no vLLM (and no CUDA), a CUDA build without CUDA, a vLLM older than
             :data:`MIN_VLLM_VERSION`, a head size the backend lacks, ``engine.max_model_len`` beyond the model's
-            context, ``engine.sleep_mode`` on CPU.
+            context, ``engine.sleep_mode`` or ``engine.multiprocessing=false`` on CPU.
     """
     eng = cfg.engine
     build = vllm_build()
@@ -190,6 +190,10 @@ def check_config(cfg: Any, context: int | None) -> list[str]:
     if eng.sleep_mode and build == "cpu":
         raise ValueError("engine.sleep_mode=true: vLLM's CPU build has no sleep mode (it frees GPU memory for the "
                          "learner); set engine.sleep_mode=false")
+    if not eng.multiprocessing and build == "cpu":
+        raise ValueError("engine.multiprocessing=false: vLLM's CPU build in the trainer's process binds its OpenMP "
+                         "threads, turns torch.set_num_threads into a no-op and then fails when called from the "
+                         "rollout's worker threads (cpu_attn thread_num check); keep engine.multiprocessing=true")
     if context and eng.max_model_len > context:
         raise ValueError(f"engine.max_model_len={eng.max_model_len} is longer than the model's context of {context} "
                          f"positions (model={cfg.model.name}); use <= {context}, or 0 for the model's own")

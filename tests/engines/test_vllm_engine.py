@@ -158,8 +158,8 @@ def test_trajectory_turns_token_in_token_out_with_several_eos_ids(tmp_path):
     base = list(model.generation_config.eos_token_id)
     model.generation_config.eos_token_id = sorted(set(base) | set(extra))
     assert len(model.generation_config.eos_token_id) >= 3
-    with get_engine("vllm", model, tok, dtype="float32", enforce_eager=True, multiprocessing=False,
-                    sync_dir=str(tmp_path)) as eng:
+    # vLLM's default process mode: the orchestrator calls the engine from worker threads (asyncio.to_thread)
+    with get_engine("vllm", model, tok, dtype="float32", enforce_eager=True, sync_dir=str(tmp_path)) as eng:
         assert eng.eos_token_ids == HFEngine(model, tok).eos_token_ids == model.generation_config.eos_token_id
         g1 = eng.generate([p1], [0.0], max_new_tokens=6)[0]
         first = next(i for i, t in enumerate(greedy) if t in eng.eos_token_ids)  # <= 2

@@ -1,0 +1,243 @@
+"""Engines side by side: hf vs vllm on the same prompts (a benchmark, not a test; ~10 minutes on 2 CPU cores).
+
+    .venv-vllm/bin/python benchmarks/bench_engines.py                  # SmolLM2, batch 32, mixed temperatures
+    .venv-vllm/bin/python benchmarks/bench_engines.py --model tiny --rounds 2 --sync-variants
+
+Run it with ``.venv-vllm`` (``bash scripts/setup_vllm.sh``): both engines are there (the hf engine needs only
+transformers). Each engine is measured in a process of its own (``--engine NAME`` is that process), so peak memory
+is that engine's alone: the sum of the resident memory of the process and its children (vLLM's engine core and
+worker), sampled every 50 ms. Per engine:
+
+- ``start_s``: building the engine (vLLM: its engine processes, weight load, KV cache; hf: nothing to build);
+- ``tokens_per_s``: generated tokens / wall time of a ``generate`` call over ``--batch`` prompts, rows alternating
+  T = 0.3 and 1.2, ``--max-new-tokens`` each (EOS ends a row early; the count is of tokens actually generated),
+  mean over ``--rounds`` calls after one warm-up call;
+- ``sync_s``: ``sync_weights`` after a change of every weight, mean over ``--syncs`` (hf: shares the module);
+- ``logprob_diff``: max |engine - learner| log-prob of the sampled tokens at each row's temperature (sanity);
+- ``peak_rss_gb``.
+
+``--sync-variants`` (vllm only) also times the reload inputs vLLM offers, for the choice the engine made: the
+safetensors file in the system temp folder or in ``/dev/shm`` (both process modes), and a weights iterator handed
+to ``collective_rpc("reload_weights")`` (in-process mode only: it cannot cross to an engine-core process).
+Threads: ``--threads`` (torch intra-op threads of the hf engine; vLLM's CPU build binds one OpenMP thread per
+allowed core). Results: ``--out/results.json`` and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+class PeakRSS:
+    """Peak of the summed RSS of this process and its descendants, sampled in a thread."""
+
+    def __init__(self, period_s: float = 0.05) -> None:
+        import psutil
+
+        self.peak, self._stop, self._me = 0, threading.Event(), psutil.Process()
+        self._thread = threading.Thread(target=self._run, args=(period_s,), daemon=True)
+        self._thread.start()
+
+    def _run(self, period_s: float) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            total = 0
+            for p in [self._me, *self._me.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+            self.peak = max(self.peak, total)
+            time.sleep(period_s)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak / 2**30
+
+
+def _prompts(tok, n: int) -> list[list[int]]:
+    items = ["apple", "lamp", "key", "book", "mug", "towel", "knife", "plate"]
+    return [list(tok.apply_chat_template(
+        [{"role": "system", "content": "You are an agent in a text game. Answer with <action>...</action>."},
+         {"role": "user", "content": f"Task {i}: pick up the {items[i % 8]} from the {items[(i + 3) % 8]} "
+                                     f"shelf; you see {', '.join(items[:(i % 5) + 3])}."}],
+        add_generation_prompt=True, tokenize=True, return_dict=False)) for i in range(n)]
+
+
+def _logprob_diff(model, prompts, gens, temps) -> float:
+    import torch
+
+    worst = 0.0
+    for p, g, t in zip(prompts, gens, temps):
+        if not g.token_ids:
+            continue
+        x = torch.tensor([p + g.token_ids])
+        with torch.no_grad():
+            z = model(x).logits[0, len(p) - 1:-1].float()
+        ref = torch.log_softmax(z / t, -1).gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
+        worst = max(worst, float((torch.tensor(g.logprobs) - ref).abs().max()))
+    return worst
+
+
+def _perturb(model, scale: float = 1e-3) -> None:
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn_like(p))
+
+
+def _time_sync_variants(engine, model, syncs: int) -> dict[str, float]:
+    """Reload inputs other than the engine's default file in its sync folder (vllm, in-process engine)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from agent_rl.engines.vllm import _state_for_vllm
+
+    out: dict[str, float] = {}
+    if Path("/dev/shm").is_dir():
+        shm = Path("/dev/shm") / f"bench-engines-{os.getpid()}"
+        shm.mkdir(exist_ok=True)
+        try:
+            times = []
+            for _ in range(syncs):
+                _perturb(model)
+                t0 = time.perf_counter()
+                save_file(_state_for_vllm(model, engine.dtype, engine.untie), str(shm / "model.safetensors"))
+                engine.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(shm)})
+                engine.llm.reset_prefix_cache()
+                times.append(time.perf_counter() - t0)
+            out["sync_file_dev_shm_s"] = sum(times) / len(times)
+        except Exception as exc:  # noqa: BLE001 (a small /dev/shm: say so)
+            print(f"  /dev/shm sync failed: {exc}", flush=True)
+        finally:
+            shutil.rmtree(shm, ignore_errors=True)
+    times = []
+    for _ in range(syncs):
+        _perturb(model)
+        t0 = time.perf_counter()
+        items = list(_state_for_vllm(model, engine.dtype, engine.untie).items())
+        engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+        engine.llm.reset_prefix_cache()
+        times.append(time.perf_counter() - t0)
+    out["sync_iterator_inprocess_s"] = sum(times) / len(times)
+    return out
+
+
+def run_engine(args: argparse.Namespace) -> dict[str, float]:
+    """One engine, in this process (``--engine NAME``)."""
+    import torch
+
+    from agent_rl.engines import get_engine
+    from agent_rl.learner.config import ModelConfig
+    from agent_rl.models import load_policy
+
+    torch.set_num_threads(args.threads)
+    kw = {"tiny_hidden_size": 128} if args.model == "tiny" else {}
+    model, tok = load_policy(ModelConfig(name=args.model, **kw))
+    model.eval()
+    prompts = _prompts(tok, args.batch)
+    temps = [0.3 if i % 2 == 0 else 1.2 for i in range(args.batch)]
+    peak = PeakRSS()
+    t0 = time.perf_counter()
+    extra = {}
+    if args.engine == "vllm":
+        extra = dict(dtype="float32", kv_cache_gb=args.kv_cache_gb, enforce_eager=args.enforce_eager,
+                     multiprocessing=not args.in_process)
+    engine = get_engine(args.engine, model, tok, batch_size=args.batch, seed=0, **extra)
+    start_s = time.perf_counter() - t0
+    try:
+        gens = engine.generate(prompts, temps, max_new_tokens=args.max_new_tokens, seed=0)  # warm-up
+        rates = []
+        for r in range(args.rounds):
+            t0 = time.perf_counter()
+            gens = engine.generate(prompts, temps, max_new_tokens=args.max_new_tokens, seed=r + 1)
+            dt = time.perf_counter() - t0
+            rates.append(sum(len(g.token_ids) for g in gens) / dt)
+            print(f"  {args.engine}: round {r + 1}: {sum(len(g.token_ids) for g in gens)} tokens in {dt:.2f} s",
+                  flush=True)
+        diff = _logprob_diff(model, prompts, gens, temps)
+        syncs = []
+        for _ in range(args.syncs):
+            _perturb(model)
+            t0 = time.perf_counter()
+            engine.sync_weights(model)
+            syncs.append(time.perf_counter() - t0)
+        gens = engine.generate(prompts[:4], temps[:4], max_new_tokens=8, seed=99)
+        diff_after_sync = _logprob_diff(model, prompts[:4], gens, temps[:4])
+        result = {"start_s": start_s, "tokens_per_s": sum(rates) / len(rates), "sync_s": sum(syncs) / len(syncs),
+                  "logprob_diff": diff, "logprob_diff_after_sync": diff_after_sync}
+        if args.engine == "vllm" and args.sync_variants and args.in_process:
+            result.update(_time_sync_variants(engine, model, args.syncs))
+        if args.engine == "vllm":
+            result["prefix_cache_hit_rate"] = engine.prefix_cache_stats()["hit_rate"]
+    finally:
+        getattr(engine, "close", lambda: None)()
+    result["peak_rss_gb"] = peak.stop()
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--syncs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv-cache-gb", type=float, default=1.0)
+    ap.add_argument("--enforce-eager", action="store_true", help="vllm: no torch.compile")
+    ap.add_argument("--sync-variants", action="store_true", help="vllm: also time the other reload inputs")
+    ap.add_argument("--engines", default="hf,vllm")
+    ap.add_argument("--engine", help=argparse.SUPPRESS)  # the per-engine child process
+    ap.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="runs/bench_engines")
+    args = ap.parse_args()
+    if args.engine:
+        print("RESULT " + json.dumps(run_engine(args)), flush=True)
+        return
+    runs = []
+    for name in args.engines.split(","):
+        runs.append((name, False))
+        if name == "vllm":
+            runs.append((name, True))  # vLLM with its engine core in this process (the other process mode)
+    results: dict[str, dict[str, float]] = {}
+    base = [a for a in sys.argv[1:] if not a.startswith("--engines")]
+    for name, in_process in runs:
+        label = f"{name}{' (in-process)' if in_process else ''}"
+        print(f"== {label}", flush=True)
+        cmd = [sys.executable, __file__, *base, "--engine", name, *(["--in-process"] if in_process else [])]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        print("\n".join(line for line in proc.stdout.splitlines() if line.startswith("  ")), flush=True)
+        if proc.returncode != 0 or not lines:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(f"{label}: exit {proc.returncode}")
+        results[label] = json.loads(lines[-1][len("RESULT "):])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"model": args.model, "batch": args.batch, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+            "threads": args.threads, "temperatures": "0.3 / 1.2 alternating", "cpus": os.cpu_count()}
+    (out / "results.json").write_text(json.dumps({"setup": meta, "results": results}, indent=2))
+    keys = sorted({k for r in results.values() for k in r})
+    print(f"\n{args.model}, batch {args.batch}, {args.max_new_tokens} new tokens, {args.threads} threads")
+    print("| metric | " + " | ".join(results) + " |")
+    print("|---|" + "---|" * len(results))
+    for k in keys:
+        print(f"| {k} | " + " | ".join(f"{r[k]:.3g}" if k in r else "-" for r in results.values()) + " |")
+
+
+if __name__ == "__main__":
+    main()
