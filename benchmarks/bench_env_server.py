@@ -1,5 +1,9 @@
 """Env-server benchmark: steps/s and p50/p99 step latency at 1, 8, 32 concurrent sessions, in-process
-(``LocalEnvPool``, worker processes) versus over HTTP (``python -m servers.serve`` + ``HTTPEnvPool``).
+(``LocalEnvPool``, worker processes) versus over HTTP (``python -m servers.serve`` + ``HTTPEnvPool``); and the
+server's three protocols side by side on one server (``--modes http,ws,mcp``): our session API (``HTTPEnvPool``),
+OpenEnv's WebSocket channel (openenv-core's ``GenericEnvClient``, one connection per session slot, kept across
+episodes: each new episode is a reset on it) and MCP (the ``mcp`` SDK's ``Client``, one per slot, stateless 2026
+protocol: ``reset`` / ``act`` tool calls naming the episode), each session count run for every protocol in turn.
 
 Workload (the AgentGym peer's, measured on these machines): each session plays 20-step episodes of uniformly random
 admissible actions on ALFWorld ``valid_unseen`` games drawn uniformly; an episode is a new session (reset), closed
@@ -13,6 +17,7 @@ after its last step, so at 8 and 32 sessions other sessions keep resetting while
     python benchmarks/bench_env_server.py --resets 1000 --sessions 4 --games 8  # same, game caches full early
     python benchmarks/bench_env_server.py --probe --sessions 8,32  # one session steps while the others reset
     python benchmarks/bench_env_server.py --env agent_rl/Calculator-v0 --duration 5   # any registered env
+    python benchmarks/bench_env_server.py --modes http,ws,mcp      # our API vs OpenEnv WS vs MCP (docs/servers.md)
 
 Goals (issue 2): HTTP overhead < 15% at 1 session; 32 sessions >= 1.6x the steps/s of 1 session; >= 2x the peer at
 32 sessions (>= 8.6 steps/s); step p99 < 1 s at 32 sessions while others reset; memory flat over 1,000 resets.
@@ -21,8 +26,9 @@ Goals (issue 2): HTTP overhead < 15% at 1 session; 32 sessions >= 1.6x the steps
 from __future__ import annotations
 
 import argparse
-import json
 import asyncio
+import contextlib
+import json
 import os
 import random
 import signal
@@ -130,6 +136,139 @@ async def measure(pool: EnvPool, mode: str, sessions: int, args: argparse.Namesp
     return run
 
 
+class OpenEnvWSPool:
+    """The :class:`EnvPool` calls over OpenEnv's WebSocket channel with openenv-core's own async client: a session
+    is a connection (``reset`` takes an idle one or opens one, and resets the server session on it in place;
+    ``close`` hands the connection back for the next episode)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self._idle: list[Any] = []
+        self._by_session: dict[str, Any] = {}
+
+    async def reset(self, env_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None,
+                    env_kwargs: dict[str, Any] | None = None):
+        from openenv import GenericEnvClient
+
+        from agent_rl.envclient import ResetResult
+
+        client = self._idle.pop() if self._idle else await GenericEnvClient(
+            base_url=self.base_url, message_timeout_s=600).connect()
+        try:
+            r = await client.reset(seed=seed, env_kwargs=env_kwargs, **(options or {}))
+        except Exception:
+            self._idle.append(client)
+            raise
+        sid = r.observation["session_id"]
+        self._by_session[sid] = client
+        return ResetResult(sid, r.observation["text"], r.observation["info"])
+
+    async def step(self, session_id: str, action: str):
+        from agent_rl.envclient import StepResult
+
+        r = await self._by_session[session_id].step({"action": action})
+        o = r.observation
+        return StepResult(o["text"], r.reward, o["terminated"], o["truncated"], o["info"])
+
+    async def close(self, session_id: str) -> None:
+        client = self._by_session.pop(session_id, None)
+        if client is not None:
+            self._idle.append(client)
+
+    async def aclose(self) -> None:
+        for client in self._idle + list(self._by_session.values()):
+            await client.close()
+        self._idle, self._by_session = [], {}
+
+
+class MCPPool:
+    """The :class:`EnvPool` calls as MCP tool calls with the ``mcp`` SDK's client (default protocol negotiation:
+    the stateless 2026 protocol against this server): one client per session slot, kept across episodes (the next
+    ``reset`` names the previous episode, which is reset in place); an action ``cmd`` is ``act(command=cmd)`` for
+    an env whose tool is ``act``, else ``name[arg]`` is the call ``name`` with ``arg`` as its one argument."""
+
+    def __init__(self, mcp_url: str) -> None:
+        self.mcp_url = mcp_url
+        self._idle: list[dict[str, Any]] = []
+        self._by_session: dict[str, dict[str, Any]] = {}
+        self._tools: dict[str, str] | None = None  # tool name -> its first required argument
+
+    async def _slot(self) -> dict[str, Any]:
+        """A client running in a task of its own (its transport's task group lives and ends there)."""
+        import httpx2
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        ready: asyncio.Future = asyncio.get_running_loop().create_future()
+        stop = asyncio.Event()
+
+        async def own() -> None:
+            try:
+                async with Client(streamable_http_client(
+                        self.mcp_url, http_client=httpx2.AsyncClient(timeout=600))) as client:
+                    ready.set_result(client)
+                    await stop.wait()
+            except BaseException as exc:
+                if not ready.done():
+                    ready.set_exception(exc)
+                raise
+
+        task = asyncio.create_task(own())
+        client = await ready
+        if self._tools is None:
+            listed = (await client.list_tools()).tools
+            self._tools = {t.name: (t.input_schema.get("required") or ["command"])[0] for t in listed}
+        return {"client": client, "stop": stop, "task": task, "sid": None}
+
+    def _call(self, action: str) -> tuple[str, dict[str, Any]]:
+        assert self._tools is not None
+        if "act" in self._tools:
+            return "act", {"command": action}
+        name, _, rest = action.partition("[")
+        if name in self._tools and rest.endswith("]"):
+            return name, {self._tools[name]: rest[:-1]}
+        return next(iter(t for t in self._tools if t not in ("reset", "close"))), {"command": action}
+
+    async def reset(self, env_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None,
+                    env_kwargs: dict[str, Any] | None = None):
+        from agent_rl.envclient import EnvClientError, ResetResult
+
+        slot = self._idle.pop() if self._idle else await self._slot()
+        arguments = {k: v for k, v in {"seed": seed, "options": options, "env_kwargs": env_kwargs,
+                                       "session_id": slot["sid"]}.items() if v is not None}
+        r = await slot["client"].call_tool("reset", arguments)
+        if r.is_error:
+            self._idle.append(slot)
+            raise EnvClientError(r.content[0].text, code=(r.structured_content or {}).get("error_code"))
+        slot["sid"] = r.structured_content["session_id"]
+        self._by_session[slot["sid"]] = slot
+        return ResetResult(slot["sid"], r.structured_content["observation"], r.structured_content["info"])
+
+    async def step(self, session_id: str, action: str):
+        from agent_rl.envclient import EnvClientError, StepResult
+
+        name, arguments = self._call(action)
+        r = await self._by_session[session_id]["client"].call_tool(name, {**arguments, "session_id": session_id})
+        if r.is_error:
+            raise EnvClientError(r.content[0].text, code=(r.structured_content or {}).get("error_code"))
+        c = r.structured_content
+        return StepResult(c["observation"], c["reward"], c["terminated"], c["truncated"], c["info"])
+
+    async def close(self, session_id: str) -> None:
+        slot = self._by_session.pop(session_id, None)
+        if slot is not None:
+            self._idle.append(slot)
+
+    async def aclose(self) -> None:
+        for slot in self._idle + list(self._by_session.values()):
+            if slot["sid"] is not None:
+                with contextlib.suppress(Exception):
+                    await slot["client"].call_tool("close", {"session_id": slot["sid"]})
+            slot["stop"].set()
+            await asyncio.gather(slot["task"], return_exceptions=True)
+        self._idle, self._by_session = [], {}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -216,7 +355,24 @@ async def bench_table(args: argparse.Namespace) -> None:
     runs: dict[tuple[str, int], Run] = {}
     max_sessions = max(counts)
     # HTTP first: the local rows then run with the warmer game cache, so the overhead is not understated.
-    if "http" in args.modes:
+    protocols = [m for m in ("ws", "mcp") if m in args.modes]
+    if protocols:  # our API, OpenEnv WS and MCP on one server, each session count for every protocol in turn
+        modes = (["http"] if "http" in args.modes else []) + protocols
+        proc, url = (None, args.url) if args.url else start_server(args, max_sessions)
+        path = f"/envs/{args.env}"
+        try:
+            make = {"http": lambda: HTTPEnvPool(url, max_connections=2 * max_sessions),
+                    "ws": lambda: OpenEnvWSPool(url + path), "mcp": lambda: MCPPool(url + path + "/mcp")}
+            for n in counts:
+                for mode in modes:
+                    print(f"{mode:<5} {n:>3} sessions for {args.ramp:.0f} + {args.duration:.0f} s ...", flush=True)
+                    pool = make[mode]()  # a fresh client per row; closing it frees the sessions it kept
+                    runs[mode, n] = await measure(pool, mode, n, args, n_games)
+                    await pool.aclose()
+        finally:
+            if proc is not None:
+                stop_server(proc)
+    elif "http" in args.modes:
         # --url: an env server already running (e.g. the compose container: the container network's cost)
         proc, url = (None, args.url) if args.url else start_server(args, max_sessions)
         try:
@@ -240,25 +396,28 @@ async def bench_table(args: argparse.Namespace) -> None:
           f"load average before: {os.getloadavg()[0]:.1f}")
     head = (f"{'sessions':>8} | {'mode':>5} | {'steps/s':>7} | {'vs 1 sess':>9} | {'p50 step s':>10} | "
             f"{'p99 step s':>10} | {'p50 reset s':>11} | {'steps':>6} | {'resets':>6} | {'errors':>6} | "
-            f"{'http/local':>10} | {'vs peer':>7}")
+            f"{'http/local':>10} | {'vs http':>7} | {'vs peer':>7}")
     print(head)
     print("-" * len(head))
     for n in counts:
-        for mode in ("local", "http"):
+        for mode in ("local", "http", "ws", "mcp"):
             run = runs.get((mode, n))
             if run is None:
                 continue
             base = runs.get((mode, counts[0]))
             other = runs.get(("local", n))
             ratio = f"{run.steps_per_s / other.steps_per_s:10.2f}" if mode == "http" and other else f"{'':>10}"
+            api = runs.get(("http", n))
+            vs_api = f"{run.steps_per_s / api.steps_per_s:7.2f}" if mode in ("ws", "mcp") and api else f"{'':>7}"
             peer = f"{run.steps_per_s / PEER[n]:7.2f}" if n in PEER and "ALFWorld" in args.env else f"{'':>7}"
-            print(f"{n:>8} | {mode:>5} | {run.steps_per_s:7.2f} | {run.steps_per_s / base.steps_per_s:9.2f} | "
+            scaling = run.steps_per_s / base.steps_per_s if base.steps_per_s else float("nan")
+            print(f"{n:>8} | {mode:>5} | {run.steps_per_s:7.2f} | {scaling:9.2f} | "
                   f"{run.pct(0.5):10.3f} | {run.pct(0.99):10.3f} | {run.pct(0.5, run.reset_latencies):11.2f} | "
-                  f"{run.steps:>6} | {run.resets:>6} | {run.errors:>6} | {ratio} | {peer}")
+                  f"{run.steps:>6} | {run.resets:>6} | {run.errors:>6} | {ratio} | {vs_api} | {peer}")
     if "ALFWorld" in args.env:
         print("peer (AgentGym): 6.6 / 6.4 / 4.3 steps/s at 1 / 8 / 32 sessions, step p99 25.7 s at 32")
     lo, hi = counts[0], counts[-1]
-    for mode in ("local", "http"):
+    for mode in ("local", "http", "ws", "mcp"):
         if (mode, lo) in runs and (mode, hi) in runs:
             print(f"{mode}: {hi} sessions deliver {runs[mode, hi].steps_per_s / runs[mode, lo].steps_per_s:.2f}x "
                   f"the steps/s of {lo} (goal >= 1.6x); step p99 at {hi}: {runs[mode, hi].pct(0.99):.3f} s "
@@ -391,7 +550,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ramp", type=float, default=10.0,
                    help="seconds run before measuring (every session's first reset starts at once)")
     p.add_argument("--episode-steps", type=int, default=20)
-    p.add_argument("--modes", default="local,http", help="local, http or both")
+    p.add_argument("--modes", default="local,http",
+                   help="comma-separated: local (LocalEnvPool), http (our session API), ws (OpenEnv WebSocket, "
+                        "openenv-core's client), mcp (MCP, the mcp SDK's client); http/ws/mcp share one server")
     p.add_argument("--url", default=None, help="http mode: measure this running server (e.g. the compose container "
                                                "http://127.0.0.1:8001) instead of starting one on loopback")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per session)")

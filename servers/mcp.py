@@ -2,7 +2,8 @@
 stateful sessions with the legacy handshake, and the 2026 stateless protocol), with the env's episode as tools:
 
 - ``reset(split?, index?, seed?, options?, env_kwargs?, session_id?)`` starts an episode and answers its
-  ``session_id`` and first observation;
+  ``session_id`` and first observation (the same task as the named or bound episode's: that session reset in place;
+  another task: a new session, the old one closed);
 - the env's own tools (an env made with ``action_format="tools"`` declares them as ``tools``, OpenAI-style function
   schemas: ALFWorld and TextWorld ``act(command)``, WebShop ``search(query)`` and ``click(target)``, the calculator
   ``calc``/``answer``); an env without tools gets one, ``act(command)``, that plays the command text. A call plays
@@ -101,7 +102,7 @@ class EnvMCP:
         self.manager: SessionManager | None = None
         self.transport: StreamableHTTPSessionManager | None = None
         self.bound: dict[str, str] = {}  # MCP session id -> env session id
-        self._made_with: dict[str, dict[str, Any]] = {}  # env session id -> its env kwargs (other kwargs: new one)
+        self._made_with: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # env session -> (kwargs, options)
         self._action_kwargs: dict[str, Any] | None = None
         self._tools: list[dict[str, Any]] | None = None
 
@@ -220,8 +221,12 @@ class EnvMCP:
         options = dict(arguments.get("options") or {})
         options.update({k: arguments[k] for k in ("split", "index") if arguments.get(k) is not None})
         sid, mcp_sid = self._episode(ctx, arguments)
+        if sid is not None and sid in self.manager.sessions and sid not in self._made_with:
+            raise _invalid(f"session {sid!r} was not opened by this MCP server's reset (it belongs to another "
+                           "client: a reset here would replace it); call reset without session_id")
         seed, reply = arguments.get("seed"), None
-        if sid is not None and sid in self.manager.sessions and self._made_with.get(sid) == env_kwargs:
+        if sid is not None and sid in self.manager.sessions and self._made_with.get(sid) == (env_kwargs, options):
+            # the same task again: in place (another task: a new session, placed where that task is loaded)
             with contextlib.suppress(SessionNotFound):
                 reply = await self.manager.reset(sid, seed=seed, options=options or None)
         if reply is None:
@@ -230,9 +235,9 @@ class EnvMCP:
                 self._made_with.pop(sid, None)
             sid, obs, info = await self.manager.create(self.env_id, seed=seed, options=options or None,
                                                        env_kwargs=env_kwargs)
-            self._made_with[sid] = env_kwargs
         else:
             obs, info = reply
+        self._made_with[sid] = (env_kwargs, options)
         if mcp_sid:
             self.bound[mcp_sid] = sid
         self._prune()

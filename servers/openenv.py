@@ -28,7 +28,8 @@ option, so ``reset(split="valid_unseen", index=3, env_kwargs={"expert": True})``
 Every surface shares the server's sessions (``GET /sessions`` lists a WS session too), limits (``max_sessions``,
 action size), TTL, errors and worker processes: a WS connection holds one session of
 :class:`envs.hosting.SessionManager` (opened by its first reset, reset in place by the next ones, closed with the
-connection; a connection silent for the TTL is closed). Errors on HTTP are our ``{"detail", "code"}`` 4xx/5xx
+connection; a connection silent for the TTL is closed; a reset of another task moves it to a new session, which the
+manager places on a worker that has that task loaded). Errors on HTTP are our ``{"detail", "code"}`` 4xx/5xx
 answers; on WS an ``{"type": "error", "data": {"message", "code", "status", "error_code"}}`` message whose
 ``code`` is OpenEnv's (``CAPACITY_REACHED``, ``VALIDATION_ERROR``, ``SESSION_ERROR``, ``EXECUTION_ERROR``,
 ``INVALID_JSON``, ``UNKNOWN_TYPE``) and ``status``/``error_code`` are what our API answers for the same situation
@@ -364,8 +365,9 @@ def _validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------------------- WebSocket
 class WSSession:
-    """One OpenEnv WebSocket connection: at most one live session of the manager, opened by the first ``reset``
-    (or by a reset whose ``env_kwargs`` differ from the open session's), reset in place by the next ones."""
+    """One OpenEnv WebSocket connection: at most one live session of the manager, opened by the first ``reset``;
+    a reset of the same task (options and env kwargs) resets it in place, a reset of another task opens a new one
+    (placed where that task is loaded) and closes the old one."""
 
     def __init__(self, manager: SessionManager, env_id: str, max_action_bytes: int, max_message_bytes: int) -> None:
         self.manager = manager
@@ -374,8 +376,10 @@ class WSSession:
         self.max_message_bytes = max_message_bytes
         self.session_id: str | None = None
         self.env_kwargs: dict[str, Any] | None = None
-        self.tools: list[dict[str, Any]] = []
+        self.options: dict[str, Any] | None = None
+        self.tools: list[dict[str, Any]] | None = None
         self.episode_id: str | None = None
+        self.episodes = 0
         self.step_count = 0
 
     async def handle(self, raw: str | bytes) -> tuple[dict[str, Any] | None, bool]:
@@ -429,15 +433,19 @@ class WSSession:
             return _ws_error(exc, opening=opening), False
 
     def state(self) -> dict[str, Any]:
+        """OpenEnv ``State`` (``episode_id``, ``step_count``) and what the connection holds: its session, the
+        episodes it started, whether the current one is over."""
         session = self.manager.sessions.get(self.session_id) if self.session_id else None
-        return {"episode_id": self.episode_id, "step_count": self.step_count, "session_id": self.session_id,
-                "env_id": self.env_id, "episodes": session.episodes if session else 0,
-                "done": session.done if session else False}
+        return {"episode_id": self.episode_id, "step_count": self.step_count,
+                "session_id": self.session_id if session else None, "env_id": self.env_id,
+                "episodes": self.episodes, "done": session.done if session else False}
 
     async def reset(self, body: ResetBody) -> dict[str, Any]:
         options = body.reset_options()
         reply: tuple[Any, dict[str, Any]] | None = None
-        if self.session_id is not None and body.env_kwargs == self.env_kwargs:
+        # the same task again: reset the session in place (its worker has the task loaded); another task or other
+        # env kwargs: a new session, which the manager places on a worker that has that task loaded, if one has
+        if self.session_id is not None and (body.env_kwargs, options) == (self.env_kwargs, self.options):
             try:
                 reply = await self.manager.reset(self.session_id, seed=body.seed, options=options)
             except SessionNotFound:  # expired (TTL) or closed by an env failure: open a new one below
@@ -450,16 +458,18 @@ class WSSession:
             self.session_id = None
             sid, obs, info = await self.manager.create(self.env_id, seed=body.seed, options=options,
                                                        env_kwargs=body.env_kwargs)
-            try:
-                self.tools = await self.manager.info(sid, "tools")
-            except BaseException:
-                await close_quietly(self.manager, sid)
-                raise
+            if self.tools is None or body.env_kwargs != self.env_kwargs:  # what the env declares: per env kwargs
+                try:
+                    self.tools = await self.manager.info(sid, "tools")
+                except BaseException:
+                    await close_quietly(self.manager, sid)
+                    raise
             self.session_id, self.env_kwargs = sid, body.env_kwargs
         else:
             obs, info = reply
-        session = self.manager.sessions[self.session_id]
-        self.episode_id = body.episode_id or f"{self.session_id}-{session.episodes}"
+        self.options = options
+        self.episodes += 1
+        self.episode_id = body.episode_id or f"{self.session_id}-{self.episodes}"
         self.step_count = 0
         return {"type": "observation", "data": {
             "observation": observation(obs, info, session_id=self.session_id, tools=self.tools),

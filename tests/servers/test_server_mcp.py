@@ -138,12 +138,17 @@ def test_mcp_tools_of_every_kind_of_env_and_protocol_errors(local):
             names = [t.name for t in (await client.list_tools()).tools]
             assert names == ["reset", "calc", "answer", "close"]
             r = await client.call_tool("reset", {"index": 0})
+            first = r.structured_content["session_id"]
             assert r.structured_content["observation"].startswith("Tom saves 17 dollars")
             r = await client.call_tool("calc", {"expression": "17 * 13 - 6"})
             assert (r.structured_content["observation"], r.structured_content["reward"]) == ("Result: 215", 0.0)
             r = await client.call_tool("answer", {"answer": 215})
             assert (r.structured_content["reward"], r.structured_content["done"]) == (1.0, True)
-            r = await client.call_tool("reset", {"index": 0})  # reset in place: the same session
+            r = await client.call_tool("reset", {"index": 0})  # the same task: the same session, reset in place
+            assert r.structured_content["session_id"] == first
+            moved = await client.call_tool("reset", {"index": 1})  # another task: a new session, the old one closed
+            assert moved.structured_content["session_id"] != first and first not in live(local)
+            r = await client.call_tool("reset", {"index": 0})
             again = await client.call_tool("answer", {"answer": "not a number"})  # the env judges the arguments
             assert again.structured_content["info"]["invalid_action"] is True and not again.is_error
             for name, arguments, message in [("teleport", {}, "unknown tool 'teleport'"),
@@ -154,6 +159,14 @@ def test_mcp_tools_of_every_kind_of_env_and_protocol_errors(local):
                     await client.call_tool(name, arguments)
             rejected = await client.call_tool("reset", {"index": -1})  # the env refuses the option: a tool error
             assert rejected.is_error and rejected.structured_content["error_code"] == "invalid_request"
+            # one set of sessions: MCP plays a session our API opened, but never resets it away
+            other = httpx.post(local + "/sessions", json={"env_id": CALC, "options": {"index": 0},
+                                                          "env_kwargs": {"action_format": "tools"}}).json()
+            played = await client.call_tool("answer", {"answer": 215, "session_id": other["session_id"]})
+            assert played.structured_content["reward"] == 1.0
+            with pytest.raises(MCPError, match="was not opened by this MCP server"):
+                await client.call_tool("reset", {"session_id": other["session_id"]})
+            assert httpx.delete(f"{local}/sessions/{other['session_id']}").status_code == 204
         async with mcp_client(local, TOOL) as client:  # a user's env that declares tools (no action_format)
             assert [t.name for t in (await client.list_tools()).tools] == ["reset", "say", "finish", "close"]
             await client.call_tool("reset", {})

@@ -203,11 +203,15 @@ def test_openenv_client_plays_an_episode_over_ws_in_a_session_of_ours(local):
                                                                                           True)
         with pytest.raises(RuntimeError, match=r"episode of session .* is over.*SESSION_ERROR"):
             env.step({"action": "answer[215]"})
-        r = env.reset(index=1, episode_id="my-episode")  # a new episode in the same session
-        assert r.observation["session_id"] == sid and env.state()["episode_id"] == "my-episode"
-        assert env.state()["episodes"] == 2 and r.observation["info"]["task_id"] == "calculator/1"
+        r = env.reset(index=1, episode_id="my-episode")  # another task: a new session (placed by task), old closed
+        second = r.observation["session_id"]
+        assert second != sid and [s["session_id"] for s in sessions(local)] == [second]
+        assert env.state()["episode_id"] == "my-episode" and r.observation["info"]["task_id"] == "calculator/1"
+        r = env.reset(index=1)  # the same task again: the same session, reset in place
+        assert r.observation["session_id"] == second and env.state()["episodes"] == 3
+        assert [s["episodes"] for s in sessions(local)] == [2]
         r = env.reset(index=1, env_kwargs={"action_format": "tools"})  # other env kwargs: a new session
-        assert r.observation["session_id"] != sid
+        assert r.observation["session_id"] != second
         assert [t["function"]["name"] for t in r.observation["tools"]] == ["calc", "answer"]
         assert [s["session_id"] for s in sessions(local)] == [r.observation["session_id"]]
     wait_until(lambda: sessions(local) == [])  # the connection's session closed with it
@@ -417,3 +421,30 @@ def test_openenv_client_wins_webshop_expert_episodes_over_ws(webshop_url):
     assert [(g, reward, won) for g, reward, won, _ in played] == [(g, 1.0, True) for g in range(4)]
     assert played[0][3][1:] == ["click[b0743jkhbv]", 'click[28" x 28"]', "click[buy now]"]
     wait_until(lambda: sessions(webshop_url, TOKEN) == [])
+
+
+def test_the_trl_snippet_in_docs_plays_webshop(webshop_url):
+    """docs/servers.md's TRL environment class, run as written (its ENV_URL pointed at the test server, with the
+    token): goal 0 (val index 0) with the oracle's actions through its search/click tools wins, reward_func reads
+    1.0, a tool call after the end raises as TRL expects."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "servers.md").read_text()
+    code = re.search(r"<!-- snippet: trl-environment -->\s*```python\n(.*?)```", doc, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "docs/servers.md", "exec"), namespace)
+    assert namespace["ENV_URL"] == "http://127.0.0.1:8002/envs/agent_rl/WebShop-v0"
+    namespace["ENV_URL"] = client_url(webshop_url, WEBSHOP, TOKEN)
+    env = namespace["WebShopEnv"]()
+    first = env.reset(index=0)
+    assert "double sided, machine washable decorative pillows" in first.lower()
+    env.search('Find me double sided, machine washable decorative pillows with printing technology with size: '
+               '28" x 28"')
+    env.click("b0743jkhbv")
+    env.click('28" x 28"')
+    env.click("buy now")
+    assert (env.done, namespace["reward_func"]([env])) == (True, [1.0])
+    with pytest.raises(ValueError, match="over"):
+        env.click("buy now")
+    env.client.close()
