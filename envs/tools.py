@@ -29,13 +29,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-__all__ = ["ACTION_FORMATS", "ToolCall", "ToolCallError", "check_action_format", "decode_action", "encode_call",
-           "encode_invalid", "function_tool", "command_tool", "named_tools", "task_tool_step", "TOOLS_BY_NAME", "invalid_call_text", "require_call", "tool_names", "run_python",
-           "PYTHON_TOOL"]
+__all__ = ["ACTION_FORMATS", "PYTHON_TOOL", "TOOLS_BY_NAME", "ToolCall", "ToolCallError", "check_action_format",
+           "command_tool", "decode_action", "encode_call", "encode_invalid", "function_tool", "invalid_call_text",
+           "named_tools", "require_call", "run_python", "task_tool_step", "tool_names"]
 
 ACTION_FORMATS = ("text", "tools")
-"""``text``: the env's own text commands (``go to desk 1``, ``search[...]``); ``tools``: :data:`ACTION_FORMATS`
-encoding of tool calls (this module)."""
+"""``text``: the env's own text commands (``go to desk 1``, ``search[...]``); ``tools``: tool calls in this
+module's encoding."""
 
 INVALID_KEY = "invalid_tool_call"
 

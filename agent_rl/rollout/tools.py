@@ -101,7 +101,8 @@ def tool_call_format_names() -> list[str]:
 def get_tool_call_format(name: str) -> ToolCallFormat:
     """The format registered as ``name``; ``ValueError`` lists the valid names (``model.tool_call_format``)."""
     if name not in _FORMATS:
-        raise ValueError(f"unknown tool-call format {name!r} (model.tool_call_format); valid: {tool_call_format_names()}")
+        raise ValueError(f"unknown tool-call format {name!r} (model.tool_call_format); "
+                         f"valid: {tool_call_format_names()}")
     return _FORMATS[name]()
 
 

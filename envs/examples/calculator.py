@@ -43,7 +43,8 @@ from envs.tools import ToolCallError, check_action_format, function_tool, invali
 __all__ = ["CALCULATOR_TOOLS", "CalculatorEnv", "safe_eval", "format_number", "TEMPLATES"]
 
 CALCULATOR_TOOLS = [
-    function_tool("calc", "Evaluate an arithmetic expression (numbers, + - * / // % **, parentheses) and get its value.",
+    function_tool("calc", "Evaluate an arithmetic expression (numbers, + - * / // % **, parentheses) and get its "
+                  "value.",
                   {"expression": {"type": "string", "description": "the expression, e.g. \"(3 + 4) * 2\""}}),
     function_tool("answer", "Submit the final answer to the problem; this ends the episode.",
                   {"answer": {"type": "number", "description": "the answer, a number"}}),
