@@ -12,7 +12,11 @@ How (every prompt, every follow-up turn, every behaviour-cloning target goes thr
    content replaced by a unique placeholder, once with the real contents. The placeholder render splits the text into
    the template's own text (control) and each message's content (data); the real render must be exactly those pieces
    with the contents put back (a content may be whitespace-trimmed, as Llama-3-style ``| trim`` templates do), else
-   :class:`ChatTemplateError` (a template that rewrites or branches on content cannot be split safely).
+   :class:`ChatTemplateError` (a template that rewrites or branches on content cannot be split safely). Tools mode
+   (docs/tools.md): the strings of the tool schemas passed as ``tools=`` and of assistant messages' ``tool_calls``
+   (names, descriptions, argument names and values) get placeholders too (schema keywords and ``type`` values stay,
+   so a template can branch on them); they may appear any number of times, as written or JSON-escaped
+   (``| tojson``). A message with empty content gets none (templates skip empty contents).
 2. :func:`encode_segments` cuts the template's text at its special-token strings (each becomes its id) and encodes
    every run of text between them, data included, with ``split_special_tokens=True`` (a special token's string in
    the run is encoded as the plain characters it spells). Non-special added tokens (e.g. a ``<think>`` token added
