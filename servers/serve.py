@@ -3,7 +3,9 @@
     python -m servers.serve --env agent_rl/ALFWorld-v0 --host 127.0.0.1 --port 8001
     python -m servers.serve --import mypkg.myenv --env mypkg/MyEnv-v0 --token "$TOKEN"
 
-Binds 127.0.0.1 unless ``--host`` says otherwise. ``GET /health`` answers 200 once the server is ready: every
+Serves our session API and, for each env, OpenEnv (HTTP and ``WS /ws``) and MCP under ``/envs/<env id>`` (``GET
+/envs`` lists the paths; a one-env server answers them at its root too). Binds 127.0.0.1 unless ``--host`` says
+otherwise. ``GET /health`` answers 200 once the server is ready: every
 served env has made and reset one session with its defaults; if one cannot (missing or empty data), the server
 exits with status 3 and one last line naming the env, the resolved data path and the counts found.
 """
@@ -30,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--token", default=os.environ.get("AGENT_RL_SERVER_TOKEN") or None,
-                   help="bearer token required on every route but /health (default $AGENT_RL_SERVER_TOKEN)")
+                   help="token required on every route but the health checks, on every surface (Authorization: "
+                        "Bearer <token>, or Basic with it as password; default $AGENT_RL_SERVER_TOKEN)")
     p.add_argument("--max-sessions", type=int, default=64, help="live sessions at most (503 beyond)")
     p.add_argument("--workers", type=int, default=None,
                    help="env worker processes at most (default: max-sessions, one process per session)")

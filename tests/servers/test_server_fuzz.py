@@ -273,9 +273,9 @@ def test_fuzz_the_openenv_ws_channel(server):
                 message if isinstance(message, str) else json.dumps(message))
             ws = holder["ws"]
             ws.send(text)
-            if isinstance(message, dict) and message.get("type") == "close" and set(message) <= {"type", "data"} \
-                    and isinstance(message.get("data", {}), dict):
-                holder["ws"] = connect(address, open_timeout=30).__enter__()  # closed by the server: a new one
+            if message == {"type": "close"}:  # OpenEnv's close message (no data): the server closes the connection
+                ws.close()
+                holder["ws"] = connect(address, open_timeout=30).__enter__()
                 counts["close"] += 1
                 return
             raw = ws.recv(timeout=120)
