@@ -43,7 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent_rl.envclient import EnvPool, HTTPEnvPool, LocalEnvPool  # noqa: E402
+from agent_rl.envclient import EnvClientError, EnvPool, HTTPEnvPool, LocalEnvPool, ResetResult, StepResult  # noqa: E402
 from servers.wait import ServerExited, wait_healthy  # noqa: E402
 
 PEER = {1: 6.6, 8: 6.4, 32: 4.3}  # AgentGym's ALFWorld server, steps/s (step p99 25.7 s at 32)
@@ -142,17 +142,16 @@ class OpenEnvWSPool:
     ``close`` hands the connection back for the next episode)."""
 
     def __init__(self, base_url: str) -> None:
+        from openenv import GenericEnvClient  # deferred: openenv-core imports gradio (seconds), only ws mode needs it
+
+        self._client_cls = GenericEnvClient  # imported here, before the clock runs
         self.base_url = base_url
         self._idle: list[Any] = []
         self._by_session: dict[str, Any] = {}
 
     async def reset(self, env_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None,
                     env_kwargs: dict[str, Any] | None = None):
-        from openenv import GenericEnvClient
-
-        from agent_rl.envclient import ResetResult
-
-        client = self._idle.pop() if self._idle else await GenericEnvClient(
+        client = self._idle.pop() if self._idle else await self._client_cls(
             base_url=self.base_url, message_timeout_s=600).connect()
         try:
             r = await client.reset(seed=seed, env_kwargs=env_kwargs, **(options or {}))
@@ -164,8 +163,6 @@ class OpenEnvWSPool:
         return ResetResult(sid, r.observation["text"], r.observation["info"])
 
     async def step(self, session_id: str, action: str):
-        from agent_rl.envclient import StepResult
-
         r = await self._by_session[session_id].step({"action": action})
         o = r.observation
         return StepResult(o["text"], r.reward, o["terminated"], o["truncated"], o["info"])
@@ -188,6 +185,8 @@ class MCPPool:
     an env whose tool is ``act``, else ``name[arg]`` is the call ``name`` with ``arg`` as its one argument."""
 
     def __init__(self, mcp_url: str) -> None:
+        import mcp.client.streamable_http  # noqa: F401  (deferred: only mcp mode needs the SDK; before the clock runs)
+
         self.mcp_url = mcp_url
         self._idle: list[dict[str, Any]] = []
         self._by_session: dict[str, dict[str, Any]] = {}
@@ -231,8 +230,6 @@ class MCPPool:
 
     async def reset(self, env_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None,
                     env_kwargs: dict[str, Any] | None = None):
-        from agent_rl.envclient import EnvClientError, ResetResult
-
         slot = self._idle.pop() if self._idle else await self._slot()
         arguments = {k: v for k, v in {"seed": seed, "options": options, "env_kwargs": env_kwargs,
                                        "session_id": slot["sid"]}.items() if v is not None}
@@ -245,8 +242,6 @@ class MCPPool:
         return ResetResult(slot["sid"], r.structured_content["observation"], r.structured_content["info"])
 
     async def step(self, session_id: str, action: str):
-        from agent_rl.envclient import EnvClientError, StepResult
-
         name, arguments = self._call(action)
         r = await self._by_session[session_id]["client"].call_tool(name, {**arguments, "session_id": session_id})
         if r.is_error:
@@ -418,7 +413,7 @@ async def bench_table(args: argparse.Namespace) -> None:
         print("peer (AgentGym): 6.6 / 6.4 / 4.3 steps/s at 1 / 8 / 32 sessions, step p99 25.7 s at 32")
     lo, hi = counts[0], counts[-1]
     for mode in ("local", "http", "ws", "mcp"):
-        if (mode, lo) in runs and (mode, hi) in runs:
+        if (mode, lo) in runs and (mode, hi) in runs and runs[mode, lo].steps_per_s:
             print(f"{mode}: {hi} sessions deliver {runs[mode, hi].steps_per_s / runs[mode, lo].steps_per_s:.2f}x "
                   f"the steps/s of {lo} (goal >= 1.6x); step p99 at {hi}: {runs[mode, hi].pct(0.99):.3f} s "
                   f"(goal < 1 s)")

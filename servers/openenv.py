@@ -55,6 +55,7 @@ import time
 from typing import Any
 from urllib.parse import quote
 
+import gymnasium
 from fastapi import APIRouter, Body, Depends, HTTPException, Request, WebSocket
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -616,8 +617,6 @@ def build_router(env_id: str, facts: EnvFacts, *, health: bool = True) -> APIRou
     @router.get("/metadata", response_model=EnvMetadata, dependencies=auth, responses={500: _E, 503: _E, 504: _E},
                 summary="OpenEnv metadata, with the env's declared tools")
     async def metadata(request: Request) -> EnvMetadata:
-        import gymnasium
-
         spec = gymnasium.spec(env_id)
         entry = spec.entry_point if isinstance(spec.entry_point, str) else getattr(spec.entry_point, "__qualname__",
                                                                                    repr(spec.entry_point))
