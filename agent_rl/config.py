@@ -18,10 +18,22 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
+import gymnasium
+import torch
+
+import envs  # noqa: F401 (registers the built-in ids)
+from agent_rl import algos
+from agent_rl.engines import engine_names
 from agent_rl.engines.config import EngineConfig
+from agent_rl.engines.vllm import check_config as check_vllm
+from agent_rl.episodes import parse_save_episodes
 from agent_rl.eval.config import EvalConfig
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
+from agent_rl.models import model_context_length
+from agent_rl.rollout import get_prompt
 from agent_rl.rollout.config import RolloutConfig, TaskSamplerConfig
+from agent_rl.rollout.tools import get_tool_call_format
+from envs.wrappers import WRAPPER_KWARGS
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SCHEMA_NAME = "agent_rl_schema"
@@ -177,11 +189,9 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.total_steps < 1 or self.tasks_per_step < 1 or self.save_every < 1:
             raise ValueError("trainer.total_steps, tasks_per_step, save_every must be >= 1")
-        from agent_rl.episodes import parse_save_episodes
-
         parse_save_episodes(self.save_episodes)  # ValueError naming the valid values
-        if self.backend not in ("local", "ray"):
-            raise ValueError(f"trainer.backend={self.backend!r} is not valid; valid values: local, ray")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"trainer.backend={self.backend!r} is not valid; valid values: {', '.join(BACKENDS)}")
         if self.num_learners < 1:
             raise ValueError("trainer.num_learners must be >= 1")
         if self.resume_weights_only and not self.resume:
@@ -190,9 +200,64 @@ class TrainerConfig:
 
 
 @dataclass
+class SFTConfig:
+    """Behaviour cloning (``python -m agent_rl.sft``, ``sft.*``): expert episodes collected once, then epochs of
+    cross-entropy on their action tokens (the RL rows). Read only by ``agent_rl.sft``."""
+
+    num_episodes: int = 64
+    """Expert episodes to collect (tasks drawn from ``env.sampler``)."""
+    epochs: int = 1
+    """Passes over the collected rows."""
+    batch_size: int = 16
+    """Rows per optimizer step."""
+    micro_batch_size: int = 8
+    """Rows per forward/backward (gradient accumulation up to ``batch_size``)."""
+    keep_lost: bool = False
+    """Also train on expert episodes that did not win."""
+    response_template: str = "<action>{action}</action>"
+    """The target response of a turn; ``{action}`` is the expert action."""
+    append_eos: bool = True
+    """End the target response with the tokenizer's EOS (the chat template's end-of-turn)."""
+    concurrency: int = 8
+    """Expert episodes played at once while collecting."""
+    expert_kwarg: str | None = None
+    """Env constructor kwarg that turns ``info["expert_action"]`` on; None = the env family's (``envs.families``:
+    ``expert`` for every built-in env with an expert, and for an env that describes none); "" = the env always
+    gives it."""
+
+    def __post_init__(self) -> None:
+        if self.num_episodes < 1 or self.epochs < 1 or self.batch_size < 1 or self.micro_batch_size < 1:
+            raise ValueError("sft.num_episodes, epochs, batch_size, micro_batch_size must be >= 1")
+        if "{action}" not in self.response_template:
+            raise ValueError("sft.response_template must contain {action}")
+
+
+@dataclass(frozen=True)
+class BackendCapabilities:
+    """What a training backend can do (``trainer.backend``); a config asking for more is refused at load time
+    (:func:`check_trainable`), never run with a silent difference."""
+
+    prefetch: bool
+    """The next step's env resets run during this step's update (the loop asks for it when offered)."""
+    refill: bool
+    """DAPO's dynamic sampling draws new tasks for the groups it filters (``algo.dapo_max_extra_rounds``)."""
+    data_parallel: bool
+    """Several learner ranks (``trainer.num_learners > 1``)."""
+    rollout_workers: bool
+    """Several rollout workers and env-server replicas (``rollout.num_workers``, ``env_server.replicas`` > 1)."""
+
+
+#: ``trainer.backend`` -> its capabilities (``agent_rl.local.LocalBackend``, ``agent_rl.distributed.backend``).
+BACKENDS: dict[str, BackendCapabilities] = {
+    "local": BackendCapabilities(prefetch=True, refill=True, data_parallel=False, rollout_workers=False),
+    "ray": BackendCapabilities(prefetch=False, refill=True, data_parallel=True, rollout_workers=True),
+}
+
+
+@dataclass
 class Config:
     """The whole run. Groups: env, algo, credit, schedule, model, engine, trainer; plus rollout, optim,
-    env_server, data set in ``configs/config.yaml`` and on the command line."""
+    env_server, data, eval, sft set in ``configs/config.yaml`` and on the command line."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -206,6 +271,7 @@ class Config:
     env_server: EnvServerConfig = field(default_factory=EnvServerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
     def __post_init__(self) -> None:
         # Derived defaults that span groups (algo depends on engine).
@@ -360,10 +426,6 @@ DEVICE_HELP = "auto, cpu, cuda, cuda:N"
 def _registry_checks(cfg: Config) -> None:
     """Registry names (after ``trainer.imports``, which may register a user's entries): ``ValueError`` listing the
     valid names."""
-    from agent_rl import algos
-    from agent_rl.engines import engine_names
-    from agent_rl.rollout import get_prompt
-
     if not cfg.algo.uses_critic:
         algos.get_adv_estimator(cfg.algo.adv_estimator)
     algos.get_policy_loss(cfg.algo.policy_loss)
@@ -383,8 +445,6 @@ def _registry_checks(cfg: Config) -> None:
         raise ValueError(f"unknown engine {cfg.engine.name!r} (engine.name); valid names: {engine_names()}.{hint}")
     get_prompt(cfg.env.prompt)
     if cfg.env.action_format == "tools":
-        from agent_rl.rollout.tools import get_tool_call_format
-
         get_tool_call_format(cfg.model.tool_call_format)
 
 
@@ -412,11 +472,6 @@ def _import_all(key: str, modules: list[str]) -> None:
 def _env_checks(cfg: Config) -> None:
     """``env.id`` registered (built-ins and ``env_server.imports``) and ``env.kwargs`` accepted by its constructor.
     Skipped for env servers given by URL (their registry is theirs). The turn budget has one key, rollout.max_turns."""
-    import gymnasium
-
-    import envs  # noqa: F401 (registers the built-in ids)
-    from envs.wrappers import WRAPPER_KWARGS
-
     if "max_episode_steps" in cfg.env.kwargs:
         raise ConfigError("env.kwargs.max_episode_steps is not a key here: the turn budget is rollout.max_turns "
                           "(passed to the env as gymnasium's max_episode_steps)")
@@ -450,8 +505,6 @@ def _env_checks(cfg: Config) -> None:
 
 
 def _device_checks(cfg: Config) -> None:
-    import torch
-
     name = cfg.trainer.device
     if name == "auto":
         return
@@ -500,8 +553,6 @@ def check_trainable(cfg: Config) -> list[str]:
     Raises:
         ConfigError: what, where, and the valid choices.
     """
-    from agent_rl.models import model_context_length
-
     notes: list[str] = []
     _import_all("trainer.imports", cfg.trainer.imports)
     try:
@@ -518,8 +569,6 @@ def check_trainable(cfg: Config) -> list[str]:
     context = model_context_length(cfg.model)
     source = f"model={cfg.model.name}"
     if cfg.engine.name == "vllm":  # vLLM found, recent enough, head size and context it can run (engines/vllm.py)
-        from agent_rl.engines.vllm import check_config as check_vllm
-
         try:
             notes += check_vllm(cfg, context)
         except ValueError as exc:
@@ -544,6 +593,7 @@ def check_trainable(cfg: Config) -> list[str]:
     if algo.dapo_overlong and algo.dapo_overlong_cache_len > algo.dapo_overlong_max_len:
         raise ConfigError(f"algo.dapo_overlong_cache_len={algo.dapo_overlong_cache_len} must be <= "
                           f"algo.dapo_overlong_max_len={algo.dapo_overlong_max_len}")
+    _backend_checks(cfg)
     mini = algo.num_mini_batches
     if mini > cfg.trainer.tasks_per_step:
         notes.append(f"algo.num_mini_batches={mini} > trainer.tasks_per_step={cfg.trainer.tasks_per_step}: "
@@ -553,6 +603,24 @@ def check_trainable(cfg: Config) -> list[str]:
                      "the penalised distribution while the learner's log-probs are unpenalised (off-policy by that "
                      "much; the reference code does the same)")
     return notes
+
+
+def _backend_checks(cfg: Config) -> None:
+    """What ``trainer.backend`` cannot do (:data:`BACKENDS`) is refused here, with the backend that can."""
+    t, caps = cfg.trainer, BACKENDS[cfg.trainer.backend]
+    asks = [(t.num_learners > 1, "data_parallel", f"trainer.num_learners={t.num_learners}"),
+            (cfg.rollout.num_workers > 1, "rollout_workers", f"rollout.num_workers={cfg.rollout.num_workers}"),
+            (cfg.env_server.replicas > 1, "rollout_workers", f"env_server.replicas={cfg.env_server.replicas}"),
+            (cfg.algo.dapo_dynamic_sampling and cfg.algo.dapo_max_extra_rounds > 0, "refill",
+             f"algo.dapo_dynamic_sampling with algo.dapo_max_extra_rounds={cfg.algo.dapo_max_extra_rounds}")]
+    for asked, capability, what in asks:
+        if asked and not getattr(caps, capability):
+            able = [name for name, c in BACKENDS.items() if getattr(c, capability)]
+            raise ConfigError(f"{what} needs a backend with {capability.replace('_', ' ')} (trainer.backend="
+                              f"{'|'.join(able)}); trainer.backend={t.backend} has none")
+    if t.num_learners > t.tasks_per_step:
+        raise ConfigError(f"trainer.tasks_per_step={t.tasks_per_step} < trainer.num_learners={t.num_learners}: every "
+                          "learner rank needs at least one whole group")
 
 
 # ------------------------------------------------------------------------------------------------------ resume
@@ -574,6 +642,8 @@ RESUME_MAY_CHANGE = (
     "model.attn_implementation",
     # evaluation settings (they do not touch training)
     "eval.",
+    # behaviour cloning's own keys (an RL run reads none; a behaviour-cloning resume may add epochs)
+    "sft.",
 )
 """Keys (or prefixes ending in ".") a resumed run may change freely: they do not change what is trained. Keys of
 :data:`RESUME_APPLIED` may change with ``trainer.resume_allow_changes=true``; every other key must match the

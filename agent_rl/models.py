@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from agent_rl.learner.config import ModelConfig
+from envs.data import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,6 @@ CHATML_TEMPLATE = (
 
 def models_cache_dir() -> Path:
     """``envs.data.cache_dir() / "models"`` (created on demand)."""
-    from envs.data import cache_dir
-
     path = cache_dir() / "models"
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -122,6 +122,17 @@ class RolloutBatch:
         extras = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in (self.extras or {}).items()}
         return RolloutBatch(**moved, extras=extras)
 
+    def select_rows(self, rows: torch.Tensor) -> "RolloutBatch":
+        """Rows ``rows`` ((b,) long, in that order) of this batch. The per-episode tensors (``episode_*``, (E,)) and
+        ``episode_*`` extras stay whole, so ``episode_index`` keeps pointing into them; row-sized tensor extras are
+        sliced with the rows."""
+        n = self.num_rows
+        out = {f: getattr(self, f) if f.startswith("episode_") and f != "episode_index" else getattr(self, f)[rows]
+               for f in _TENSOR_FIELDS}
+        extras = {k: v[rows] if isinstance(v, torch.Tensor) and not k.startswith("episode_") and v.dim() >= 1
+                  and v.shape[0] == n else v for k, v in (self.extras or {}).items()}
+        return RolloutBatch(**out, extras=extras)
+
     @property
     def won(self) -> torch.Tensor | None:
         """(B,) bool, the row's episode was won (``extras["episode_won"]`` (E,) broadcast, or ``extras["won"]``

@@ -1,5 +1,6 @@
-"""Fault injection: real training runs (``agent_rl.train.train_loop``: rollout orchestrator, HTTP env client, tiny
-policy, learner updates) against env servers that are broken on purpose mid-rollout; nothing may be lost.
+"""Fault injection: real training runs (``agent_rl.loop.run`` on ``LocalBackend``: rollout orchestrator, HTTP env
+client, tiny policy, learner updates) against env servers that are broken on purpose mid-rollout; nothing may be
+lost.
 
     python benchmarks/bench_faults.py                                # every fault, WebShop servers started here
     python benchmarks/bench_faults.py --env alfworld --faults worker_kill,server_restart
@@ -260,12 +261,12 @@ class Observer:
         self.pools: list[Any] = []
 
     def install(self) -> contextlib.AbstractContextManager[None]:
-        from agent_rl import train
+        from agent_rl import local
         from agent_rl.rollout import orchestrator
         from agent_rl.rollout.orchestrator import group_temperatures
 
         observer, original = self, orchestrator.RolloutOrchestrator.collect
-        original_pool = train.open_env_pool
+        original_pool = local.open_env_pool  # the name LocalBackend opens its pool with
 
         async def collect(orch, sample_tasks, num_groups, algo, step, **kwargs):
             observer.step = step
@@ -298,12 +299,12 @@ class Observer:
         @contextlib.contextmanager
         def patched():
             orchestrator.RolloutOrchestrator.collect = collect
-            train.open_env_pool = open_env_pool
+            local.open_env_pool = open_env_pool
             try:
                 yield
             finally:
                 orchestrator.RolloutOrchestrator.collect = original
-                train.open_env_pool = original_pool
+                local.open_env_pool = original_pool
 
         return patched()
 
@@ -336,7 +337,9 @@ async def run_training(args: argparse.Namespace, fault: str, url: str | None, in
     """Train ``--steps`` steps against ``url`` (None: the trainer's auto-started server) while ``inject(observer,
     outcome)`` runs; fills the outcome's counters."""
     from agent_rl.config import load_config
-    from agent_rl.train import train_loop
+    from agent_rl.local import LocalBackend
+    from agent_rl.loop import run
+    from agent_rl.progress import Progress
 
     out_dir = Path(tempfile.mkdtemp(prefix=f"faults_{fault}_", dir=args.work))
     outcome = Outcome(fault)
@@ -345,7 +348,8 @@ async def run_training(args: argparse.Namespace, fault: str, url: str | None, in
     with observer.install():
         injector = asyncio.ensure_future(inject(observer, outcome))
         try:
-            await train_loop(cfg, out_dir)
+            progress = Progress(enabled=cfg.trainer.progress)
+            await run(cfg, out_dir, LocalBackend(cfg, out_dir, progress), progress)
         except Exception as exc:  # noqa: BLE001 (reported)
             outcome.note = f"run raised {type(exc).__name__}: {str(exc).splitlines()[0]}"
         finally:
@@ -539,10 +543,10 @@ async def fault_trainer_ckpt(args, server) -> Outcome:
 async def fault_autoserver(args, server) -> list[Outcome]:
     """The trainer's own env server (env_server.urls empty) SIGKILLed mid-rollout: restarted, the run goes on; with
     env_server.max_restarts=0 the run stops with the reason within seconds."""
-    from agent_rl import train
+    from agent_rl import runtime
 
     started: list[Any] = []
-    original = train.env_server
+    original = runtime.env_server  # open_env_pool starts the run's server through this name
 
     @contextlib.contextmanager
     def recording(*a):
@@ -551,7 +555,7 @@ async def fault_autoserver(args, server) -> list[Outcome]:
             yield srv
 
     results = []
-    train.env_server = recording
+    runtime.env_server = recording
     try:
         for limit in (3, 0):
             started.clear()
@@ -593,7 +597,7 @@ async def fault_autoserver(args, server) -> list[Outcome]:
                     outcome.ok = False
             results.append(outcome)
     finally:
-        train.env_server = original
+        runtime.env_server = original
     return results
 
 

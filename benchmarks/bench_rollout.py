@@ -29,7 +29,7 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
     from agent_rl.learner.config import AlgoConfig
     from agent_rl.models import load_policy
     from agent_rl.rollout import GroupSpec, RolloutOrchestrator, TaskSampler, get_prompt, group_temperatures
-    from agent_rl.train import open_env_pool
+    from agent_rl.runtime import open_env_pool
 
     torch.set_num_threads(args.threads)
     cfg = load_config([f"env={args.env}", f"model={args.model}", f"env_server.mode={args.mode}",

@@ -279,3 +279,28 @@ def test_one_default_per_concept():
     assert load_config([*CHEAP, "algo=tgrl"]).credit.name == "js"  # the preset's choice
     model, tok = load_policy(load_config(CHEAP).model)
     assert Learner(model, tok, AlgoConfig(name="tgrl"), OptimConfig()).credit == Config().credit  # no hidden rule
+
+
+# ------------------------------------------------------------------------------------- backend capabilities
+@pytest.mark.parametrize("override,needs", [
+    ("trainer.num_learners=2", "trainer.num_learners=2 needs a backend with data parallel (trainer.backend=ray)"),
+    ("rollout.num_workers=2", "rollout.num_workers=2 needs a backend with rollout workers (trainer.backend=ray)"),
+    ("env_server.replicas=2", "env_server.replicas=2 needs a backend with rollout workers (trainer.backend=ray)"),
+])
+def test_what_the_local_backend_cannot_do_is_refused_at_load(override, needs):
+    with pytest.raises(ConfigError, match=re.escape(needs + "; trainer.backend=local has none")):
+        load_config([*CHEAP, "algo=grpo", override])
+    assert load_config([*CHEAP, "algo=grpo", override, "trainer.backend=ray", "trainer.tasks_per_step=2"])
+
+
+def test_every_learner_rank_needs_a_group_at_load():
+    with pytest.raises(ConfigError, match="trainer.tasks_per_step=1 < trainer.num_learners=2: every learner rank"):
+        load_config([*CHEAP, "algo=grpo", "trainer.backend=ray", "trainer.num_learners=2", "trainer.tasks_per_step=1"])
+
+
+def test_sft_keys_are_validated_with_the_rest_of_the_config():
+    with pytest.raises(ConfigError, match=r"sft has no key 'epoch'.*Did you mean 'sft.epochs'"):
+        load_config([*CHEAP, "sft.epoch=2"])
+    with pytest.raises(ConfigError, match="sft.response_template must contain {action}"):
+        load_config([*CHEAP, "sft.response_template=plain"])
+    assert load_config([*CHEAP, "sft.epochs=3"]).sft.epochs == 3

@@ -1,41 +1,48 @@
 """The Ray actors of the ``ray`` backend: learner ranks, rollout workers, env-server replicas.
 
-Plain classes here; :mod:`agent_rl.distributed.trainer` turns them into actors with ``ray.remote(...)`` and the
-resources of each role, so this module imports without Ray.
+Plain classes here; :class:`agent_rl.distributed.backend.RayBackend` turns them into actors with
+``ray.remote(...)`` and the resources of each role, so this module imports without Ray.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
+import ctypes
 import os
-import socket
+import signal
+import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from agent_rl.distributed.data_parallel import DataParallel, init_process_group
+from agent_rl.engines import set_torch_threads
+from agent_rl.eval.training import TrainingEval
+from agent_rl.learner import Learner
+from agent_rl.learner.checkpoint import load_checkpoint, save_checkpoint
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
+from agent_rl.models import load_policy
+from agent_rl.progress import Progress
+from agent_rl.rollout import GroupSpec, RolloutResult, group_temperatures
+from agent_rl.runtime import (build_engine, build_orchestrator, close_engine, free_port, import_modules,
+                              make_env_pool, seed_everything)
+from agent_rl.types import Task
+from servers.wait import ServerExited, wait_healthy
 
 
 def node_ip() -> str:
     """This node's IP as Ray sees it (127.0.0.1 outside Ray)."""
     try:
-        import ray
+        import ray  # deferred: optional, heavy (this module imports without Ray)
 
         return str(ray.util.get_node_ip_address())
     except Exception:  # noqa: BLE001 (no ray / not connected: a single machine)
         return "127.0.0.1"
-
-
-def free_port(host: str = "") -> int:
-    """A free TCP port on this node."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -74,19 +81,13 @@ class LearnerRank:
 
     def address(self) -> tuple[str, int]:
         """(IP, free port) of this node: the rendezvous of the process group when this is rank 0."""
-        return node_ip(), free_port()
+        return node_ip(), free_port("")
 
     def setup(self, master_addr: str, master_port: int) -> str:
         """Seed, build policy and learner, join the process group (world size > 1: gloo / NCCL + DDP, which
         broadcasts rank 0's parameters). Returns the backend ("none" for one rank)."""
-        from agent_rl.distributed.data_parallel import DataParallel, init_process_group
-        from agent_rl.learner import Learner
-        from agent_rl.models import load_policy
-        from agent_rl.train import seed_everything
-
         s = self.spec
-        for module in s.imports:
-            importlib.import_module(module)
+        import_modules(s.imports)
         torch.set_num_threads(max(1, int(s.num_threads)))
         seed_everything(s.seed)
         device = s.device
@@ -101,17 +102,10 @@ class LearnerRank:
             self.learner.data_parallel = DataParallel(self.learner)
         return backend
 
-    def update(self, shard: Any, step: int, total_steps: int, num_mini_batches: int | None = None) -> dict[str, float]:
-        """``Learner.update`` on this rank's shard. ``num_mini_batches``: the step's mini-batch count, the same on
-        every rank (the trainer passes min(algo.num_mini_batches, fewest groups on a rank))."""
-        algo = self.learner.algo
-        saved = algo.num_mini_batches
-        if num_mini_batches is not None:
-            algo.num_mini_batches = num_mini_batches
-        try:
-            metrics = self.learner.update(shard, step=step, total_steps=total_steps)
-        finally:
-            algo.num_mini_batches = saved
+    def update(self, shard: Any, step: int, total_steps: int) -> dict[str, float]:
+        """``Learner.update`` on this rank's shard (the ranks agree on the step's mini-batch count themselves:
+        ``DataParallel.global_min`` of each rank's min(``algo.num_mini_batches``, its groups))."""
+        metrics = self.learner.update(shard, step=step, total_steps=total_steps)
         metrics["batch/response_tokens"] = float(shard.response_mask.sum())
         return metrics
 
@@ -126,15 +120,11 @@ class LearnerRank:
 
     def save(self, directory: str, extra: dict[str, Any]) -> None:
         """Checkpoint (model, tokenizer, learner state, RNG, ``extra``) to ``directory`` (called on rank 0)."""
-        from agent_rl.learner.checkpoint import save_checkpoint
-
         save_checkpoint(directory, self.model, self.tokenizer, self.learner, extra)
 
     def load(self, directory: str, weights_only: bool = False) -> dict[str, Any]:
         """Load a checkpoint written by any number of ranks (every rank loads the same state; ``weights_only``:
         ``trainer.resume_weights_only``, see ``load_checkpoint``). Returns its ``extra`` dict."""
-        from agent_rl.learner.checkpoint import load_checkpoint
-
         return load_checkpoint(directory, self.model, self.learner, weights_only=weights_only)
 
     def lr(self) -> float:
@@ -142,8 +132,6 @@ class LearnerRank:
         return self.learner.lr
 
     def shutdown(self) -> None:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -172,39 +160,21 @@ class RolloutWorker:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def _build(self) -> None:
-        from agent_rl.engines import engine_kwargs, get_engine, set_torch_threads
-        from agent_rl.models import load_policy
-        from agent_rl.rollout import RolloutOrchestrator, get_prompt
-
         cfg = self.cfg
-        for module in list(cfg.trainer.imports) + list(cfg.env_server.imports):
-            importlib.import_module(module)
+        import_modules(list(cfg.trainer.imports) + list(cfg.env_server.imports))
         if cfg.data.root:
             os.environ["AGENT_RL_DATA"] = cfg.data.root
         set_torch_threads(cfg.engine.num_threads)
         self.model, self.tokenizer = load_policy(cfg.model)
         if torch.cuda.is_available() and cfg.rollout.worker_gpus > 0:
             self.model.to("cuda:0")
-        seed = cfg.engine.seed
-        self.engine = get_engine(cfg.engine.name, self.model, self.tokenizer, **engine_kwargs(cfg))
-        self.pool = self._run(self._open_pool())
-        self.orchestrator = RolloutOrchestrator(
-            self.pool, self.engine, get_prompt(cfg.env.prompt), cfg.rollout, max_new_tokens=cfg.engine.max_new_tokens,
-            top_p=cfg.engine.top_p, top_k=cfg.engine.top_k, seed=seed,
-            high_repetition_penalty=cfg.algo.high_repetition_penalty, action_format=cfg.env.action_format,
-            tool_call_format=cfg.model.tool_call_format)
+        self.engine = build_engine(cfg, self.model, self.tokenizer)
+        self.pool = self._run(self._make_pool())  # made on the orchestrator's event loop, which uses it
+        self.orchestrator = build_orchestrator(cfg, self.pool, self.engine)
         self._ready = True
 
-    async def _open_pool(self) -> Any:
-        from agent_rl.envclient import HTTPEnvPool, LocalEnvPool
-
-        es = self.cfg.env_server
-        if es.mode == "local":
-            kwargs: dict[str, Any] = {"mode": es.local_kind, "imports": list(es.imports)}
-            if es.local_workers > 0:
-                kwargs["max_workers"] = es.local_workers
-            return LocalEnvPool(**kwargs)
-        return HTTPEnvPool(self.env_urls, token=es.token)
+    async def _make_pool(self) -> Any:
+        return make_env_pool(self.cfg, self.env_urls)
 
     def set_weights(self, version: int, weights: dict[str, torch.Tensor]) -> int:
         """Load the policy weights of learner version ``version`` (the number of updates behind them) into the
@@ -216,37 +186,26 @@ class RolloutWorker:
         self.version = int(version)
         return self.version
 
-    def collect(self, tasks: list[Any], step: int, expected_version: int) -> dict[str, Any]:
-        """Play one group per task (:meth:`RolloutOrchestrator.collect` over exactly ``tasks``). Returns
-        ``{"episodes", "metrics", "failures", "weight_version", "worker"}``; a version other than
-        ``expected_version`` is reported in the metrics and on stderr (stale weights are never silent)."""
+    def play(self, tasks: list[Task], step: int, seed_key: int, expected_version: int) -> dict[str, Any]:
+        """Play one group per task of ``tasks`` (:meth:`RolloutOrchestrator.run_groups` with the rollout seed key
+        ``seed_key``: the step and round, as the local backend's). Returns ``{"result": RolloutResult,
+        "weight_version", "worker"}``; a version other than ``expected_version`` is said on stderr (stale weights
+        are never silent) and reported in the driver's metrics."""
         if not self._ready:
             self._build()
         if self.version != expected_version:
             print(f"warning: rollout worker {self.index} samples step {step} with weight version {self.version}, "
                   f"expected {expected_version}", file=sys.stderr)
-        queue = list(tasks)
-
-        def take(n: int) -> list[Any]:
-            out, queue[:] = queue[:n], queue[n:]
-            return out
-
-        cfg = self.cfg
-        result = self._run(self.orchestrator.collect(
-            take, len(tasks), cfg.algo, step, filter_groups=cfg.algo.dapo_dynamic_sampling, max_extra_rounds=0))
-        return {"episodes": result.episodes, "metrics": dict(result.metrics), "failures": list(result.failures),
-                "weight_version": self.version, "worker": self.index}
+        temps = group_temperatures(self.cfg.algo, step)
+        result: RolloutResult = self._run(self.orchestrator.run_groups([GroupSpec(t, temps) for t in tasks],
+                                                                       seed_key=seed_key))
+        return {"result": result, "weight_version": self.version, "worker": self.index}
 
     def evaluate(self, step: int, out_dir: str) -> list[dict[str, Any]]:
         """The training eval panel (:class:`agent_rl.eval.training.TrainingEval`, ``trainer.eval_*``) with this
         worker's engine, env client and weights (the driver calls it on worker 0 after the step's weights are
         loaded). Writes ``out_dir/eval/step_<step>/<panel>.json|.png`` (``out_dir`` must be reachable from this node,
         as for checkpoints); returns the per-panel results, which the driver turns into ``eval/...`` metrics."""
-        from pathlib import Path
-
-        from agent_rl.eval.training import TrainingEval
-        from agent_rl.progress import Progress
-
         if not self._ready:
             self._build()
         if self._evaluator is None:
@@ -264,34 +223,28 @@ class RolloutWorker:
                 self._run(self.orchestrator.aclose())
                 self._run(self.pool.aclose())
             finally:
-                getattr(self.engine, "close", lambda: None)()
+                close_engine(self.engine)
 
 
 def _die_with_parent() -> None:
     """In a child before exec: ask Linux to SIGKILL it when its parent (the actor) dies (``prctl(PR_SET_PDEATHSIG)``)."""
-    import ctypes
-    import signal
-
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 class EnvServerReplica:
     """One env-server replica (a Ray actor): ``python -m servers.serve`` as a child process of this actor, bound to
     all interfaces of its node; :meth:`url` announces ``http://<node ip>:<port>``. The child is started with
-    ``PR_SET_PDEATHSIG`` = SIGKILL, so killing the actor kills its server too (the trainer never imports ``servers``:
-    the server is a process, as the local backend's auto-started one)."""
+    ``PR_SET_PDEATHSIG`` = SIGKILL, so killing the actor kills its server too (the server is a process, as the
+    local backend's auto-started one; only ``servers.wait``, standard library, is imported here)."""
 
     def __init__(self, env_ids: list[str], imports: list[str], token: str | None, max_sessions: int, workers: int,
                  data_root: str = "") -> None:
-        import subprocess
-        import sys
-
         env = dict(os.environ)
         if data_root:
             env["AGENT_RL_DATA"] = data_root
         if token:
             env["AGENT_RL_SERVER_TOKEN"] = token
-        self.port = free_port()
+        self.port = free_port("")
         cmd = [sys.executable, "-m", "servers.serve", "--host", "0.0.0.0", "--port", str(self.port),
                "--log-level", "warning"]
         for env_id in env_ids:
@@ -306,21 +259,16 @@ class EnvServerReplica:
         self._url = f"http://{node_ip()}:{self.port}"
 
     def url(self, timeout_s: float = 120.0) -> str:
-        """The replica's base URL once ``/health`` answers (``RuntimeError`` after ``timeout_s``)."""
-        import httpx
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"env-server replica on port {self.port} exited with code {self.proc.returncode} "
-                                   "before serving (its output is in this actor's log)")
-            try:
-                if httpx.get(f"{self._url}/health", timeout=2.0).status_code == 200:
-                    return self._url
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"env-server replica {self._url} not healthy after {timeout_s} s")
+        """The replica's base URL once ``/health`` answers (``servers.wait.wait_healthy``; ``RuntimeError`` when the
+        server exits first or after ``timeout_s``)."""
+        try:
+            wait_healthy([self._url], timeout_s=timeout_s, interval_s=0.2, request_timeout_s=2.0, process=self.proc)
+        except ServerExited as exc:
+            raise RuntimeError(f"env-server replica on port {self.port} exited with code {exc.returncode} before "
+                               "serving (its output is in this actor's log)") from None
+        except TimeoutError:
+            raise RuntimeError(f"env-server replica {self._url} not healthy after {timeout_s} s") from None
+        return self._url
 
     def pid(self) -> int:
         return os.getpid()

@@ -57,6 +57,7 @@ from typing import Any
 
 import torch
 
+from agent_rl import models
 from agent_rl.engines.base import default_eos_token_ids, register_engine, row_seed
 from agent_rl.types import Generation
 
@@ -134,8 +135,6 @@ def model_head_size(model_cfg: Any) -> int | None:
     """Attention head size of the policy of ``model_cfg`` (``agent_rl.learner.config.ModelConfig``) without loading
     weights: ``tiny`` -> ``tiny_hidden_size / TINY_NUM_HEADS``; otherwise the folder's / cached hub ``config.json``
     (``head_dim``, else ``hidden_size / num_attention_heads``). None when unknown offline."""
-    from agent_rl import models
-
     if model_cfg.name == "tiny" and not model_cfg.path:
         return model_cfg.tiny_hidden_size // models.TINY_NUM_HEADS
     config: dict[str, Any] | None = None
@@ -211,9 +210,7 @@ def check_config(cfg: Any, context: int | None) -> list[str]:
 
 
 def _tiny_heads() -> int:
-    from agent_rl.models import TINY_NUM_HEADS
-
-    return TINY_NUM_HEADS
+    return models.TINY_NUM_HEADS
 
 
 # --------------------------------------------------------------------------------------------- files and processes

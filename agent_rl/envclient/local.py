@@ -13,6 +13,7 @@ import importlib
 from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
+import envs  # noqa: F401  (registers the built-in ids)
 from agent_rl.envclient.base import EnvClientError, ResetResult, StepResult, client_error
 from envs.hosting import SessionManager, SessionSettings, ThreadEnvPool, WorkerPool, env_module
 from envs.hosting.errors import EnvInfraFailed, http_error
@@ -53,8 +54,6 @@ class LocalEnvPool:
     ) -> None:
         if mode not in ("thread", "process"):
             raise ValueError(f"mode must be 'thread' or 'process', got {mode!r}")
-        import envs  # noqa: F401  (registers the built-in ids)
-
         self.imports = list(imports)
         for name in self.imports:
             importlib.import_module(name)

@@ -1,16 +1,16 @@
 """Evaluation on fixed panels: ``python -m agent_rl.eval env=alfworld policy=expert eval.split=valid_unseen``.
 
 One code path with training: the same config groups (``env=``, ``model=``, ``engine=``, ``model.path=``), prompts,
-action parser, env servers and :class:`~agent_rl.rollout.RolloutOrchestrator` (the reference policies answer turns
-in place of the engine). See ``docs/evaluation.md``.
+action parser, env servers and :class:`~agent_rl.rollout.RolloutOrchestrator` (the reference policies of
+:mod:`agent_rl.rollout.policies` answer turns in place of the engine). The run is :mod:`agent_rl.eval.runner`
+(``python -m agent_rl.eval``), the in-training panel :mod:`agent_rl.eval.training`. See ``docs/evaluation.md``.
 """
 
 from __future__ import annotations
 
 from math import comb
-from typing import Any
 
-__all__ = ["pass_at_k", "main", "evaluate"]
+__all__ = ["pass_at_k"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -30,17 +30,3 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - comb(n - c, k) / comb(n, k)
-
-
-def main(overrides: list[str] | None = None) -> dict[str, Any]:
-    """``python -m agent_rl.eval`` (see :func:`agent_rl.eval.runner.main`)."""
-    from agent_rl.eval.runner import main as _main
-
-    return _main(overrides)
-
-
-def evaluate(*args: Any, **kwargs: Any) -> Any:
-    """See :func:`agent_rl.eval.runner.evaluate`."""
-    from agent_rl.eval.runner import evaluate as _evaluate
-
-    return _evaluate(*args, **kwargs)

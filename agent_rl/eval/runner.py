@@ -5,10 +5,12 @@ A panel is a fixed list of tasks: ALFWorld ``valid_seen`` (140 games) / ``valid_
 code dataset (humanevalplus, mbpp, ...). ``eval.num_tasks=n`` keeps n tasks spread evenly over the split (indices
 ``i * N // n``), so a subset still covers every task type of ALFWorld (its games are sorted by type).
 
-Each task is played ``eval.samples`` times at ``eval.temperature`` by :class:`PolicyOrchestrator`, the training
-orchestrator with two hooks: scripted reference policies (random, expert, oracle) answer a turn instead of the
-engine, and every finished turn/episode is reported to the progress display. Env failures are recorded per episode
-(counted as not solved) instead of dropping the group as training does.
+Each task is played ``eval.samples`` times at ``eval.temperature`` by the training orchestrator
+(:func:`agent_rl.runtime.build_orchestrator`): the scripted reference policies (random, expert, oracle:
+:mod:`agent_rl.rollout.policies`) answer a turn instead of the engine, and every finished turn/episode is reported
+to the progress display. Env failures are recorded per episode (counted as not solved) instead of dropping the group
+as training does. What a panel is for an env (its splits and sizes, default split, task types, expert, score) is the
+env family's own description (``envs.families``): nothing here names a family.
 
 Output (``<eval.output_dir>/eval/<panel>.json``): ``success``, ``per_task_type`` ({type: {success, games,
 episodes}}), ``mean_turns``, ``invalid_action_rate``, ``pass_at_k`` ({"1": .., ..., "n": ..}), WebShop ``score``
@@ -21,49 +23,62 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import os
 import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+import matplotlib
 import numpy as np
+from rich.console import Console
+from rich.table import Table
+from transformers import AutoTokenizer
 
+from agent_rl.config import ConfigError, load_config
+from agent_rl.engines import set_torch_threads
 from agent_rl.eval import pass_at_k
+from agent_rl.models import _finish_tokenizer, load_policy, smollm2_tokenizer
+from agent_rl.progress import Progress
 from agent_rl.rollout.orchestrator import GroupSpec, RolloutOrchestrator
+from agent_rl.rollout.policies import ScriptedEngine, make_policy
+from agent_rl.rollout.prompts.base import _PROMPTS
+from agent_rl.runtime import (build_engine, build_orchestrator, close_engine, open_env_pool, resolve_device,
+                              seed_everything, set_data_root)
 from agent_rl.types import Episode, Generation, Task
+from envs.families import BUILTIN, EnvFamily, describe, family_of
 
-# eval.split aliases: WebShop's held-out goals are its paper's "test" split; this env calls them "val".
-SPLIT_ALIASES = {"webshop": {"test": "val"}}
-DEFAULT_SPLIT = {"alfworld": "valid_unseen", "webshop": "test", "math": "math500", "code": "humanevalplus"}
-AGENT_ENVS = ("alfworld", "webshop")
-# envs whose ``expert=True`` gives ``info["expert_action"]`` (the expert / oracle reference row)
-EXPERT_ENVS = ("alfworld", "webshop")
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 
 
 # ------------------------------------------------------------------------------------------------ panels
 @dataclass
 class Panel:
-    """A fixed task list. ``family``: alfworld | webshop | math | code; ``split``: the split or dataset name as
-    given (``test`` stays ``test`` in the name); ``tasks[i].group_id == i``."""
+    """A fixed task list. ``family``: the env's description (``envs.families``); ``split``: the split or dataset
+    name as given (``test`` stays ``test`` in the name); ``tasks[i].group_id == i``."""
 
     name: str
-    family: str
+    family: EnvFamily
     split: str
     tasks: list[Task]
     size: int  # tasks in the whole split
     task_types: list[str] | None = None  # known before playing (ALFWorld: from the game path), aligned with tasks
 
 
-def env_family(cfg: Any) -> str:
-    """alfworld | webshop | math | code from ``env.id`` (``ValueError`` for other envs: no panel defined)."""
-    ids = {"agent_rl/ALFWorld-v0": "alfworld", "agent_rl/WebShop-v0": "webshop", "agent_rl/Math-v0": "math",
-           "agent_rl/Code-v0": "code"}
-    if cfg.env.id not in ids:
-        raise ValueError(f"no evaluation panel for env.id={cfg.env.id!r}; panels exist for {sorted(ids)}")
-    return ids[cfg.env.id]
+def env_family(cfg: Any) -> EnvFamily:
+    """The description of ``env.id`` (``envs.families``) when it defines panels.
+
+    Raises:
+        ValueError: the env describes no panel (the message lists the envs that do).
+    """
+    family = describe(cfg.env.id, cfg.env.name)
+    if not family.has_panels:
+        ids = sorted(i for i in BUILTIN if (family_of(i) or family).has_panels)
+        raise ValueError(f"no evaluation panel for env.id={cfg.env.id!r}; panels exist for {ids} (a user's env "
+                         "describes its own: envs.families.register_family)")
+    return family
 
 
 def spread(size: int, n: int) -> list[int]:
@@ -71,29 +86,6 @@ def spread(size: int, n: int) -> list[int]:
     if n <= 0 or n >= size:
         return list(range(size))
     return [i * size // n for i in range(n)]
-
-
-def split_size(family: str, split: str, data_root: str | None) -> int:
-    """Tasks in ``split`` (ALFWorld split, WebShop split, math/code dataset); errors name the valid values."""
-    if family == "alfworld":
-        from envs.alfworld.data import list_games
-
-        return len(list_games(split, root=data_root))
-    if family == "webshop":
-        from envs.webshop.catalog import get_catalog
-        from envs.webshop.env import SPLITS, VAL_GOALS
-
-        if split not in SPLITS:
-            raise ValueError(f"unknown WebShop split {split!r}; valid: test (= val), {', '.join(SPLITS)}")
-        n = len(get_catalog(data_root).goals)
-        return {"val": min(VAL_GOALS, n), "train": max(n - VAL_GOALS, 0), "all": n}[split]
-    if family == "math":
-        from envs.math.datasets import load_math
-
-        return len(load_math(split, root=data_root))
-    from envs.code.datasets import load_code
-
-    return len(load_code(split, root=data_root))
 
 
 def build_panels(cfg: Any, *, split: str = "", num_tasks: int | None = None) -> list[Panel]:
@@ -104,116 +96,26 @@ def build_panels(cfg: Any, *, split: str = "", num_tasks: int | None = None) -> 
     """
     family = env_family(cfg)
     ev = cfg.eval
-    given = split or (ev.dataset if family in ("math", "code") else ev.split) or ev.split or ev.dataset
-    names = [s.strip() for s in (given or DEFAULT_SPLIT[family]).split(",") if s.strip()]
+    given = split or (ev.dataset if family.split_key == "dataset" else ev.split) or ev.split or ev.dataset
+    names = [s.strip() for s in (given or family.default_split).split(",") if s.strip()]
     n_tasks = ev.num_tasks if num_tasks is None else num_tasks
     data_root = cfg.data.root or None
     # the panel's own turn budget reaches the env (gymnasium's max_episode_steps, as in training), and scores are the
     # env's own: training's invalid-action penalty (rollout.invalid_penalty) is not applied to an evaluation
     kwargs = cfg.make_env_kwargs(ev.max_turns or cfg.rollout.max_turns)
-    if family in EXPERT_ENVS and ev.policy in ("expert", "oracle"):
-        kwargs["expert"] = True  # the env computes info["expert_action"] (handcoded expert / scripted oracle)
+    if family.expert_kwarg and ev.policy in ("expert", "oracle"):
+        kwargs[family.expert_kwarg] = True  # the env computes info["expert_action"] (its expert / scripted oracle)
+    assert family.split_size is not None  # has_panels
     panels = []
     for name in names:
-        env_split = SPLIT_ALIASES.get(family, {}).get(name, name)
-        size = split_size(family, env_split, data_root)
-        types = None
-        if family == "alfworld":  # .../<split>/<task_type>-<objects>-<scene>/trial_.../game.tw-pddl
-            from envs.alfworld.data import list_games
-
-            types = [Path(g).parent.parent.name.split("-")[0] for g in list_games(env_split, root=data_root)]
-        tasks = []
-        for i, index in enumerate(spread(size, n_tasks)):
-            if family in ("alfworld", "webshop"):
-                options = {"split": env_split, "index": index}
-            else:
-                options = {"dataset": env_split, "index": index}
-            tasks.append(Task(env_id=cfg.env.id, options=options, group_id=i, seed=ev.seed + index,
-                              env_kwargs=dict(kwargs)))
-        panels.append(Panel(name=f"{family}_{name}", family=family, split=name, tasks=tasks, size=size,
-                            task_types=[types[t.options["index"]] for t in tasks] if types else None))
+        env_split = family.env_split(name)
+        size = family.split_size(env_split, data_root)
+        types = family.task_types(env_split, data_root) if family.task_types is not None else None
+        tasks = [Task(env_id=cfg.env.id, options={family.split_key: env_split, family.index_key: index}, group_id=i,
+                      seed=ev.seed + index, env_kwargs=dict(kwargs)) for i, index in enumerate(spread(size, n_tasks))]
+        panels.append(Panel(name=f"{family.name}_{name}", family=family, split=name, tasks=tasks, size=size,
+                            task_types=[types[t.options[family.index_key]] for t in tasks] if types else None))
     return panels
-
-
-# ------------------------------------------------------------------------------------------------ policies
-class RandomPolicy:
-    """Uniform over the admissible actions (lower bound); turn t of task i, sample j draws from
-    ``default_rng([seed, i, j, t])``, so a run is reproducible whatever the episodes' interleaving. WebShop lists
-    its search box as the placeholder ``search[<query>]``: the random policy types the task's instruction there
-    (searching the literal text "<query>" finds no product, which would make every episode score 0)."""
-
-    def __init__(self, seed: int = 0) -> None:
-        self.seed = int(seed)
-
-    def act(self, ctx: Any, task: Task, slot: int) -> str:
-        if not ctx.admissible:
-            raise ValueError("policy=random needs an env that lists admissible actions (ALFWorld, WebShop)")
-        rng = np.random.default_rng([self.seed, task.group_id, slot, ctx.step])
-        action = str(ctx.admissible[int(rng.integers(len(ctx.admissible)))])
-        return f"search[{ctx.task}]" if action == "search[<query>]" else action
-
-
-class ExpertPolicy:
-    """The env's own upper-bound policy, ``info["expert_action"]`` (env made with ``expert=True``): ALFWorld's fixed
-    handcoded expert, WebShop's scripted oracle (:class:`envs.webshop.oracle.OraclePolicy`, which knows the goal)."""
-
-    def act(self, ctx: Any, task: Task, slot: int) -> str:
-        if "expert_action" not in ctx.info:
-            raise ValueError("the env gives no info['expert_action'] (it needs env.kwargs.expert=true)")
-        return str(ctx.info["expert_action"])
-
-
-def make_policy(name: str, family: str, seed: int) -> Any:
-    """The scripted policy ``name`` for ``family`` (None for ``model``); expert and oracle are both names of the
-    env's upper-bound reference. ``ValueError`` when the env has none."""
-    if name == "model":
-        return None
-    if name == "random":
-        if family not in AGENT_ENVS:
-            raise ValueError(f"policy=random needs admissible actions; {family} has none")
-        return RandomPolicy(seed)
-    if family in EXPERT_ENVS:
-        return ExpertPolicy()
-    raise ValueError(f"policy={name}: {family} has no scripted reference policy (valid: model)")
-
-
-class ScriptedEngine:
-    """Stands in for the engine under a scripted policy: only the tokenizer is used (prompts are still rendered,
-    so the prompt budget applies as in training)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.eos_token_ids = [tokenizer.eos_token_id]
-
-    def generate(self, *args: Any, **kwargs: Any) -> list[Generation]:  # never called by PolicyOrchestrator
-        raise RuntimeError("a scripted policy does not generate")
-
-
-class PolicyOrchestrator(RolloutOrchestrator):
-    """:class:`RolloutOrchestrator` with an optional scripted ``policy`` (``act(ctx, task, slot) -> action``) and
-    progress hooks ``on_turn(generation)`` / ``on_episode(episode)``. Training uses it with ``policy=None``."""
-
-    def __init__(self, *args: Any, policy: Any = None, on_turn: Callable[[Generation], None] | None = None,
-                 on_episode: Callable[[Episode], None] | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.policy, self.on_turn, self.on_episode = policy, on_turn, on_episode
-
-    async def _generate(self, ctx: Any, task: Task, slot: int, prompt_ids: list[int], temperature: float,
-                        is_high: bool) -> Generation:
-        if self.policy is None:
-            gen = await super()._generate(ctx, task, slot, prompt_ids, temperature, is_high)
-        else:
-            action = self.policy.act(ctx, task, slot)
-            gen = Generation(token_ids=[], logprobs=[], text=f"<action>{action}</action>", finish_reason="stop")
-        if self.on_turn is not None:
-            self.on_turn(gen)
-        return gen
-
-    async def _episode(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
-        ep = await super()._episode(task, temperature, is_high, slot)
-        if self.on_episode is not None:
-            self.on_episode(ep)
-        return ep
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -225,7 +127,7 @@ def _task_id(ep: Episode) -> str:
     return json.dumps(ep.task.options, sort_keys=True)
 
 
-async def run_panel(orch: PolicyOrchestrator, panel: Panel, *, temperature: float, samples: int,
+async def run_panel(orch: RolloutOrchestrator, panel: Panel, *, temperature: float, samples: int,
                     progress: Any = None) -> dict[int, list[Episode]]:
     """Play every task of ``panel`` ``samples`` times at ``temperature``; returns episodes by task (group_id),
     failed episodes included (``Episode.failure`` set)."""
@@ -254,12 +156,11 @@ async def run_panel(orch: PolicyOrchestrator, panel: Panel, *, temperature: floa
     return dict(by_task)
 
 
-def summarize(panel: Panel, by_task: dict[int, list[Episode]], *, samples: int,
-              categories: list[str] | None = None) -> dict[str, Any]:
+def summarize(panel: Panel, by_task: dict[int, list[Episode]], *, samples: int) -> dict[str, Any]:
     """The panel's numbers and its episode records (see the module docstring). Failed episodes count as not solved.
-
-    ``categories``: WebShop goal category by goal index (``per_category`` and the episodes' ``category``).
-    """
+    A family with a ``score`` (WebShop) also reports ``score`` and, per task type (its goals' categories),
+    ``per_category``; the episodes then carry their ``category``."""
+    family = panel.family
     records: list[dict[str, Any]] = []
     per_type: dict[str, list[float]] = defaultdict(list)
     per_type_tasks: dict[str, set[int]] = defaultdict(set)
@@ -280,11 +181,10 @@ def summarize(panel: Panel, by_task: dict[int, list[Episode]], *, samples: int,
                 "invalid_actions": sum(t.invalid for t in ep.turns), "actions": [t.action for t in ep.turns],
                 "failure": ep.failure,
             }
-            if categories is not None:
-                goal = (ep.turns[-1].info.get("goal_idx") if ep.turns else None)
-                rec["category"] = categories[int(goal)] if goal is not None else "unknown"
+            if family.score:  # the task type of a scored family's episode is its category (WebShop: the goal's)
+                rec["category"] = str(ep.turns[-1].info.get(family.task_type_key)) if ep.turns else "unknown"
                 per_cat[rec["category"]].append((env_reward, float(won)))
-                kind = rec["task_type"] = rec["category"]  # WebShop's "task type" is the goal's category
+                kind = rec["task_type"] = rec["category"]
             records.append(rec)
             per_type[kind].append(float(won))
             per_type_tasks[kind].add(i)
@@ -304,12 +204,12 @@ def summarize(panel: Panel, by_task: dict[int, list[Episode]], *, samples: int,
         "pass_at_k": {str(k): float(np.mean([pass_at_k(samples, c, k) for c in correct])) if correct else 0.0
                       for k in range(1, samples + 1)},
     }
-    if panel.family == "webshop":
+    if family.score:
         result["score"] = 100.0 * sum(r["reward"] for r in records) / n_eps
         result["per_category"] = {k: {"score": 100.0 * sum(s for s, _ in v) / len(v),
                                       "success": sum(w for _, w in v) / len(v), "episodes": len(v)}
                                   for k, v in sorted(per_cat.items())}
-    if panel.family in ("math", "code"):
+    if family.answer_accuracy:
         result["accuracy"] = success
     result["episodes"] = records
     return result
@@ -317,10 +217,6 @@ def summarize(panel: Panel, by_task: dict[int, list[Episode]], *, samples: int,
 
 def plot_panel(result: dict[str, Any], path: Path) -> None:
     """Bar chart: success per task type (ALFWorld), score and success per category (WebShop), pass@k (math/code)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     if "per_category" in result:
         groups = result["per_category"]
@@ -351,9 +247,6 @@ def plot_panel(result: dict[str, Any], path: Path) -> None:
 
 def print_table(result: dict[str, Any], file: Any = None) -> None:
     """The panel's table (rich), per task type / category, then the totals."""
-    from rich.console import Console
-    from rich.table import Table
-
     title = (f"{result['panel']}: policy={result.get('policy')} prompt={result.get('prompt')} "
              f"T={result.get('temperature')} n={result['samples']}, {result['num_tasks']}/{result['split_size']} "
              f"tasks, {result.get('wall_s', 0):.0f} s")
@@ -390,28 +283,18 @@ async def evaluate(cfg: Any, pool: Any, engine: Any, *, panels: list[Panel], fol
     """Evaluate ``panels`` with ``cfg.eval``'s policy and decoding on an open env ``pool`` and ``engine`` (an
     engine, or a :class:`ScriptedEngine` for scripted policies). Writes ``folder/<panel>.json|.png`` when
     ``folder`` is given. Returns one result dict per panel (the JSON content)."""
-    from agent_rl.rollout import get_prompt
-
     ev = cfg.eval
     results = []
     policy = make_policy(ev.policy, panels[0].family, ev.seed) if panels else None
-    max_new = ev.max_new_tokens or cfg.engine.max_new_tokens
-    orch = PolicyOrchestrator(pool, engine, get_prompt(cfg.env.prompt), eval_rollout_config(cfg),
-                              max_new_tokens=max_new, top_p=cfg.engine.top_p, top_k=cfg.engine.top_k,
-                              seed=cfg.engine.seed if cfg.engine.seed is not None else ev.seed, policy=policy,
-                              action_format=cfg.env.action_format, tool_call_format=cfg.model.tool_call_format)
-    categories = None
+    orch = build_orchestrator(cfg, pool, engine, rollout=eval_rollout_config(cfg),
+                              max_new_tokens=ev.max_new_tokens or cfg.engine.max_new_tokens,
+                              seed=cfg.engine.seed if cfg.engine.seed is not None else ev.seed, policy=policy)
     try:
         for panel in panels:
-            if panel.family == "webshop" and categories is None:
-                from envs.webshop.catalog import get_catalog
-
-                categories = [g["category"] for g in get_catalog(cfg.data.root or None).goals]
             t0 = time.perf_counter()
             by_task = await run_panel(orch, panel, temperature=ev.temperature, samples=ev.samples,
                                       progress=progress)
-            result = summarize(panel, by_task, samples=ev.samples,
-                               categories=categories if panel.family == "webshop" else None)
+            result = summarize(panel, by_task, samples=ev.samples)
             wall = time.perf_counter() - t0
             result = {"policy": ev.policy, "model": cfg.model.path or cfg.model.name if ev.policy == "model" else None,
                       "prompt": cfg.env.prompt, "temperature": ev.temperature, "max_turns":
@@ -457,8 +340,6 @@ def split_overrides(overrides: list[str]) -> list[str]:
         else:
             out.append(ov)
     if prompt is not None:
-        from agent_rl.rollout.prompts.base import _PROMPTS
-
         env = next((ov.partition("=")[2] for ov in out if ov.startswith("env=")), "alfworld")
         name = f"{prompt}_{env}" if f"{prompt}_{env}" in _PROMPTS else prompt
         out.append(f"env.prompt={name}")
@@ -467,29 +348,20 @@ def split_overrides(overrides: list[str]) -> list[str]:
 
 def load_tokenizer_only(cfg: Any) -> Any:
     """A tokenizer for scripted policies without loading the model (SmolLM2's for the built-in models)."""
-    from agent_rl.models import _finish_tokenizer, smollm2_tokenizer
-
     if cfg.model.path or cfg.model.name not in ("smollm2", "tiny"):
-        from transformers import AutoTokenizer
-
         return _finish_tokenizer(AutoTokenizer.from_pretrained(cfg.model.path or cfg.model.name))
     return _finish_tokenizer(smollm2_tokenizer())
 
 
 async def _run(cfg: Any, out: Path, progress: Any) -> list[dict[str, Any]]:
-    from agent_rl.engines import engine_kwargs, get_engine, set_torch_threads
-    from agent_rl.train import open_env_pool, resolve_device, seed_everything
-
     seed_everything(cfg.eval.seed)
     set_torch_threads(cfg.engine.num_threads)
     panels = build_panels(cfg)
     if cfg.eval.policy == "model":
-        from agent_rl.models import load_policy
-
         progress.note(f"loading model {cfg.model.path or cfg.model.name} (SmolLM2: converted on first use, ~30 s)")
         model, tokenizer = load_policy(cfg.model)
         model.to(resolve_device(cfg.trainer.device)).eval()
-        engine = get_engine(cfg.engine.name, model, tokenizer, **engine_kwargs(cfg))
+        engine = build_engine(cfg, model, tokenizer)
     else:
         engine = ScriptedEngine(load_tokenizer_only(cfg))
     if cfg.env_server.mode != "local" and not cfg.env_server.urls:
@@ -498,15 +370,12 @@ async def _run(cfg: Any, out: Path, progress: Any) -> list[dict[str, Any]]:
         async with open_env_pool(cfg, out) as pool:
             return await evaluate(cfg, pool, engine, panels=panels, folder=out / "eval", progress=progress)
     finally:
-        getattr(engine, "close", lambda: None)()  # vllm: its engine processes and sync files
+        close_engine(engine)  # vllm: its engine processes and sync files
 
 
 def main(overrides: list[str] | None = None) -> dict[str, Any]:
     """Compose the config (as ``agent_rl.train`` does, plus the ``policy=`` / ``prompt=`` shorthands), evaluate
     every panel, print its table and write ``DIR/eval/<panel>.json|.png``. Returns ``{panel name: result}``."""
-    from agent_rl.config import load_config
-    from agent_rl.progress import Progress
-
     overrides = sys.argv[1:] if overrides is None else overrides
     if any(arg in ("-h", "--help") for arg in overrides):
         print(__doc__)
@@ -518,8 +387,7 @@ def main(overrides: list[str] | None = None) -> dict[str, Any]:
     out = Path(cfg.eval.output_dir or Path("runs") / f"eval-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.data.root:
-        os.environ["AGENT_RL_DATA"] = cfg.data.root
+    set_data_root(cfg)
     progress = Progress(enabled=cfg.trainer.progress)
     results = asyncio.run(_run(cfg, out, progress))
     for result in results:
@@ -530,8 +398,6 @@ def main(overrides: list[str] | None = None) -> dict[str, Any]:
 
 def cli() -> None:
     """``python -m agent_rl.eval``: :func:`main`; a config error is one message (exit code 2)."""
-    from agent_rl.config import ConfigError
-
     try:
         main()
     except (ConfigError, ValueError) as exc:

@@ -8,17 +8,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from agent_rl.config import ConfigError
 from agent_rl.eval.runner import build_panels, env_family, evaluate, scalar_metrics
-
-
-def _canonical(name: Any) -> Any:
-    """A math dataset's canonical name (aliases such as math_train_deepscaler -> math_train), else ``name``."""
-    try:
-        from envs.math.datasets import canonical_name
-
-        return canonical_name(name)
-    except (ImportError, KeyError, TypeError):
-        return name
 
 
 class TrainingEval:
@@ -37,19 +28,16 @@ class TrainingEval:
         if self.every <= 0:
             return
         try:
-            env_family(cfg)
+            family = env_family(cfg)
         except ValueError as exc:
             progress.note(f"trainer.eval_every={self.every}: skipped ({exc})")
             self.every = 0
             return
         self.panels = build_panels(self.cfg, split=cfg.trainer.eval_panel, num_tasks=cfg.trainer.eval_tasks)
-        trained = _canonical(cfg.env.sampler.options.get("split") or cfg.env.sampler.options.get("dataset"))
+        trained = family.canonical(cfg.env.sampler.options.get(family.split_key))
         for panel in self.panels:
-            held = _canonical(panel.tasks[0].options.get("split") or panel.tasks[0].options.get("dataset")
-                              if panel.tasks else None)
+            held = family.canonical(panel.tasks[0].options.get(family.split_key) if panel.tasks else None)
             if trained is not None and held == trained:
-                from agent_rl.config import ConfigError
-
                 raise ConfigError(f"trainer.eval_panel={panel.split!r} is the training split/dataset {trained!r}; "
                                  "choose held-out tasks (ALFWorld valid_seen/valid_unseen, WebShop test, another "
                                  "math/code dataset)")

@@ -8,7 +8,9 @@ from agent_rl.rollout.orchestrator import (
     GroupSpec,
     RolloutOrchestrator,
     RolloutResult,
+    collect_groups,
     group_temperatures,
+    merge_parallel_results,
     rollout_metrics,
 )
 from agent_rl.rollout.parsing import ParsedAction, parse_action
@@ -18,5 +20,6 @@ from agent_rl.rollout.tasks import TaskSampler
 __all__ = [
     "EnvCallFailed", "GenerationBatcher", "GroupSpec", "ParsedAction", "PromptFormat", "RolloutConfig",
     "RolloutOrchestrator", "RolloutResult", "TaskSampler", "TaskSamplerConfig", "TurnContext", "build_rollout_batch",
-    "get_prompt", "group_temperatures", "parse_action", "register_prompt", "rollout_metrics",
+    "collect_groups", "get_prompt", "group_temperatures", "merge_parallel_results", "parse_action", "register_prompt",
+    "rollout_metrics",
 ]

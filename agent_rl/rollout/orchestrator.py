@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import numpy as np
+import torch
 
+from agent_rl.algos import dapo_keep_groups
 from agent_rl.engines.base import row_seed
 from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.parsing import parse_action
@@ -69,13 +71,20 @@ class GroupSpec:
 
 @dataclass
 class RolloutResult:
-    """Kept episodes (complete groups only, in group order) and rollout metrics (algorithms.md section 6 names)."""
+    """Kept episodes (complete groups only, in group order) and rollout metrics (algorithms.md section 6 names).
+
+    ``versions``: the policy version that sampled each kept group, in group order (the number of updates behind
+    the engine's weights; set by the training backends). ``batch``: rows a collector built itself (behaviour
+    cloning's expert rows); None: the training loop builds them from ``episodes``.
+    """
 
     episodes: list[Episode]
     metrics: dict[str, float] = field(default_factory=dict)
     dropped_groups: int = 0
     filtered_groups: int = 0
     failures: list[str] = field(default_factory=list)  # one reason per dropped group (its first failed episode)
+    versions: list[int] = field(default_factory=list)
+    batch: Any = None
 
 
 def group_temperatures(algo: Any, step: int) -> list[tuple[float, bool]]:
@@ -186,7 +195,8 @@ class GenerationBatcher:
 
 
 class RolloutOrchestrator:
-    """Plays groups of episodes against an env pool with one engine.
+    """Plays groups of episodes against an env pool with one engine, or with a scripted reference ``policy``: the
+    one episode path of training, evaluation and behaviour cloning.
 
     Args:
         pool: env client (``agent_rl.envclient.HTTPEnvPool`` or ``LocalEnvPool``; anything with async
@@ -201,12 +211,19 @@ class RolloutOrchestrator:
             docstring; ``env.action_format``).
         tool_call_format: how the model writes calls (``model.tool_call_format``: hermes | llama3_json | a
             registered one), used in tools mode.
+        task_type_key: the reset ``info`` key of an episode's task type (the env family's, ``envs.families``).
+        policy: a :class:`agent_rl.rollout.policies.ScriptedPolicy` that answers every turn instead of the engine
+            (reference rows, expert demonstrations); its actions go to the env as given. None: the engine.
+        on_turn, on_episode: called with every turn's :class:`Generation` and every finished (or failed) episode
+            (progress displays, the evaluation's per-task records).
     """
 
     def __init__(self, pool: Any, engine: Any, prompt: PromptFormat, cfg: RolloutConfig, *, max_new_tokens: int,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                  high_repetition_penalty: float = 1.0, action_format: str = "text",
-                 tool_call_format: str = "hermes") -> None:
+                 tool_call_format: str = "hermes", task_type_key: str = "task_type", policy: Any = None,
+                 on_turn: Callable[[Generation], None] | None = None,
+                 on_episode: Callable[[Episode], None] | None = None) -> None:
         if action_format not in ("text", "tools"):
             raise ValueError(f"action_format must be text or tools, got {action_format!r}")
         self.action_format = action_format
@@ -214,6 +231,8 @@ class RolloutOrchestrator:
         if self.tool_format is not None:
             prompt = ToolPrompt(prompt, self.tool_format)
         self.pool, self.engine, self.prompt, self.cfg = pool, engine, prompt, cfg
+        self.task_type_key = task_type_key
+        self.policy, self.on_turn, self.on_episode = policy, on_turn, on_episode
         self.high_repetition_penalty = float(high_repetition_penalty)
         self.tokenizer = engine.tokenizer
         stop = list(self.tool_format.stop) if self.tool_format is not None else list(cfg.stop)
@@ -319,25 +338,32 @@ class RolloutOrchestrator:
         parsed_text = parse_action(text, max_chars=self.cfg.max_action_chars, normalize_whitespace=not raw)
         return parsed_text.action, parsed_text.well_formed or raw
 
-    async def _generate(self, ctx: TurnContext, task: Task, slot: int, prompt_ids: list[int], temperature: float,
-                        is_high: bool) -> Generation:
-        """One turn's response: the engine through the batcher (a subclass may answer otherwise, e.g. the scripted
-        reference policies of ``agent_rl.eval``, which read ``ctx``)."""
-        assert self._batcher is not None
-        return await self._batcher.generate(prompt_ids, temperature,
-                                            self.high_repetition_penalty if is_high else 1.0,
-                                            key=(task.group_id, slot, ctx.step))
+    async def _respond(self, ctx: TurnContext, task: Task, slot: int, prompt_ids: list[int], temperature: float,
+                       is_high: bool) -> tuple[Generation, str, bool]:
+        """One turn's ``(response, env action, well formed)``: the scripted ``policy``'s answer (its action as given),
+        else the engine's generation through the batcher, parsed (:meth:`parse`)."""
+        if self.policy is not None:
+            action, gen = self.policy.respond(ctx, task, slot)
+            well_formed = True
+        else:
+            assert self._batcher is not None
+            gen = await self._batcher.generate(prompt_ids, temperature,
+                                               self.high_repetition_penalty if is_high else 1.0,
+                                               key=(task.group_id, slot, ctx.step))
+            action, well_formed = self.parse(gen.text, ctx)
+        if self.on_turn is not None:
+            self.on_turn(gen)
+        return gen, action, well_formed
 
     async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
         """One attempt at an episode; raises :class:`EnvCallFailed` on env failure."""
-        assert self._batcher is not None
         cfg = self.cfg
         early = self._prefetched.pop((task.group_id, slot), None)
         reset = await early if early is not None else await self._reset(task)
         sid = reset.session_id
         try:
             obs, info = reset.observation, dict(reset.info or {})
-            ep = Episode(task=task, temperature=temperature, is_high=is_high, task_type=info.get("task_type"))
+            ep = Episode(task=task, temperature=temperature, is_high=is_high, task_type=info.get(self.task_type_key))
             task_text = self.prompt.task_text(obs, info)
             tools = info.get("tools")
             if self.tool_format is not None and tools is None:
@@ -357,8 +383,7 @@ class RolloutOrchestrator:
                     if not ep.turns:
                         ep.failure = f"prompt_too_long ({len(prompt_ids)} > {cfg.max_prompt_tokens} tokens)"
                     break  # the episode ends here: recorded as truncated (its last turn is not terminated)
-                gen = await self._generate(ctx, task, slot, prompt_ids, temperature, is_high)
-                action, well_formed = self.parse(gen.text, ctx)
+                gen, action, well_formed = await self._respond(ctx, task, slot, prompt_ids, temperature, is_high)
                 step = await self._env(lambda: self.pool.step(sid, action))
                 step_info = dict(step.info or {})
                 inadmissible = step_info.get("invalid_action")
@@ -387,15 +412,21 @@ class RolloutOrchestrator:
     async def _episode(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
         """An episode with re-runs from the same task; a final failure is returned as ``Episode.failure``."""
         reason = ""
+        ep: Episode | None = None
         for attempt in range(self.cfg.episode_retries + 1):
             if attempt:
                 self._retries += 1
                 await asyncio.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
             try:
-                return await self._play(task, temperature, is_high, slot)
+                ep = await self._play(task, temperature, is_high, slot)
+                break
             except EnvCallFailed as exc:
                 reason = str(exc)
-        return Episode(task=task, temperature=temperature, is_high=is_high, failure=f"env: {reason}")
+        if ep is None:
+            ep = Episode(task=task, temperature=temperature, is_high=is_high, failure=f"env: {reason}")
+        if self.on_episode is not None:
+            self.on_episode(ep)
+        return ep
 
     # ------------------------------------------------------------------ groups
     async def run_groups(self, groups: Sequence[GroupSpec], *, seed_key: int | None = None) -> RolloutResult:
@@ -466,64 +497,105 @@ class RolloutOrchestrator:
 
     async def collect(self, sample_tasks: Callable[[int], list[Task]], num_groups: int, algo: Any, step: int, *,
                       filter_groups: bool = False, max_extra_rounds: int = 0) -> RolloutResult:
-        """Rollout of one training step: ``num_groups`` tasks, G episodes each (:func:`group_temperatures`).
-
-        With ``filter_groups`` (DAPO dynamic sampling, algorithms.md section 1) groups whose episode rewards are all
-        equal are dropped and more tasks are sampled, at most ``max_extra_rounds`` extra rounds; the batch keeps at
-        most ``num_groups`` groups (fewer when the rounds run out); failed groups count as missing there too.
-        Without it, failed groups are dropped and counted and the batch is smaller. Tasks given to
-        :meth:`prefetch` are played first. Metrics are over the kept episodes; times and counters add up over rounds.
-        """
+        """Rollout of one training step: ``num_groups`` tasks, G episodes each (:func:`group_temperatures`), in rounds
+        of :meth:`run_groups` (:func:`collect_groups`: DAPO's dynamic sampling and its extra rounds). Tasks given to
+        :meth:`prefetch` are played first."""
         temps = group_temperatures(algo, step)
-        kept: list[list[Episode]] = []
-        total = RolloutResult(episodes=[])
-        wall = env_wait = tokens = generate = retries = failed = 0.0
-        need, rounds = num_groups, 0
-        while True:
-            tasks, self._prefetched_tasks = self._prefetched_tasks[:need], self._prefetched_tasks[need:]
-            tasks += sample_tasks(need - len(tasks))
-            res = await self.run_groups([GroupSpec(t, temps) for t in tasks], seed_key=step * 1000 + rounds)
-            total.dropped_groups += res.dropped_groups
-            total.failures += res.failures
-            wall += res.metrics["time/rollout_s"]
-            env_wait += res.metrics["time/env_wait_frac"] * res.metrics["time/rollout_s"]
-            tokens += res.metrics["throughput/tokens_per_s"] * res.metrics["time/rollout_s"]
-            generate += res.metrics["time/generate_s"]
-            retries += res.metrics["rollout/episode_retries"]
-            failed += res.metrics["rollout/failed_episodes"]
-            for i in range(0, len(res.episodes), len(temps)):
-                group = res.episodes[i:i + len(temps)]
-                if filter_groups and _all_equal([ep.reward for ep in group]):
-                    total.filtered_groups += 1
-                else:
-                    kept.append(group)
-            if len(kept) >= num_groups or not filter_groups or rounds >= max_extra_rounds:
-                break
-            rounds += 1
-            need = num_groups - len(kept)
-        total.episodes = [ep for group in kept[:num_groups] for ep in group]
-        total.metrics = rollout_metrics(total.episodes)
-        total.metrics.update({
-            "rollout/dropped_groups": float(total.dropped_groups),
-            "rollout/episode_retries": retries,
-            "rollout/failed_episodes": failed,
-            "rollout/filtered_groups": float(total.filtered_groups),
-            "rollout/extra_rounds": float(rounds),
-            "time/rollout_s": wall,
-            "time/env_wait_frac": env_wait / wall if wall > 0 else 0.0,
-            "time/generate_s": generate,
-            "throughput/tokens_per_s": tokens / wall if wall > 0 else 0.0,
-        })
-        return total
+
+        def take(n: int) -> list[Task]:
+            tasks, self._prefetched_tasks = self._prefetched_tasks[:n], self._prefetched_tasks[n:]
+            return tasks + sample_tasks(n - len(tasks))
+
+        async def play(tasks: list[Task], seed_key: int) -> RolloutResult:
+            return await self.run_groups([GroupSpec(t, temps) for t in tasks], seed_key=seed_key)
+
+        return await collect_groups(play, take, num_groups, len(temps), step, filter_groups=filter_groups,
+                                    max_extra_rounds=max_extra_rounds)
+
+
+async def collect_groups(play: Callable[[list[Task], int], Awaitable[RolloutResult]],
+                         take_tasks: Callable[[int], list[Task]], num_groups: int, group_size: int, step: int, *,
+                         filter_groups: bool = False, max_extra_rounds: int = 0) -> RolloutResult:
+    """One training step's groups, in rounds: ``play(tasks, seed_key)`` plays one group of ``group_size`` episodes
+    per task (one orchestrator's :meth:`RolloutOrchestrator.run_groups`, or the Ray workers' chunks of it merged by
+    :func:`merge_parallel_results`) with the rollout seed key ``step * 1000 + round``; ``take_tasks(n)`` draws the
+    round's tasks. The one implementation of a step's collection for every backend.
+
+    With ``filter_groups`` (DAPO dynamic sampling, algorithms.md section 1) groups whose episode rewards are all
+    equal are dropped and more tasks are drawn, at most ``max_extra_rounds`` extra rounds; the batch keeps at most
+    ``num_groups`` groups (fewer when the rounds run out); failed groups count as missing there too. Without it,
+    failed groups are dropped and counted and the batch is smaller. Metrics are over the kept episodes; times and
+    counters add up over rounds.
+    """
+    kept: list[list[Episode]] = []
+    total = RolloutResult(episodes=[])
+    wall = env_wait = tokens = generate = retries = failed = 0.0
+    need, rounds = num_groups, 0
+    while True:
+        res = await play(take_tasks(need), step * 1000 + rounds)
+        total.dropped_groups += res.dropped_groups
+        total.failures += res.failures
+        wall += res.metrics["time/rollout_s"]
+        env_wait += res.metrics["time/env_wait_frac"] * res.metrics["time/rollout_s"]
+        tokens += res.metrics["throughput/tokens_per_s"] * res.metrics["time/rollout_s"]
+        generate += res.metrics["time/generate_s"]
+        retries += res.metrics["rollout/episode_retries"]
+        failed += res.metrics["rollout/failed_episodes"]
+        for i in range(0, len(res.episodes), group_size):
+            group = res.episodes[i:i + group_size]
+            if filter_groups and _all_equal([ep.reward for ep in group]):
+                total.filtered_groups += 1
+            else:
+                kept.append(group)
+        if len(kept) >= num_groups or not filter_groups or rounds >= max_extra_rounds:
+            break
+        rounds += 1
+        need = num_groups - len(kept)
+    total.episodes = [ep for group in kept[:num_groups] for ep in group]
+    total.metrics = rollout_metrics(total.episodes)
+    total.metrics.update({
+        "rollout/dropped_groups": float(total.dropped_groups),
+        "rollout/episode_retries": retries,
+        "rollout/failed_episodes": failed,
+        "rollout/filtered_groups": float(total.filtered_groups),
+        "rollout/extra_rounds": float(rounds),
+        "time/rollout_s": wall,
+        "time/env_wait_frac": env_wait / wall if wall > 0 else 0.0,
+        "time/generate_s": generate,
+        "throughput/tokens_per_s": tokens / wall if wall > 0 else 0.0,
+    })
+    return total
+
+
+def merge_parallel_results(results: Sequence[RolloutResult], *, wall_s: float) -> RolloutResult:
+    """Several orchestrators' :meth:`RolloutOrchestrator.run_groups` results of one round played in parallel (the
+    Ray workers' chunks) as one result: episodes and failures in the given order, counters and generation time
+    summed, ``time/rollout_s`` the round's wall time ``wall_s``, the env-wait fraction weighted by each part's
+    rollout time, throughput = all generated tokens / ``wall_s``."""
+    parts = [r.metrics for r in results]
+    busy = [m.get("time/rollout_s", 0.0) for m in parts]
+    out = RolloutResult(episodes=[ep for r in results for ep in r.episodes],
+                        dropped_groups=sum(r.dropped_groups for r in results),
+                        failures=[f for r in results for f in r.failures])
+    out.metrics = rollout_metrics(out.episodes)
+    out.metrics.update({
+        "rollout/dropped_groups": float(out.dropped_groups),
+        "rollout/episode_retries": sum(m.get("rollout/episode_retries", 0.0) for m in parts),
+        "rollout/failed_episodes": sum(m.get("rollout/failed_episodes", 0.0) for m in parts),
+        "time/rollout_s": wall_s,
+        "time/env_wait_frac": sum(m.get("time/env_wait_frac", 0.0) * b for m, b in zip(parts, busy)) /
+        max(sum(busy), 1e-9),
+        "time/generate_s": sum(m.get("time/generate_s", 0.0) for m in parts),
+        "time/env_calls_s": sum(m.get("time/env_calls_s", 0.0) for m in parts),
+        "throughput/tokens_per_s": sum(m.get("throughput/tokens_per_s", 0.0) * b for m, b in zip(parts, busy)) /
+        max(wall_s, 1e-9),
+    })
+    return out
 
 
 def _all_equal(rewards: Sequence[float]) -> bool:
     """DAPO filter of one group: its rewards are all equal within the estimators' tolerance (``dapo_keep_groups``:
     range <= 1e-6 * max(1, max |R|)), so float rounding does not keep a group whose advantages are all 0."""
-    import torch
-
-    from agent_rl.algos import dapo_keep_groups
-
     r = torch.tensor(rewards, dtype=torch.float64)
     return not bool(dapo_keep_groups(r, torch.zeros(len(rewards), dtype=torch.long)).any())
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+import uvicorn
+
+from agent_rl.viewer.app import create_app
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agent_rl.viewer",
@@ -16,10 +20,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
-
-    import uvicorn
-
-    from agent_rl.viewer.app import create_app
 
     try:
         app = create_app(args.run_dir)

@@ -25,6 +25,7 @@ from fastapi.templating import Jinja2Templates
 from agent_rl.logging import KINDS
 from agent_rl.viewer.data import Filters, RunReader
 from agent_rl.viewer.heat import QUANTITIES, colour, episode_scale, fmt, legend
+from agent_rl.viewer.plots import curves_png
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; base-uri 'none'"
@@ -124,8 +125,6 @@ def create_app(run_dir: str | Path) -> FastAPI:
     @app.get("/plots/curves.png")
     def curves(step_min: Annotated[int | None, Query(ge=0)] = None,
                step_max: Annotated[int | None, Query(ge=0)] = None) -> Response:
-        from agent_rl.viewer.plots import curves_png
-
         png = curves_png(reader.curves(Filters(step_min=step_min, step_max=step_max)), title=reader.name)
         return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
 

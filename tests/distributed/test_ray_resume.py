@@ -80,3 +80,32 @@ def test_ray_checkpoints_record_the_config_apply_a_new_lr_and_refuse_missing_lea
     assert "at step 3 (actor/lr 0.0005)" in err  # a fresh schedule: 2e-3 * 1/4
     # step 3 is the first optimiser step of the new schedule: 2e-3 * 2/4 (continuing would give 2e-3 * 4/4)
     assert lr_by_step(out)[3] == pytest.approx(1e-3, rel=1e-9)
+
+
+@pytest.mark.timeout(900)
+def test_a_resumed_ray_run_equals_an_uninterrupted_one(ray_cluster, tmp_path):
+    """``trainer.backend=ray`` (one learner rank, one rollout worker): 2 TGRL steps in one run, and 1 step then a
+    resume for step 2, log the same metrics and end with the same step-2 parameters, exactly (no tolerance,
+    ``scripts/compare_runs.py``): the checkpoint restores the rank's weights, AdamW state, schedule, RNG and the task
+    sampler's position, and the worker gets weight version 1."""
+    import subprocess
+    import sys
+
+    from agent_rl.logging import read_metrics
+
+    run = ["model=tiny", "env=choose_item", "env_server.mode=local", "algo=tgrl", "algo.warmup_steps=1",
+           "trainer.tasks_per_step=2", "engine.max_new_tokens=8", "trainer.progress=false", "trainer.tensorboard=false",
+           "trainer.save_episodes=none", "trainer.backend=ray", "trainer.num_learners=1", "rollout.num_workers=1",
+           "trainer.learner_cpus=0.5", "rollout.worker_cpus=0.5"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    main([*run, "trainer.total_steps=2", f"trainer.output_dir={whole}"])
+    main([*run, "trainer.total_steps=1", f"trainer.output_dir={parts}"])
+    main([*run, "trainer.total_steps=2", f"trainer.output_dir={parts}", "trainer.resume=auto"])
+    rows = read_metrics(parts / "metrics.jsonl", "train")
+    assert [r["step"] for r in rows] == [1, 2] and rows[1]["rollout/weight_version"] == 1.0
+    assert all(r["batch/rows"] > 0 for r in rows)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "compare_runs.py"
+    cmp = subprocess.run([sys.executable, str(script), str(whole), str(parts), "--checkpoint", "step_2", "--atol", "0",
+                          "--rtol", "0"], capture_output=True, text=True, timeout=120)
+    assert cmp.returncode == 0, cmp.stdout + cmp.stderr
+    assert "checkpoint step_2: 21 tensors compared, max |diff| 0" in cmp.stdout

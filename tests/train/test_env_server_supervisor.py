@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent_rl import train
+from agent_rl import runtime
 from agent_rl.config import load_config
-from agent_rl.train import EnvServerProcess, env_server, open_env_pool, supervise_env_server
+from agent_rl.runtime import EnvServerProcess, env_server, open_env_pool, supervise_env_server
 
 BASE = ["env=choose_item", "model=tiny", "env_server.workers=1", "env_server.max_sessions=4"]
 
@@ -56,7 +56,7 @@ def test_run_stops_with_the_reason_when_the_server_cannot_be_restarted(tmp_path:
             started.append(server)
             yield server
 
-    monkeypatch.setattr(train, "env_server", recording)
+    monkeypatch.setattr(runtime, "env_server", recording)
 
     async def main() -> None:
         async with open_env_pool(cfg, tmp_path) as pool:

@@ -14,7 +14,8 @@ import yaml
 
 from agent_rl.config import ConfigError
 from agent_rl.logging import read_metrics
-from agent_rl.train import main, saved_run_config
+from agent_rl.runtime import saved_run_config
+from agent_rl.train import main
 
 BASE = ["model=tiny", "env=choose_item", "env_server.mode=local", "trainer.tasks_per_step=1", "rollout.max_turns=1",
         "engine.max_new_tokens=4", "trainer.progress=false", "trainer.tensorboard=false"]

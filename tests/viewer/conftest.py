@@ -16,6 +16,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """{"dir": run dir, "metrics": {step: train row}, "steps": {step: {"episodes", "batch", "token_stats"}}} of a
     2-step tiny TGRL run on ChooseItem, captured when the trainer hands them to the store."""
     import agent_rl.episodes as store
+    from agent_rl import loop
     from agent_rl.logging import metrics_by_step
     from agent_rl.train import main
 
@@ -30,7 +31,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                         token_stats=token_stats, seed=seed)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(store, "save_step_episodes", spy)
+    mp.setattr(loop, "save_step_episodes", spy)  # the name the training loop calls
     try:
         main([*TINY_RUN, f"trainer.output_dir={out}"])
     finally:

@@ -243,7 +243,7 @@ def test_live_run_read_only_and_errors(tmp_path):
 
 
 def test_cli_serves_on_localhost(hostile_run):
-    from agent_rl.train import free_port
+    from agent_rl.runtime import free_port
 
     port = free_port()
     proc = start_viewer(hostile_run, port)

@@ -15,7 +15,7 @@ import pytest
 import selenium  # noqa: F401  (a pip dependency of .[all]: absent is a broken install, not a skip)
 
 from agent_rl.episodes import load_episodes
-from agent_rl.train import free_port
+from agent_rl.runtime import free_port
 from viewer_helpers import HOSTILE_ACTION, HOSTILE_OBS, start_viewer
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -1,0 +1,213 @@
+"""The one training loop, over a small :class:`Backend` protocol.
+
+One step, top to bottom (:func:`run`)::
+
+    collect (whole groups) -> build the batch -> update -> store episodes -> sync weights -> evaluate when due
+        -> log -> checkpoint (with the config) -> prune
+
+Every run is this loop: RL on one process (:class:`agent_rl.local.LocalBackend`), RL on Ray actors
+(:class:`agent_rl.distributed.backend.RayBackend`), behaviour cloning
+(:class:`agent_rl.sft.BehaviourCloningBackend`: expert rows collected once, then epochs over them, cross-entropy
+updates). A backend does the work of each step; the loop decides the order, the cadence (``trainer.eval_every``,
+``trainer.save_every``, ``trainer.keep_checkpoints``), what is logged and what a checkpoint holds. What a backend
+cannot do is declared in :data:`agent_rl.config.BACKENDS` and refused when the config is loaded, never a silent
+difference.
+
+Designed for the next two features: ``collect`` returns complete groups, each with the policy version that sampled
+it (``RolloutResult.versions``), and the tasks drawn but not trained yet (``pending_tasks``: prefetched resets today,
+groups produced ahead under ``trainer.max_staleness`` tomorrow) stay out of a checkpoint's data position, so an
+asynchronous producer fits behind ``collect``; ``update`` hides the learner's strategy (one learner, DDP ranks, FSDP,
+LoRA) and ``sync`` the weights' way to the engines, whose lifecycle (build, sync, close) is the backend's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from agent_rl.config import BackendCapabilities, Config
+from agent_rl.episodes import parse_save_episodes, save_step_episodes
+from agent_rl.eval.training import TrainingEval
+from agent_rl.logging import MetricsLogger
+from agent_rl.rollout import RolloutResult, TaskSampler, build_rollout_batch
+from agent_rl.runtime import checkpoint_extra, checkpoint_step, pad_token_id, prune_checkpoints, resume_path
+from agent_rl.types import RolloutBatch, Task
+
+
+class FirstStepFailed(RuntimeError):
+    """Every episode of the run's first step failed (bad env options or kwargs, an unreachable env server): nothing
+    can train. The CLI prints it as one line."""
+
+
+class Backend(Protocol):
+    """What the loop asks of a backend, in the order it asks (one process, Ray actors, behaviour cloning).
+
+    Attributes:
+        kind: the ``metrics.jsonl`` row kind of a step (``train`` | ``sft``).
+        capabilities: what it can do (:class:`agent_rl.config.BackendCapabilities`; ``prefetch`` is the one the
+            loop calls optionally).
+        tokenizer: the policy's tokenizer (rows, the episode store).
+        total_steps: the run's last step (``trainer.total_steps``; behaviour cloning: epochs x optimizer steps per
+            epoch, known after :meth:`start`).
+        pending_tasks: tasks drawn from the sampler and not trained on yet (the checkpoint's data position leaves
+            them out, so a resume plays them again).
+        lr: the learning rate of the next optimiser step.
+    """
+
+    kind: str
+    capabilities: BackendCapabilities
+    tokenizer: Any
+    total_steps: int
+    pending_tasks: int
+    lr: float
+
+    async def start(self, ckpt: Path | None) -> dict[str, Any] | None:
+        """Build the learner side and restore checkpoint ``ckpt`` into it and the engines (None: a fresh run);
+        returns the checkpoint's ``extra`` dict."""
+
+    async def open(self) -> None:
+        """Bring up what playing episodes needs (env pool or servers, rollout workers), once there is a step to
+        run."""
+
+    async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]]) -> RolloutResult:
+        """The step's complete groups, tasks drawn with ``sample_tasks(n)``; ``RolloutResult.batch`` set when the
+        backend builds its rows itself (behaviour cloning)."""
+
+    def prefetch(self, tasks: list[Task]) -> None:
+        """Start the next step's env resets now (``capabilities.prefetch``)."""
+
+    def cannot_update(self, batch: RolloutBatch) -> str | None:
+        """Why this batch cannot be trained (Ray: fewer groups than learner ranks), else None."""
+
+    async def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+        """One update on ``batch``; returns its metrics."""
+
+    async def token_stats(self) -> dict[str, Any] | None:
+        """The last update's per-token tensors, (B, L) in the batch's row order (the episode store)."""
+
+    async def sync(self, version: int) -> None:
+        """Give the engines the weights after ``version`` updates."""
+
+    async def evaluate(self, step: int, evaluator: TrainingEval) -> list[dict[str, Any]]:
+        """The in-training panel with the current weights; one result dict per panel."""
+
+    async def save(self, path: Path, extra: dict[str, Any]) -> None:
+        """Write checkpoint ``path`` with ``extra`` as its ``extra.json``."""
+
+    async def close(self) -> None:
+        """Release everything (engines, env pools and servers, actors); safe after a failed start."""
+
+
+# ------------------------------------------------------------------------------------------------ the loop
+async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[str, Any]:
+    """Run steps ``start..total_steps`` of ``backend`` (``start`` = 1, or the step after the checkpoint
+    ``trainer.resume`` names); returns the last step's logged row ({} when nothing was left to train).
+
+    Raises:
+        FirstStepFailed: every episode of the first step failed.
+        ConfigError: the eval panel is not held out (before anything starts).
+    """
+    t = cfg.trainer
+    evaluator = TrainingEval(cfg, out, progress)  # ConfigError before any server or actor starts
+    sampler = TaskSampler(cfg.env.id, cfg.env.sampler, env_kwargs=cfg.env_kwargs, seed=t.seed)
+    ckpt = resume_path(cfg, out)
+    start = checkpoint_step(ckpt) + 1 if ckpt is not None else 1
+    record: dict[str, Any] = {}
+    logger: MetricsLogger | None = None
+    try:
+        extra = await backend.start(ckpt)
+        total = backend.total_steps
+        if extra is not None:
+            sampler.load_state_dict(extra.get("sampler", {"position": 0}))
+            print(f"resumed from {ckpt} at step {start} (actor/lr {backend.lr:.6g})", file=sys.stderr)
+        if start > total:
+            print(f"nothing to train: the checkpoint is at step {start - 1} and trainer.total_steps={total}; "
+                  "raise trainer.total_steps to train further", file=sys.stderr)
+            return {}
+        await backend.open()
+        logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard=t.tensorboard,
+                               progress=False)  # one line per step; the live display is `progress`
+        if start == 1 and evaluator.due(0, total):  # the panel before training, logged as step 0
+            record = logger.log(0, evaluator.metrics(0, await backend.evaluate(0, evaluator)), kind="eval")
+        keep_episodes = parse_save_episodes(t.save_episodes)
+        idle_steps = 0  # steps that trained on nothing (every group dropped or filtered)
+        for step in range(start, total + 1):
+            # 1. Collect the step's complete groups (TGRL: 1 at T0 + 3 at T1 each; warm-up all at T1).
+            result = await backend.collect(step, sampler.sample)
+            metrics: dict[str, Any] = dict(result.metrics)
+            check_dropped_groups(step, start, result.failures, bool(result.episodes) or result.batch is not None,
+                                 result.filtered_groups)
+            if step < total and backend.capabilities.prefetch:  # next step's env resets run during this update
+                backend.prefetch(sampler.sample(t.tasks_per_step))
+            # 2. The rows (``build_rollout_batch``, the one place RL rows are made).
+            batch = result.batch
+            if batch is None and result.episodes:
+                batch = build_rollout_batch(result.episodes, pad_token_id=pad_token_id(backend.tokenizer),
+                                            mode=cfg.rollout.mode)
+            refused = backend.cannot_update(batch) if batch is not None else None
+            if batch is not None and refused is None:
+                # 3. Update, 4. store the step's episodes with the learner's per-token numbers, 5. sync the engines.
+                progress.phase(f"step {step}/{total} update")
+                metrics.update(await backend.update(batch, step))
+                if result.episodes:
+                    stats = await backend.token_stats() if keep_episodes != 0 else None
+                    await asyncio.to_thread(save_step_episodes, out, step, result.episodes, t.save_episodes,
+                                            tokenizer=backend.tokenizer, batch=batch, token_stats=stats, seed=t.seed)
+                await backend.sync(step)
+                metrics["batch/rows"] = batch.num_rows
+            else:  # loud: a run that never trains must not look like one that did
+                idle_steps += 1
+                metrics["batch/rows"] = 0
+                if refused is not None:
+                    print(f"WARNING: step {step} trains on nothing: {refused}; no update", file=sys.stderr)
+                else:
+                    warn_idle_step(step, result.dropped_groups, result.filtered_groups)
+            # 6. Evaluate when due (the panel plays with the weights the engines now hold).
+            if evaluator.due(step, total):
+                metrics.update(evaluator.metrics(step, await backend.evaluate(step, evaluator)))
+            # 7. Log; 8. checkpoint (the data position excludes tasks drawn but not trained: a resume replays them).
+            progress.end()
+            record = logger.log(step, metrics, kind=backend.kind)
+            if step % t.save_every == 0 or step == total:
+                progress.phase(f"step {step}/{total} checkpoint")
+                await backend.save(out / "checkpoints" / f"step_{step}",
+                                   checkpoint_extra(cfg, step, sampler.position - backend.pending_tasks))
+                prune_checkpoints(out / "checkpoints", t.keep_checkpoints)
+        warn_idle_run(idle_steps, total - start + 1)
+        return record
+    finally:
+        progress.end()
+        if logger is not None:
+            logger.close()
+        await backend.close()
+
+
+# ------------------------------------------------------------------------------------------------ loud steps
+def check_dropped_groups(step: int, start: int, failures: list[Any], has_rows: bool, filtered_groups: int) -> None:
+    """Warn about the step's dropped groups (a broken env, bad env.kwargs or missing data would otherwise fail
+    silently).
+
+    Raises:
+        FirstStepFailed: every episode of the run's first step failed (none kept, none filtered by DAPO).
+    """
+    if not failures:
+        return
+    print(f"warning: step {step}: {len(failures)} group(s) dropped; first reason: {failures[0]}", file=sys.stderr)
+    if step == start and not has_rows and not filtered_groups:
+        raise FirstStepFailed(f"every episode of step {step} failed, nothing to train on; "
+                              f"first reason: {failures[0]}")
+
+
+def warn_idle_step(step: int, dropped_groups: int, filtered_groups: int) -> None:
+    """The loud line of a step that trains on nothing (a run that never trains must not look like one that did)."""
+    print(f"WARNING: step {step} trains on nothing (0 episodes: {dropped_groups} group(s) dropped, {filtered_groups} "
+          "filtered as all-equal by DAPO dynamic sampling); no update", file=sys.stderr)
+
+
+def warn_idle_run(idle_steps: int, steps: int) -> None:
+    """The loud line at the end of a run with steps that trained on nothing."""
+    if idle_steps:
+        print(f"WARNING: {idle_steps} of {steps} step(s) trained on nothing (see the warnings above)",
+              file=sys.stderr)
