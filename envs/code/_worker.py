@@ -38,7 +38,17 @@ def _worker_main():
     writer = os.fdopen(resp_fd, "w", encoding="utf-8", newline="\n")
     refs = {}
 
+    streams = (sys.stdout, sys.stderr)
+
     def send(msg):
+        # The program's output so far reaches its file BEFORE the checker hears the reply: once the checker has its
+        # verdict the parent kills this process, and block-buffered prints would be lost (the tool output and the
+        # result's stdout read empty).
+        for stream in (*streams, sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:  # the program closed or replaced it: nothing of ours to keep
+                pass
         writer.write(json.dumps(msg, separators=(",", ":")) + "\n")
         writer.flush()
 
