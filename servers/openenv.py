@@ -407,8 +407,8 @@ class WSSession:
             return _message_error(found, "VALIDATION_ERROR"), False
         kind = message.get("type")
         allowed = {"reset": {"type", "data"}, "step": {"type", "data"}, "state": {"type"}, "close": {"type"}}
-        if kind not in allowed:
-            hint = f"; MCP is served at POST .../mcp" if kind == "mcp" else ""
+        if not isinstance(kind, str) or kind not in allowed:
+            hint = "; MCP is served at POST .../mcp" if kind == "mcp" else ""
             return _message_error(f"Unknown message type: {kind!r} (reset, step, state, close){hint}",
                                   "UNKNOWN_TYPE", status=400, error_code="unknown_type"), False
         unknown = sorted(set(message) - allowed[kind])

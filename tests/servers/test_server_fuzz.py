@@ -241,7 +241,7 @@ WS_MESSAGES = st.one_of(
     st.builds(lambda d: {"type": "step", "data": d}, _step_data),
     st.builds(lambda t, d: {"type": t, "data": d}, st.sampled_from(["reset", "step", "state", "close", "mcp", "x"]),
               _json),
-    st.just({"type": "state"}), st.just({"type": "close"}), _json,
+    st.just({"type": "state"}), st.just({"type": "close"}), _json, st.builds(lambda t: {"type": t}, _json),
     st.text(max_size=30),  # not JSON, mostly
     st.tuples(st.integers(0xD800, 0xDFFF), st.sampled_from(["reset", "step"])).map(  # a lone surrogate
         lambda c: json.dumps({"type": c[1], "data": {"action" if c[1] == "step" else "split": chr(c[0])}})),

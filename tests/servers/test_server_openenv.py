@@ -223,6 +223,7 @@ def test_ws_messages_and_errors_in_openenv_shapes(local):
         assert raw.send("{not json")["data"]["code"] == "INVALID_JSON"
         assert raw.send([1, 2])["data"]["code"] == "VALIDATION_ERROR"
         assert raw.send({"type": "teleport"})["data"]["code"] == "UNKNOWN_TYPE"
+        assert raw.send({"type": ["reset"]})["data"]["code"] == "UNKNOWN_TYPE"  # not even a string
         assert raw.send({"type": "step", "data": {"action": "x"}})["data"] == {
             "message": "no episode: send a reset first", "code": "SESSION_ERROR", "status": 409,
             "error_code": "episode_over"}
