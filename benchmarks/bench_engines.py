@@ -16,7 +16,8 @@ worker), sampled every 50 ms. Per engine:
 - ``logprob_diff``: max |engine - learner| log-prob of the sampled tokens at each row's temperature (sanity);
 - ``peak_rss_gb``.
 
-``--sync-variants`` (vllm only) also times the reload inputs vLLM offers, for the choice the engine made: the
+``--sync-variants`` (vllm only) adds a run with vLLM's engine core in this process and times there the reload
+inputs vLLM offers, for the choice the engine made: the
 safetensors file in the system temp folder or in ``/dev/shm`` (both process modes), and a weights iterator handed
 to ``collective_rpc("reload_weights")`` (in-process mode only: it cannot cross to an engine-core process).
 Threads: ``--threads`` (torch intra-op threads of the hf engine; vLLM's CPU build binds one OpenMP thread per
@@ -211,10 +212,18 @@ def main() -> None:
     runs = []
     for name in args.engines.split(","):
         runs.append((name, False))
-        if name == "vllm":
+        if name == "vllm" and args.sync_variants:
             runs.append((name, True))  # vLLM with its engine core in this process (the other process mode)
     results: dict[str, dict[str, float]] = {}
-    base = [a for a in sys.argv[1:] if not a.startswith("--engines")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"model": args.model, "batch": args.batch, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+            "threads": args.threads, "temperatures": "0.3 / 1.2 alternating", "cpus": os.cpu_count(),
+            "load_average_at_start": os.getloadavg()[0]}
+    base = [f"--model={args.model}", f"--batch={args.batch}", f"--max-new-tokens={args.max_new_tokens}",
+            f"--rounds={args.rounds}", f"--syncs={args.syncs}", f"--threads={args.threads}",
+            f"--kv-cache-gb={args.kv_cache_gb}", *(["--enforce-eager"] if args.enforce_eager else []),
+            *(["--sync-variants"] if args.sync_variants else [])]
     for name, in_process in runs:
         label = f"{name}{' (in-process)' if in_process else ''}"
         print(f"== {label}", flush=True)
@@ -226,11 +235,7 @@ def main() -> None:
             print(proc.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"{label}: exit {proc.returncode}")
         results[label] = json.loads(lines[-1][len("RESULT "):])
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"model": args.model, "batch": args.batch, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
-            "threads": args.threads, "temperatures": "0.3 / 1.2 alternating", "cpus": os.cpu_count()}
-    (out / "results.json").write_text(json.dumps({"setup": meta, "results": results}, indent=2))
+        (out / "results.json").write_text(json.dumps({"setup": meta, "results": results}, indent=2))  # so far
     keys = sorted({k for r in results.values() for k in r})
     print(f"\n{args.model}, batch {args.batch}, {args.max_new_tokens} new tokens, {args.threads} threads")
     print("| metric | " + " | ".join(results) + " |")

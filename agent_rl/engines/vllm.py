@@ -491,10 +491,9 @@ class VLLMEngine:
         self._generator: torch.Generator | None = None
         self.sleep_mode = bool(sleep_mode and build == "cuda")
         self._asleep = False
-        self.sync_seconds: list[float] = []
+        self.sync_seconds: list[float] = []  # wall time of each sync_weights (write + reload + cache reset), s
         self._cache_counts = [0, 0]  # prompt tokens sent, of them found in vLLM's prefix cache
-        self._engine_procs: list[tuple[int, float]] = []
-        """Wall time of each :meth:`sync_weights` (write + reload + cache reset), seconds."""
+        self._engine_procs: list[tuple[int, float]] = []  # (pid, start time) of vLLM's engine processes
 
         root = Path(sync_dir or tempfile.gettempdir())
         root.mkdir(parents=True, exist_ok=True)

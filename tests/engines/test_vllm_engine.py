@@ -418,3 +418,20 @@ def test_train_two_steps_then_no_vllm_process_left(tmp_path, backend):
     assert max(diffs) < TOL
     assert _wait_until(lambda: not _vllm_procs(since), 30), _vllm_procs(since)
     assert not list(sync.glob("agent_rl-vllm-*"))
+
+
+def test_eval_with_vllm_closes_its_engine(tmp_path):
+    """``agent_rl.eval`` with engine=vllm (math, tiny model, pass@4 over 2 problems) plays every episode and, done,
+    leaves no vLLM process and no sync folder."""
+    from agent_rl.eval.runner import main as eval_main
+
+    since = time.time()
+    out, sync = tmp_path / "math", tmp_path / "sync"
+    results = eval_main(["env=math", "model=tiny", "model.tiny_hidden_size=128", "engine=vllm",
+                         "eval.dataset=amc23", "eval.samples=4", "eval.num_tasks=2", "eval.temperature=1.0",
+                         "engine.max_new_tokens=8", f"eval.output_dir={out}", "env_server.mode=local",
+                         f"engine.sync_dir={sync}", "trainer.progress=false"])
+    (res,) = results.values()
+    assert len(res["episodes"]) == 8
+    assert _wait_until(lambda: not _vllm_procs(since), 30), _vllm_procs(since)
+    assert not list(sync.glob("agent_rl-vllm-*"))
