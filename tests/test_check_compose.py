@@ -15,6 +15,8 @@ import pytest
 
 from compose_helpers import REQUIRED, require_engine
 
+pytestmark = pytest.mark.slow  # containers (fast tier: pytest -m 'not slow')
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -27,6 +27,8 @@ import envs  # noqa: F401  (registers the built-in ids)
 from compose_helpers import require_engine
 from servers.serve import build_parser
 
+pytestmark = pytest.mark.slow  # containers (fast tier: pytest -m 'not slow')
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV_SERVICES = {"alfworld": "agent_rl/ALFWorld-v0", "webshop": "agent_rl/WebShop-v0"}
 #: the variable that sets each env service's host port, and its default

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs pytest in subprocesses (fast tier: pytest -m 'not slow')
+
 INNER = '''
 import pytest
 

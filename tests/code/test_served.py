@@ -10,8 +10,11 @@ import asyncio
 import json
 
 import httpx
+import pytest
 
 from servers.app import create_app
+
+pytestmark = pytest.mark.slow  # end to end: the served app with the real verifier pool and sandbox (fast tier: -m 'not slow')
 
 MATH, CODE = "agent_rl/Math-v0", "agent_rl/Code-v0"
 

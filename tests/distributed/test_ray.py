@@ -23,6 +23,8 @@ from agent_rl.models import load_policy  # noqa: E402
 from agent_rl.rollout import build_rollout_batch  # noqa: E402
 from agent_rl.types import Episode, Task, Turn  # noqa: E402
 
+pytestmark = pytest.mark.slow  # Ray actors on a local cluster (fast tier: pytest -m 'not slow')
+
 
 @pytest.fixture(scope="module")
 def ray_cluster():

@@ -15,6 +15,8 @@ import ray
 from agent_rl.config import RESUME_APPLIED, ConfigError
 from agent_rl.train import main
 
+pytestmark = pytest.mark.slow  # Ray actors on a local cluster (fast tier: pytest -m 'not slow')
+
 COMMON = ["model=tiny", "env=choose_item", "env_server.mode=local", "algo=grpo", "algo.ent_coef=0.01",
           "trainer.tasks_per_step=1", "rollout.max_turns=1", "engine.max_new_tokens=4", "trainer.progress=false",
           "trainer.tensorboard=false", "trainer.save_episodes=none", "optim.warmup=4", "trainer.backend=ray",

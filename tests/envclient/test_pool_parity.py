@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+pytestmark = pytest.mark.slow  # end to end: env server processes (fast tier: pytest -m 'not slow')
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))  # user_env_module, servers_helpers
 
 from servers_helpers import CALC, ECHO, make_app, serve_asgi  # noqa: E402

@@ -218,6 +218,7 @@ def test_bad_input_raises_value_error(kwargs: dict, options: dict | None, match:
         env.reset(options=options)
 
 
+@pytest.mark.slow  # an env server process
 def test_expert_wins_over_http(textworld_games: Path) -> None:
     """Every family through the env server (its worker processes, the async client), expert after a deviation."""
     from agent_rl.envclient import HTTPEnvPool

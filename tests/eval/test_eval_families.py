@@ -78,6 +78,7 @@ def test_an_undescribed_env_has_no_panel_and_training_says_so(capsys):
     assert not TrainingEval(cfg, None, Progress(enabled=False)).enabled
 
 
+@pytest.mark.slow  # two evaluation runs end to end
 def test_a_described_env_gets_panels_reference_rows_and_a_held_out_check(described, tmp_path):
     cfg = load_config([*BASE, "eval.num_tasks=3"])
     (panel,) = build_panels(cfg)

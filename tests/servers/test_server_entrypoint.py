@@ -18,6 +18,8 @@ from servers_helpers import CALC, ECHO, free_port, wait_healthy
 
 from agent_rl.envclient import EnvClientError, HTTPEnvPool
 
+pytestmark = pytest.mark.slow  # end to end: env server processes (fast tier: pytest -m 'not slow')
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -39,6 +39,8 @@ from schemathesis.generation import GenerationMode
 from envs.hosting import lone_surrogate
 from servers_helpers import free_port, wait_healthy
 
+pytestmark = pytest.mark.slow  # end to end: env server processes (fast tier: pytest -m 'not slow')
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("AGENT_RL_FUZZ_EXAMPLES", "3"))
 SERVERS = {

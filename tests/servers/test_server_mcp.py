@@ -23,6 +23,8 @@ from servers.app import create_app
 from servers.openenv import openenv_path
 from servers_helpers import CALC, ECHO, free_port, uvicorn_in_thread
 
+pytestmark = pytest.mark.slow  # end to end: env server processes (fast tier: pytest -m 'not slow')
+
 TOOL = "user/ToolEcho-v0"
 WEBSHOP = "agent_rl/WebShop-v0"
 

@@ -15,6 +15,8 @@ from test_server_entrypoint import start_server
 from servers.app import create_app
 from envs.hosting import EnvNotReady
 
+pytestmark = pytest.mark.slow  # end to end: env server processes (fast tier: pytest -m 'not slow')
+
 NODATA = "user/NoData-v0"
 
 

@@ -18,6 +18,8 @@ from agent_rl import runtime
 from agent_rl.config import load_config
 from agent_rl.runtime import EnvServerProcess, env_server, open_env_pool, supervise_env_server
 
+pytestmark = pytest.mark.slow  # end to end: env server processes (fast tier: pytest -m 'not slow')
+
 BASE = ["env=choose_item", "model=tiny", "env_server.workers=1", "env_server.max_sessions=4"]
 
 

@@ -17,6 +17,8 @@ from agent_rl.config import RESUME_APPLIED, Config, ConfigError, config_dict, ma
 from agent_rl.learner.config import OptimConfig
 from agent_rl.train import main
 
+pytestmark = pytest.mark.slow  # end to end: real training runs (fast tier: pytest -m 'not slow')
+
 # algo=grpo, 1 task per step: one group, so each step makes exactly one optimiser step (asserted below); the entropy
 # bonus gives every row a gradient whatever the rewards, so every step moves AdamW's state of every parameter
 BASE = ["model=tiny", "env=choose_item", "env_server.mode=local", "algo=grpo", "algo.ent_coef=0.01",

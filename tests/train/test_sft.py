@@ -17,6 +17,8 @@ from agent_rl.config import ConfigError  # noqa: E402
 from agent_rl.logging import read_metrics  # noqa: E402
 from envs.textworld import games as tw_games  # noqa: E402
 
+pytestmark = pytest.mark.slow  # end to end: real training runs (fast tier: pytest -m 'not slow')
+
 GAMES = [("coin_collector", 1, "train", i) for i in range(2)]
 BASE = ["env=textworld", "env.kwargs.family=coin_collector", "env.kwargs.level=1", "env.sampler.num_tasks=2",
         "model=tiny", "env_server.mode=local", "trainer.progress=false", "trainer.tensorboard=false",

@@ -13,6 +13,8 @@ import pytest
 from agent_rl.logging import read_metrics
 from agent_rl.train import main
 
+pytestmark = pytest.mark.slow  # end to end: real training runs (fast tier: pytest -m 'not slow')
+
 RUN = ["env=gym", "env.id=agent_rl/Calculator-v0", "env.action_format=tools", "model=tiny", "env_server.mode=local",
        "algo=tgrl", "algo.warmup_steps=0", "trainer.total_steps=2", "trainer.tasks_per_step=2", "rollout.max_turns=3",
        "engine.max_new_tokens=16", "trainer.progress=false", "trainer.tensorboard=false", "trainer.save_episodes=all"]

@@ -151,6 +151,7 @@ def test_long_texts_are_cut_and_flagged(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ tiny run
+@pytest.mark.slow  # tiny_run: a real training run
 @pytest.mark.parametrize("step", [1, 2])
 def test_tiny_run_stores_every_episode_with_the_learners_numbers(tiny_run, step):
     """``trainer.save_episodes=all``: every episode of each step, and each stored per-token number equals the

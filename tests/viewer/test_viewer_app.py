@@ -50,6 +50,7 @@ def spans_of(page: str) -> TokenSpans:
     return parser
 
 
+@pytest.mark.slow  # tiny_run: a real training run
 def test_interface_routes_on_the_tiny_run(tiny_run):
     run = tiny_run["dir"]
     client = TestClient(create_app(run))
@@ -83,6 +84,7 @@ def test_interface_routes_on_the_tiny_run(tiny_run):
     assert client.get("/api/episodes/1-0").json() == stored[0]
 
 
+@pytest.mark.slow  # tiny_run: a real training run
 def test_filters_are_query_parameters(tiny_run):
     client = TestClient(create_app(tiny_run["dir"]))
     stored = load_episodes(tiny_run["dir"])
@@ -111,6 +113,7 @@ def test_filters_are_query_parameters(tiny_run):
     assert client.get("/episodes/1-0", params={"color": "nope"}).status_code == 422
 
 
+@pytest.mark.slow  # tiny_run: a real training run
 def test_episode_colour_choices(tiny_run):
     client = TestClient(create_app(tiny_run["dir"]))
     rec = next(r for r in load_episodes(tiny_run["dir"]) if r["is_high"])

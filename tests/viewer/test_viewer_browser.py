@@ -18,6 +18,8 @@ from agent_rl.episodes import load_episodes
 from agent_rl.runtime import free_port
 from viewer_helpers import HOSTILE_ACTION, HOSTILE_OBS, start_viewer
 
+pytestmark = pytest.mark.slow  # a browser (fast tier: pytest -m 'not slow')
+
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
