@@ -247,7 +247,7 @@ class BehaviourCloningBackend:
     (``trainer.eval_every``)."""
 
     kind = "sft"
-    capabilities = BACKENDS["local"]
+    capabilities = dataclasses.replace(BACKENDS["local"], prefetch=False)  # no episodes are played per step
     pending_tasks = 0
 
     def __init__(self, cfg: Config, out: Path, progress: Any, config_file: Path | None = None) -> None:
@@ -322,8 +322,8 @@ class BehaviourCloningBackend:
             metrics.update(self.collect_metrics)
         return RolloutResult(episodes=[], metrics=metrics, batch=self.batch.select_rows(rows))
 
-    def prefetch(self, tasks: list[Task]) -> None:  # nothing is played per step
-        pass
+    def prefetch(self, tasks: list[Task]) -> None:  # not a capability of this backend
+        raise NotImplementedError("behaviour cloning plays no episodes per step")
 
     def cannot_update(self, batch: RolloutBatch) -> str | None:
         return None
