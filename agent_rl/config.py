@@ -638,7 +638,7 @@ RESUME_MAY_CHANGE = (
     "data.root", "rollout.max_concurrent_episodes", "rollout.gen_batch_size", "rollout.gen_wait_s",
     "rollout.env_timeout_s", "rollout.retry_backoff_s", "rollout.episode_retries",
     # memory layout of the same update (gradient accumulation, chunking, recomputation, attention kernel)
-    "algo.micro_batch_size", "algo.logits_chunk_size", "algo.compile_js", "model.gradient_checkpointing",
+    "algo.micro_batch_size", "algo.micro_batch_tokens", "algo.logits_chunk_size", "algo.compile_js", "model.gradient_checkpointing",
     "model.attn_implementation",
     # evaluation settings (they do not touch training)
     "eval.",

@@ -16,6 +16,8 @@ ALGO_NAMES = ("tgrl", "grpo", "drgrpo", "dapo", "rloo", "ppo", "gspo")
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "gigpo")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 CREDIT_LEVELS = ("token", "turn")
+#: ``algo.behaviour_correction`` values (algorithms.md section 7, "Off-policy correction").
+BEHAVIOUR_CORRECTIONS = ("auto", "tis", "mask", "none")
 
 
 def _check(name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -57,8 +59,18 @@ class AlgoConfig:
     :meth:`group_temperatures`."""
     t_low: float = 0.3
     """TGRL T0 (section 3)."""
-    t_high: float = 1.2
-    """TGRL T1."""
+    t_high: Any = 1.2
+    """TGRL T1: a number (> 0; the paper's fixed T1, 1.2) or ``auto`` (algorithms.md section 3, adaptive high
+    temperature: a discounted UCB over ``t_high_ladder`` on ``tgrl/delta_R``, ``agent_rl.algos.AdaptiveHighTemperature``;
+    TGRL only). Typed ``Any`` because OmegaConf 2.3 unions refuse ints; checked and normalised to a float or "auto"
+    here. Code that needs a number calls :func:`t_high_value`."""
+    t_high_ladder: list[float] = field(default_factory=lambda: [1.0, 1.2, 1.4])
+    """``t_high=auto``: the rungs T1 is chosen from, strictly increasing, each > ``t_low`` (warm-up: the middle rung,
+    :func:`t_high_value`)."""
+    t_high_discount: float = 0.9
+    """``t_high=auto``: the discount g of the UCB's statistics, in (0, 1] (1 = plain UCB1)."""
+    t_high_ucb_c: float = 1.0
+    """``t_high=auto``: the exploration constant c of the UCB bonus (>= 0; 1.0 for delta_R in [-1, 1])."""
     n_low: int = 1
     """TGRL episodes per group at T0."""
     n_high: int = 3
@@ -90,7 +102,12 @@ class AlgoConfig:
     groups (every row of an episode in one). 1 = one step per batch (old log-probs then equal the new ones and the
     PPO clip never binds); TGRL's reference recipe uses 4. Capped at the number of groups in the batch."""
     micro_batch_size: int = 4
-    """Rows per forward/backward (gradient accumulation inside a mini-batch)."""
+    """Rows per forward/backward (gradient accumulation inside a mini-batch) when ``micro_batch_tokens`` is 0."""
+    micro_batch_tokens: int = 0
+    """Token budget of a micro-batch (0 = off: ``micro_batch_size`` rows each). On: the rows are sorted by length and
+    packed so that each micro-batch's padded size (rows x longest row) stays within this many tokens (a row longer
+    than the budget goes alone), like verl's dynamic batch size; the loss is the same (every micro-batch divides by
+    its mini-batch's denominator)."""
     gamma: float = 1.0
     """GAE discount (``algo=ppo``)."""
     lam: float = 1.0
@@ -109,6 +126,15 @@ class AlgoConfig:
     """L_max of the overlong shaping (0 = engine max_new_tokens, filled in by the root config)."""
     dapo_overlong_cache_len: int = 0
     """L_c of the overlong shaping (0 = L_max // 5, DAPO's 4096 of 20480, filled in by the root config)."""
+    behaviour_correction: str = "auto"
+    """Off-policy correction of the policy-gradient term by the behaviour weight w = min(exp(old_logp - logp_beh), C)
+    (algorithms.md section 7; ``logp_beh`` = the batch's ``engine_logprobs``): auto | tis | mask | none. ``auto``:
+    ``tis`` when ``trainer.max_staleness`` > 0, ``none`` when it is 0 (synchronous runs unchanged);
+    :func:`resolve_behaviour_correction`. ``tis``: truncated importance sampling, each token's policy-gradient loss
+    times w (Yao et al. 2025); ``mask``: tokens with exp(old_logp - logp_beh) > C get weight 0, the others 1 (AReaL,
+    Fu et al. 2025); ``none``: weight 1."""
+    behaviour_weight_cap: float = 2.0
+    """C, the cap of the behaviour weight (must be > 1)."""
 
     def __post_init__(self) -> None:
         _check("algo.name", self.name, ALGO_NAMES)
@@ -134,12 +160,38 @@ class AlgoConfig:
             raise ValueError(f"algo.group_size={self.group_size} with algo.adv_estimator={self.adv_estimator} gives "
                              "every advantage 0 (a group of one has no baseline to compare with): use group_size >= 2 "
                              "or algo.adv_estimator=reinforce_pp (batch baseline)")
-        if min(self.t_low, self.t_high, self.temperature) <= 0:
+        self.t_high = _parse_t_high(self.t_high)
+        self.t_high_ladder = [float(t) for t in self.t_high_ladder]
+        if self.t_high == "auto":
+            if self.name != "tgrl":
+                raise ValueError(f"algo.t_high=auto is TGRL's adaptive T1 (it picks T1 from tgrl/delta_R, the gain of "
+                                 f"the T1 episodes over the T0 ones); algo.name={self.name} has no T0/T1 groups: "
+                                 "give a number")
+            ladder = self.t_high_ladder
+            if not ladder or any(b <= a for a, b in zip(ladder, ladder[1:])):
+                raise ValueError(f"algo.t_high_ladder={ladder} must be a non-empty, strictly increasing list of "
+                                 "temperatures")
+            if ladder[0] <= self.t_low:
+                raise ValueError(f"algo.t_high_ladder={ladder}: every rung must exceed algo.t_low={self.t_low} "
+                                 "(T1 is the high temperature)")
+            if not 0.0 < self.t_high_discount <= 1.0:
+                raise ValueError(f"algo.t_high_discount={self.t_high_discount} must be in (0, 1]")
+            if self.t_high_ucb_c < 0:
+                raise ValueError(f"algo.t_high_ucb_c={self.t_high_ucb_c} must be >= 0")
+        if min(self.t_low, t_high_value(self), self.temperature) <= 0:
             raise ValueError("algo temperatures must be > 0")
         if min(self.micro_batch_size, self.num_mini_batches, self.ppo_epochs, self.logits_chunk_size) < 1:
             raise ValueError("algo.micro_batch_size, num_mini_batches, ppo_epochs, logits_chunk_size must be >= 1")
+        if self.micro_batch_tokens < 0:
+            raise ValueError(f"algo.micro_batch_tokens={self.micro_batch_tokens} must be >= 0 (0 = off)")
         if min(self.n_low, self.n_high) < 0 or self.group_size < 1:
             raise ValueError("algo.n_low, n_high must be >= 0 and the group size >= 1")
+        _check("algo.behaviour_correction", self.behaviour_correction, BEHAVIOUR_CORRECTIONS)
+        if isinstance(self.behaviour_weight_cap, bool) or not float(self.behaviour_weight_cap) > 1.0:
+            raise ValueError(f"algo.behaviour_weight_cap={self.behaviour_weight_cap!r} must be > 1 (the cap C of the "
+                             "behaviour weight min(exp(old_logp - logp_beh), C); a cap <= 1 would down-weight every "
+                             "on-policy token)")
+        self.behaviour_weight_cap = float(self.behaviour_weight_cap)
 
     @property
     def is_tgrl(self) -> bool:
@@ -154,15 +206,64 @@ class AlgoConfig:
         other algorithms. The one place the rule lives: sampling and the learner both ask here."""
         return self.is_tgrl and step <= self.warmup_steps
 
-    def group_temperatures(self, step: int) -> list[tuple[float, bool]]:
+    def group_temperatures(self, step: int, t_high: float | None = None) -> list[tuple[float, bool]]:
         """``(temperature, is_high)`` of the G episodes of a group at 1-based ``step``: TGRL ``n_low`` at ``t_low``
-        then ``n_high`` at ``t_high`` (warm-up: all G at ``t_high``, all flagged high); the others ``group_size``
-        at ``temperature`` (flagged low)."""
+        then ``n_high`` at T1 (warm-up: all G at T1, all flagged high); the others ``group_size`` at ``temperature``
+        (flagged low). T1 is ``t_high`` when given (``algo.t_high=auto``: the step's pick of
+        ``agent_rl.algos.AdaptiveHighTemperature``), else :func:`t_high_value`."""
         if not self.is_tgrl:
             return [(float(self.temperature), False)] * self.group_size
+        t1 = float(t_high) if t_high is not None else t_high_value(self)
+        if t1 <= 0:
+            raise ValueError(f"t_high={t_high} must be > 0")
         if self.in_warmup(step):
-            return [(float(self.t_high), True)] * self.group_size
-        return [(float(self.t_low), False)] * self.n_low + [(float(self.t_high), True)] * self.n_high
+            return [(t1, True)] * self.group_size
+        return [(float(self.t_low), False)] * self.n_low + [(t1, True)] * self.n_high
+
+
+def _parse_t_high(value: Any) -> float | str:
+    """``algo.t_high`` as given (a number, a numeric string or ``auto``) -> a float or ``"auto"``.
+
+    Raises:
+        ValueError: anything else (bool, another word).
+    """
+    if isinstance(value, str):
+        if value.strip().lower() == "auto":
+            return "auto"
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise ValueError(f"algo.t_high={value!r} is not valid: give a temperature (> 0) or auto (adaptive T1, "
+                     "algorithms.md section 3)")
+
+
+def t_high_value(algo: AlgoConfig) -> float:
+    """The numeric T1 of ``algo``: ``algo.t_high`` when it is a number; for ``algo.t_high=auto`` the middle rung of
+    ``algo.t_high_ladder`` (index ``(len - 1) // 2``: 1.2 of the default [1.0, 1.2, 1.4]), the T1 of the warm-up
+    and of code that needs one number without the run's adaptive state."""
+    if algo.t_high == "auto":
+        ladder = algo.t_high_ladder
+        return float(ladder[(len(ladder) - 1) // 2])
+    return float(algo.t_high)
+
+
+def resolve_behaviour_correction(algo: AlgoConfig, max_staleness: int) -> str:
+    """The behaviour correction the learner applies: ``algo.behaviour_correction``, with ``auto`` resolved by the
+    staleness bound k = ``trainer.max_staleness``: ``tis`` when k > 0, ``none`` when k = 0 (a synchronous run's loss
+    is then exactly the uncorrected one). Returns ``"tis"``, ``"mask"`` or ``"none"``.
+
+    Raises:
+        ValueError: ``max_staleness < 0`` or an unknown ``algo.behaviour_correction``.
+    """
+    if isinstance(max_staleness, bool) or int(max_staleness) != max_staleness or max_staleness < 0:
+        raise ValueError(f"max_staleness={max_staleness!r} must be an integer >= 0 (trainer.max_staleness)")
+    _check("algo.behaviour_correction", algo.behaviour_correction, BEHAVIOUR_CORRECTIONS)
+    if algo.behaviour_correction == "auto":
+        return "tis" if max_staleness > 0 else "none"
+    return algo.behaviour_correction
 
 
 @dataclass

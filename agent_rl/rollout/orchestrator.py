@@ -87,10 +87,12 @@ class RolloutResult:
     batch: Any = None
 
 
-def group_temperatures(algo: Any, step: int) -> list[tuple[float, bool]]:
-    """(temperature, is_high) of the G episodes of a group at 1-based ``step``: ``algo.group_temperatures(step)``
-    (``AlgoConfig``, the one home of the TGRL sampling and warm-up rule; algorithms.md, TGRL)."""
-    return algo.group_temperatures(step)
+def group_temperatures(algo: Any, step: int, t_high: float | None = None) -> list[tuple[float, bool]]:
+    """(temperature, is_high) of the G episodes of a group at 1-based ``step``: ``algo.group_temperatures(step,
+    t_high)`` (``AlgoConfig``, the one home of the TGRL sampling and warm-up rule; algorithms.md, TGRL). ``t_high``:
+    the step's T1 (``algo.t_high=auto``: the pick of ``agent_rl.algos.AdaptiveHighTemperature``); None = the fixed
+    ``algo.t_high`` (``agent_rl.learner.config.t_high_value``)."""
+    return algo.group_temperatures(step, t_high)
 
 
 class GenerationBatcher:
