@@ -84,6 +84,7 @@ class LocalBackend:
 
     async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]]) -> RolloutResult:
         cfg = self.cfg
+        self.rollout.policy_version = self.version  # each turn records it (algorithms.md section 7, Versions)
         self.progress.phase(f"step {step}/{self.total_steps} rollout",
                             total=cfg.trainer.tasks_per_step * len(group_temperatures(cfg.algo, step)))
         result = await self.rollout.collect(sample_tasks, cfg.trainer.tasks_per_step, cfg.algo, step,

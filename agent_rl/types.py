@@ -30,12 +30,18 @@ class Task:
 @dataclass
 class Generation:
     """What an engine returns for one prompt: the sampled ids exactly as sampled, their log-probs at the sampling
-    temperature (natural log), and why generation stopped (``"stop"`` on EOS/stop string, ``"length"``)."""
+    temperature (natural log), and why generation stopped (``"stop"`` on EOS/stop string, ``"length"``).
+    ``cached_tokens``: how many of the prompt's tokens the engine took from a cache instead of computing them (hf:
+    the episode's earlier turns, ``engine.kv_reuse``; vLLM: its prefix cache); 0 when unknown."""
 
     token_ids: list[int]
     logprobs: list[float]
     text: str
     finish_reason: str
+    cached_tokens: int = 0
+    policy_version: int | None = None
+    """The version of the weights that sampled it (algorithms.md section 7, "Versions"), stamped by an engine that
+    knows it (:class:`agent_rl.rollout.versions.VersionedEngine`); None: the orchestrator's current version."""
 
 
 @dataclass
@@ -54,6 +60,9 @@ class Turn:
     info: dict[str, Any] = field(default_factory=dict)
     invalid: bool = False
     response_truncated: bool = False
+    policy_version: int = 0
+    """The policy version v that sampled the response tokens: the number of completed RL steps whose weights the
+    engine held when the turn's generation started (algorithms.md section 7; a synchronous run's step s: s - 1)."""
 
 
 @dataclass
@@ -90,6 +99,8 @@ class RolloutBatch:
         rewards: (B,) float, the episode reward broadcast to every row of the episode.
         episode_rewards: (E,) float, one per episode (E episodes), and ``episode_group_index`` (E,),
             ``episode_is_high`` (E,) bool, for group statistics computed per episode rather than per row.
+        policy_versions: (B, L) long, the policy version that sampled each response token (``Turn.policy_version``),
+            -1 where ``response_mask`` is 0; None only in batches made by hand (treat as version 0 everywhere).
     """
 
     input_ids: torch.Tensor
@@ -106,6 +117,7 @@ class RolloutBatch:
     episode_rewards: torch.Tensor
     episode_group_index: torch.Tensor
     episode_is_high: torch.Tensor
+    policy_versions: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -115,7 +127,8 @@ class RolloutBatch:
     def to(self, device: str | torch.device) -> "RolloutBatch":
         """A copy on ``device`` with the learner's dtypes (``is_high``/``episode_is_high`` bool, ``temperature``
         float32); tensor ``extras`` move too, other extras are kept as they are."""
-        moved = {f: getattr(self, f).to(device) for f in _TENSOR_FIELDS}
+        moved: dict[str, Any] = {f: getattr(self, f).to(device) for f in _TENSOR_FIELDS}
+        moved["policy_versions"] = None if self.policy_versions is None else self.policy_versions.to(device)
         moved["is_high"] = moved["is_high"].bool()
         moved["episode_is_high"] = moved["episode_is_high"].bool()
         moved["temperature"] = moved["temperature"].float()
@@ -129,6 +142,7 @@ class RolloutBatch:
         n = self.num_rows
         out = {f: getattr(self, f) if f.startswith("episode_") and f != "episode_index" else getattr(self, f)[rows]
                for f in _TENSOR_FIELDS}
+        out["policy_versions"] = None if self.policy_versions is None else self.policy_versions[rows]
         extras = {k: v[rows] if isinstance(v, torch.Tensor) and not k.startswith("episode_") and v.dim() >= 1
                   and v.shape[0] == n else v for k, v in (self.extras or {}).items()}
         return RolloutBatch(**out, extras=extras)

@@ -184,6 +184,7 @@ class RolloutWorker:
         self.model.load_state_dict(weights)
         self.engine.sync_weights(self.model)
         self.version = int(version)
+        self.orchestrator.policy_version = self.version  # each turn records it (algorithms.md section 7)
         return self.version
 
     def play(self, tasks: list[Task], step: int, seed_key: int, expected_version: int) -> dict[str, Any]:

@@ -109,7 +109,9 @@ def take_shard(batch: RolloutBatch, rows: Tensor, episodes: Tensor) -> RolloutBa
         v = getattr(batch, f.name)
         if f.name == "extras":
             continue
-        if f.name.startswith("episode_") and f.name != "episode_index":
+        if v is None:  # an optional per-token tensor that is not set (policy_versions of a hand-made batch)
+            out[f.name] = None
+        elif f.name.startswith("episode_") and f.name != "episode_index":
             out[f.name] = v[episodes]
         elif f.name == "episode_index":
             out[f.name] = remap[v[rows]]

@@ -29,12 +29,14 @@ def _obs_keys(ep: Episode) -> list[int]:
     return [0] + [observation_key(t.observation) for t in ep.turns[:-1]]
 
 
-def _trajectory_row(ep: Episode) -> tuple[list[int], list[float], list[float]]:
-    """(ids, response_mask, logprobs) of a full-trajectory row; turn k's response starts at len(turn_k.prompt_ids)."""
+def _trajectory_row(ep: Episode) -> tuple[list[int], list[float], list[float], list[int]]:
+    """(ids, response_mask, logprobs, policy versions) of a full-trajectory row; turn k's response starts at
+    len(turn_k.prompt_ids)."""
     last = ep.turns[-1]
     ids = list(last.prompt_ids) + list(last.response_ids)
     mask = [0.0] * len(ids)
     logp = [0.0] * len(ids)
+    version = [-1] * len(ids)
     for turn in ep.turns:
         start = len(turn.prompt_ids)
         if ids[start:start + len(turn.response_ids)] != list(turn.response_ids):
@@ -42,7 +44,8 @@ def _trajectory_row(ep: Episode) -> tuple[list[int], list[float], list[float]]:
         for j, lp in enumerate(turn.response_logprobs):
             mask[start + j] = 1.0
             logp[start + j] = float(lp)
-    return ids, mask, logp
+            version[start + j] = int(turn.policy_version)
+    return ids, mask, logp, version
 
 
 def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode: str = "turn") -> RolloutBatch:
@@ -55,7 +58,8 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
         mode: ``turn`` (B = total turns) or ``trajectory`` (B = E).
 
     Returns:
-        RolloutBatch with input_ids/attention_mask (B, L) long, response_mask/engine_logprobs (B, L) float, per-row
+        RolloutBatch with input_ids/attention_mask (B, L) long, response_mask/engine_logprobs (B, L) float,
+        policy_versions (B, L) long (each response token's ``Turn.policy_version``, -1 elsewhere), per-row
         temperature/group_index/episode_index/is_high/turn_index/num_turns/rewards (B,), and per-episode
         episode_rewards/episode_group_index/episode_is_high (E,). L = longest row. ``rewards`` broadcasts
         ``episode.reward`` (already including any invalid-action penalty) to the episode's rows. ``extras``:
@@ -71,7 +75,7 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
     if not episodes:
         raise ValueError("build_rollout_batch needs at least one episode")
     group_ids: dict[int, int] = {}
-    rows: list[tuple[list[int], list[float], list[float]]] = []
+    rows: list[tuple[list[int], list[float], list[float], list[int]]] = []
     meta: list[tuple[float, int, int, bool, int, int, float]] = []  # temp, group, episode, high, turn, K, reward
     for e, ep in enumerate(episodes):
         if ep.failure is not None or not ep.turns:
@@ -82,7 +86,8 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
             for k, turn in enumerate(ep.turns):
                 n_p, n_r = len(turn.prompt_ids), len(turn.response_ids)
                 rows.append((list(turn.prompt_ids) + list(turn.response_ids), [0.0] * n_p + [1.0] * n_r,
-                             [0.0] * n_p + [float(x) for x in turn.response_logprobs]))
+                             [0.0] * n_p + [float(x) for x in turn.response_logprobs],
+                             [-1] * n_p + [int(turn.policy_version)] * n_r))
                 meta.append((ep.temperature, g, e, ep.is_high, k, k_turns, ep.reward))
         else:
             rows.append(_trajectory_row(ep))
@@ -93,12 +98,14 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
     attention_mask = torch.zeros(n_rows, length, dtype=torch.long)
     response_mask = torch.zeros(n_rows, length, dtype=torch.float32)
     engine_logprobs = torch.zeros(n_rows, length, dtype=torch.float32)
-    for i, (ids, mask, logp) in enumerate(rows):
+    policy_versions = torch.full((n_rows, length), -1, dtype=torch.long)
+    for i, (ids, mask, logp, version) in enumerate(rows):
         n = len(ids)
         input_ids[i, :n] = torch.tensor(ids, dtype=torch.long)
         attention_mask[i, :n] = 1
         response_mask[i, :n] = torch.tensor(mask)
         engine_logprobs[i, :n] = torch.tensor(logp)
+        policy_versions[i, :n] = torch.tensor(version, dtype=torch.long)
     temp, grp, epi, high, turn, num, rew = zip(*meta)
     extras = {
         "episode_won": torch.tensor([ep.won for ep in episodes], dtype=torch.bool),
@@ -121,5 +128,6 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
         episode_rewards=torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
         episode_group_index=torch.tensor([group_ids[ep.task.group_id] for ep in episodes], dtype=torch.long),
         episode_is_high=torch.tensor([ep.is_high for ep in episodes], dtype=torch.bool),
+        policy_versions=policy_versions,
         extras=extras,
     )

@@ -247,6 +247,10 @@ class RolloutOrchestrator:
         self._prefetched: dict[tuple[int, int], asyncio.Future] = {}  # (group_id, slot) -> reset in flight
         self._prefetched_tasks: list[Task] = []
         self._runs = 0
+        self.policy_version = 0
+        """The version of the engine's weights (algorithms.md section 7): set by the backend at each weight sync; a
+        turn records it when its generation is requested, unless the engine stamps its own
+        (``Generation.policy_version``, :class:`agent_rl.rollout.versions.VersionedEngine`)."""
         if cfg.mode == "trajectory":
             self._eos_ids = set(getattr(engine, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
             render_followup(self.tokenizer, "probe")  # a template that cannot be spliced is refused here, by name
@@ -344,6 +348,7 @@ class RolloutOrchestrator:
                        is_high: bool) -> tuple[Generation, str, bool]:
         """One turn's ``(response, env action, well formed)``: the scripted ``policy``'s answer (its action as given),
         else the engine's generation through the batcher, parsed (:meth:`parse`)."""
+        version = self.policy_version
         if self.policy is not None:
             action, gen = self.policy.respond(ctx, task, slot)
             well_formed = True
@@ -353,6 +358,8 @@ class RolloutOrchestrator:
                                                self.high_repetition_penalty if is_high else 1.0,
                                                key=(task.group_id, slot, ctx.step))
             action, well_formed = self.parse(gen.text, ctx)
+        if gen.policy_version is None:
+            gen.policy_version = version
         if self.on_turn is not None:
             self.on_turn(gen)
         return gen, action, well_formed
@@ -396,7 +403,7 @@ class RolloutOrchestrator:
                     response_logprobs=list(gen.logprobs), action=action, observation=step.observation,
                     reward=float(step.reward), terminated=bool(step.terminated), truncated=bool(step.truncated),
                     info=step_info, invalid=(not well_formed) or bool(inadmissible),
-                    response_truncated=gen.finish_reason == "length"))
+                    response_truncated=gen.finish_reason == "length", policy_version=int(gen.policy_version or 0)))
                 history.append((obs, action))
                 obs, info = step.observation, step_info
                 if step.terminated or step.truncated:
