@@ -31,14 +31,21 @@ class Engine(Protocol):
     ``row_seeds[i]`` alone, so a row samples the same tokens whatever else is in the batch and in whatever order
     (the orchestrator passes :func:`row_seed` of (rollout seed, group id, slot, turn): episodes do not depend on the
     env timing that formed the batches); ``seed`` then plays no part. Greedy rows (T = 0) draw nothing.
+    ``episode_ids`` (optional, per row, None = none): the episode each row belongs to, so an engine may keep its
+    keys/values for the episode's next prompt (hf: ``engine.kv_reuse``; vLLM has its own prefix cache and ignores
+    them); ``end_episode(id)`` says the episode is over. Neither changes the tokens sampled.
     """
 
     tokenizer: Any
 
     def generate(self, prompts: list[list[int]], temperatures: list[float], *, max_new_tokens: int,
                  top_p: float = 1.0, top_k: int = 0, stop: list[str] | None = None, seed: int | None = None,
-                 repetition_penalties: list[float] | None = None,
-                 row_seeds: list[int] | None = None) -> list[Generation]: ...
+                 repetition_penalties: list[float] | None = None, row_seeds: list[int] | None = None,
+                 episode_ids: list[str | None] | None = None) -> list[Generation]: ...
+
+    def end_episode(self, episode_id: str) -> None:
+        """The episode ``episode_id`` is over: drop what is kept for it (a no-op where nothing is)."""
+        ...
 
     def sync_weights(self, model: Any) -> None: ...
 
@@ -46,6 +53,24 @@ class Engine(Protocol):
         """Release what the engine holds (vLLM: its engine processes and sync files); idempotent. Every owner of an
         engine (train loop, eval, Ray rollout workers) calls it when done."""
         ...
+
+
+def check_episode_ids(episode_ids: list[str | None] | None, n: int) -> None:
+    """The engines' shared check of ``generate``'s ``episode_ids``: None, or n entries (str or None), no id twice
+    (an episode has one prompt in flight at a time).
+
+    Raises:
+        ValueError: the length differs from the prompts', an entry is not a str or None, or an id repeats.
+    """
+    if episode_ids is None:
+        return
+    if len(episode_ids) != n:
+        raise ValueError(f"{n} prompts but {len(episode_ids)} episode ids")
+    named = [e for e in episode_ids if e is not None]
+    if any(not isinstance(e, str) for e in named):
+        raise ValueError(f"episode ids must be str or None, got {sorted({type(e).__name__ for e in named})}")
+    if len(set(named)) != len(named):
+        raise ValueError("an episode id appears twice in one generate call (one prompt per episode at a time)")
 
 
 def default_eos_token_ids(model: Any, tokenizer: Any) -> list[int]:

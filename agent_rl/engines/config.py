@@ -48,6 +48,15 @@ class EngineConfig:
     """vllm: folder of its sync folders (the weights file of each sync, the in-memory model it starts from); "" = the
     system temp folder. A container's /dev/shm may hold only 64 MiB: not the default. Folders of dead runs are
     removed at the next start."""
+    kv_reuse: bool = True
+    """hf: keep each live episode's keys/values between its turns and prefill only the new tokens (the prompt's
+    start that matches the kept token ids is reused; ``agent_rl.engines.hf``). Trajectory mode reuses every earlier
+    turn; per-turn mode only the prompt's start before the history window. Exact: the same tokens are sampled.
+    vllm ignores it (its prefix cache does this by itself)."""
+    kv_reuse_max_tokens: int = 32768
+    """hf: most tokens kept over all episodes between calls; beyond it whole episodes are evicted, least recently
+    used first, and prefill from scratch at their next turn. Memory per token: 2 * layers * kv_heads * head_dim *
+    dtype bytes (SmolLM2-135M float32: 46 KiB, so the default is about 1.4 GiB)."""
     seed: int = 0
     """Base sampling seed: turn k of slot s of group g samples with ``row_seed(rollout seed, g, s, k)``, the rollout
     seed drawn from this and the step (``agent_rl.rollout.orchestrator``), whatever batch the turn lands in."""
@@ -57,6 +66,8 @@ class EngineConfig:
             raise ValueError("engine: max_new_tokens, batch_size >= 1, 0 < top_p <= 1, top_k >= 0")
         if self.kv_cache_gb < 0 or self.max_model_len < 0 or self.tensor_parallel_size < 1:
             raise ValueError("engine: kv_cache_gb >= 0, max_model_len >= 0, tensor_parallel_size >= 1")
+        if self.kv_reuse_max_tokens < 1:
+            raise ValueError(f"engine.kv_reuse_max_tokens={self.kv_reuse_max_tokens}: must be >= 1")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"engine.gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1]")
 
@@ -70,4 +81,5 @@ def engine_kwargs(cfg: Any) -> dict[str, Any]:
                 gpu_memory_utilization=eng.gpu_memory_utilization, kv_cache_gb=eng.kv_cache_gb,
                 max_model_len=eng.max_model_len, enforce_eager=eng.enforce_eager,
                 tensor_parallel_size=eng.tensor_parallel_size, sleep_mode=eng.sleep_mode,
-                multiprocessing=eng.multiprocessing, sync_dir=eng.sync_dir)
+                multiprocessing=eng.multiprocessing, sync_dir=eng.sync_dir, kv_reuse=eng.kv_reuse,
+                kv_reuse_max_tokens=eng.kv_reuse_max_tokens)

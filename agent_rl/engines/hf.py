@@ -15,21 +15,48 @@ call's, else a draw from the engine's generator). Each step samples by the expon
 ``torch.multinomial`` itself uses for one sample: token = argmax_v p_v / q_v with q_v ~ Exp(1) from the row's
 generator (one draw per vocabulary entry per token). Greedy rows (T = 0) take the argmax and draw nothing.
 
-The engine shares the learner's ``nn.Module``: ``sync_weights`` is a no-op. Generation runs in ``eval()`` mode
-under ``torch.inference_mode`` and restores the module's previous mode.
+KV reuse across turns (``engine.kv_reuse``, on by default): with ``episode_ids`` the engine keeps, after each call,
+every row's keys and values (the prompt and the response, less its last sampled token, which was never fed) under
+the row's episode id. The next prompt of that episode reuses the longest common prefix of the kept token ids and the
+new prompt (compared token by token: a prompt that does not start with the kept ids reuses only what matches, and
+nothing when the first token differs, so a reuse is never wrong, only smaller) and prefills only the rest. In
+trajectory mode turn k+1's prompt is turn k's prompt + its response + the new observation, so every turn prefills
+only its response's last token and the observation; per-turn prompts with a history window change after the task
+text, so only that common start is reused. The bound ``kv_reuse_max_tokens`` evicts whole episodes, least recently
+used first (they then prefill from scratch); :meth:`HFEngine.end_episode` drops one; ``sync_weights`` drops all (a
+cache holds the keys of one policy version, algorithms.md section 7), and so does any in-place change of the
+module's parameters seen at the next call (their version counters), so an optimizer step without a sync cannot leave
+stale keys.
+
+How rows with different cache lengths share one forward: the batch's cache is laid out right-aligned, row i's
+``c_i`` cached columns at ``[C - c_i, C)`` (C = the longest reuse in the batch, zeros before), and its ``n_i`` new
+tokens left-padded into the next N columns (N = the longest new part), so every row's next token is again in the
+last column and decoding appends one column for all rows. The attention mask marks the real columns (the padding
+in front of the cache and between the cache and the new tokens is masked) and ``position_ids`` are explicit:
+``c_i + j`` for row i's j-th new token. This is exact because a cached key already carries its rotary position
+(applied before caching), attention depends only on the masked set of keys and on positions, never on columns, and
+the causal order of columns agrees with the order of positions within every row. Grouping rows by cache length
+would avoid the padding but split the batch; per-row forwards would lose batching. The padded columns cost
+``b * N * (C + N)`` attention work against ``b * P^2`` for a full prefill.
+
+The engine shares the learner's ``nn.Module``: ``sync_weights`` only drops the caches. Generation runs in ``eval()``
+mode under ``torch.inference_mode`` and restores the module's previous mode. Logits are sampled in float32 (float64
+for a float64 model, so exactness tests cannot flip a near-tie in the float32 cast).
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Iterator
-
 import inspect
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import torch
 
 from agent_rl.algos.logits import truncate_logits
-from agent_rl.engines.base import default_eos_token_ids, register_engine, row_seed
+from agent_rl.engines.base import check_episode_ids, default_eos_token_ids, register_engine, row_seed
 from agent_rl.types import Generation
 
 
@@ -61,6 +88,29 @@ def _sample_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: 
     return tokens, torch.where(greedy, full, logp.gather(-1, tokens[:, None]).squeeze(-1))
 
 
+@dataclass
+class _EpisodeCache:
+    """The kept keys/values of one episode: ``token_ids`` (L ids, the prompt and response fed so far) and per layer
+    ``(keys, values)`` of shape (kv_heads, L, head_dim); ``stamp`` the weights they were computed with."""
+
+    token_ids: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    stamp: tuple[int, ...]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _sampling_dtype(logits: torch.Tensor) -> torch.Tensor:
+    """float32 logits (float64 stays float64)."""
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
 @contextmanager
 def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
     was_training = model.training
@@ -82,10 +132,30 @@ class HFEngine:
             tokenizer's eos).
         seed: seeds the engine's generator, which draws a call's base seed when ``generate`` gets neither
             ``row_seeds`` nor ``seed`` (it advances across such calls).
+        kv_reuse: keep each episode's keys/values between calls (module docstring; needs ``episode_ids``).
+        kv_reuse_max_tokens: most tokens kept over all episodes between calls (whole episodes are evicted, least
+            recently used first). Memory: 2 * layers * kv_heads * head_dim * dtype bytes per token (SmolLM2-135M in
+            float32: 46 KiB, so 32768 tokens = 1.4 GiB).
+
+    Counters since construction (``stats()``): ``prefill_tokens`` prompt tokens computed, ``kv_reuse_tokens``
+    prompt tokens taken from a cache, ``decode_tokens`` tokens sampled, ``evicted_episodes``.
+
+    Raises:
+        ValueError: ``kv_reuse_max_tokens < 1``.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = 32,
-                 eos_token_ids: list[int] | None = None, seed: int = 0, **_: Any) -> None:
+                 eos_token_ids: list[int] | None = None, seed: int = 0, kv_reuse: bool = True,
+                 kv_reuse_max_tokens: int = 32768, **_: Any) -> None:
+        if kv_reuse_max_tokens < 1:
+            raise ValueError(f"engine.kv_reuse_max_tokens={kv_reuse_max_tokens}: must be >= 1")
+        self.kv_reuse, self.kv_reuse_max_tokens = bool(kv_reuse), int(kv_reuse_max_tokens)
+        self._caches: OrderedDict[str, _EpisodeCache] = OrderedDict()  # LRU order: oldest first
+        self._cached_tokens = 0
+        self._in_flight: set[str] = set()
+        self._ended: set[str] = set()  # ended while their generation was in flight: not kept
+        self._lock = threading.Lock()
+        self._counts = dict(prefill_tokens=0, kv_reuse_tokens=0, decode_tokens=0, evicted_episodes=0)
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -100,11 +170,90 @@ class HFEngine:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     def sync_weights(self, model: Any) -> None:
-        """No-op: the engine holds the learner's module itself."""
+        """The engine holds the learner's module itself: take ``model`` and drop every kept cache (they hold keys
+        and values of the previous weights)."""
         self.model = model
+        self.clear_caches()
 
     def close(self) -> None:
-        """Nothing to release (the module is the learner's)."""
+        """Drop the kept caches (the module is the learner's)."""
+        self.clear_caches()
+
+    def end_episode(self, episode_id: str) -> None:
+        """Drop the kept cache of ``episode_id`` (the orchestrator calls this when the episode ends; unknown ids are
+        fine). An id whose generation is in flight is not kept when that call returns."""
+        with self._lock:
+            entry = self._caches.pop(episode_id, None)
+            if entry is not None:
+                self._cached_tokens -= len(entry.token_ids)
+            if episode_id in self._in_flight:
+                self._ended.add(episode_id)
+
+    def clear_caches(self) -> None:
+        """Drop every kept cache."""
+        with self._lock:
+            self._caches.clear()
+            self._cached_tokens = 0
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens whose keys/values are kept now (<= ``kv_reuse_max_tokens``)."""
+        return self._cached_tokens
+
+    @property
+    def cached_episodes(self) -> list[str]:
+        """Episode ids with a kept cache, least recently used first."""
+        with self._lock:
+            return list(self._caches)
+
+    def stats(self) -> dict[str, int]:
+        """Token counters since construction (class docstring)."""
+        return dict(self._counts)
+
+    def _stamp(self) -> tuple[int, ...]:
+        """Identity of the weights: the module and the sum of its parameters' in-place version counters (bumped by
+        every optimizer step and ``load_state_dict``)."""
+        return (id(self.model), sum(int(p._version) for p in self.model.parameters()))
+
+    def _take_all(self, episode_ids: list[str | None]) -> dict[str, _EpisodeCache]:
+        """Take the kept entries of a call's episodes out of the store (all at once, so the rows kept by one forward
+        batch of the call never evict the entries the next one is about to use; each is kept again, extended,
+        when its row is done)."""
+        with self._lock:
+            taken = {e: self._caches.pop(e) for e in episode_ids if e is not None and e in self._caches}
+            self._cached_tokens -= sum(len(x.token_ids) for x in taken.values())
+        return taken
+
+    @staticmethod
+    def _reuse(entry: _EpisodeCache | None, prompt: list[int], stamp: tuple[int, ...]
+               ) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """(reused length m, per-layer (keys, values) of the first m tokens) of one row."""
+        if entry is None or entry.stamp != stamp:
+            return 0, None
+        m = min(_common_prefix(entry.token_ids, prompt), len(prompt) - 1)  # at least one token to feed
+        if m <= 0:
+            return 0, None
+        return m, [(k[:, :m], v[:, :m]) for k, v in entry.layers]
+
+    def _keep(self, episode_id: str | None, token_ids: list[int], cache: Any, row: int, mask_row: torch.Tensor,
+              stamp: tuple[int, ...]) -> None:
+        """Keep row ``row`` of the batch ``cache`` (its real columns, ``mask_row`` == 1) for ``episode_id``."""
+        if episode_id is None or not self.kv_reuse or len(token_ids) > self.kv_reuse_max_tokens:
+            return
+        cols = mask_row.nonzero().squeeze(-1)
+        layers = [(layer.keys[row].index_select(1, cols), layer.values[row].index_select(1, cols))
+                  for layer in cache.layers]
+        if layers and layers[0][0].shape[1] != len(token_ids):
+            raise RuntimeError(f"kv reuse: {layers[0][0].shape[1]} cached columns for {len(token_ids)} tokens")
+        with self._lock:
+            if episode_id in self._ended:
+                return
+            self._caches[episode_id] = _EpisodeCache(list(token_ids), layers, stamp)
+            self._cached_tokens += len(token_ids)
+            while self._cached_tokens > self.kv_reuse_max_tokens:
+                _, old = self._caches.popitem(last=False)
+                self._cached_tokens -= len(old.token_ids)
+                self._counts["evicted_episodes"] += 1
 
     @property
     def device(self) -> torch.device:
@@ -112,9 +261,14 @@ class HFEngine:
 
     def generate(self, prompts: list[list[int]], temperatures: list[float], *, max_new_tokens: int,
                  top_p: float = 1.0, top_k: int = 0, stop: list[str] | None = None, seed: int | None = None,
-                 repetition_penalties: list[float] | None = None,
-                 row_seeds: list[int] | None = None) -> list[Generation]:
+                 repetition_penalties: list[float] | None = None, row_seeds: list[int] | None = None,
+                 episode_ids: list[str | None] | None = None) -> list[Generation]:
         """Sample one response per prompt (row i at ``temperatures[i]``); see ``Engine`` for the contract.
+
+        ``episode_ids`` (optional, per row; None entries = not kept): with ``kv_reuse`` the row reuses the kept
+        keys/values of its episode's earlier calls as far as the prompt starts with their tokens, and its own are
+        kept for the next call (module docstring); ``Generation.cached_tokens`` says how many prompt tokens were
+        reused. The tokens sampled do not depend on it (the last bits of the logits may, like with padding).
 
         ``row_seeds`` (optional, per row, ints in [0, 2**64)): row i's sampling noise comes from a generator seeded
         with ``row_seeds[i]`` alone (module docstring), so its tokens do not depend on the batch. Without it row i
@@ -127,8 +281,9 @@ class HFEngine:
         denominator), so ``actor/engine_logprob_diff`` shows the gap.
 
         Raises:
-            ValueError: lengths differ, an empty prompt, a negative temperature.
+            ValueError: lengths differ, an empty prompt, a negative temperature, an episode id twice in one call.
         """
+        check_episode_ids(episode_ids, len(prompts))
         if row_seeds is not None and len(row_seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(row_seeds)} row seeds")
         if repetition_penalties is not None and len(repetition_penalties) != len(prompts):
@@ -143,34 +298,72 @@ class HFEngine:
                     self._generator = torch.Generator().manual_seed(self._seed)
                 seed = int(torch.randint(2**62, (1,), generator=self._generator))
             row_seeds = [row_seed(seed, i) for i in range(len(prompts))]
+        ids = list(episode_ids) if episode_ids is not None and self.kv_reuse else [None] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
         results: list[Generation | None] = [None] * len(prompts)
-        with _eval_mode(self.model), torch.inference_mode():
-            for start in range(0, len(order), self.batch_size):
-                idx = order[start:start + self.batch_size]
-                pen = None if repetition_penalties is None else [float(repetition_penalties[i]) for i in idx]
-                outs = self._generate_batch([prompts[i] for i in idx], [temperatures[i] for i in idx],
-                                            max_new_tokens, top_p, top_k, stop or [], [row_seeds[i] for i in idx], pen)
-                for i, out in zip(idx, outs):
-                    results[i] = out
+        live = {e for e in ids if e is not None}
+        with self._lock:
+            self._in_flight |= live
+        taken = self._take_all(ids)
+        try:
+            with _eval_mode(self.model), torch.inference_mode():
+                for start in range(0, len(order), self.batch_size):
+                    idx = order[start:start + self.batch_size]
+                    pen = None if repetition_penalties is None else [float(repetition_penalties[i]) for i in idx]
+                    outs = self._generate_batch([prompts[i] for i in idx], [temperatures[i] for i in idx],
+                                                max_new_tokens, top_p, top_k, stop or [], [row_seeds[i] for i in idx],
+                                                pen, [ids[i] for i in idx], taken)
+                    for i, out in zip(idx, outs):
+                        results[i] = out
+        finally:
+            with self._lock:
+                self._in_flight -= live
+                self._ended -= live
         return results  # type: ignore[return-value]
 
     def _generate_batch(self, prompts: list[list[int]], temperatures: list[float], max_new_tokens: int,
                         top_p: float, top_k: int, stop: list[str], seeds: list[int],
-                        penalties: list[float] | None = None) -> list[Generation]:
+                        penalties: list[float] | None = None, episode_ids: list[str | None] | None = None,
+                        entries: dict[str, _EpisodeCache] | None = None) -> list[Generation]:
         from transformers import DynamicCache
 
         device = self.device
         b = len(prompts)
-        max_len = max(len(p) for p in prompts)
-        # Left padding so every row's next token sits in the last column: (b, P).
-        input_ids = torch.full((b, max_len), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((b, max_len), dtype=torch.long)
-        for r, p in enumerate(prompts):
-            input_ids[r, max_len - len(p):] = torch.tensor(p, dtype=torch.long)
-            attention_mask[r, max_len - len(p):] = 1
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (b, P): positions count real tokens only
+        episode_ids = episode_ids or [None] * b
+        stamp = self._stamp()
+        entries = entries if entries is not None else {}
+        taken = [self._reuse(entries.pop(e, None) if e is not None else None, p, stamp)
+                 for e, p in zip(episode_ids, prompts)]
+        reused = [m for m, _ in taken]  # (b,) prompt tokens taken from a cache per row
+        big_c = max(reused)  # cached columns of the batch (right-aligned, module docstring)
+        new = [p[m:] for p, (m, _) in zip(prompts, taken)]
+        big_n = max(len(x) for x in new)
+        # New tokens left-padded so every row's next token sits in the last column: (b, N); mask over C + N columns.
+        input_ids = torch.full((b, big_n), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((b, big_c + big_n), dtype=torch.long)
+        position_ids = torch.zeros((b, big_n), dtype=torch.long)
+        for r, (x, m) in enumerate(zip(new, reused)):
+            input_ids[r, big_n - len(x):] = torch.tensor(x, dtype=torch.long)
+            attention_mask[r, big_c - m:big_c] = 1
+            attention_mask[r, big_c + big_n - len(x):] = 1
+            position_ids[r, big_n - len(x):] = torch.arange(m, m + len(x))  # positions count real tokens only
+        input_ids, attention_mask, position_ids = input_ids.to(device), attention_mask.to(device), position_ids.to(device)
+        cache = DynamicCache()
+        if big_c > 0:
+            ref = next(layers for _, layers in taken if layers is not None)
+            past = []
+            for li, (k0, v0) in enumerate(ref):
+                k = k0.new_zeros((b, k0.shape[0], big_c, k0.shape[2]))  # (b, kv_heads, C, head_dim)
+                v = v0.new_zeros((b, v0.shape[0], big_c, v0.shape[2]))
+                for r, (m, layers) in enumerate(taken):
+                    if layers is not None:
+                        k[r, :, big_c - m:] = layers[li][0]
+                        v[r, :, big_c - m:] = layers[li][1]
+                past.append((k, v))
+            cache = DynamicCache(ddp_cache_data=past)
+        del taken
+        self._counts["kv_reuse_tokens"] += sum(reused)
+        self._counts["prefill_tokens"] += sum(len(x) for x in new)
         temps = torch.tensor(temperatures, dtype=torch.float32, device=device)
         generators: list[torch.Generator | None] = [  # one stream per row (module docstring); none when greedy
             torch.Generator(device=device).manual_seed(int(s) % 2**64) if t > 0 else None
@@ -182,16 +375,16 @@ class HFEngine:
         logps_out: list[list[float]] = [[] for _ in range(b)]
         reasons = ["length"] * b
         alive = list(range(b))  # original row of each row still in the batch
-        cache = DynamicCache()
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            use_cache=True, logits_to_keep=1, **{self._cache_kw: cache}).logits[:, -1].float()
+        logits = _sampling_dtype(self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+            logits_to_keep=1, **{self._cache_kw: cache}).logits[:, -1])
         next_pos = position_ids[:, -1] + 1  # (b,)
         penalty = seen = None
         if penalties is not None and any(p != 1.0 for p in penalties):
-            penalty = torch.tensor(penalties, dtype=torch.float32, device=device)[:, None]  # (b, 1)
+            penalty = torch.tensor(penalties, dtype=logits.dtype, device=device)[:, None]  # (b, 1)
             seen = torch.zeros(b, logits.shape[-1], dtype=torch.bool, device=device)  # (b, V) ids seen per row
-            rows_real, cols_real = attention_mask.nonzero(as_tuple=True)  # prompt tokens only, not the padding
-            seen[rows_real, input_ids[rows_real, cols_real]] = True
+            for r, p in enumerate(prompts):  # the whole prompt, cached part included
+                seen[r, torch.tensor(p, dtype=torch.long, device=device)] = True
         for _step in range(max_new_tokens):
             if penalty is not None:
                 logits = torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
@@ -212,7 +405,11 @@ class HFEngine:
                     keep.append(j)
             if not keep or _step == max_new_tokens - 1:
                 break
-            if len(keep) < len(alive):  # drop finished rows from the batch and the cache
+            if len(keep) < len(alive):  # drop finished rows from the batch and the cache (kept first)
+                kept = set(keep)
+                for j, r in enumerate(alive):
+                    if j not in kept:
+                        self._keep(episode_ids[r], prompts[r] + tokens_out[r][:-1], cache, j, attention_mask[j], stamp)
                 keep_t = torch.tensor(keep, device=device)
                 cache.batch_select_indices(keep_t)
                 tok, temps, next_pos, attention_mask = tok[keep_t], temps[keep_t], next_pos[keep_t], attention_mask[keep_t]
@@ -221,12 +418,17 @@ class HFEngine:
                 alive = [alive[j] for j in keep]
                 generators = [generators[j] for j in keep]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(alive), 1)], dim=1)
-            logits = self.model(input_ids=tok[:, None], attention_mask=attention_mask, position_ids=next_pos[:, None],
-                                use_cache=True, **{self._cache_kw: cache}).logits[:, -1].float()
+            logits = _sampling_dtype(self.model(
+                input_ids=tok[:, None], attention_mask=attention_mask, position_ids=next_pos[:, None],
+                use_cache=True, **{self._cache_kw: cache}).logits[:, -1])
             next_pos = next_pos + 1
+        for j, r in enumerate(alive):  # the rows still in the batch: every fed token is in the cache
+            self._keep(episode_ids[r], prompts[r] + tokens_out[r][:-1], cache, j, attention_mask[j], stamp)
+        self._counts["decode_tokens"] += sum(len(t) for t in tokens_out)
         return [
             Generation(token_ids=tokens_out[r], logprobs=logps_out[r],
-                       text=self.tokenizer.decode(tokens_out[r], skip_special_tokens=True), finish_reason=reasons[r])
+                       text=self.tokenizer.decode(tokens_out[r], skip_special_tokens=True), finish_reason=reasons[r],
+                       cached_tokens=reused[r])
             for r in range(b)
         ]
 

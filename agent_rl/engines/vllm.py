@@ -58,7 +58,7 @@ from typing import Any
 import torch
 
 from agent_rl import models
-from agent_rl.engines.base import default_eos_token_ids, register_engine, row_seed
+from agent_rl.engines.base import check_episode_ids, default_eos_token_ids, register_engine, row_seed
 from agent_rl.types import Generation
 
 log = logging.getLogger(__name__)
@@ -568,16 +568,19 @@ class VLLMEngine:
     # ---------------------------------------------------------------------------------------------- generate
     def generate(self, prompts: list[list[int]], temperatures: list[float], *, max_new_tokens: int,
                  top_p: float = 1.0, top_k: int = 0, stop: list[str] | None = None, seed: int | None = None,
-                 repetition_penalties: list[float] | None = None,
-                 row_seeds: list[int] | None = None) -> list[Generation]:
+                 repetition_penalties: list[float] | None = None, row_seeds: list[int] | None = None,
+                 episode_ids: list[str | None] | None = None) -> list[Generation]:
         """See ``agent_rl.engines.base.Engine`` (``row_seeds``: per-request ``seed``, module docstring).
+        ``episode_ids`` are checked and otherwise ignored: vLLM's prefix cache finds an episode's earlier turns by
+        their tokens (``Generation.cached_tokens`` = its ``num_cached_tokens``).
 
         Raises:
-            ValueError: lengths differ, an empty prompt, a negative temperature.
+            ValueError: lengths differ, an empty prompt, a negative temperature, an episode id twice.
             RuntimeError: the engine is closed.
         """
         if self._closed:
             raise RuntimeError("this vllm engine is closed")
+        check_episode_ids(episode_ids, len(prompts))
         if len(prompts) != len(temperatures):
             raise ValueError(f"{len(prompts)} prompts but {len(temperatures)} temperatures")
         if row_seeds is not None and len(row_seeds) != len(prompts):
@@ -615,8 +618,12 @@ class VLLMEngine:
             ids = list(c.token_ids)
             lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs or [], ids)]
             gens.append(Generation(token_ids=ids, logprobs=lps, text=c.text,
-                                   finish_reason="length" if c.finish_reason == "length" else "stop"))
+                                   finish_reason="length" if c.finish_reason == "length" else "stop",
+                                   cached_tokens=int(out.num_cached_tokens or 0)))
         return gens
+
+    def end_episode(self, episode_id: str) -> None:
+        """Nothing kept per episode (the prefix cache evicts by itself)."""
 
     # ---------------------------------------------------------------------------------------------- weights
     def sync_weights(self, model: Any) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
@@ -50,6 +51,10 @@ from agent_rl.rollout.tools import TemplateTools, get_tool_call_format, tool_mes
 from agent_rl.types import Episode, Generation, Task, Turn
 
 T = TypeVar("T")
+_EPISODE_IDS = itertools.count()  # episode attempt ids, unique in the process (engines key caches by them)
+#: per-step token counts of generation (summed over rounds and workers): prompt tokens computed, tokens sampled,
+#: prompt tokens whose keys/values came from the engine's cache (``engine.kv_reuse``, vLLM's prefix cache).
+TOKEN_COUNTS = ("throughput/prefill_tokens", "throughput/decode_tokens", "throughput/kv_reuse_tokens")
 
 
 class EnvCallFailed(RuntimeError):
@@ -124,15 +129,22 @@ class GenerationBatcher:
         self.batch_sizes: list[int] = []
         self.first_start: float | None = None
         self.generated_tokens = 0
+        self.prefill_tokens = self.kv_reuse_tokens = 0  # prompt tokens computed / taken from the engine's caches
+        self._episode_ids: dict[asyncio.Future, str] = {}  # pending row -> its episode (engine.kv_reuse)
 
     async def generate(self, prompt_ids: list[int], temperature: float,
-                       repetition_penalty: float = 1.0, key: tuple[int, ...] | None = None) -> Generation:
+                       repetition_penalty: float = 1.0, key: tuple[int, ...] | None = None,
+                       episode_id: str | None = None) -> Generation:
         """Queue one prompt; resolves to its Generation. ``repetition_penalty`` (1.0 = off) is per row: TGRL's
         ``algo.high_repetition_penalty`` on high-temperature episodes (algorithms.md section 3, optional).
         ``key`` (ints, e.g. (group id, slot, turn)) names the row: with a batcher ``seed`` the row
         samples with ``row_seed(seed, *key)`` whatever batch it lands in (module docstring); a batch with a row
-        without key falls back to one seed per engine call (``seed`` + call index)."""
+        without key falls back to one seed per engine call (``seed`` + call index). ``episode_id`` names the row's
+        episode for engines that keep its keys/values between turns (those with ``end_episode``: hf's
+        ``engine.kv_reuse``)."""
         fut = asyncio.get_running_loop().create_future()
+        if episode_id is not None:
+            self._episode_ids[fut] = episode_id
         self._pending.append((prompt_ids, temperature, fut, float(repetition_penalty),
                               None if key is None else tuple(int(k) for k in key)))
         self._wakeup.set()
@@ -178,6 +190,9 @@ class GenerationBatcher:
                 extra["repetition_penalties"] = [b[3] for b in batch]
             if self.seed is not None and all(b[4] is not None for b in batch):  # per-row randomness
                 extra["row_seeds"] = [row_seed(self.seed, *b[4]) for b in batch]
+            episode_ids = [self._episode_ids.pop(b[2], None) for b in batch]
+            if hasattr(self.engine, "end_episode") and any(e is not None for e in episode_ids):
+                extra["episode_ids"] = episode_ids
             try:
                 gens = await asyncio.to_thread(self.engine.generate, [b[0] for b in batch], [b[1] for b in batch],
                                                seed=seed, **self.kwargs, **extra)
@@ -188,8 +203,11 @@ class GenerationBatcher:
                 gens = None
             self.busy_s += time.perf_counter() - t0
             if gens is not None:
-                for (_, _, fut, _, _), gen in zip(batch, gens):
+                for (prompt, _, fut, _, _), gen in zip(batch, gens):
                     self.generated_tokens += len(gen.token_ids)
+                    cached = min(int(getattr(gen, "cached_tokens", 0) or 0), len(prompt))
+                    self.kv_reuse_tokens += cached
+                    self.prefill_tokens += len(prompt) - cached
                     if not fut.done():
                         fut.set_result(gen)
             if self._pending or self._closed:
@@ -345,7 +363,7 @@ class RolloutOrchestrator:
         return parsed_text.action, parsed_text.well_formed or raw
 
     async def _respond(self, ctx: TurnContext, task: Task, slot: int, prompt_ids: list[int], temperature: float,
-                       is_high: bool) -> tuple[Generation, str, bool]:
+                       is_high: bool, episode_id: str | None = None) -> tuple[Generation, str, bool]:
         """One turn's ``(response, env action, well formed)``: the scripted ``policy``'s answer (its action as given),
         else the engine's generation through the batcher, parsed (:meth:`parse`)."""
         version = self.policy_version
@@ -356,7 +374,7 @@ class RolloutOrchestrator:
             assert self._batcher is not None
             gen = await self._batcher.generate(prompt_ids, temperature,
                                                self.high_repetition_penalty if is_high else 1.0,
-                                               key=(task.group_id, slot, ctx.step))
+                                               key=(task.group_id, slot, ctx.step), episode_id=episode_id)
             action, well_formed = self.parse(gen.text, ctx)
         if gen.policy_version is None:
             gen.policy_version = version
@@ -370,6 +388,7 @@ class RolloutOrchestrator:
         early = self._prefetched.pop((task.group_id, slot), None)
         reset = await early if early is not None else await self._reset(task)
         sid = reset.session_id
+        episode_id = f"ep{next(_EPISODE_IDS)}"  # the engine's key for this attempt's kept keys/values
         try:
             obs, info = reset.observation, dict(reset.info or {})
             ep = Episode(task=task, temperature=temperature, is_high=is_high, task_type=info.get(self.task_type_key))
@@ -392,7 +411,8 @@ class RolloutOrchestrator:
                     if not ep.turns:
                         ep.failure = f"prompt_too_long ({len(prompt_ids)} > {cfg.max_prompt_tokens} tokens)"
                     break  # the episode ends here: recorded as truncated (its last turn is not terminated)
-                gen, action, well_formed = await self._respond(ctx, task, slot, prompt_ids, temperature, is_high)
+                gen, action, well_formed = await self._respond(ctx, task, slot, prompt_ids, temperature, is_high,
+                                                               episode_id)
                 step = await self._env(lambda: self.pool.step(sid, action))
                 step_info = dict(step.info or {})
                 inadmissible = step_info.get("invalid_action")
@@ -413,6 +433,9 @@ class RolloutOrchestrator:
             ep.won = bool(info.get("won", env_reward > 0)) if ep.turns else False
             return ep
         finally:
+            end_episode = getattr(self.engine, "end_episode", None)
+            if end_episode is not None:  # the engine drops what it kept for the episode (hf: engine.kv_reuse)
+                end_episode(episode_id)
             try:
                 await asyncio.wait_for(self.pool.close(sid), 30.0)
             except Exception:  # noqa: BLE001 (closing is best effort; the server's TTL reaps leftovers)
@@ -500,6 +523,9 @@ class RolloutOrchestrator:
             "time/generate_s": batcher.busy_s,
             "time/env_calls_s": self._env_s,  # summed over concurrent episodes
             "throughput/tokens_per_s": batcher.generated_tokens / wall if wall > 0 else 0.0,
+            "throughput/prefill_tokens": float(batcher.prefill_tokens),
+            "throughput/decode_tokens": float(batcher.generated_tokens),
+            "throughput/kv_reuse_tokens": float(batcher.kv_reuse_tokens),
         })
         self.last_batcher = batcher  # generation statistics of the last run (benchmarks)
         return RolloutResult(episodes=kept, metrics=metrics, dropped_groups=dropped, failures=failures)
@@ -539,6 +565,7 @@ async def collect_groups(play: Callable[[list[Task], int], Awaitable[RolloutResu
     kept: list[list[Episode]] = []
     total = RolloutResult(episodes=[])
     wall = env_wait = tokens = generate = retries = failed = 0.0
+    counts: dict[str, float] = {}
     need, rounds = num_groups, 0
     while True:
         res = await play(take_tasks(need), step * 1000 + rounds)
@@ -547,6 +574,8 @@ async def collect_groups(play: Callable[[list[Task], int], Awaitable[RolloutResu
         wall += res.metrics["time/rollout_s"]
         env_wait += res.metrics["time/env_wait_frac"] * res.metrics["time/rollout_s"]
         tokens += res.metrics["throughput/tokens_per_s"] * res.metrics["time/rollout_s"]
+        for name in TOKEN_COUNTS:
+            counts[name] = counts.get(name, 0.0) + res.metrics.get(name, 0.0)
         generate += res.metrics["time/generate_s"]
         retries += res.metrics["rollout/episode_retries"]
         failed += res.metrics["rollout/failed_episodes"]
@@ -572,6 +601,7 @@ async def collect_groups(play: Callable[[list[Task], int], Awaitable[RolloutResu
         "time/env_wait_frac": env_wait / wall if wall > 0 else 0.0,
         "time/generate_s": generate,
         "throughput/tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        **counts,
     })
     return total
 
@@ -598,6 +628,7 @@ def merge_parallel_results(results: Sequence[RolloutResult], *, wall_s: float) -
         "time/env_calls_s": sum(m.get("time/env_calls_s", 0.0) for m in parts),
         "throughput/tokens_per_s": sum(m.get("throughput/tokens_per_s", 0.0) * b for m, b in zip(parts, busy)) /
         max(wall_s, 1e-9),
+        **{name: sum(m.get(name, 0.0) for m in parts) for name in TOKEN_COUNTS},
     })
     return out
 
