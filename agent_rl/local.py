@@ -82,14 +82,15 @@ class LocalBackend:
                                           on_episode=lambda ep: progress.episode(ep.won))
         self._stack.push_async_callback(self.rollout.aclose)
 
-    async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]]) -> RolloutResult:
+    async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]],
+                      t_high: float | None = None) -> RolloutResult:
         cfg = self.cfg
         self.rollout.policy_version = self.version  # each turn records it (algorithms.md section 7, Versions)
         self.progress.phase(f"step {step}/{self.total_steps} rollout",
-                            total=cfg.trainer.tasks_per_step * len(group_temperatures(cfg.algo, step)))
+                            total=cfg.trainer.tasks_per_step * len(group_temperatures(cfg.algo, step, t_high)))
         result = await self.rollout.collect(sample_tasks, cfg.trainer.tasks_per_step, cfg.algo, step,
                                             filter_groups=cfg.algo.dapo_dynamic_sampling,
-                                            max_extra_rounds=cfg.algo.dapo_max_extra_rounds)
+                                            max_extra_rounds=cfg.algo.dapo_max_extra_rounds, t_high=t_high)
         result.versions = [self.version] * (len(result.episodes) // max(cfg.algo.group_size, 1))
         return result
 

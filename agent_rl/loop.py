@@ -27,12 +27,15 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from agent_rl.algos import AdaptiveHighTemperature
 from agent_rl.config import BackendCapabilities, Config
 from agent_rl.episodes import parse_save_episodes, save_step_episodes
 from agent_rl.eval.training import TrainingEval
+from agent_rl.learner.config import t_high_value
 from agent_rl.logging import MetricsLogger
 from agent_rl.rollout import RolloutResult, TaskSampler, build_rollout_batch
-from agent_rl.runtime import checkpoint_extra, checkpoint_step, pad_token_id, prune_checkpoints, resume_path
+from agent_rl.runtime import (checkpoint_extra, checkpoint_step, pad_token_id, prune_checkpoints, resume_path,
+                              t_high_state)
 from agent_rl.types import RolloutBatch, Task
 
 
@@ -71,9 +74,11 @@ class Backend(Protocol):
         """Bring up what playing episodes needs (env pool or servers, rollout workers), once there is a step to
         run."""
 
-    async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]]) -> RolloutResult:
+    async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]],
+                      t_high: float | None = None) -> RolloutResult:
         """The step's complete groups, tasks drawn with ``sample_tasks(n)``; ``RolloutResult.batch`` set when the
-        backend builds its rows itself (behaviour cloning)."""
+        backend builds its rows itself (behaviour cloning). ``t_high``: the T1 of the step's TGRL groups (the loop's
+        pick under ``algo.t_high=auto``); None = the fixed ``algo.t_high``."""
 
     def prefetch(self, tasks: list[Task]) -> None:
         """Start the next step's env resets now (``capabilities.prefetch``)."""
@@ -116,11 +121,16 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
     start = checkpoint_step(ckpt) + 1 if ckpt is not None else 1
     record: dict[str, Any] = {}
     logger: MetricsLogger | None = None
+    # algo.t_high=auto: the adaptive T1 (algorithms.md section 3), picked here before each collect, observed after
+    # each update, saved in every checkpoint's extra.json
+    t_rule = AdaptiveHighTemperature(cfg.algo) if backend.kind == "train" and cfg.algo.t_high == "auto" else None
     try:
         extra = await backend.start(ckpt)
         total = backend.total_steps
         if extra is not None:
             sampler.load_state_dict(extra.get("sampler", {"position": 0}))
+            if t_rule is not None:
+                t_rule.load_state_dict(t_high_state(extra, ckpt))
             print(f"resumed from {ckpt} at step {start} (actor/lr {backend.lr:.6g})", file=sys.stderr)
         if start > total:
             print(f"nothing to train: the checkpoint is at step {start - 1} and trainer.total_steps={total}; "
@@ -135,8 +145,11 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
         idle_steps = 0  # steps that trained on nothing (every group dropped or filtered)
         for step in range(start, total + 1):
             # 1. Collect the step's complete groups (TGRL: 1 at T0 + 3 at T1 each; warm-up all at T1).
-            result = await backend.collect(step, sampler.sample)
+            t_high = t_rule.t_high(step) if t_rule is not None else None
+            result = await backend.collect(step, sampler.sample, t_high=t_high)
             metrics: dict[str, Any] = dict(result.metrics)
+            if backend.kind == "train" and cfg.algo.is_tgrl:  # the step's T1, fixed or picked (section 3)
+                metrics["tgrl/t_high"] = t_high if t_high is not None else t_high_value(cfg.algo)
             check_dropped_groups(step, start, result.failures, bool(result.episodes) or result.batch is not None,
                                  result.filtered_groups)
             if step < total and backend.capabilities.prefetch:  # next step's env resets run during this update
@@ -150,7 +163,10 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
             if batch is not None and refused is None:
                 # 3. Update, 4. store the step's episodes with the learner's per-token numbers, 5. sync the engines.
                 progress.phase(f"step {step}/{total} update")
-                metrics.update(await backend.update(batch, step))
+                update_metrics = await backend.update(batch, step)
+                metrics.update(update_metrics)
+                if t_rule is not None and "tgrl/delta_R" in update_metrics:
+                    t_rule.observe(step, update_metrics["tgrl/delta_R"])
                 if result.episodes:
                     stats = await backend.token_stats() if keep_episodes != 0 else None
                     await asyncio.to_thread(save_step_episodes, out, step, result.episodes, t.save_episodes,
@@ -173,7 +189,8 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
             if step % t.save_every == 0 or step == total:
                 progress.phase(f"step {step}/{total} checkpoint")
                 await backend.save(out / "checkpoints" / f"step_{step}",
-                                   checkpoint_extra(cfg, step, sampler.position - backend.pending_tasks))
+                                   checkpoint_extra(cfg, step, sampler.position - backend.pending_tasks,
+                                                    t_high_state=t_rule.state_dict() if t_rule is not None else None))
                 prune_checkpoints(out / "checkpoints", t.keep_checkpoints)
         warn_idle_run(idle_steps, total - start + 1)
         return record

@@ -188,11 +188,34 @@ def checkpoint_step(ckpt: Path) -> int:
     return int(json.loads((ckpt / "extra.json").read_text()).get("step", 0))
 
 
-def checkpoint_extra(cfg: Config, step: int, position: int) -> dict[str, Any]:
+#: ``extra.json`` key of the adaptive-T1 state (``algo.t_high=auto``: ``AdaptiveHighTemperature.state_dict()``).
+T_HIGH_STATE_KEY = "tgrl_t_high"
+
+
+def checkpoint_extra(cfg: Config, step: int, position: int, *, t_high_state: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
     """The ``extra.json`` of a checkpoint, one format for every backend: the ``step`` it ends, the task sampler's
-    ``position`` (tasks drawn before the next step) and the run's resolved ``config``, which a resume compares with
-    its own (:func:`agent_rl.config.compare_for_resume`)."""
-    return {"step": int(step), "sampler": {"position": int(position)}, "config": config_dict(cfg)}
+    ``position`` (tasks drawn before the next step), the run's resolved ``config``, which a resume compares with
+    its own (:func:`agent_rl.config.compare_for_resume`), and under ``algo.t_high=auto`` the adaptive-T1 state
+    (``t_high_state``, key :data:`T_HIGH_STATE_KEY`), so a resumed run picks the T1 an uninterrupted one would."""
+    extra = {"step": int(step), "sampler": {"position": int(position)}, "config": config_dict(cfg)}
+    if t_high_state is not None:
+        extra[T_HIGH_STATE_KEY] = t_high_state
+    return extra
+
+
+def t_high_state(extra: dict[str, Any], ckpt: Path | str) -> dict[str, Any]:
+    """The adaptive-T1 state of checkpoint ``ckpt``'s ``extra`` (``algo.t_high=auto``).
+
+    Raises:
+        ConfigError: the checkpoint has none (it was not written by an ``algo.t_high=auto`` run).
+    """
+    state = extra.get(T_HIGH_STATE_KEY)
+    if state is None:
+        raise ConfigError(f"checkpoint {ckpt} has no adaptive-T1 state (extra.json key {T_HIGH_STATE_KEY!r}): it was "
+                          "not written by an algo.t_high=auto run, so the resumed run could not pick the T1 an "
+                          "uninterrupted one would; resume with the checkpoint's algo.t_high")
+    return state
 
 
 def check_resume_state(cfg: Config, ckpt: Path) -> list[str]:
@@ -220,6 +243,8 @@ def check_resume_state(cfg: Config, ckpt: Path) -> list[str]:
         restarted.append("the value head (zeros)")
     if "rng.pt" in missing:
         restarted.append("the RNG states (rng.pt is missing: seeded from trainer.seed)")
+    if cfg.algo.t_high == "auto":
+        t_high_state(json.loads((ckpt / "extra.json").read_text()), ckpt)  # ConfigError when it has none
     kept = "the policy weights, the step, the task sampler's position" + ("" if "rng.pt" in missing else
                                                                            ", the RNG states")
     why = "learner.pt is missing" if "learner.pt" in missing else "learner.pt is not loaded"

@@ -313,8 +313,9 @@ class BehaviourCloningBackend:
             self.pool = await self._pool_cm.__aenter__()
             self.engine = build_engine(self.cfg, self.model, self.tokenizer)
 
-    async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]]) -> RolloutResult:
-        """The rows of optimizer step ``step`` (``RolloutResult.batch``; no episodes are played)."""
+    async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]],
+                      t_high: float | None = None) -> RolloutResult:
+        """The rows of optimizer step ``step`` (``RolloutResult.batch``; no episodes are played, ``t_high`` unused)."""
         assert self.batch is not None
         rows = step_rows(self.batch.num_rows, self.sft.batch_size, self.cfg.trainer.seed, step)
         metrics = {"sft/epoch": float((step - 1) // self.per_epoch + 1)}

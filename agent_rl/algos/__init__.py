@@ -10,7 +10,7 @@ What the learner calls, by spec section:
        kl_penalty
     0/3 logprobs_from_logits, entropy_from_logits, js_divergence_from_logits (chunked, (N, V) -> (N,)),
        js_divergence_rows (one chunk, torch.compile-friendly)
-    3  tgrl_advantages, tgrl_token_weights, tgrl_delta_r, tgrl_metrics
+    3  tgrl_advantages, tgrl_token_weights, tgrl_delta_r, tgrl_metrics; AdaptiveHighTemperature (algo.t_high=auto)
     4  schedule_value(kind, step, total_steps, ...) -> S
     5  apply_credit(name, CreditInputs(...), S, level) -> (advantages (B, T), loss_mask (B, T));
        tp_mask, turn_tp_mask, forking_mask, entropy_adv, empg_advantages
@@ -86,7 +86,8 @@ from .pipeline import (
     token_advantages,
 )
 from .schedules import schedule_progress, schedule_value
-from .tgrl import masked_row_quantile, tgrl_advantages, tgrl_delta_r, tgrl_metrics, tgrl_token_weights
+from .tgrl import (AdaptiveHighTemperature, masked_row_quantile, tgrl_advantages, tgrl_delta_r, tgrl_metrics,
+                   tgrl_token_weights)
 
 __all__ = [
     # advantages (algorithms.md section 1)
@@ -132,6 +133,7 @@ __all__ = [
     "turn_tp_mask",
     "forking_mask",
     "entropy_adv",
+    "AdaptiveHighTemperature",
     "empg_advantages",
     "next_turn_values",
     # the advantage pipeline (base -> JS weights -> credit -> low rows -> clamp)

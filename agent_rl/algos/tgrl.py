@@ -14,6 +14,9 @@ Low-temperature rows get advantage 0 but keep their loss mask, so they still cou
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -21,7 +24,8 @@ from ._groups import (as_float, check_1d, check_2d, episode_reduce, group_ids, s
                       segment_quantile, trajectory_ids)
 from .advantages import compute_advantages
 
-__all__ = ["tgrl_token_weights", "tgrl_advantages", "tgrl_delta_r", "tgrl_metrics", "masked_row_quantile"]
+__all__ = ["tgrl_token_weights", "tgrl_advantages", "tgrl_delta_r", "tgrl_metrics", "masked_row_quantile",
+           "AdaptiveHighTemperature"]
 
 _EPS = 1e-8  # algorithms.md section 3, step 4
 
@@ -229,3 +233,140 @@ def tgrl_metrics(
         "tgrl/success_high": float(s[h].mean()) if n_h else 0.0,
         "tgrl/success_low": float(s[~h].mean()) if n_l else 0.0,
     }
+
+
+class AdaptiveHighTemperature:
+    """Adaptive T1 of ``algo.t_high=auto`` (algorithms.md section 3, "adaptive high temperature"): a discounted UCB
+    (Garivier and Moulines 2011, "On upper-confidence bound policies for switching bandit problems") over the rungs
+    ``algo.t_high_ladder`` with ``tgrl/delta_R`` as the reward of the rung a step used.
+
+    Steps: ``step`` is the run's 1-based step. During TGRL's warm-up (``step <= algo.warmup_steps``) every episode
+    uses the middle rung (``agent_rl.learner.config.t_high_value``, 1.2 of the default ladder) and nothing is
+    observed. After it, n = ``step - warmup_steps`` (1, 2, ...) and before step n one T1 is picked for every group
+    started in that step, from the observations of steps t < n:
+
+    - a rung never picked is tried first, lowest first; then a rung picked but with no observation yet (its step
+      trained nothing, or, under ``trainer.max_staleness``, is still being played), lowest first;
+    - otherwise, with g = ``algo.t_high_discount`` and c = ``algo.t_high_ucb_c``:
+      ``N_T = sum_{t<n, T1_t=T} g^(n-1-t)``, ``X_T = sum_{t<n, T1_t=T} g^(n-1-t) delta_R_t / N_T``,
+      ``score(T) = X_T + c sqrt(ln(sum_T N_T) / N_T)`` (the log clamped at 0, which only binds when steps went
+      unobserved: then ``sum N_T`` can fall below 1); the highest score wins, ties to the lower T.
+
+    A step's pick is fixed the first time it is asked (:meth:`t_high` is idempotent, so every group of the step,
+    DAPO's extra rounds included, shares it) and is part of the state: :meth:`state_dict` (JSON-serialisable, saved
+    in checkpoints' ``extra.json``) restores a run that picks what an uninterrupted one would.
+
+    Args:
+        algo: the ``AlgoConfig`` (reads ``t_high_ladder``, ``t_high_discount``, ``t_high_ucb_c``, ``warmup_steps``;
+            ``t_high`` need not be ``auto``: the class only needs the ladder).
+    Raises:
+        ValueError: an empty or not strictly increasing ladder, a discount outside (0, 1], c < 0.
+    """
+
+    def __init__(self, algo: Any) -> None:
+        self.ladder = [float(t) for t in algo.t_high_ladder]
+        if not self.ladder or any(b <= a for a, b in zip(self.ladder, self.ladder[1:])):
+            raise ValueError(f"t_high_ladder={self.ladder} must be a non-empty, strictly increasing list")
+        self.discount, self.c = float(algo.t_high_discount), float(algo.t_high_ucb_c)
+        if not 0.0 < self.discount <= 1.0 or self.c < 0:
+            raise ValueError(f"t_high_discount={self.discount} must be in (0, 1] and t_high_ucb_c={self.c} >= 0")
+        self.warmup_steps = int(algo.warmup_steps) if algo.name == "tgrl" else 0
+        # the middle rung (agent_rl.learner.config.ladder_middle, the config side's t_high_value; a test keeps the
+        # two equal: this package imports no agent_rl config)
+        self.warmup_t_high = self.ladder[(len(self.ladder) - 1) // 2]
+        #: post-warm-up step n -> [rung index picked, delta_R observed or None]
+        self._steps: dict[int, list[Any]] = {}
+
+    # ------------------------------------------------------------------ the rule
+    def scores(self, step: int) -> dict[float, float]:
+        """``{T: score(T)}`` before ``step`` over the rungs with statistics (N_T > 0), from observations of earlier
+        steps (empty in warm-up). ``+inf`` nowhere: rungs without statistics are left out (they are tried first)."""
+        n = step - self.warmup_steps
+        if n < 1:
+            return {}
+        counts, sums = self._statistics(n)
+        total = sum(counts)
+        log_total = max(math.log(total), 0.0) if total > 0 else 0.0
+        return {self.ladder[i]: sums[i] / counts[i] + self.c * math.sqrt(log_total / counts[i])
+                for i in range(len(self.ladder)) if counts[i] > 0}
+
+    def t_high(self, step: int) -> float:
+        """The T1 of the groups started in 1-based ``step`` (picked once per step, then the same every call)."""
+        n = step - self.warmup_steps
+        if n < 1:
+            return self.warmup_t_high
+        if n not in self._steps:
+            self._steps[n] = [self._pick(n), None]
+        return self.ladder[self._steps[n][0]]
+
+    def observe(self, step: int, delta_r: float) -> None:
+        """Record ``tgrl/delta_R`` of 1-based ``step`` (after its update). Warm-up steps are ignored; so is a
+        non-finite value (the step then counts as picked but unobserved).
+
+        Raises:
+            ValueError: ``step`` (after warm-up) had no pick (:meth:`t_high` was never asked for it), or was
+                observed already.
+        """
+        n = step - self.warmup_steps
+        if n < 1 or not math.isfinite(float(delta_r)):
+            return
+        if n not in self._steps:
+            raise ValueError(f"step {step} has no T1 pick to observe (ask t_high({step}) before its rollout)")
+        if self._steps[n][1] is not None:
+            raise ValueError(f"step {step}'s delta_R was observed already")
+        self._steps[n][1] = float(delta_r)
+
+    def _statistics(self, n: int) -> tuple[list[float], list[float]]:
+        """Discounted ``N_T`` and ``sum g^(n-1-t) delta_R_t`` per rung over observed steps t < n (ascending t, so
+        the sums are the same floats in every process)."""
+        counts, sums = [0.0] * len(self.ladder), [0.0] * len(self.ladder)
+        for t in sorted(self._steps):
+            rung, delta = self._steps[t]
+            if t < n and delta is not None:
+                w = self.discount ** (n - 1 - t)
+                counts[rung] += w
+                sums[rung] += w * delta
+        return counts, sums
+
+    def _pick(self, n: int) -> int:
+        picked = {self._steps[t][0] for t in self._steps if t < n}
+        for i in range(len(self.ladder)):  # never picked: lowest first
+            if i not in picked:
+                return i
+        counts, sums = self._statistics(n)
+        for i in range(len(self.ladder)):  # picked, no statistics yet: lowest first
+            if counts[i] <= 0:
+                return i
+        total = sum(counts)
+        log_total = max(math.log(total), 0.0)
+        best, best_score = 0, -math.inf
+        for i in range(len(self.ladder)):  # ascending T and a strict '>': ties go to the lower T
+            score = sums[i] / counts[i] + self.c * math.sqrt(log_total / counts[i])
+            if score > best_score:
+                best, best_score = i, score
+        return best
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """``{"ladder": [...], "steps": [[n, T1, delta_R or None], ...]}`` (JSON-serialisable; n counts from the end
+        of warm-up)."""
+        return {"ladder": list(self.ladder),
+                "steps": [[t, self.ladder[r], d] for t, (r, d) in sorted(self._steps.items())]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`.
+
+        Raises:
+            ValueError: the state was saved with another ladder, or names a T1 that is not a rung.
+        """
+        ladder = [float(t) for t in state["ladder"]]
+        if ladder != self.ladder:
+            raise ValueError(f"the adaptive-T1 state was saved with t_high_ladder={ladder}, this run has "
+                             f"{self.ladder}")
+        steps: dict[int, list[Any]] = {}
+        for t, t1, d in state["steps"]:
+            if float(t1) not in self.ladder:
+                raise ValueError(f"the adaptive-T1 state names T1={t1}, not a rung of {self.ladder}")
+            steps[int(t)] = [self.ladder.index(float(t1)), None if d is None else float(d)]
+        self._steps = steps
+

@@ -187,17 +187,19 @@ class RolloutWorker:
         self.orchestrator.policy_version = self.version  # each turn records it (algorithms.md section 7)
         return self.version
 
-    def play(self, tasks: list[Task], step: int, seed_key: int, expected_version: int) -> dict[str, Any]:
+    def play(self, tasks: list[Task], step: int, seed_key: int, expected_version: int,
+             t_high: float | None = None) -> dict[str, Any]:
         """Play one group per task of ``tasks`` (:meth:`RolloutOrchestrator.run_groups` with the rollout seed key
         ``seed_key``: the step and round, as the local backend's). Returns ``{"result": RolloutResult,
         "weight_version", "worker"}``; a version other than ``expected_version`` is said on stderr (stale weights
-        are never silent) and reported in the driver's metrics."""
+        are never silent) and reported in the driver's metrics. ``t_high``: the step's T1 the driver picked
+        (``algo.t_high=auto``), None = the fixed ``algo.t_high``."""
         if not self._ready:
             self._build()
         if self.version != expected_version:
             print(f"warning: rollout worker {self.index} samples step {step} with weight version {self.version}, "
                   f"expected {expected_version}", file=sys.stderr)
-        temps = group_temperatures(self.cfg.algo, step)
+        temps = group_temperatures(self.cfg.algo, step, t_high)
         result: RolloutResult = self._run(self.orchestrator.run_groups([GroupSpec(t, temps) for t in tasks],
                                                                        seed_key=seed_key))
         return {"result": result, "weight_version": self.version, "worker": self.index}

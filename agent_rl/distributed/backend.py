@@ -214,9 +214,10 @@ class RayBackend:
         self.workers[i] = self._new_worker(i)
 
     # ------------------------------------------------------------------ collect
-    async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]]) -> RolloutResult:
+    async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]],
+                      t_high: float | None = None) -> RolloutResult:
         cfg, n_workers = self.cfg, self.cfg.rollout.num_workers
-        temps = group_temperatures(cfg.algo, step)
+        temps = group_temperatures(cfg.algo, step, t_high)  # the driver's T1 pick travels with the tasks
         self.progress.phase(f"step {step}/{self.total_steps} rollout", total=cfg.trainer.tasks_per_step * len(temps))
         step_restarts = 0
         used: list[tuple[int, int]] = []  # (worker, weight version) of every group played
@@ -229,7 +230,7 @@ class RayBackend:
             t0 = time.perf_counter()
             chunks = [tasks[i * len(tasks) // n_workers:(i + 1) * len(tasks) // n_workers] for i in range(n_workers)]
             results: list[dict[str, Any] | None] = [None] * n_workers
-            pending = {i: self.workers[i].play.remote(chunks[i], step, seed_key, self.version)
+            pending = {i: self.workers[i].play.remote(chunks[i], step, seed_key, self.version, t_high)
                        for i in range(n_workers) if chunks[i]}
             while pending:
                 i, ref = next(iter(pending.items()))
@@ -247,7 +248,7 @@ class RayBackend:
                     print(f"warning: step {step}: rollout worker {i} died ({type(exc).__name__}); replacing it "
                           f"and re-running its {len(chunks[i])} group(s)", file=sys.stderr)
                     self._replace(i)
-                    pending[i] = self.workers[i].play.remote(chunks[i], step, seed_key, self.version)
+                    pending[i] = self.workers[i].play.remote(chunks[i], step, seed_key, self.version, t_high)
             done = [res for res in results if res is not None]
             for res in done:
                 used.append((res["worker"], res["weight_version"]))

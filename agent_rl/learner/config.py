@@ -245,9 +245,14 @@ def t_high_value(algo: AlgoConfig) -> float:
     ``algo.t_high_ladder`` (index ``(len - 1) // 2``: 1.2 of the default [1.0, 1.2, 1.4]), the T1 of the warm-up
     and of code that needs one number without the run's adaptive state."""
     if algo.t_high == "auto":
-        ladder = algo.t_high_ladder
-        return float(ladder[(len(ladder) - 1) // 2])
+        return ladder_middle(algo.t_high_ladder)
     return float(algo.t_high)
+
+
+def ladder_middle(ladder: list[float]) -> float:
+    """The middle rung of a T1 ladder (index ``(len - 1) // 2``, the lower middle of an even count): the T1 of
+    ``algo.t_high=auto``'s warm-up."""
+    return float(ladder[(len(ladder) - 1) // 2])
 
 
 def resolve_behaviour_correction(algo: AlgoConfig, max_staleness: int) -> str:

@@ -402,7 +402,12 @@ class Learner:
                     ent.append(algos.entropy_from_logits(z, t))
                     sel = high[a:a + chunk]
                     if with_js and bool(sel.any()):
-                        js[a:a + chunk][sel] = self._js(z[sel])
+                        if self.algo.t_high == "auto":  # each high row's own T1 (the pick of its step)
+                            for t1 in t[sel].unique().tolist():
+                                at = sel & (t == t1)
+                                js[a:a + chunk][at] = self._js(z[at], t1)
+                        else:
+                            js[a:a + chunk][sel] = self._js(z[sel], float(self.algo.t_high))
                     del z
                 grow, gcol = rows[rr], cc
                 out.logprobs[grow, gcol] = torch.cat(lp)
@@ -425,15 +430,16 @@ class Learner:
         """The sampler's top-k / top-p truncation of logits z (n, V) at the rows' temperatures (n,) (no-op when off)."""
         return algos.truncate_logits(z, temps, self.top_k, self.top_p)
 
-    def _js(self, z: Tensor) -> Tensor:
-        """Token JS (n,) of logits z (n, V), n <= logits_chunk_size, at algo.t_low / t_high (no grad). Compiled: padded
-        to exactly ``logits_chunk_size`` rows (zero rows give JS 0) so one compiled graph serves every call."""
+    def _js(self, z: Tensor, t_high: float) -> Tensor:
+        """Token JS (n,) of logits z (n, V), n <= logits_chunk_size, at algo.t_low / ``t_high`` (no grad; T1: the
+        fixed ``algo.t_high``, or under ``algo.t_high=auto`` the rows' own). Compiled: padded to exactly
+        ``logits_chunk_size`` rows (zero rows give JS 0) so one compiled graph serves every call."""
         if self._compiled_js is None:
-            return algos.js_divergence_from_logits(z, self.algo.t_low, self.algo.t_high)
+            return algos.js_divergence_from_logits(z, self.algo.t_low, t_high)
         n, chunk = z.shape[0], self.algo.logits_chunk_size
         padded = z.new_zeros(chunk, z.shape[1])
         padded[:n] = z
-        return self._compiled_js(padded, self.algo.t_low, self.algo.t_high)[:n]
+        return self._compiled_js(padded, self.algo.t_low, t_high)[:n]
 
     def _grad_logprobs(self, h: Tensor, tokens: Tensor, temps: Tensor, with_entropy: bool
                        ) -> tuple[Tensor, Tensor | None]:

@@ -531,11 +531,13 @@ class RolloutOrchestrator:
         return RolloutResult(episodes=kept, metrics=metrics, dropped_groups=dropped, failures=failures)
 
     async def collect(self, sample_tasks: Callable[[int], list[Task]], num_groups: int, algo: Any, step: int, *,
-                      filter_groups: bool = False, max_extra_rounds: int = 0) -> RolloutResult:
-        """Rollout of one training step: ``num_groups`` tasks, G episodes each (:func:`group_temperatures`), in rounds
-        of :meth:`run_groups` (:func:`collect_groups`: DAPO's dynamic sampling and its extra rounds). Tasks given to
-        :meth:`prefetch` are played first."""
-        temps = group_temperatures(algo, step)
+                      filter_groups: bool = False, max_extra_rounds: int = 0,
+                      t_high: float | None = None) -> RolloutResult:
+        """Rollout of one training step: ``num_groups`` tasks, G episodes each (:func:`group_temperatures`, T1 =
+        ``t_high`` when given: the step's pick under ``algo.t_high=auto``), in rounds of :meth:`run_groups`
+        (:func:`collect_groups`: DAPO's dynamic sampling and its extra rounds). Tasks given to :meth:`prefetch` are
+        played first."""
+        temps = group_temperatures(algo, step, t_high)
 
         def take(n: int) -> list[Task]:
             tasks, self._prefetched_tasks = self._prefetched_tasks[:n], self._prefetched_tasks[n:]
