@@ -185,6 +185,18 @@ class TrainerConfig:
     """trainer.backend=ray: CPUs per learner rank (also its torch threads)."""
     learner_gpus: float = 0.0
     """trainer.backend=ray: GPUs per learner rank (> 0: the rank trains on its GPU, NCCL between ranks)."""
+    learner_strategy: str = "ddp"
+    """trainer.backend=ray: how the learner ranks split the model (docs/scaling.md, "Memory"): ddp = every rank holds
+    the whole model, its gradients and AdamW moments (torch DDP); fsdp = each rank holds 1/num_learners of each
+    (torch FSDP2 ``fully_shard`` per decoder layer and at the root; bf16 compute, fp32 reduction and master weights on
+    GPU; sharded checkpoints with torch.distributed.checkpoint). Same update either way."""
+    fsdp_offload: bool = False
+    """trainer.learner_strategy=fsdp on GPU: keep the parameter, gradient and AdamW shards in CPU memory
+    (``CPUOffloadPolicy``; the optimiser steps on the CPU, each layer is copied to the GPU for its passes)."""
+    max_staleness: int = 0
+    """Asynchronous rollouts (algorithms.md section 7, docs/training.md "Asynchronous rollouts"): k >= 1 lets the
+    rollout side produce groups for up to k steps ahead while the learner updates, and admits a group only if every
+    token's staleness (step - 1 - its policy version) is <= k; 0 = synchronous (today's run exactly)."""
 
     def __post_init__(self) -> None:
         if self.total_steps < 1 or self.tasks_per_step < 1 or self.save_every < 1:
@@ -194,6 +206,13 @@ class TrainerConfig:
             raise ValueError(f"trainer.backend={self.backend!r} is not valid; valid values: {', '.join(BACKENDS)}")
         if self.num_learners < 1:
             raise ValueError("trainer.num_learners must be >= 1")
+        if self.learner_strategy not in LEARNER_STRATEGIES:
+            raise ValueError(f"trainer.learner_strategy={self.learner_strategy!r} is not valid; valid values: "
+                             f"{', '.join(LEARNER_STRATEGIES)}")
+        if self.fsdp_offload and self.learner_strategy != "fsdp":
+            raise ValueError("trainer.fsdp_offload=true offloads FSDP shards: it needs trainer.learner_strategy=fsdp")
+        if self.max_staleness < 0:
+            raise ValueError(f"trainer.max_staleness={self.max_staleness} must be >= 0 (0 = synchronous rollouts)")
         if self.resume_weights_only and not self.resume:
             raise ValueError("trainer.resume_weights_only=true resumes a checkpoint: it needs trainer.resume=auto or "
                              "a checkpoint path (a new run from a checkpoint's weights: model.path=<checkpoint>)")
@@ -245,13 +264,19 @@ class BackendCapabilities:
     """Several learner ranks (``trainer.num_learners > 1``)."""
     rollout_workers: bool
     """Several rollout workers and env-server replicas (``rollout.num_workers``, ``env_server.replicas`` > 1)."""
+    sharded_learner: bool = False
+    """Learner ranks that shard the model (``trainer.learner_strategy=fsdp``: FSDP2 over a process group)."""
 
 
 #: ``trainer.backend`` -> its capabilities (``agent_rl.local.LocalBackend``, ``agent_rl.distributed.backend``).
 BACKENDS: dict[str, BackendCapabilities] = {
     "local": BackendCapabilities(prefetch=True, refill=True, data_parallel=False, rollout_workers=False),
-    "ray": BackendCapabilities(prefetch=False, refill=True, data_parallel=True, rollout_workers=True),
+    "ray": BackendCapabilities(prefetch=False, refill=True, data_parallel=True, rollout_workers=True,
+                               sharded_learner=True),
 }
+
+#: ``trainer.learner_strategy`` values (``agent_rl.distributed.data_parallel`` / ``agent_rl.distributed.fsdp``).
+LEARNER_STRATEGIES = ("ddp", "fsdp")
 
 
 @dataclass
@@ -594,6 +619,7 @@ def check_trainable(cfg: Config) -> list[str]:
         raise ConfigError(f"algo.dapo_overlong_cache_len={algo.dapo_overlong_cache_len} must be <= "
                           f"algo.dapo_overlong_max_len={algo.dapo_overlong_max_len}")
     _backend_checks(cfg)
+    notes += _async_checks(cfg)
     mini = algo.num_mini_batches
     if mini > cfg.trainer.tasks_per_step:
         notes.append(f"algo.num_mini_batches={mini} > trainer.tasks_per_step={cfg.trainer.tasks_per_step}: "
@@ -605,6 +631,20 @@ def check_trainable(cfg: Config) -> list[str]:
     return notes
 
 
+def _async_checks(cfg: Config) -> list[str]:
+    """Asynchronous rollouts (``trainer.max_staleness`` >= 1) that cannot work are refused; keys that only act with
+    them are noted when set without them."""
+    k, r = cfg.trainer.max_staleness, cfg.rollout
+    if k == 0:
+        return ["note: rollout.partial=true has no effect with trainer.max_staleness=0 (synchronous rollouts: no "
+                "weight sync happens during an episode)"] if r.partial else []
+    if cfg.engine.sleep_mode:
+        raise ConfigError(f"engine.sleep_mode=true frees the engine's GPU memory during every update, but "
+                          f"trainer.max_staleness={k} keeps it generating then; set engine.sleep_mode=false or "
+                          "trainer.max_staleness=0")
+    return []
+
+
 def _backend_checks(cfg: Config) -> None:
     """What ``trainer.backend`` cannot do (:data:`BACKENDS`) is refused here, with the backend that can."""
     t, caps = cfg.trainer, BACKENDS[cfg.trainer.backend]
@@ -612,7 +652,8 @@ def _backend_checks(cfg: Config) -> None:
             (cfg.rollout.num_workers > 1, "rollout_workers", f"rollout.num_workers={cfg.rollout.num_workers}"),
             (cfg.env_server.replicas > 1, "rollout_workers", f"env_server.replicas={cfg.env_server.replicas}"),
             (cfg.algo.dapo_dynamic_sampling and cfg.algo.dapo_max_extra_rounds > 0, "refill",
-             f"algo.dapo_dynamic_sampling with algo.dapo_max_extra_rounds={cfg.algo.dapo_max_extra_rounds}")]
+             f"algo.dapo_dynamic_sampling with algo.dapo_max_extra_rounds={cfg.algo.dapo_max_extra_rounds}"),
+            (t.learner_strategy == "fsdp", "sharded_learner", "trainer.learner_strategy=fsdp")]
     for asked, capability, what in asks:
         if asked and not getattr(caps, capability):
             able = [name for name, c in BACKENDS.items() if getattr(c, capability)]
@@ -621,6 +662,12 @@ def _backend_checks(cfg: Config) -> None:
     if t.num_learners > t.tasks_per_step:
         raise ConfigError(f"trainer.tasks_per_step={t.tasks_per_step} < trainer.num_learners={t.num_learners}: every "
                           "learner rank needs at least one whole group")
+    if t.learner_strategy == "fsdp" and cfg.algo.uses_critic:
+        raise ConfigError(f"trainer.learner_strategy=fsdp does not shard the value head of algo={cfg.algo.name}; "
+                          "use trainer.learner_strategy=ddp")
+    if t.fsdp_offload and t.learner_gpus <= 0:
+        raise ConfigError("trainer.fsdp_offload=true moves the FSDP shards from GPU to CPU memory: it needs "
+                          "trainer.learner_gpus > 0 (a CPU learner's shards are in CPU memory already)")
 
 
 # ------------------------------------------------------------------------------------------------------ resume
@@ -634,7 +681,12 @@ RESUME_MAY_CHANGE = (
     "engine.kv_cache_gb", "engine.enforce_eager", "engine.tensor_parallel_size", "engine.sleep_mode",
     "engine.multiprocessing", "engine.sync_dir",
     "trainer.backend", "trainer.ray_address", "trainer.num_learners", "trainer.learner_cpus", "trainer.learner_gpus",
+    # the learner's layout over its ranks: every checkpoint resumes into every strategy and rank count (ddp and
+    # single learners read a sharded checkpoint's optimizer through torch.distributed.checkpoint, which reshards)
+    "trainer.learner_strategy", "trainer.fsdp_offload",
     "rollout.num_workers", "rollout.worker_cpus", "rollout.worker_gpus",
+    # the staleness bound and how the producer replays (the algorithm's data, not its state: section 7)
+    "trainer.max_staleness", "rollout.partial", "rollout.max_stale_replays",
     "data.root", "rollout.max_concurrent_episodes", "rollout.gen_batch_size", "rollout.gen_wait_s",
     "rollout.env_timeout_s", "rollout.retry_backoff_s", "rollout.episode_retries",
     # memory layout of the same update (gradient accumulation, chunking, recomputation, attention kernel)

@@ -127,8 +127,10 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
     try:
         extra = await backend.start(ckpt)
         total = backend.total_steps
+        resumed_in_flight = 0  # groups in flight at the checkpoint: played again now (section 7, Checkpoints)
         if extra is not None:
             sampler.load_state_dict(extra.get("sampler", {"position": 0}))
+            resumed_in_flight = int(extra.get("groups_in_flight", 0))
             if t_rule is not None:
                 t_rule.load_state_dict(t_high_state(extra, ckpt))
             print(f"resumed from {ckpt} at step {start} (actor/lr {backend.lr:.6g})", file=sys.stderr)
@@ -148,6 +150,10 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
             t_high = t_rule.t_high(step) if t_rule is not None else None
             result = await backend.collect(step, sampler.sample, t_high=t_high)
             metrics: dict[str, Any] = dict(result.metrics)
+            if backend.kind == "train":  # asynchronous rollouts' counters (0 in synchronous runs)
+                metrics.setdefault("async/groups_stale_dropped", 0.0)
+                if step == start and extra is not None:
+                    metrics["async/groups_replayed_after_resume"] = float(resumed_in_flight)
             if backend.kind == "train" and cfg.algo.is_tgrl:  # the step's T1, fixed or picked (section 3)
                 metrics["tgrl/t_high"] = t_high if t_high is not None else t_high_value(cfg.algo)
             check_dropped_groups(step, start, result.failures, bool(result.episodes) or result.batch is not None,
@@ -165,6 +171,8 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
                 progress.phase(f"step {step}/{total} update")
                 update_metrics = await backend.update(batch, step)
                 metrics.update(update_metrics)
+                if backend.kind == "train":
+                    metrics.setdefault("time/overlap_s", 0.0)  # rollouts during the update (max_staleness >= 1)
                 if t_rule is not None and "tgrl/delta_R" in update_metrics:
                     t_rule.observe(step, update_metrics["tgrl/delta_R"])
                 if result.episodes:
@@ -176,6 +184,8 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
             else:  # loud: a run that never trains must not look like one that did
                 idle_steps += 1
                 metrics["batch/rows"] = 0
+                if t.max_staleness > 0:  # v = s after step s, trained or not (section 7): the producer's throttle
+                    await backend.sync(step)
                 if refused is not None:
                     print(f"WARNING: step {step} trains on nothing: {refused}; no update", file=sys.stderr)
                 else:
@@ -188,9 +198,11 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
             record = logger.log(step, metrics, kind=backend.kind)
             if step % t.save_every == 0 or step == total:
                 progress.phase(f"step {step}/{total} checkpoint")
-                await backend.save(out / "checkpoints" / f"step_{step}",
-                                   checkpoint_extra(cfg, step, sampler.position - backend.pending_tasks,
-                                                    t_high_state=t_rule.state_dict() if t_rule is not None else None))
+                ckpt_extra = checkpoint_extra(cfg, step, sampler.position - backend.pending_tasks,
+                                              t_high_state=t_rule.state_dict() if t_rule is not None else None)
+                ckpt_extra["policy_version"] = step  # the engines' version counter (section 7: v = s after step s)
+                ckpt_extra["groups_in_flight"] = int(getattr(backend, "groups_in_flight", 0))
+                await backend.save(out / "checkpoints" / f"step_{step}", ckpt_extra)
                 prune_checkpoints(out / "checkpoints", t.keep_checkpoints)
         warn_idle_run(idle_steps, total - start + 1)
         return record

@@ -52,10 +52,20 @@ class RolloutConfig:
     """trainer.backend=ray: CPUs per rollout worker."""
     worker_gpus: float = 0.0
     """trainer.backend=ray: GPUs per rollout worker (> 0: its engine runs on its GPU)."""
+    partial: bool = False
+    """Partial rollouts (``trainer.max_staleness`` >= 1): an episode in flight at a weight sync continues with the new
+    weights (each turn keeps its own version); false: a sync waits until the episodes in flight finish under the
+    weights they started with (algorithms.md section 7)."""
+    max_stale_replays: int = 2
+    """A group discarded for staleness (``trainer.max_staleness``) is played again as a fresh group at most this many
+    times, then dropped (``async/groups_stale_dropped``)."""
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError("rollout.num_workers must be >= 1")
+        if self.max_stale_replays < 0:
+            raise ValueError(f"rollout.max_stale_replays={self.max_stale_replays} must be >= 0 (0 = a stale group is "
+                             "dropped, never played again)")
         if self.mode not in ROLLOUT_MODES:
             raise ValueError(f"rollout.mode={self.mode!r} is not valid; valid values: {', '.join(ROLLOUT_MODES)}")
         if self.max_turns < 1 or self.history_length < 0 or self.episode_retries < 0:

@@ -268,7 +268,7 @@ class RolloutOrchestrator:
         self.policy_version = 0
         """The version of the engine's weights (algorithms.md section 7): set by the backend at each weight sync; a
         turn records it when its generation is requested, unless the engine stamps its own
-        (``Generation.policy_version``, :class:`agent_rl.rollout.versions.VersionedEngine`)."""
+        (``Generation.policy_version``, :class:`agent_rl.rollout.producer.VersionedEngine`)."""
         if cfg.mode == "trajectory":
             self._eos_ids = set(getattr(engine, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
             render_followup(self.tokenizer, "probe")  # a template that cannot be spliced is refused here, by name
@@ -529,6 +529,63 @@ class RolloutOrchestrator:
         })
         self.last_batcher = batcher  # generation statistics of the last run (benchmarks)
         return RolloutResult(episodes=kept, metrics=metrics, dropped_groups=dropped, failures=failures)
+
+    # ------------------------------------------------------------------ a stream of groups (asynchronous rollouts)
+    async def open_stream(self, seed_key: int) -> None:
+        """Start one long-lived :class:`GenerationBatcher` for :meth:`play_group` calls that come and go (the
+        asynchronous producer, :mod:`agent_rl.rollout.producer`). Its rollout seed is drawn as in :meth:`run_groups`
+        from ``seed_key``; rows keep their (group id, slot, turn) keys, so group ids must stay distinct for the
+        stream's life. Counters (``stream_counters``) add up until :meth:`close_stream`."""
+        if self._batcher is not None:
+            raise RuntimeError("a stream or run_groups call is already open on this orchestrator")
+        kwargs = dict(self.gen_kwargs)
+        if kwargs["seed"] is not None:
+            kwargs["seed"] = int(np.random.default_rng([int(kwargs["seed"]), int(seed_key)]).integers(2**31))
+        self._env_s, self._retries, self._failed_episodes = 0.0, 0, 0
+        self._batcher = GenerationBatcher(self.engine, **kwargs)
+        self._stream_server = asyncio.create_task(self._batcher.run())
+        n = self.cfg.max_concurrent_episodes
+        self._stream_sem = asyncio.Semaphore(n) if n > 0 else None
+
+    async def play_group(self, spec: GroupSpec) -> list[Episode]:
+        """Play the G episodes of ``spec`` concurrently on the open stream (:meth:`open_stream`); returns them in slot
+        order, failed ones with ``Episode.failure`` set (the caller drops such a group, as :meth:`run_groups`
+        does)."""
+        batcher = self._batcher
+        if batcher is None or getattr(self, "_stream_server", None) is None:
+            raise RuntimeError("play_group needs open_stream() first")
+        sem = self._stream_sem
+
+        async def one(temp: float, high: bool, slot: int) -> Episode:
+            async with sem if sem is not None else contextlib.nullcontext():
+                batcher.episode_started()
+                try:
+                    return await self._episode(spec.task, temp, high, slot)
+                finally:
+                    batcher.episode_finished()
+
+        eps = list(await asyncio.gather(*(one(t, h, slot) for slot, (t, h) in enumerate(spec.temperatures))))
+        self._failed_episodes += sum(ep.failure is not None for ep in eps)
+        return eps
+
+    def stream_counters(self) -> dict[str, float]:
+        """Totals of the open stream: ``generate_s`` (engine busy), ``tokens`` generated, ``episode_retries``,
+        ``failed_episodes``, ``env_calls_s`` (summed over concurrent episodes)."""
+        b = self._batcher
+        return {"generate_s": b.busy_s if b is not None else 0.0,
+                "tokens": float(b.generated_tokens) if b is not None else 0.0,
+                "episode_retries": float(self._retries), "failed_episodes": float(getattr(self, "_failed_episodes", 0)),
+                "env_calls_s": self._env_s}
+
+    async def close_stream(self) -> None:
+        """Stop the stream's batcher (episodes still waiting for generation get no answer: cancel them first)."""
+        server = getattr(self, "_stream_server", None)
+        if self._batcher is not None and server is not None:
+            self._batcher.close()
+            try:
+                await server
+            finally:
+                self.last_batcher, self._batcher, self._stream_server = self._batcher, None, None
 
     async def collect(self, sample_tasks: Callable[[int], list[Task]], num_groups: int, algo: Any, step: int, *,
                       filter_groups: bool = False, max_extra_rounds: int = 0,
