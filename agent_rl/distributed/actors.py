@@ -24,15 +24,27 @@ from agent_rl.distributed.data_parallel import DataParallel, init_process_group
 from agent_rl.engines import set_torch_threads
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner import Learner
-from agent_rl.learner.checkpoint import load_checkpoint, save_checkpoint
+from agent_rl.distributed.fsdp import FullyShardedDataParallel, learner_memory
+from agent_rl.learner.checkpoint import (load_checkpoint, load_sharded_checkpoint, save_checkpoint,
+                                         save_sharded_checkpoint)
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
+from agent_rl.lora import merged_state_dict
 from agent_rl.models import load_policy
 from agent_rl.progress import Progress
 from agent_rl.rollout import GroupSpec, RolloutResult, group_temperatures
+from agent_rl.rollout.producer import VersionedEngine
 from agent_rl.runtime import (build_engine, build_orchestrator, close_engine, free_port, import_modules,
                               make_env_pool, seed_everything)
 from agent_rl.types import Task
 from servers.wait import ServerExited, wait_healthy
+
+
+def _rss_bytes() -> int:
+    """This process's resident set size in bytes (``/proc/self/statm``; 0 where there is none)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def node_ip() -> str:
@@ -60,12 +72,19 @@ class LearnerSpec:
     top_p: float = 1.0
     num_threads: int = 1
     imports: list[str] = field(default_factory=list)
+    max_staleness: int = 0
+    """``trainer.max_staleness`` (the learner's behaviour correction under ``algo.behaviour_correction=auto``)."""
+    strategy: str = "ddp"
+    """``trainer.learner_strategy``: ddp (``DataParallel``) | fsdp (``FullyShardedDataParallel``)."""
+    fsdp_offload: bool = False
 
     @classmethod
     def from_config(cls, cfg: Any, device: str) -> "LearnerSpec":
         return cls(model=cfg.model, algo=cfg.algo, optim=cfg.optim, credit=cfg.credit, schedule=cfg.schedule,
                    device=device, seed=cfg.trainer.seed, top_k=cfg.engine.top_k, top_p=cfg.engine.top_p,
-                   num_threads=cfg.trainer.learner_cpus, imports=list(cfg.trainer.imports))
+                   num_threads=cfg.trainer.learner_cpus, imports=list(cfg.trainer.imports),
+                   max_staleness=cfg.trainer.max_staleness,
+                   strategy=cfg.trainer.learner_strategy, fsdp_offload=cfg.trainer.fsdp_offload)
 
 
 class LearnerRank:
@@ -93,14 +112,37 @@ class LearnerRank:
         device = s.device
         if device.startswith("cuda") and torch.cuda.is_available() and device == "cuda":
             device = "cuda:0"  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
-        self.model, self.tokenizer = load_policy(s.model)
+        self.model, self.tokenizer = load_policy(s.model, train=True)  # LoRA: the peft model (seeded adapter)
         self.learner = Learner(self.model, self.tokenizer, s.algo, s.optim, credit=s.credit, schedule=s.schedule,
-                               device=device, seed=s.seed, top_k=s.top_k, top_p=s.top_p)
+                               device=device, seed=s.seed, top_k=s.top_k, top_p=s.top_p,
+                               max_staleness=s.max_staleness)
         backend = "none"
-        if self.world_size > 1:
+        if s.strategy == "fsdp":  # a process group even for one rank (FSDP's mesh; CPU offload on one GPU)
+            backend = init_process_group(self.rank, self.world_size, master_addr, master_port)
+            self.learner.data_parallel = FullyShardedDataParallel(self.learner, offload=s.fsdp_offload)
+        elif self.world_size > 1:
             backend = init_process_group(self.rank, self.world_size, master_addr, master_port)
             self.learner.data_parallel = DataParallel(self.learner)
         return backend
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the ranks shard the model (fsdp): then :meth:`get_weights`, :meth:`save` and :meth:`load` are
+        collective (every rank calls them)."""
+        return isinstance(getattr(self.learner, "data_parallel", None), FullyShardedDataParallel)
+
+    def memory(self) -> dict[str, int]:
+        """Tensor bytes of this rank's learner (``agent_rl.distributed.fsdp.learner_memory``: parameters, gradients,
+        optimizer state, local shards) and ``rss`` (this process's resident set), bytes; ``sync_*``: the last weight
+        gather of a sharded rank (largest transient full tensor, rank 0's CPU copy)."""
+        import resource
+
+        out = learner_memory(self.learner)
+        out["rss"] = _rss_bytes()
+        out["peak_rss"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        if self.sharded:
+            out.update({f"sync_{k}": v for k, v in self.learner.data_parallel.last_gather.items()})
+        return out
 
     def update(self, shard: Any, step: int, total_steps: int) -> dict[str, float]:
         """``Learner.update`` on this rank's shard (the ranks agree on the step's mini-batch count themselves:
@@ -115,16 +157,25 @@ class LearnerRank:
         return self.learner.last_token_stats
 
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """The policy's state dict on CPU (what rollout workers load)."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        """The policy's state dict on CPU (what rollout workers load; LoRA: merged, plain transformers names,
+        ``agent_rl.lora.merged_state_dict``)."""
+        if self.sharded:  # gathered parameter by parameter; rank 0 returns them, the other ranks None
+            return self.learner.data_parallel.full_state_dict()
+        return {k: v.detach().to("cpu", copy=True) for k, v in merged_state_dict(self.model).items()}
 
     def save(self, directory: str, extra: dict[str, Any]) -> None:
         """Checkpoint (model, tokenizer, learner state, RNG, ``extra``) to ``directory`` (called on rank 0)."""
+        if self.sharded:  # every rank: DCP shards + rank 0's gathered HF folder
+            full = self.learner.data_parallel.full_state_dict()
+            save_sharded_checkpoint(directory, self.model, self.tokenizer, self.learner, extra, full)
+            return
         save_checkpoint(directory, self.model, self.tokenizer, self.learner, extra)
 
     def load(self, directory: str, weights_only: bool = False) -> dict[str, Any]:
         """Load a checkpoint written by any number of ranks (every rank loads the same state; ``weights_only``:
         ``trainer.resume_weights_only``, see ``load_checkpoint``). Returns its ``extra`` dict."""
+        if self.sharded:
+            return load_sharded_checkpoint(directory, self.model, self.learner, weights_only=weights_only)
         return load_checkpoint(directory, self.model, self.learner, weights_only=weights_only)
 
     def lr(self) -> float:
@@ -155,11 +206,18 @@ class RolloutWorker:
         threading.Thread(target=self._loop.run_forever, daemon=True, name="rollout-loop").start()
         self._ready = False
         self._evaluator: Any = None
+        self._build_lock = threading.Lock()  # asynchronous rollouts: a threaded actor, calls may overlap
+        self._stream: Any = None
 
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def _build(self) -> None:
+        with self._build_lock:
+            if not self._ready:
+                self._build_once()
+
+    def _build_once(self) -> None:
         cfg = self.cfg
         import_modules(list(cfg.trainer.imports) + list(cfg.env_server.imports))
         if cfg.data.root:
@@ -169,6 +227,8 @@ class RolloutWorker:
         if torch.cuda.is_available() and cfg.rollout.worker_gpus > 0:
             self.model.to("cuda:0")
         self.engine = build_engine(cfg, self.model, self.tokenizer)
+        if cfg.trainer.max_staleness > 0:  # weights swapped between two engine calls, generations stamped
+            self.engine = VersionedEngine(self.engine, self.version)
         self.pool = self._run(self._make_pool())  # made on the orchestrator's event loop, which uses it
         self.orchestrator = build_orchestrator(cfg, self.pool, self.engine)
         self._ready = True
@@ -181,11 +241,41 @@ class RolloutWorker:
         engine. Returns the version now loaded."""
         if not self._ready:
             self._build()
-        self.model.load_state_dict(weights)
-        self.engine.sync_weights(self.model)
+
+        def load() -> None:
+            self.model.load_state_dict(weights)
+            getattr(self.engine, "engine", self.engine).sync_weights(self.model)
+
+        if isinstance(self.engine, VersionedEngine):  # asynchronous: between two engine calls of the stream
+            self.engine.sync(load, int(version))
+        else:
+            load()
         self.version = int(version)
         self.orchestrator.policy_version = self.version  # each turn records it (algorithms.md section 7)
         return self.version
+
+    def play_group(self, task: Task, temperatures: list[tuple[float, bool]], min_version: int) -> dict[str, Any]:
+        """Asynchronous rollouts (``trainer.max_staleness`` >= 1; the actor is threaded, so several calls play at
+        once on the orchestrator's stream, :meth:`RolloutOrchestrator.play_group`): one group of ``task`` at
+        ``temperatures``. Returns ``{"episodes", "counters" (the stream's totals), "worker", "weight_version"}``.
+
+        Raises:
+            RuntimeError: the worker's weights are older than ``min_version`` (the driver's bound: never sampled).
+        """
+        if not self._ready:
+            self._build()
+        if self.version < min_version:
+            raise RuntimeError(f"rollout worker {self.index} holds weight version {self.version} < {min_version}, "
+                               "older than trainer.max_staleness allows")
+        episodes = self._run(self._play_stream(GroupSpec(task, list(temperatures))))
+        return {"episodes": episodes, "counters": self.orchestrator.stream_counters(), "worker": self.index,
+                "weight_version": self.version}
+
+    async def _play_stream(self, spec: GroupSpec) -> Any:
+        if self._stream is None:  # one stream per worker (on its event loop), opened by the first group
+            self._stream = asyncio.ensure_future(self.orchestrator.open_stream(seed_key=10**9))
+        await asyncio.shield(self._stream)
+        return await self.orchestrator.play_group(spec)
 
     def play(self, tasks: list[Task], step: int, seed_key: int, expected_version: int,
              t_high: float | None = None) -> dict[str, Any]:
@@ -223,6 +313,8 @@ class RolloutWorker:
         if self._ready:
             self._ready = False
             try:
+                if self._stream is not None:
+                    self._run(self.orchestrator.close_stream())
                 self._run(self.orchestrator.aclose())
                 self._run(self.pool.aclose())
             finally:

@@ -27,6 +27,7 @@ share (one node, or NFS).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -45,6 +46,7 @@ from agent_rl.distributed.actors import EnvServerReplica, LearnerRank, LearnerSp
 from agent_rl.distributed.data_parallel import shard_indices, take_shard, unshard_rows
 from agent_rl.eval.training import TrainingEval
 from agent_rl.rollout import RolloutResult, collect_groups, group_temperatures, merge_parallel_results
+from agent_rl.rollout.producer import AsyncProducer
 from agent_rl.runtime import REPO, import_modules, load_run_policy, seed_everything
 from agent_rl.types import RolloutBatch, Task
 
@@ -76,11 +78,19 @@ def _nodes(pg: Any) -> int:
     return len(set(placement_group_table(pg).get("bundles_to_node_id", {}).values()))
 
 
+#: learner metrics that are means over the trained tokens (algorithms.md section 7): merged weighted by each rank's
+#: trained tokens (``batch/response_tokens * credit/trained_token_frac``).
+TRAINED_TOKEN_MEANS = ("async/staleness_mean", "async/behaviour_weight_mean", "async/behaviour_weight_capped_frac",
+                       "async/behaviour_weight_zero_frac")
+
+
 def merge_learner_metrics(ranks: list[dict[str, float]], batch: RolloutBatch) -> dict[str, float]:
     """One record from the ranks' metrics: ``actor/pg_loss`` is the ranks' mean (each rank's loss is already over the
     global denominator / N: module docstring of data_parallel), ``actor/grad_norm``, ``actor/lr``, ``schedule/S``,
-    ``actor/optimizer_steps`` are equal on every rank (rank 0's), ``time/update_s`` the slowest rank's, TGRL group
-    metrics recomputed on the whole batch, every other metric the response-token-weighted mean over ranks."""
+    ``actor/optimizer_steps`` are equal on every rank (rank 0's), ``time/update_s`` and ``async/staleness_max`` the
+    ranks' maximum, the :data:`TRAINED_TOKEN_MEANS` (``async/staleness_mean``, ``async/behaviour_weight_*``) the
+    trained-token-weighted mean, TGRL group metrics recomputed on the whole batch, every other metric the
+    response-token-weighted mean over ranks."""
     weights = [max(m.get("batch/response_tokens", 1.0), 1e-9) for m in ranks]
     out: dict[str, float] = {}
     for key in ranks[0]:
@@ -89,8 +99,11 @@ def merge_learner_metrics(ranks: list[dict[str, float]], batch: RolloutBatch) ->
             out[key] = sum(vals) / len(vals)
         elif key in ("actor/grad_norm", "actor/lr", "schedule/S", "actor/optimizer_steps"):
             out[key] = vals[0]
-        elif key == "time/update_s":
+        elif key in ("time/update_s", "async/staleness_max"):
             out[key] = max(vals)
+        elif key in TRAINED_TOKEN_MEANS:  # means over trained tokens: weighted by each rank's trained tokens
+            tw = [m.get("batch/response_tokens", 0.0) * m.get("credit/trained_token_frac", 0.0) for m in ranks]
+            out[key] = sum(v * w for v, w in zip(vals, tw)) / sum(tw) if sum(tw) > 0 else 0.0
         elif key == "batch/response_tokens":
             out[key] = sum(vals)
         else:
@@ -114,8 +127,6 @@ class RayBackend:
 
     kind = "train"
     capabilities = BACKENDS["ray"]
-    pending_tasks = 0
-
     def __init__(self, cfg: Config, out: Path, progress: Any, config_file: Path | None = None) -> None:
         self.cfg, self.out, self.progress = cfg, out, progress
         import_modules(cfg.trainer.imports)
@@ -133,9 +144,22 @@ class RayBackend:
         self.weights: Any = None
         self.incarnation = [0] * cfg.rollout.num_workers
         self.restarts = 0  # worker replacements not yet reported in a step's metrics
+        self.producer: AsyncProducer | None = None  # trainer.max_staleness >= 1 (rollout/producer.py)
+        self._t_high: float | None = None
+        self._next_worker = 0
+        self._counters: dict[str, dict[str, float]] = {}  # per worker actor: its stream's totals
         self.versions_log: Any = None
         self._split: list[Any] = []  # the last update's (rows, episodes) per rank
         self._rows = 0  # the last update's batch rows
+
+    @property
+    def pending_tasks(self) -> int:
+        """Tasks drawn and not trained (asynchronous rollouts; 0 when synchronous: this backend never prefetches)."""
+        return self.producer.pending_tasks if self.producer is not None else 0
+
+    @property
+    def groups_in_flight(self) -> int:
+        return self.producer.groups_in_flight if self.producer is not None else 0
 
     @property
     def lr(self) -> float:
@@ -187,9 +211,59 @@ class RayBackend:
             self.actors += replicas
             self.urls = ray.get([a.url.remote(es.startup_timeout_s) for a in replicas])
             print(f"env-server replicas on {_nodes(pg_env)} node(s): {', '.join(self.urls)}", file=sys.stderr)
-        self.weights = self.ranks[0].get_weights.remote()
+        self.weights = self._rank0_weights()
         self.workers = [self._new_worker(i) for i in range(self.cfg.rollout.num_workers)]
         self.versions_log = open(self.out / "weight_versions.jsonl", "a", encoding="utf-8")
+        t, algo = self.cfg.trainer, self.cfg.algo
+        if t.max_staleness > 0:
+            self.producer = AsyncProducer(
+                self._play_group, self._load_weights, self._sum_counters,
+                lambda step: group_temperatures(algo, step, self._t_high), max_staleness=t.max_staleness,
+                tasks_per_step=t.tasks_per_step, total_steps=self.total_steps,
+                max_replays=self.cfg.rollout.max_stale_replays, partial=self.cfg.rollout.partial,
+                filter_groups=algo.dapo_dynamic_sampling, max_extra_rounds=algo.dapo_max_extra_rounds,
+                version=self.version)
+
+    # ------------------------------------------------------------------ asynchronous rollouts (max_staleness >= 1)
+    async def _play_group(self, spec: Any) -> Any:
+        """One group on the least recently used worker (round robin; the workers are threaded actors, so groups
+        play concurrently on each); a worker that dies is replaced (once per death, whichever group sees it first)
+        and the group played again on it."""
+        min_version = self.producer.version if self.producer is not None else self.version
+        for attempt in range(MAX_WORKER_RESTARTS + 1):
+            i = self._next_worker % len(self.workers)
+            self._next_worker += 1
+            worker = self.workers[i]
+            try:
+                res = await worker.play_group.remote(spec.task, spec.temperatures, min_version)
+            except RayActorError:
+                if attempt == MAX_WORKER_RESTARTS:
+                    raise
+                if self.workers[i] is worker:
+                    print(f"warning: rollout worker {i} died; replacing it and re-running its groups",
+                          file=sys.stderr)
+                    self._replace(i)
+                continue
+            self._counters[f"{i}-{self.incarnation[i]}"] = res["counters"]
+            for ep in res["episodes"]:
+                for turn in ep.turns:
+                    self.progress.turn(len(turn.response_ids))
+                self.progress.episode(ep.won)
+            return res["episodes"]
+        raise AssertionError("unreachable")
+
+    async def _load_weights(self, version: int) -> None:
+        """Rank 0's weights after ``version`` steps to every worker (each swaps them between two engine calls)."""
+        self.weights = self._rank0_weights()
+        self.version = version
+        await asyncio.gather(*[w.set_weights.remote(version, self.weights) for w in self.workers])
+
+    def _sum_counters(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for counters in self._counters.values():
+            for key, value in counters.items():
+                out[key] = out.get(key, 0.0) + value
+        return out
 
     def _new_worker(self, i: int) -> Any:
         """Worker i (named ``agent_rl-rollout-<i>-<incarnation>``) loaded with the current weights; a worker that
@@ -197,7 +271,9 @@ class RayBackend:
         r = self.cfg.rollout
         Worker = ray.remote(RolloutWorker)
         while True:
+            threads = {"max_concurrency": self.cfg.trainer.tasks_per_step * (self.cfg.trainer.max_staleness + 1) + 4}
             w = Worker.options(num_cpus=r.worker_cpus, num_gpus=r.worker_gpus,
+                               **(threads if self.cfg.trainer.max_staleness > 0 else {}),  # async: groups at once
                                name=f"agent_rl-rollout-{i}-{self.incarnation[i]}").remote(self.cfg, i, self.urls)
             self.incarnation[i] += 1
             try:
@@ -219,6 +295,17 @@ class RayBackend:
         cfg, n_workers = self.cfg, self.cfg.rollout.num_workers
         temps = group_temperatures(cfg.algo, step, t_high)  # the driver's T1 pick travels with the tasks
         self.progress.phase(f"step {step}/{self.total_steps} rollout", total=cfg.trainer.tasks_per_step * len(temps))
+        if self.producer is not None:  # asynchronous: the step's admitted groups (rollout/producer.py)
+            self._t_high = t_high
+            result = await self.producer.collect(step, sample_tasks)
+            result.metrics["rollout/worker_restarts"] = float(self.restarts)
+            self.restarts = 0
+            for ep in result.episodes:  # the oldest weight version each kept episode was sampled with
+                self.versions_log.write(json.dumps({
+                    "step": step, "group": ep.task.group_id, "temperature": ep.temperature,
+                    "weight_version": min((t.policy_version for t in ep.turns), default=0)}) + "\n")
+            self.versions_log.flush()
+            return result
         step_restarts = 0
         used: list[tuple[int, int]] = []  # (worker, weight version) of every group played
         played: list[tuple[int, int, Any]] = []  # (worker, version, episode) for weight_versions.jsonl
@@ -288,9 +375,18 @@ class RayBackend:
     async def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         self._split = shard_indices(batch, self.cfg.trainer.num_learners)  # once: the shards and their inverse
         shards = [take_shard(batch, rows, eps) for rows, eps in self._split]
-        rank_metrics = ray.get([rk.update.remote(s, step, self.total_steps) for rk, s in zip(self.ranks, shards)])
+        refs = [rk.update.remote(s, step, self.total_steps) for rk, s in zip(self.ranks, shards)]
+        if self.producer is not None:  # awaited: the producer keeps the workers playing meanwhile
+            t0, a0 = time.perf_counter(), self.producer.active_seconds()
+            rank_metrics = list(await asyncio.gather(*refs))
+            overlap = min(self.producer.active_seconds() - a0, time.perf_counter() - t0)
+        else:
+            rank_metrics = ray.get(refs)
         self._rows = batch.num_rows
-        return merge_learner_metrics(rank_metrics, batch)
+        merged = merge_learner_metrics(rank_metrics, batch)
+        if self.producer is not None:
+            merged["time/overlap_s"] = overlap
+        return merged
 
     async def token_stats(self) -> dict[str, Any] | None:
         """The ranks' per-token numbers put back in the batch's row order."""
@@ -299,8 +395,11 @@ class RayBackend:
                 for key in stats[0]}
 
     async def sync(self, version: int) -> None:
+        if self.producer is not None:  # rollout.partial=false: after the groups in flight (AsyncProducer.sync)
+            await self.producer.sync(version)
+            return
         self.version = version
-        self.weights = self.ranks[0].get_weights.remote()  # object store: one copy per node
+        self.weights = self._rank0_weights()  # object store: one copy per node
         ray.get([w.set_weights.remote(version, self.weights) for w in self.workers])
 
     # ------------------------------------------------------------------ evaluate, save, close
@@ -320,9 +419,23 @@ class RayBackend:
         return results
 
     async def save(self, path: Path, extra: dict[str, Any]) -> None:
-        ray.get(self.ranks[0].save.remote(str(path), extra))
+        if self.cfg.trainer.learner_strategy == "fsdp":  # every rank writes its DCP shards, rank 0 the rest
+            ray.get([rk.save.remote(str(path), extra) for rk in self.ranks])
+        else:
+            ray.get(self.ranks[0].save.remote(str(path), extra))
+
+    def _rank0_weights(self) -> Any:
+        """The object ref of rank 0's full weights (fsdp: every rank takes part in the gather, layer by layer, and
+        only rank 0 returns a copy; the other ranks' calls are awaited for their errors)."""
+        if self.cfg.trainer.learner_strategy != "fsdp":
+            return self.ranks[0].get_weights.remote()
+        refs = [rk.get_weights.remote() for rk in self.ranks]
+        ray.get(refs[1:])
+        return refs[0]
 
     async def close(self) -> None:
+        if self.producer is not None:
+            await self.producer.aclose()
         if self.versions_log is not None:
             self.versions_log.close()
         for w in self.workers:
