@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from agent_rl.learner.config import ModelConfig
+from agent_rl.lora import apply_lora
 from envs.data import cache_dir
 
 log = logging.getLogger(__name__)
@@ -238,11 +239,19 @@ def model_context_length(cfg: ModelConfig) -> int | None:
     return getattr(text_config, "max_position_embeddings", None)
 
 
-def load_policy(cfg: ModelConfig) -> tuple[torch.nn.Module, object]:
+def load_policy(cfg: ModelConfig, *, train: bool = False) -> tuple[torch.nn.Module, object]:
     """Load ``(model, tokenizer)`` for ``cfg`` (see the module docstring), on CPU, in ``cfg.dtype``.
 
     The caller (learner) moves the model to its device. The model's ``generation_config.eos_token_id`` lists every
     end-of-turn id the engine stops on.
+
+    ``train``: the policy a learner trains (the local backend, a Ray learner rank, behaviour cloning): with
+    ``cfg.lora.rank > 0`` it is wrapped with the LoRA adapter (``agent_rl.lora.apply_lora``: a peft model, base
+    frozen; the adapter's init is drawn from torch's global RNG, seeded by the caller). Engines, evaluation and
+    rollout workers load the plain model (``train=False``).
+
+    Raises:
+        ValueError: ``cfg.lora.target_modules`` names modules the model does not have (the message lists them).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -273,4 +282,6 @@ def load_policy(cfg: ModelConfig) -> tuple[torch.nn.Module, object]:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if train and cfg.lora.rank > 0:  # (non-reentrant checkpointing needs no input that requires grad)
+        model = apply_lora(model, cfg.lora)
     return model, tokenizer

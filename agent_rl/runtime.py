@@ -31,6 +31,7 @@ from agent_rl.config import CONFIG_DIR, Config, ConfigError, config_dict, fit_pr
 from agent_rl.engines import engine_kwargs, get_engine
 from agent_rl.envclient import HTTPEnvPool, LocalEnvPool
 from agent_rl.learner.checkpoint import STATE_FILES, incomplete_message, latest_checkpoint, missing_state
+from agent_rl.lora import apply_lora, check_targets
 from agent_rl.models import load_policy
 from agent_rl.rollout import RolloutConfig, RolloutOrchestrator, get_prompt
 from agent_rl.types import Episode, Generation
@@ -84,13 +85,16 @@ def config_groups_help() -> str:
 
 
 # ------------------------------------------------------------------------------------------------ policy, engine
-def load_run_policy(cfg: Config, progress: Any, config_file: Path | None = None) -> tuple[Any, Any]:
-    """Load the run's policy and tokenizer (``load_policy(cfg.model)``), saying so on ``progress``; cap the prompt
-    budget by the loaded model's context (``fit_prompt_budget``: ``cfg`` is changed in place, and ``config_file``
-    rewritten, when it does).
+def load_run_policy(cfg: Config, progress: Any, config_file: Path | None = None, *, train: bool = False
+                    ) -> tuple[Any, Any]:
+    """Load the run's policy and tokenizer (``load_policy(cfg.model, train=train)``: ``train`` wraps it with the
+    LoRA adapter when ``model.lora.rank > 0``), saying so on ``progress``; cap the prompt budget by the loaded
+    model's context (``fit_prompt_budget``: ``cfg`` is changed in place, and ``config_file`` rewritten, when it
+    does). ``model.lora.target_modules`` are checked against the loaded model either way.
 
     Raises:
-        ConfigError: the model cannot be loaded (not found, not downloadable, an option transformers rejects).
+        ConfigError: the model cannot be loaded (not found, not downloadable, an option transformers rejects), or
+            LoRA target modules it does not have (the message lists its linear modules).
     """
     progress.note(f"loading model {cfg.model.path or cfg.model.name} (SmolLM2 is converted on first use, ~30 s)")
     try:
@@ -98,6 +102,13 @@ def load_run_policy(cfg: Config, progress: Any, config_file: Path | None = None)
     except (OSError, ValueError) as exc:  # not found / not downloadable / an option transformers rejects
         where = f"model.name={cfg.model.name}" + (f" model.path={cfg.model.path}" if cfg.model.path else "")
         raise ConfigError(f"{where} could not be loaded: {' '.join(str(exc).split())[:400]}") from exc
+    if cfg.model.lora.rank > 0:
+        try:
+            check_targets(model, cfg.model.lora.target_modules)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if train:
+            model = apply_lora(model, cfg.model.lora)
     note = fit_prompt_budget(cfg, getattr(model.config, "max_position_embeddings", None),
                              "max_position_embeddings of the loaded model")
     if note:  # a hub model whose config was not available offline at load time

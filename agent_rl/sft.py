@@ -57,6 +57,7 @@ from agent_rl.learner.checkpoint import (IncompleteCheckpoint, latest_checkpoint
                                          recover_checkpoints, save_checkpoint)
 from agent_rl.learner.learner import lr_scheduler, policy_trunk, response_positions, restore_optimizer
 from agent_rl.loop import run
+from agent_rl.lora import base_module, is_lora
 from agent_rl.progress import Progress
 from agent_rl.rollout import GroupSpec, RolloutResult, TaskSampler, build_rollout_batch
 from agent_rl.rollout.policies import ExpertPolicy, ScriptedEngine
@@ -145,13 +146,16 @@ class BehaviourCloner:
 
     Args:
         model: causal LM (moved to ``device``).
-        optim: ``OptimConfig`` (lr, betas, eps, weight_decay, warmup, max_grad_norm).
+        optim: ``OptimConfig`` (lr, betas, eps, weight_decay, warmup, max_grad_norm); a LoRA (peft) ``model``
+            trains its adapter only, at ``optim.for_lora()``'s learning rate (``optim.lora_lr``), as the learner.
         micro_batch_size: rows per forward.
     """
 
     def __init__(self, model: torch.nn.Module, optim: Any, *, micro_batch_size: int, device: str = "cpu") -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)
+        if is_lora(model):  # the adapter's own learning rate (OptimConfig.lora_lr)
+            optim = optim.for_lora()
         self.optim_cfg = optim
         self.micro_batch_size = micro_batch_size
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -254,7 +258,7 @@ class BehaviourCloningBackend:
         self.cfg, self.sft, self.out, self.progress = cfg, cfg.sft, out, progress
         seed_everything(cfg.trainer.seed)
         set_torch_threads(cfg.engine.num_threads)
-        self.model, self.tokenizer = load_run_policy(cfg, progress, config_file)
+        self.model, self.tokenizer = load_run_policy(cfg, progress, config_file, train=True)
         self.cloner = BehaviourCloner(self.model, cfg.optim, micro_batch_size=self.sft.micro_batch_size,
                                       device=resolve_device(cfg.trainer.device))
         self.batch: RolloutBatch | None = None
@@ -311,7 +315,7 @@ class BehaviourCloningBackend:
         if self.cfg.trainer.eval_every > 0:  # the in-training panel plays episodes: an env pool and an engine
             self._pool_cm = open_env_pool(self.cfg, self.out)
             self.pool = await self._pool_cm.__aenter__()
-            self.engine = build_engine(self.cfg, self.model, self.tokenizer)
+            self.engine = build_engine(self.cfg, base_module(self.model), self.tokenizer)
 
     async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]],
                       t_high: float | None = None) -> RolloutResult:
@@ -344,7 +348,7 @@ class BehaviourCloningBackend:
 
     async def evaluate(self, step: int, evaluator: TrainingEval) -> list[dict[str, Any]]:
         if not self._synced:
-            self.engine.sync_weights(self.model)
+            self.engine.sync_weights(base_module(self.model))
             self._synced = True
         return await evaluator.results(step, self.pool, self.engine)
 

@@ -59,6 +59,7 @@ import torch
 
 from agent_rl import models
 from agent_rl.engines.base import check_episode_ids, default_eos_token_ids, register_engine, row_seed
+from agent_rl.lora import merged_state_dict
 from agent_rl.types import Generation
 
 log = logging.getLogger(__name__)
@@ -392,7 +393,7 @@ def _tied_names(model: torch.nn.Module) -> list[str]:
     """State-dict names whose tensor shares its storage with an earlier entry (a tied ``lm_head.weight``)."""
     seen: set[tuple[int, int, tuple[int, ...]]] = set()
     tied = []
-    for name, tensor in model.state_dict().items():
+    for name, tensor in merged_state_dict(model).items():
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
         if key in seen:
             tied.append(name)
@@ -406,7 +407,7 @@ def _state_for_vllm(model: torch.nn.Module, dtype: torch.dtype, untie: bool = Fa
     with ``untie`` written as a copy of its own (vLLM then holds an untied model: see :class:`VLLMEngine`)."""
     tied = set(_tied_names(model))
     out: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in merged_state_dict(model).items():  # LoRA: base + adapter merged, plain names
         if name in tied and not untie:
             continue
         t = tensor.detach()

@@ -3,7 +3,8 @@ RNG states (python, numpy, torch CPU/CUDA) and a JSON ``extra`` dict (step, data
 
 Layout of one checkpoint folder (``DIR/checkpoints/step_N`` by convention of ``train.py``)::
 
-    model.safetensors (or shards) + config.json   policy weights (a loadable transformers folder)
+    model.safetensors (or shards) + config.json   policy weights (a loadable transformers folder; LoRA: merged)
+    adapter/                                       LoRA runs only: the adapter as peft saves it
     tokenizer files
     learner.pt                                     Learner.state_dict()
     rng.pt                                         RNG states
@@ -33,6 +34,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from agent_rl.lora import is_lora, load_adapter, save_policy
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _TMP_RE = re.compile(r"^\.(step_\d+)\.tmp-")
@@ -79,7 +82,8 @@ def save_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, tokeni
 
     Args:
         directory: target folder, e.g. ``out/checkpoints/step_10``.
-        model: the policy (saved with ``save_pretrained``, fp32/bf16 as it is).
+        model: the policy (saved with ``save_pretrained``, fp32/bf16 as it is; a LoRA model as its merged weights
+            plus ``adapter/``, ``agent_rl.lora.save_policy``).
         tokenizer: saved with ``save_pretrained`` (None skips it).
         learner: object with ``state_dict()`` (``agent_rl.learner.Learner``), or None.
         extra: JSON-serialisable dict (step, data position, ...), returned by :func:`load_checkpoint`.
@@ -88,7 +92,7 @@ def save_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, tokeni
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        save_policy(model, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if learner is not None:
@@ -147,8 +151,14 @@ def load_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, learne
     the call restores (``learner.pt`` when ``learner`` is given, ``rng.pt`` when ``restore_rng``) must be there:
     nothing is silently left fresh.
 
+    A LoRA ``model`` (peft) gets the checkpoint's adapter (``adapter/``, ``agent_rl.lora.load_adapter``); its base
+    weights stay those it was loaded with (the run's ``model.*``, which a resume must keep: the merged weights of
+    the folder are base + adapter).
+
     Raises:
-        FileNotFoundError: no checkpoint there. IncompleteCheckpoint (a FileNotFoundError): ``learner.pt`` or
+        FileNotFoundError: no checkpoint there, or a LoRA ``model`` and no ``adapter/`` (a checkpoint of a run
+            without LoRA). ValueError: the adapter does not fit the model (rank, alpha, target modules).
+            IncompleteCheckpoint (a FileNotFoundError): ``learner.pt`` or
             ``rng.pt`` missing without ``weights_only`` (the message names the file, what it restores and the way
             out). RuntimeError: the weights do not match ``model`` (a missing key is accepted only for a parameter
             tied to a loaded one, e.g. ``lm_head.weight`` tied to the embeddings).
@@ -163,15 +173,18 @@ def load_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, learne
     absent = [name for name in wanted if not (path / name).is_file()]
     if absent and not weights_only:
         raise IncompleteCheckpoint(incomplete_message(path, absent))
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(f))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    params = dict(model.named_parameters(remove_duplicate=False))
-    loaded_ptrs = {params[k].data_ptr() for k in state if k in params}
-    bad = [k for k in missing if k not in params or params[k].data_ptr() not in loaded_ptrs]
-    if unexpected or bad:
-        raise RuntimeError(f"checkpoint {path} does not match the model: missing={bad} unexpected={unexpected}")
+    if is_lora(model):
+        load_adapter(model, path)
+    else:
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(f))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        params = dict(model.named_parameters(remove_duplicate=False))
+        loaded_ptrs = {params[k].data_ptr() for k in state if k in params}
+        bad = [k for k in missing if k not in params or params[k].data_ptr() not in loaded_ptrs]
+        if unexpected or bad:
+            raise RuntimeError(f"checkpoint {path} does not match the model: missing={bad} unexpected={unexpected}")
     if learner is not None and not weights_only:
         learner.load_state_dict(torch.load(path / "learner.pt", map_location=learner.device, weights_only=False))
     if restore_rng and (path / "rng.pt").is_file():

@@ -327,11 +327,70 @@ class OptimConfig:
     """Global gradient-norm clip (0 = off)."""
     warmup: int = 0
     """Optimiser steps of linear LR warm-up."""
+    lora_lr: float = 0.0
+    """Peak learning rate of the LoRA adapter (``model.lora.rank > 0``), which then replaces ``lr``; 0 = derived:
+    ``LORA_LR_FACTOR`` (10) x ``optim.lr``, i.e. 1e-5 under the presets' full fine-tuning 1e-6 (model=tiny: 1e-2).
+    Source: LoRA needs about 10x the full fine-tuning learning rate (Schulman et al. 2025, "LoRA Without Regret",
+    Thinking Machines; their cookbook's ``get_lr`` uses the fixed factor 10, and LoRA matches full fine-tuning in
+    RL at that rate); peft's and QLoRA's supervised recipes use 1e-4..2e-4, but RL runs on instruct models (the
+    anchors' 7B agents, GRPO) train full weights at 1e-6, so 10x that is the conservative RL choice. Whether
+    ``optim.lr`` was set by the user or by a preset cannot be told apart (every model preset sets it), hence a key
+    of its own."""
 
     def __post_init__(self) -> None:
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]  (yaml gives a list)
         if self.lr <= 0 or self.warmup < 0 or len(self.betas) != 2:
             raise ValueError("optim.lr must be > 0, optim.warmup >= 0, optim.betas two floats")
+        if self.lora_lr < 0:
+            raise ValueError(f"optim.lora_lr={self.lora_lr} must be >= 0 (0 = {LORA_LR_FACTOR:g} x optim.lr)")
+
+    def for_lora(self) -> "OptimConfig":
+        """This config with ``lr`` = the adapter's learning rate (``lora_lr``, or ``LORA_LR_FACTOR x lr`` when 0):
+        what the learner and the behaviour cloner optimise a LoRA adapter with."""
+        from dataclasses import replace
+
+        return replace(self, lr=self.lora_lr if self.lora_lr > 0 else LORA_LR_FACTOR * self.lr, lora_lr=0.0)
+
+
+#: ``optim.lora_lr = 0``: the adapter's learning rate is this factor times ``optim.lr`` (see ``OptimConfig.lora_lr``).
+LORA_LR_FACTOR = 10.0
+#: default ``model.lora.target_modules``: every projection of a Llama / Qwen2 / Qwen3 / Mistral decoder layer
+#: (attention q, k, v, o and the MLP's gate, up, down); not the embeddings or ``lm_head``.
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoRAConfig:
+    """LoRA adapter of the trained policy (``model.lora.*``; ``agent_rl.lora``, peft's ``LoraConfig``): each target
+    linear layer W computes ``W x + (alpha / rank) B A x``, W frozen, A (rank, d_in) and B (d_out, rank) trained."""
+
+    rank: int = 0
+    """Adapter rank r; 0 = LoRA off (full fine-tuning). Typical: 8..64 (LoRA Without Regret: RL learns well even at
+    small ranks)."""
+    alpha: float = 32.0
+    """Scale numerator: the update is multiplied by ``alpha / rank`` (peft's ``lora_alpha``). 32 with rank 16 (2x,
+    the common choice) or rank 32 (1x, Thinking Machines' default)."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input (peft's ``lora_dropout``), in [0, 1). 0 keeps old and new log-probs of the
+    PPO ratio comparable (dropout would make the grad pass stochastic against the no-grad one)."""
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_DEFAULT_TARGETS))
+    """Names of the linear modules that get an adapter (matched against the end of each module path, as peft does).
+    Default: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (all of a Llama / Qwen / SmolLM2 /
+    ``model=tiny`` layer; "Even in small data settings, LoRA performs better when applied to all weight matrices,
+    especially MLP"). Names the loaded model does not have are refused with its available names."""
+
+    def __post_init__(self) -> None:
+        self.target_modules = list(self.target_modules)
+        if self.rank < 0:
+            raise ValueError(f"model.lora.rank={self.rank} must be >= 0 (0 = LoRA off)")
+        if self.rank > 0:
+            if self.alpha <= 0:
+                raise ValueError(f"model.lora.alpha={self.alpha} must be > 0 (the update is scaled by alpha / rank)")
+            if not 0.0 <= self.dropout < 1.0:
+                raise ValueError(f"model.lora.dropout={self.dropout} must be in [0, 1)")
+            if not self.target_modules or not all(isinstance(t, str) and t for t in self.target_modules):
+                raise ValueError(f"model.lora.target_modules={self.target_modules} must be a non-empty list of module "
+                                 f"names (default: {list(LORA_DEFAULT_TARGETS)})")
 
 
 @dataclass
@@ -360,6 +419,11 @@ class ModelConfig:
     """How the model writes tool calls (``env.action_format=tools``; ``agent_rl.rollout.tools``): hermes
     (``<tool_call>{json}</tool_call>``: Qwen2.5, Qwen3, SmolLM2) | llama3_json (Llama 3.1+) | a registered one. Set
     by each model preset; set it for any other model."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA adapter of the trained policy (``model.lora.rank=16``; :class:`LoRAConfig`, docs/training.md "LoRA");
+    rank 0 (the default) trains every weight."""
 
     def __post_init__(self) -> None:
         _check("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        if isinstance(self.lora, dict):  # a plain dict (ModelConfig(lora={...}))
+            self.lora = LoRAConfig(**self.lora)

@@ -41,6 +41,7 @@ from torch.utils.checkpoint import checkpoint
 
 from agent_rl import algos
 from agent_rl.learner.config import AlgoConfig, CreditConfig, OptimConfig, ScheduleConfig
+from agent_rl.lora import base_module, is_lora
 from agent_rl.types import RolloutBatch
 
 
@@ -174,7 +175,10 @@ def response_positions(response_mask: Tensor) -> tuple[Tensor, Tensor]:
 
 def policy_trunk(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     """``(trunk, lm_head)`` of a transformers causal LM: the base model returning hidden states and the output
-    projection. Models whose forward post-processes logits (soft-capping, logit scales) are not supported."""
+    projection; for a LoRA (peft) model, those of the causal LM inside it (``agent_rl.lora.base_module``), whose
+    adapted layers run the adapter. Models whose forward post-processes logits (soft-capping, logit scales) are not
+    supported."""
+    model = base_module(model)
     return model.base_model, model.get_output_embeddings()
 
 
@@ -188,7 +192,11 @@ class Learner:
         credit: credit rule (default ``CreditConfig()``: uniform, the config's default; ``algo=tgrl``'s preset
             selects ``js``, TGRL's own credit: pass ``CreditConfig(name="js")`` for it).
         schedule: temporal schedule of the credit strength S (default ``none``).
-        ref_model: frozen reference for ``algo.kl_coef > 0`` (default: a deep copy of ``model`` at construction).
+        ref_model: frozen reference for ``algo.kl_coef > 0`` (default: a deep copy of ``model`` at construction;
+            for a LoRA model, the model itself with its adapter disabled, ``disable_adapter()``: the frozen base,
+            no second copy).
+        A LoRA (peft) ``model`` (``agent_rl.lora``) trains its adapter only (the parameters that require grad) at
+        ``optim.for_lora()``'s learning rate (``optim.lora_lr``, default 10 x ``optim.lr``).
         device: ``"cpu"`` / ``"cuda"``.
         mixed_precision: ``"auto"`` (bf16 autocast on CUDA, fp32 on CPU) | ``"bf16"`` | ``"no"``.
         seed: seed of the mini-batch shuffling generator.
@@ -205,6 +213,9 @@ class Learner:
                  credit: CreditConfig | None = None, schedule: ScheduleConfig | None = None,
                  ref_model: nn.Module | None = None, device: str | torch.device = "cpu",
                  mixed_precision: str = "auto", seed: int = 0, top_k: int = 0, top_p: float = 1.0) -> None:
+        self.lora = is_lora(model)
+        if self.lora:  # the adapter's own learning rate (OptimConfig.lora_lr)
+            optim = optim.for_lora()
         self.algo, self.optim_cfg = algo, optim
         algos.truncation_mask(torch.zeros(1, 2), 1.0, top_k, top_p)  # validates top_k / top_p
         self.top_k, self.top_p = int(top_k), float(top_p)
@@ -234,7 +245,9 @@ class Learner:
             nn.init.zeros_(self.value_head.weight)
             nn.init.zeros_(self.value_head.bias)
         self.ref_model: nn.Module | None = None
-        if algo.kl_coef > 0:
+        #: the KL reference is the LoRA model with its adapter disabled (no copy)
+        self.ref_is_base = algo.kl_coef > 0 and self.lora and ref_model is None
+        if algo.kl_coef > 0 and not self.ref_is_base:
             self.ref_model = (ref_model if ref_model is not None else copy.deepcopy(model)).to(self.device).eval()
             self.ref_model.requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -378,7 +391,7 @@ class Learner:
         zeros = lambda: torch.zeros(bsz, seq, dtype=torch.float32, device=self.device)  # noqa: E731
         out = OldPolicyOutputs(logprobs=zeros(), entropy=zeros(), js=zeros(),
                                values=zeros() if self.value_head is not None else None,
-                               ref_logprobs=zeros() if self.ref_model is not None else None)
+                               ref_logprobs=zeros() if self.ref_model is not None or self.ref_is_base else None)
         chunk = self.algo.logits_chunk_size
         was_training = self.model.training
         self.model.eval()
@@ -415,12 +428,14 @@ class Learner:
                 out.js[grow, gcol] = js
                 if self.value_head is not None:
                     out.values[grow, gcol] = self.value_head(h.float()).squeeze(-1)
-                if self.ref_model is not None:
-                    h_ref = self._hidden(self.ref_model, b.input_ids[rows], b.attention_mask[rows])[rr, cc - 1]
-                    _, ref_head = policy_trunk(self.ref_model)
-                    ref_lp = [algos.logprobs_from_logits(self._truncate(ref_head(h_ref[a:a + chunk]), temps[a:a + chunk]),
-                                                         tokens[a:a + chunk], temps[a:a + chunk])
-                              for a in range(0, rr.numel(), chunk)]
+                if out.ref_logprobs is not None:
+                    ref = self.model if self.ref_is_base else self.ref_model
+                    with self.model.disable_adapter() if self.ref_is_base else nullcontext():  # LoRA: the base
+                        h_ref = self._hidden(ref, b.input_ids[rows], b.attention_mask[rows])[rr, cc - 1]
+                        _, ref_head = policy_trunk(ref)
+                        ref_lp = [algos.logprobs_from_logits(
+                            self._truncate(ref_head(h_ref[a:a + chunk]), temps[a:a + chunk]), tokens[a:a + chunk],
+                            temps[a:a + chunk]) for a in range(0, rr.numel(), chunk)]
                     out.ref_logprobs[grow, gcol] = torch.cat(ref_lp)
         finally:
             self.model.train(was_training)

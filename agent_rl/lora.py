@@ -1,0 +1,178 @@
+"""LoRA (Hu et al. 2021, arXiv:2106.09685) on a frozen base policy, with Hugging Face ``peft``.
+
+``model.lora.rank > 0`` (:class:`agent_rl.learner.config.LoRAConfig`) wraps the policy the learner trains with
+``peft.get_peft_model``: every target ``nn.Linear`` W (d_out, d_in) becomes ``y = W x + (alpha / r) B A x`` with
+A (r, d_in) (peft's default init: Kaiming-uniform) and B (d_out, r) (zeros, so the wrapped model starts equal to the
+base), W frozen. Only A and B require grad, so the learner's optimizer holds only them.
+
+What each part of the project sees:
+
+- the learner: the peft model (``policy_trunk`` unwraps it; its reference policy for the KL term is the same model
+  under ``disable_adapter()``: no second copy);
+- the engines: :func:`base_module` (the transformers model inside, whose target layers compute W x + s B A x live:
+  the hf engine generates with it as it is) or, when weights are copied out (vLLM's sync, the Ray rollout workers,
+  the checkpoint's HF folder), :func:`merged_state_dict`: plain transformers names with W + s B A merged in;
+- checkpoints: ``step_N/adapter/`` as peft saves it (``adapter_config.json`` + ``adapter_model.safetensors``) next to
+  the merged HF folder (:func:`save_policy`), so ``model.path=.../step_N`` loads a plain model.
+
+``peft`` is imported only when LoRA is on (the ``train`` extra installs it); :func:`is_lora` never imports it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+#: the adapter's name inside the peft model (peft's default).
+ADAPTER_NAME = "default"
+#: sub-folder of a checkpoint that holds the adapter (peft's ``save_pretrained`` layout).
+ADAPTER_DIR = "adapter"
+
+
+def is_lora(model: Any) -> bool:
+    """True when ``model`` is a peft model (``peft.PeftModel``). Never imports peft: a model cannot be one unless
+    peft was imported."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def base_module(model: nn.Module) -> nn.Module:
+    """The transformers model of ``model``: for a peft model the wrapped causal LM (``get_base_model()``), whose
+    target layers carry the adapter (its forward is the adapted policy's); any other model is returned as it is."""
+    return model.get_base_model() if is_lora(model) else model
+
+
+def linear_module_names(model: nn.Module) -> list[str]:
+    """Sorted leaf names (the last dotted component) of the ``nn.Linear`` modules of ``model``: the names
+    ``model.lora.target_modules`` may use (peft matches a plain name against the end of each module's path)."""
+    return sorted({name.rsplit(".", 1)[-1] for name, mod in base_module(model).named_modules()
+                   if isinstance(mod, nn.Linear) and name})
+
+
+def check_targets(model: nn.Module, target_modules: list[str] | tuple[str, ...]) -> None:
+    """Refuse LoRA target modules that ``model`` does not have.
+
+    Raises:
+        ValueError: a name of ``target_modules`` matches no ``nn.Linear`` of ``model`` (the message names the
+            missing ones and the available ones, :func:`linear_module_names`).
+    """
+    available = linear_module_names(model)
+    missing = [t for t in target_modules if t not in available]
+    if missing:
+        name = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        raise ValueError(f"model.lora.target_modules {missing} are not modules of this model ({name}); its linear "
+                         f"modules are {available} (lm_head is the output projection, usually not adapted)")
+
+
+def apply_lora(model: nn.Module, lora: Any) -> nn.Module:
+    """Wrap ``model`` with a LoRA adapter (``peft.get_peft_model``) as ``lora`` (a ``LoRAConfig``: rank, alpha,
+    dropout, target_modules) says; the base weights are frozen, only the adapter's A and B require grad.
+
+    The adapter's A matrices are drawn from torch's global RNG (peft's Kaiming-uniform init): seed before calling
+    for a reproducible adapter. B starts at zero, so the wrapped model computes exactly the base model's outputs.
+
+    Raises:
+        ValueError: target modules the model does not have (:func:`check_targets`), ``lora.rank < 1``.
+    """
+    if lora.rank < 1:
+        raise ValueError(f"model.lora.rank={lora.rank}: apply_lora needs rank >= 1 (0 means LoRA off)")
+    check_targets(model, lora.target_modules)
+    import peft  # deferred: optional dependency (the train extra)
+
+    config = peft.LoraConfig(task_type="CAUSAL_LM", r=int(lora.rank), lora_alpha=float(lora.alpha),
+                             lora_dropout=float(lora.dropout), target_modules=list(lora.target_modules),
+                             bias="none")
+    return peft.get_peft_model(model, config, adapter_name=ADAPTER_NAME)
+
+
+def _lora_layers(module: nn.Module) -> dict[str, nn.Module]:
+    """``{module path: peft LoRA layer}`` of the LoRA-adapted layers inside ``module`` (empty when peft is not
+    imported or nothing is adapted)."""
+    if "peft" not in sys.modules:
+        return {}
+    from peft.tuners.lora import LoraLayer  # deferred: optional dependency
+
+    return {name: mod for name, mod in module.named_modules() if isinstance(mod, LoraLayer)}
+
+
+@torch.no_grad()
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's weights under plain transformers names, with each adapter merged: ``W + (alpha / r) B A``.
+
+    For a model without LoRA layers this is ``model.state_dict()`` (the same tensors). For a peft model, or the
+    transformers model inside one (:func:`base_module`), every adapted layer's ``<path>.base_layer.weight`` becomes
+    ``<path>.weight`` = W + ``layer.get_delta_weight(adapter)`` (a new tensor in W's dtype; peft's own merge, the
+    one ``merge_and_unload`` applies), the ``lora_*`` entries are dropped, and every other entry is the model's own
+    tensor (no copy): ``LlamaForCausalLM().load_state_dict(merged_state_dict(peft_model))`` gives the adapted
+    policy as a plain model. The model is not changed (the merge is computed beside it; the project never merges
+    an adapter into W in place, which would count it twice here).
+    """
+    inner = base_module(model)
+    layers = _lora_layers(inner)
+    state = inner.state_dict()
+    if not layers:
+        return state
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        if ".lora_" in key:
+            continue
+        out[key.replace(".base_layer.", ".")] = tensor
+    for path, layer in layers.items():
+        base = layer.get_base_layer()
+        for adapter in layer.active_adapters:
+            if adapter not in layer.lora_A:
+                continue
+            key = f"{path}.weight"
+            out[key] = out[key].detach() + layer.get_delta_weight(adapter).to(base.weight.dtype)
+    return out
+
+
+def save_policy(model: nn.Module, folder: str | Path) -> None:
+    """Write ``model`` as a plain transformers folder (``save_pretrained``: config, safetensors weights) into
+    ``folder``; for a peft model the weights are :func:`merged_state_dict`'s and the adapter is saved as well, as
+    peft saves it, under ``folder/adapter/`` (``adapter_config.json``, ``adapter_model.safetensors``)."""
+    folder = Path(folder)
+    if not is_lora(model):
+        model.save_pretrained(folder, safe_serialization=True)
+        return
+    inner = base_module(model)
+    inner.save_pretrained(folder, state_dict=merged_state_dict(model), safe_serialization=True)
+    model.save_pretrained(folder / ADAPTER_DIR, safe_serialization=True)
+
+
+def load_adapter(model: nn.Module, folder: str | Path) -> None:
+    """Load the adapter weights of checkpoint ``folder`` (``folder/adapter/adapter_model.safetensors``) into peft
+    model ``model`` in place.
+
+    Raises:
+        FileNotFoundError: no adapter there (a checkpoint of a run without LoRA, or an incomplete one).
+        ValueError: the adapter does not fit ``model`` (other rank, alpha or target modules than the saved
+            ``adapter_config.json``; missing or unexpected adapter weights).
+    """
+    import json
+
+    from peft import set_peft_model_state_dict  # deferred: optional dependency
+    from safetensors.torch import load_file
+
+    adir = Path(folder) / ADAPTER_DIR
+    weights, config_file = adir / "adapter_model.safetensors", adir / "adapter_config.json"
+    if not (weights.is_file() and config_file.is_file()):
+        raise FileNotFoundError(f"checkpoint {folder} has no LoRA adapter ({adir}/adapter_model.safetensors and "
+                                "adapter_config.json): it was not written by a run with model.lora.rank > 0")
+    saved = json.loads(config_file.read_text())
+    mine = model.peft_config[ADAPTER_NAME]
+    diffs = [f"{k}: saved {saved.get(k)!r}, this run {v!r}" for k, v in
+             (("r", mine.r), ("lora_alpha", mine.lora_alpha),
+              ("target_modules", sorted(mine.target_modules)))
+             if (sorted(saved.get(k) or []) if k == "target_modules" else saved.get(k)) != v]
+    if diffs:
+        raise ValueError(f"the adapter of checkpoint {folder} does not fit this run's model.lora: {'; '.join(diffs)}")
+    result = set_peft_model_state_dict(model, load_file(str(weights)), adapter_name=ADAPTER_NAME)
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"the adapter of checkpoint {folder} does not match the model: missing={missing} "
+                         f"unexpected={list(result.unexpected_keys)}")
