@@ -264,3 +264,63 @@ def test_max_staleness_0_equals_the_golden_synchronous_run_exactly(tmp_path, nam
         for key, value in NEW_AT_K0.items():
             if key in row:
                 assert row[key] == value, key
+
+
+# ------------------------------------------------------------------------------------------------ end to end, k = 1
+ACCEPTANCE = ["env=choose_item", "model=tiny", "algo=grpo", "env_server.mode=local", "trainer.max_staleness=1",
+              "trainer.total_steps=3", "trainer.tasks_per_step=2", "trainer.progress=false",
+              "trainer.tensorboard=false"]
+ASYNC_KEYS = ("async/staleness_mean", "async/staleness_max", "async/behaviour_weight_mean",
+              "async/groups_stale_dropped", "time/overlap_s")
+
+
+def check_async_rows(out: Path, k: int = 1) -> list[dict]:
+    """The ``train`` rows of ``out/metrics.jsonl``: every one has the section 7 metrics, staleness within k."""
+    from agent_rl.logging import read_metrics
+
+    rows = read_metrics(out / "metrics.jsonl", "train")
+    for row in rows:
+        missing = [key for key in ASYNC_KEYS if key not in row]
+        assert not missing, (row["step"], missing)
+        assert 0 <= row["async/staleness_max"] <= k and row["time/overlap_s"] >= 0.0
+    return rows
+
+
+@pytest.mark.slow
+def test_acceptance_command_local_k1(tmp_path):
+    from agent_rl.train import main
+
+    main([*ACCEPTANCE, f"trainer.output_dir={tmp_path / 'run'}"])
+    rows = check_async_rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[0]["async/staleness_max"] == 0.0  # step 1 can only hold version 0
+    # steps 2 and 3 train groups the producer played ahead (during step 1's collect or update): staleness 1
+    assert max(r["async/staleness_max"] for r in rows[1:]) == 1.0
+    assert sum(r["time/overlap_s"] for r in rows) > 0.0  # rollouts ran during some update
+
+
+@pytest.mark.slow
+def test_resume_under_k1_restores_the_version_and_replays_the_groups_in_flight(tmp_path):
+    import shutil
+
+    from agent_rl.logging import read_metrics
+    from agent_rl.train import main
+
+    first = tmp_path / "A"
+    main([*ACCEPTANCE, f"trainer.output_dir={first}", "trainer.save_every=1", "trainer.keep_checkpoints=0"])
+    extra = json.loads((first / "checkpoints" / "step_1" / "extra.json").read_text())
+    assert extra["policy_version"] == 1
+    assert extra["groups_in_flight"] == 2  # step 2's groups, started at version 0 during step 1
+    # the data position is before the earliest draw not trained: 4 drawn, 2 in flight
+    assert extra["sampler"]["position"] <= 4 - extra["groups_in_flight"]
+    second = tmp_path / "B"
+    (second / "checkpoints").mkdir(parents=True)
+    shutil.copytree(first / "checkpoints" / "step_1", second / "checkpoints" / "step_1")
+    main([*ACCEPTANCE, f"trainer.output_dir={second}", "trainer.resume=auto"])
+    rows = check_async_rows(second)
+    assert [r["step"] for r in rows] == [2, 3]
+    assert rows[0]["async/groups_replayed_after_resume"] == 2.0  # counted
+    # the version counter is restored: step 2's groups are played again with version-1 weights (staleness 0)
+    assert rows[0]["async/staleness_max"] == 0.0 and rows[0]["async/engine_version"] == 1.0
+    assert json.loads((second / "checkpoints" / "step_3" / "extra.json").read_text())["policy_version"] == 3
+    assert [r["step"] for r in read_metrics(first / "metrics.jsonl", "train")] == [1, 2, 3]
