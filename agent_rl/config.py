@@ -719,6 +719,9 @@ RESUME_APPLIED: dict[str, str] = {
     "algo.ent_coef": "Learner._micro_loss: the entropy bonus",
     "algo.kl_coef": "Learner._micro_loss: the KL term (its reference is the run's initial policy, model.*)",
     "algo.adv_clip": "Learner._plan: the clamp of the token advantages",
+    "algo.behaviour_correction": "Learner._micro_loss: the behaviour weights of the policy-gradient term (auto: "
+                                 "resolved by the resumed run's trainer.max_staleness)",
+    "algo.behaviour_weight_cap": "Learner._micro_loss: the cap C of the behaviour weights",
     # the credit strength S(step, N): a pure function of the step, recomputed every step
     "schedule.kind": "Learner._plan: the credit strength S of every step",
     "schedule.m": "Learner._plan: the credit strength S of every step",

@@ -8,6 +8,8 @@ What the learner calls, by spec section:
        reinforce_pp, gigpo);  compute_gae(...);  dapo_overlong_penalty, dapo_keep_groups
     2  policy_loss(name, logprobs, old_logprobs, advantages, response_mask, ...) -> (loss, metrics); agg_loss;
        kl_penalty
+    7  behaviour_weights(old_logprobs, behaviour_logprobs, response_mask, correction, cap) -> (w (B, T), metrics)
+       (policy_loss applies them with behaviour_logprobs=...)
     0/3 logprobs_from_logits, entropy_from_logits, js_divergence_from_logits (chunked, (N, V) -> (N,)),
        js_divergence_rows (one chunk, torch.compile-friendly)
     3  tgrl_advantages, tgrl_token_weights, tgrl_delta_r, tgrl_metrics; AdaptiveHighTemperature (algo.t_high=auto)
@@ -51,7 +53,17 @@ from .logits import (
     truncate_logits,
     truncation_mask,
 )
-from .losses import agg_denominator, agg_loss, gspo_loss, kl_penalty, masked_mean, policy_loss, ppo_clip_loss
+from .losses import (
+    BEHAVIOUR_CORRECTIONS,
+    agg_denominator,
+    agg_loss,
+    behaviour_weights,
+    gspo_loss,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+    ppo_clip_loss,
+)
 from .registry import (
     ADV_ESTIMATORS,
     CREDIT_RULES,
@@ -103,6 +115,8 @@ __all__ = [
     "dapo_keep_groups",
     # losses (algorithms.md section 2)
     "policy_loss",
+    "behaviour_weights",
+    "BEHAVIOUR_CORRECTIONS",
     "agg_loss",
     "agg_denominator",
     "ppo_clip_loss",

@@ -247,9 +247,14 @@ def register_adv_estimator(name: str | Enum, row_level: bool = False) -> Callabl
     return ADV_ESTIMATORS.register(name, row_level=row_level)
 
 
-def register_policy_loss(name: str | Enum) -> Callable[[F], F]:
-    """Decorator: register a :class:`PolicyLossFn` under ``name`` (ValueError if taken)."""
-    return POLICY_LOSSES.register(name)
+def register_policy_loss(name: str | Enum, sequence_level: bool = False) -> Callable[[F], F]:
+    """Decorator: register a :class:`PolicyLossFn` under ``name`` (ValueError if taken).
+
+    ``sequence_level=True`` (``gspo``): the loss weighs whole sequences, so the behaviour weight of the off-policy
+    correction (:func:`agent_rl.algos.behaviour_weights`) is one per sequence, ``min(exp(mean_t(old_logp -
+    logp_beh)), C)``; ``False``: one per token, multiplying each token's policy-gradient loss.
+    """
+    return POLICY_LOSSES.register(name, sequence_level=bool(sequence_level))
 
 
 def register_credit_rule(name: str | Enum, levels: tuple[str, ...] = ("token", "turn")) -> Callable[[F], F]:

@@ -40,7 +40,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from agent_rl import algos
-from agent_rl.learner.config import AlgoConfig, CreditConfig, OptimConfig, ScheduleConfig
+from agent_rl.learner.config import (AlgoConfig, CreditConfig, OptimConfig, ScheduleConfig,
+                                     resolve_behaviour_correction)
 from agent_rl.lora import base_module, is_lora
 from agent_rl.types import RolloutBatch
 
@@ -204,6 +205,8 @@ class Learner:
             log-probs are then taken under the same truncated distribution the engine sampled from
             (``agent_rl.algos.truncate_logits``), so the PPO ratio compares like with like; entropy and JS stay
             those of the full tempered distribution.
+        max_staleness: ``trainer.max_staleness`` k (algorithms.md section 7); with ``algo.behaviour_correction=auto``
+            it selects the correction of the policy-gradient term: ``tis`` when k > 0, ``none`` when k = 0.
     Raises:
         ValueError: unknown estimator / loss / credit rule / schedule names (messages list the valid ones), or
             a credit rule at a level it does not define.
@@ -212,13 +215,17 @@ class Learner:
     def __init__(self, model: nn.Module, tokenizer: Any, algo: AlgoConfig, optim: OptimConfig, *,
                  credit: CreditConfig | None = None, schedule: ScheduleConfig | None = None,
                  ref_model: nn.Module | None = None, device: str | torch.device = "cpu",
-                 mixed_precision: str = "auto", seed: int = 0, top_k: int = 0, top_p: float = 1.0) -> None:
+                 mixed_precision: str = "auto", seed: int = 0, top_k: int = 0, top_p: float = 1.0,
+                 max_staleness: int = 0) -> None:
         self.lora = is_lora(model)
         if self.lora:  # the adapter's own learning rate (OptimConfig.lora_lr)
             optim = optim.for_lora()
         self.algo, self.optim_cfg = algo, optim
         algos.truncation_mask(torch.zeros(1, 2), 1.0, top_k, top_p)  # validates top_k / top_p
         self.top_k, self.top_p = int(top_k), float(top_p)
+        #: the run's staleness bound k and the behaviour correction it resolves ``algo.behaviour_correction`` to
+        self.max_staleness = int(max_staleness)
+        self.behaviour_correction = resolve_behaviour_correction(algo, max_staleness)
         self.credit = credit or CreditConfig()
         self.schedule = schedule or ScheduleConfig()
         # Fail early on unknown registry names (their errors list the valid names).
@@ -274,7 +281,10 @@ class Learner:
         ``actor/entropy``, ``actor/lr``, ``credit/trained_token_frac``, ``credit/js_mean``, ``schedule/S``,
         ``tgrl/delta_R``, ``tgrl/success_high``, ``tgrl/success_low``, ``time/update_s``, plus
         ``actor/engine_logprob_diff`` (mean |old - engine| log-prob: the engine/learner mismatch),
-        ``actor/kl_ref`` (kl_coef > 0), ``critic/vf_loss`` and ``critic/values_mean`` (algo=ppo).
+        ``actor/kl_ref`` (kl_coef > 0), ``critic/vf_loss`` and ``critic/values_mean`` (algo=ppo), and the
+        asynchronous-rollout metrics of algorithms.md section 7 (:meth:`_async_metrics`): ``async/staleness_mean``,
+        ``async/staleness_max``, ``async/behaviour_weight_mean``, ``async/behaviour_weight_capped_frac``,
+        ``async/behaviour_weight_zero_frac``.
         """
         t0 = time.perf_counter()
         b = self._to_device(batch)
@@ -298,10 +308,13 @@ class Learner:
             **stats,
             "actor/entropy": float((old.entropy * rm).sum() / n_resp),
             "actor/lr": float(self.scheduler.get_last_lr()[0]),
-            "actor/engine_logprob_diff": float(((old.logprobs - b.engine_logprobs).abs() * rm).sum() / n_resp),
+            "actor/engine_logprob_diff": float((torch.where(torch.isfinite(old.logprobs),
+                                                            (old.logprobs - b.engine_logprobs).abs(), 0.0) * rm
+                                                ).sum() / n_resp),
             "credit/trained_token_frac": float(loss_mask.sum() / n_resp),
             "credit/js_mean": float((old.js * high_tok).sum() / high_tok.sum().clamp_min(1.0)),
             "schedule/S": float(S),
+            **self._async_metrics(b, old, loss_mask, step),
             **algos.tgrl_metrics(b.rewards, b.group_index, b.is_high, success=success,
                                  episode_index=b.episode_index),
         }
@@ -637,12 +650,19 @@ class Learner:
         lp_flat, ent_flat = self._grad_logprobs(h, tokens, temps, with_entropy=algo.ent_coef > 0)
         logprobs = torch.zeros(rows.numel(), seq, device=self.device).index_put((rr, cc), lp_flat)  # (b, L')
         mask = loss_mask[rows][:, :seq]
+        old_lp = old.logprobs[rows][:, :seq]
+        # the behaviour weight w (algorithms.md section 7) multiplies the policy-gradient term only; a token with
+        # old log-prob -inf (outside the learner's truncation) has w = 0 and is out of the KL term as well
         loss, metrics = algos.policy_loss(
-            algo.policy_loss, logprobs, old.logprobs[rows][:, :seq], advantages[rows][:, :seq], mask,
+            algo.policy_loss, logprobs, old_lp, advantages[rows][:, :seq], mask,
             clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip, loss_agg=algo.loss_agg,
-            max_len=max_len, denominator=den)
+            max_len=max_len, denominator=den, behaviour_logprobs=b.engine_logprobs[rows][:, :seq],
+            behaviour_correction=self.behaviour_correction, behaviour_weight_cap=algo.behaviour_weight_cap)
+        for k in [k for k in metrics if k.startswith("async/")]:
+            del metrics[k]  # the step's behaviour-weight metrics are over every trained token (_async_metrics)
         if algo.kl_coef > 0:
             kl = algos.kl_penalty(logprobs, old.ref_logprobs[rows][:, :seq], kind="k3")
+            kl = torch.where(torch.isfinite(old_lp), kl, 0.0)
             kl_loss = algos.agg_loss(kl, mask, algo.loss_agg, max_len=max_len, denominator=den)
             loss = loss + algo.kl_coef * kl_loss
             metrics["actor/kl_ref"] = (kl * mask).sum().detach() / mask.sum().clamp_min(1.0)
@@ -663,3 +683,35 @@ class Learner:
             metrics["critic/vf_loss"] = 0.5 * (vf * mask).sum().detach() / mask.sum().clamp_min(1.0)
             metrics["critic/values_mean"] = (values * mask).sum().detach() / mask.sum().clamp_min(1.0)
         return loss, metrics
+
+    def _async_metrics(self, b: RolloutBatch, old: OldPolicyOutputs, loss_mask: Tensor, step: int
+                       ) -> dict[str, float]:
+        """The asynchronous-rollout metrics of the step (algorithms.md section 7), over the trained tokens
+        (``loss_mask`` > 0) of the whole batch, whether or not their row was forwarded in the grad pass:
+
+        - ``async/staleness_mean`` / ``async/staleness_max``: staleness (step - 1) - v of each token, v its sampling
+          version (``RolloutBatch.policy_versions``; a batch without it counts as sampled by version step - 1,
+          staleness 0);
+        - ``async/behaviour_weight_mean`` / ``_capped_frac`` / ``_zero_frac``: the behaviour weights the loss applied
+          (:func:`agent_rl.algos.behaviour_weights` under this learner's correction; they depend on the no-grad
+          pass only, so they are the same in every epoch and mini-batch).
+
+        All 0 when there is no trained token (the weight mean then 0 too)."""
+        algo = self.algo
+        trained = loss_mask > 0
+        n = trained.sum().clamp_min(1)
+        versions = getattr(b, "policy_versions", None)
+        if versions is None:
+            stale = torch.zeros_like(loss_mask)
+        else:
+            stale = ((step - 1) - versions.to(loss_mask.device).long()).to(loss_mask.dtype)  # (B, L)
+        stale = torch.where(trained, stale, torch.zeros_like(stale))
+        stale_max = float(stale.masked_fill(~trained, float("-inf")).max()) if bool(trained.any()) else 0.0
+        _, w_metrics = algos.behaviour_weights(
+            old.logprobs, b.engine_logprobs, loss_mask, self.behaviour_correction, algo.behaviour_weight_cap,
+            sequence_level=algos.POLICY_LOSSES.meta(algo.policy_loss).get("sequence_level", False))
+        return {
+            "async/staleness_mean": float(stale.sum() / n),
+            "async/staleness_max": stale_max,
+            **{k: float(v) for k, v in w_metrics.items()},
+        }
