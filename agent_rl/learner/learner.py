@@ -119,6 +119,36 @@ def group_mini_batches(group_index: Tensor, num_mini_batches: int, generator: to
     return [(chunk == i).nonzero(as_tuple=True)[0].to(group_index.device) for i in range(k)]
 
 
+def token_budget_micro_batches(rows: Tensor, lengths: Tensor, max_tokens: int) -> list[Tensor]:
+    """Micro-batches of ``rows`` under a token budget (``algo.micro_batch_tokens``; verl's dynamic batch size,
+    ``use_dynamic_bsz`` / ``rearrange_micro_batches``, for padded rows).
+
+    The rows are sorted by length, longest first (stable), and cut greedily into consecutive runs: a run grows while
+    ``(rows in it) x (its longest row)`` stays <= ``max_tokens`` (the padded size of its forward); a row longer than
+    the budget is a micro-batch of its own. Sorted runs waste the least padding, and every micro-batch is as full
+    as the budget allows.
+
+    Args:
+        rows: (n,) long row indices. lengths: (n,) each row's padded length in tokens. max_tokens: >= 1.
+    Returns:
+        list of (b_i,) long tensors (rows' values), together a permutation of ``rows``, longest first.
+    Raises:
+        ValueError: ``max_tokens < 1`` or ``rows`` and ``lengths`` of different shapes.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if rows.shape != lengths.shape or rows.dim() != 1:
+        raise ValueError(f"rows {tuple(rows.shape)} and lengths {tuple(lengths.shape)} must be the same (n,) shape")
+    order = torch.argsort(lengths, descending=True, stable=True)
+    rows, sizes = rows[order], lengths[order].tolist()
+    out, start = [], 0
+    for i in range(1, len(sizes) + 1):  # cut before row i when adding it would exceed the budget
+        if i == len(sizes) or (i - start + 1) * max(int(sizes[start]), 1) > max_tokens:
+            out.append(rows[start:i])
+            start = i
+    return out
+
+
 def lr_scheduler(optimizer: torch.optim.Optimizer, warmup: int, *, steps_done: int = 0
                  ) -> torch.optim.lr_scheduler.LambdaLR:
     """The learning-rate schedule of ``OptimConfig``: linear warm-up over ``warmup`` optimiser steps, then constant:
@@ -383,7 +413,16 @@ class Learner:
         return b
 
     def _micro_batches(self, rows: Tensor, attention_mask: Tensor) -> list[Tensor]:
-        """Split ``rows`` (n,) into micro-batches of ``algo.micro_batch_size`` rows of similar length."""
+        """Split ``rows`` (n,) into micro-batches of rows of similar length, longest first: ``algo.micro_batch_size``
+        rows each, or with ``algo.micro_batch_tokens > 0`` packed under that token budget
+        (:func:`token_budget_micro_batches` on each row's padded length, last attended column + 1, which is what
+        the forward of a micro-batch computes). Either way every micro-batch's loss is divided by its mini-batch's
+        denominator, so the accumulated gradient does not depend on the split."""
+        if self.algo.micro_batch_tokens > 0:
+            am = attention_mask[rows]
+            cols = torch.arange(1, am.shape[1] + 1, device=am.device)
+            ends = (am.bool() * cols).amax(-1)  # (n,) last attended column + 1 (0 for an empty row)
+            return token_budget_micro_batches(rows, ends, self.algo.micro_batch_tokens)
         lengths = attention_mask[rows].sum(-1)
         rows = rows[torch.argsort(lengths, descending=True, stable=True)]
         return list(rows.split(self.algo.micro_batch_size))
