@@ -7,6 +7,17 @@ on the same model (tokens/s at a TGRL-like temperature mix).
 
     python benchmarks/bench_gpu_learner.py                     # Qwen2.5-0.5B shape, 64 rows x (384 + 128) tokens
     python benchmarks/bench_gpu_learner.py --shape tiny --device cpu --rows 8   # smoke run anywhere
+
+Memory-bound configurations (issue 24), one learner row each, GRPO, no engine timing:
+
+    python benchmarks/bench_gpu_learner.py --shape qwen2.5-7b --lora-rank 16 --rows 16   # LoRA r16 on a bf16 base
+    python benchmarks/bench_gpu_learner.py --shape qwen2.5-1.5b --strategy fsdp --offload --rows 32   # 1 FSDP rank
+
+The model is built directly on the GPU (random init there: a 7B init on CPU takes minutes). ``--lora-rank``: the base
+in bf16 and frozen, the adapter through the config keys ``model.lora.rank/alpha/target_modules``
+(``agent_rl.lora.apply_lora``), fp32 adapter weights. ``--strategy fsdp``: a one-rank process group (NCCL) and
+``agent_rl.distributed.fsdp.FullyShardedDataParallel`` (``--offload``: ``CPUOffloadPolicy``, the shards and the
+optimiser step on the CPU). Without CUDA a ``--device cuda`` run prints "skipped: no CUDA" and exits 0.
 """
 
 from __future__ import annotations
@@ -24,6 +35,8 @@ SHAPES = {  # Llama-architecture configs of the same sizes (vocab, hidden, layer
                          num_key_value_heads=2, intermediate_size=4864),
     "qwen2.5-1.5b": dict(vocab_size=151_936, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
                          num_key_value_heads=2, intermediate_size=8960),
+    "qwen2.5-7b": dict(vocab_size=152_064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, intermediate_size=18944, tie_word_embeddings=False),
     "tiny": dict(vocab_size=49_152, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=4, intermediate_size=128),
 }
@@ -40,14 +53,65 @@ class IdTokenizer:
         return " ".join(str(i) for i in ids)
 
 
-def build_model(shape: str, device: str) -> torch.nn.Module:
+def build_model(shape: str, device: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A random model of ``shape``, initialised on ``device`` itself (``with torch.device(device)``), in ``dtype``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, tie_word_embeddings=True)
+    kw = {"tie_word_embeddings": True, **SHAPES[shape]}
+    cfg = LlamaConfig(**kw, max_position_embeddings=4096)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).to(device)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg)
+    model = model.to(dtype)
     model.config.use_cache = False
     return model
+
+
+def run_memory_bound(args, batch: RolloutBatch) -> dict[str, float]:
+    """One GRPO learner (LoRA on a bf16 base, or one FSDP rank with optional CPU offload): step time, trained
+    tokens/s, peak GPU memory, process RSS."""
+    import os
+    import resource
+
+    algo = AlgoConfig(name="grpo", micro_batch_size=args.micro)
+    if args.lora_rank > 0:
+        from agent_rl.learner.config import LoRAConfig
+        from agent_rl.lora import apply_lora
+
+        model = apply_lora(build_model(args.shape, args.device, torch.bfloat16),
+                           LoRAConfig(rank=args.lora_rank, alpha=2.0 * args.lora_rank))
+        for p in model.parameters():  # fp32 adapter (trained), bf16 frozen base
+            if p.requires_grad:
+                p.data = p.data.float()
+    else:
+        model = build_model(args.shape, args.device)
+    learner = Learner(model, IdTokenizer(), algo, OptimConfig(lr=1e-6), device=args.device)
+    if args.strategy == "fsdp":
+        import torch.distributed as dist
+
+        from agent_rl.distributed.fsdp import FullyShardedDataParallel
+
+        if not dist.is_initialized():
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29517")
+            dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo", rank=0, world_size=1)
+        learner.data_parallel = FullyShardedDataParallel(learner, offload=args.offload)
+    learner.update(batch, step=1, total_steps=10)  # warm-up
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for step in range(args.steps):
+        sync(args.device)
+        t0 = time.perf_counter()
+        learner.update(batch, step=step + 2, total_steps=10)
+        sync(args.device)
+        times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else float("nan")
+    trainable = sum(p.numel() for p in learner.params)
+    step_s = sum(times) / len(times)
+    return {"step_s": step_s, "tok_per_s": float(batch.response_mask.sum()) / step_s, "peak_gib": peak,
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "params": sum(p.numel() for p in model.parameters()), "trainable": trainable}
 
 
 def build_batch(rows: int, prompt_len: int, response_len: int, vocab: int) -> RolloutBatch:
@@ -133,11 +197,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--micro", type=int, default=8, help="algo.micro_batch_size")
     p.add_argument("--steps", type=int, default=2, help="timed steps after one warm-up step")
     p.add_argument("--gen-tokens", type=int, default=64, help="tokens generated per row in the engine timing")
+    p.add_argument("--lora-rank", type=int, default=0, help="> 0: one GRPO row, LoRA of this rank on a bf16 base")
+    p.add_argument("--strategy", default="single", choices=["single", "fsdp"], help="fsdp: one FSDP rank")
+    p.add_argument("--offload", action="store_true", help="with --strategy fsdp: CPUOffloadPolicy")
     args = p.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("skipped: no CUDA")
+        return
     batch = build_batch(args.rows, args.prompt_len, args.response_len, SHAPES[args.shape]["vocab_size"])
     dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(f"device {dev} | shape {args.shape} | {args.rows} rows x ({args.prompt_len} + {args.response_len}) tokens "
           f"| micro-batch {args.micro} | torch {torch.__version__}")
+    if args.lora_rank > 0 or args.strategy == "fsdp":
+        what = (f"LoRA rank {args.lora_rank}, bf16 base" if args.lora_rank > 0 else "full fine-tuning, fp32 masters") + (
+            f", fsdp 1 rank{' + CPU offload' if args.offload else ''}" if args.strategy == "fsdp" else "")
+        r = run_memory_bound(args, batch)
+        print("\n| run | params | trainable | step s | trained tok/s | peak GPU GiB | peak RSS GiB |")
+        print("|---|---|---|---|---|---|---|")
+        print(f"| grpo, {what} | {r['params'] / 1e6:.1f}M | {r['trainable'] / 1e6:.2f}M | {r['step_s']:.3f} "
+              f"| {r['tok_per_s']:.0f} | {r['peak_gib']:.2f} | {r['peak_rss_gib']:.2f} |")
+        return
     rows = [
         run_learner("grpo, 1 mini-batch", AlgoConfig(name="grpo", micro_batch_size=args.micro), args, batch),
         run_learner("tgrl, 4 mini-batches (JS on T1 rows)", AlgoConfig(name="tgrl", warmup_steps=0,

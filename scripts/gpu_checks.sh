@@ -22,6 +22,9 @@ tests_rc=${PIPESTATUS[0]}
 {
   timeout 240 python3 benchmarks/bench_gpu_learner.py --shape qwen2.5-0.5b --rows 64
   timeout 200 python3 benchmarks/bench_gpu_learner.py --shape qwen2.5-1.5b --rows 32 --micro 8
+  # issue 24: memory-bound learners (LoRA needs peft: carry its wheel in .whl/ when the image lacks it)
+  timeout 300 python3 benchmarks/bench_gpu_learner.py --shape qwen2.5-7b --lora-rank 16 --rows 16 --micro 4
+  timeout 300 python3 benchmarks/bench_gpu_learner.py --shape qwen2.5-1.5b --strategy fsdp --offload --rows 32 --micro 8
 } 2>&1 | tee "$OUT/gpu_bench.log"
 echo "gpu checks: tests rc=$tests_rc"
 exit "$tests_rc"

@@ -50,33 +50,27 @@ class _AllParams(nn.Module):
         return sum((p * 0).sum() for p in params) if params else torch.zeros(())
 
 
-class DataParallel:
-    """The hooks a :class:`agent_rl.learner.Learner` calls when it is one of ``world_size`` ranks
-    (``learner.data_parallel = DataParallel(learner)``). The default process group must be initialised.
+class RankCollectives:
+    """The scalar collectives the learner's loss normalisation needs from one of ``world_size`` ranks (the default
+    process group must be initialised): shared by :class:`DataParallel` (DDP) and
+    :class:`agent_rl.distributed.fsdp.FullyShardedDataParallel`.
 
-    Args:
-        learner: the rank's learner; its policy (and value head) are wrapped in one torch DDP module, which
-            broadcasts rank 0's parameters to every rank at construction.
+    ``lockstep``: whether the learner must run the same number of forward / backward passes on every rank (FSDP's
+    all-gathers are collective; DDP's micro-batches run on the plain module and need not).
     """
 
-    def __init__(self, learner: Any) -> None:
+    lockstep = False
+
+    def __init__(self, device: torch.device) -> None:
         if not dist.is_initialized():
-            raise RuntimeError("DataParallel needs torch.distributed.init_process_group first")
+            raise RuntimeError(f"{type(self).__name__} needs torch.distributed.init_process_group first")
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
-        modules = [learner.model] + ([learner.value_head] if getattr(learner, "value_head", None) is not None else [])
-        device = torch.device(learner.device)
         self.device = device
-        ddp = nn.parallel.DistributedDataParallel
-        # buffers (rotary tables) are equal on every rank and never trained: no per-forward buffer broadcast
-        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(ddp).parameters
-                          else {"broadcast_buffers": False})
-        self.ddp = ddp(_AllParams(modules), device_ids=[device.index or 0] if device.type == "cuda" else None,
-                       **no_buffer_sync)
 
     def global_denominator(self, den: Tensor) -> Tensor:
-        """``all_reduce_sum(den) / world_size`` (0-dim float tensor): a rank's loss divided by it, averaged by DDP,
-        is the global mini-batch loss (module docstring)."""
+        """``all_reduce_sum(den) / world_size`` (0-dim float tensor): a rank's loss divided by it, averaged over the
+        ranks by the gradient reduction, is the global mini-batch loss (module docstring)."""
         t = den.detach().float().reshape(()).clone().to(self.device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t / self.world_size
@@ -91,6 +85,27 @@ class DataParallel:
         """Min of an int over the ranks (the number of mini-batches every rank can form: all ranks must run the
         same number of optimiser steps, or the gradient all-reduces would pair up wrongly and hang)."""
         return -self.global_max(-value)
+
+
+class DataParallel(RankCollectives):
+    """The hooks a :class:`agent_rl.learner.Learner` calls when it is one of ``world_size`` ranks
+    (``learner.data_parallel = DataParallel(learner)``). The default process group must be initialised.
+
+    Args:
+        learner: the rank's learner; its policy (and value head) are wrapped in one torch DDP module, which
+            broadcasts rank 0's parameters to every rank at construction.
+    """
+
+    def __init__(self, learner: Any) -> None:
+        super().__init__(torch.device(learner.device))
+        modules = [learner.model] + ([learner.value_head] if getattr(learner, "value_head", None) is not None else [])
+        device = self.device
+        ddp = nn.parallel.DistributedDataParallel
+        # buffers (rotary tables) are equal on every rank and never trained: no per-forward buffer broadcast
+        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(ddp).parameters
+                          else {"broadcast_buffers": False})
+        self.ddp = ddp(_AllParams(modules), device_ids=[device.index or 0] if device.type == "cuda" else None,
+                       **no_buffer_sync)
 
     def sync_gradients(self) -> None:
         """Average the accumulated ``.grad`` of every trainable parameter over the ranks through DDP's reducer."""

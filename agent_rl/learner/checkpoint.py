@@ -99,19 +99,24 @@ def save_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, tokeni
             torch.save(learner.state_dict(), tmp / "learner.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
         (tmp / "extra.json").write_text(json.dumps(extra or {}, indent=1))
-        _fsync_tree(tmp)
-        if target.exists():  # replace: move the old one aside first (os.replace cannot overwrite a non-empty dir)
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        _replace_atomically(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _replace_atomically(tmp: Path, target: Path) -> None:
+    """Flush the finished folder ``tmp`` and rename it to ``target`` (moving an existing one aside first)."""
+    _fsync_tree(tmp)
+    if target.exists():  # replace: move the old one aside first (os.replace cannot overwrite a non-empty dir)
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+    _fsync_dir(target.parent)
 
 
 #: what each state file of a checkpoint restores (the names a refusal or a weights-only resume prints).
@@ -120,7 +125,14 @@ STATE_FILES = {
                   "(algo=ppo) and the mini-batch shuffling generator",
     "rng.pt": "the python / numpy / torch RNG states",
     "extra.json": "the step and the task sampler's position",
+    "distcp": "the optimizer shards of a sharded learner (trainer.learner_strategy=fsdp: AdamW moments and step "
+              "counts, written with torch.distributed.checkpoint; learner.pt then holds the rest)",
 }
+
+#: a sharded checkpoint's folder of torch.distributed.checkpoint files (model and optimizer, any number of ranks),
+#: and its marker (``{"strategy", "world_size", "format"}``): a folder with the marker needs ``distcp/.metadata``.
+SHARDED_DIR = "distcp"
+SHARDED_MARKER = "sharded.json"
 
 
 class IncompleteCheckpoint(FileNotFoundError):
@@ -128,8 +140,13 @@ class IncompleteCheckpoint(FileNotFoundError):
 
 
 def missing_state(directory: str | os.PathLike) -> list[str]:
-    """The :data:`STATE_FILES` that checkpoint folder ``directory`` lacks (empty: complete)."""
-    return [name for name in STATE_FILES if not (Path(directory) / name).is_file()]
+    """The :data:`STATE_FILES` that checkpoint folder ``directory`` lacks (empty: complete); ``distcp`` only for a
+    sharded checkpoint (:data:`SHARDED_MARKER`) without its ``distcp/.metadata``."""
+    path = Path(directory)
+    absent = [name for name in STATE_FILES if name != SHARDED_DIR and not (path / name).is_file()]
+    if (path / SHARDED_MARKER).is_file() and not (path / SHARDED_DIR / ".metadata").is_file():
+        absent.append(SHARDED_DIR)
+    return absent
 
 
 def incomplete_message(directory: str | os.PathLike, absent: list[str]) -> str:
@@ -171,6 +188,8 @@ def load_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, learne
         raise FileNotFoundError(f"no checkpoint weights (*.safetensors) in {path}")
     wanted = [name for name, needed in (("learner.pt", learner is not None), ("rng.pt", restore_rng)) if needed]
     absent = [name for name in wanted if not (path / name).is_file()]
+    if learner is not None and SHARDED_DIR in missing_state(path):
+        absent.append(SHARDED_DIR)
     if absent and not weights_only:
         raise IncompleteCheckpoint(incomplete_message(path, absent))
     if is_lora(model):
@@ -186,7 +205,10 @@ def load_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, learne
         if unexpected or bad:
             raise RuntimeError(f"checkpoint {path} does not match the model: missing={bad} unexpected={unexpected}")
     if learner is not None and not weights_only:
-        learner.load_state_dict(torch.load(path / "learner.pt", map_location=learner.device, weights_only=False))
+        sd = torch.load(path / "learner.pt", map_location=learner.device, weights_only=False)
+        if sd.get("optimizer") == SHARDED_DIR:  # written by sharded ranks: this learner's full moments from DCP
+            sd["optimizer"] = _load_sharded_optimizer(path, model, learner)
+        learner.load_state_dict(sd)
     if restore_rng and (path / "rng.pt").is_file():
         _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
     extra_file = path / "extra.json"
@@ -233,3 +255,135 @@ def recover_checkpoints(folder: str | os.PathLike) -> list[str]:
             shutil.rmtree(child, ignore_errors=True)
             done.append(f"deleted {child.name} (interrupted save)")
     return done
+
+
+# ------------------------------------------------------------------------------------------------ sharded learners
+def _load_sharded_optimizer(path: Path, model: torch.nn.Module, learner: Any) -> dict[str, Any]:
+    """The AdamW state of a sharded checkpoint (``path/distcp``) for ``learner``'s optimizer, in the layout its
+    parameters have (full tensors for a single or DDP learner, this rank's shards for an FSDP one: DCP reshards),
+    as ``optimizer.state_dict()`` gives it (the caller passes it on to ``Learner.load_state_dict``, which applies the
+    run's hyper-parameters). Works without a process group (one process reads every shard)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    osd = get_optimizer_state_dict(model, learner.optimizer)  # FQN-keyed template (a fresh optimizer is initialised)
+    dcp.load({"optim": osd}, checkpoint_id=str(path / SHARDED_DIR))
+    set_optimizer_state_dict(model, learner.optimizer, osd)
+    return learner.optimizer.state_dict()
+
+
+def save_sharded_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, tokenizer: Any, learner: Any,
+                            extra: dict[str, Any] | None, full_state: dict[str, torch.Tensor] | None) -> Path:
+    """:func:`save_checkpoint` for sharded learner ranks (FSDP): every rank of the default process group calls it.
+
+    Layout: the plain checkpoint's (a loadable transformers folder from ``full_state``, rank 0's gathered weights;
+    tokenizer; ``learner.pt`` with the scheduler, generator and ``"optimizer": "distcp"``; ``rng.pt``; ``extra.json``)
+    plus ``distcp/``: the model and optimizer shards of every rank, written with ``torch.distributed.checkpoint``
+    (``get_state_dict`` FQN keys), and ``sharded.json``. Any number of ranks and any strategy resumes it (DCP
+    reshards on load; :func:`load_checkpoint` and :func:`load_sharded_checkpoint`). Atomic as
+    :func:`save_checkpoint`: rank 0 picks the temporary folder (on a file system every rank sees) and renames it.
+
+    Args:
+        full_state: the policy's full state dict on rank 0 (CPU), None elsewhere
+            (``FullyShardedDataParallel.full_state_dict``).
+    Raises:
+        RuntimeError: rank 0 failed to write its part (its error, on every rank).
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    target = Path(directory)
+    box: list[Any] = [None]
+    if rank == 0:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        box[0] = tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+    dist.broadcast_object_list(box, src=0)
+    tmp = Path(box[0])
+    msd, osd = get_state_dict(model, learner.optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / SHARDED_DIR))
+    error: list[Any] = [None]
+    if rank == 0:
+        try:
+            if full_state is None:
+                raise ValueError("rank 0 needs the gathered full_state")
+            model.save_pretrained(tmp, state_dict=full_state, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            if learner is not None:
+                sd = learner.state_dict()
+                sd["optimizer"] = SHARDED_DIR
+                torch.save(sd, tmp / "learner.pt")
+            torch.save(_rng_state(), tmp / "rng.pt")
+            (tmp / "extra.json").write_text(json.dumps(extra or {}, indent=1))
+            (tmp / SHARDED_MARKER).write_text(json.dumps({"strategy": "fsdp", "world_size": world,
+                                                          "format": "torch.distributed.checkpoint"}))
+            _replace_atomically(tmp, target)
+        except BaseException as exc:  # noqa: BLE001 (told to every rank, then raised)
+            shutil.rmtree(tmp, ignore_errors=True)
+            error[0] = f"{type(exc).__name__}: {exc}"
+    dist.broadcast_object_list(error, src=0)
+    if error[0] is not None:
+        raise RuntimeError(f"saving sharded checkpoint {target} failed on rank 0: {error[0]}")
+    return target
+
+
+def load_sharded_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, learner: Any = None,
+                            restore_rng: bool = True, *, weights_only: bool = False) -> dict[str, Any]:
+    """:func:`load_checkpoint` for an FSDP-sharded ``model`` (every rank of the process group calls it), from any
+    checkpoint: a sharded one (weights and AdamW moments from ``distcp/``, resharded to this rank count by DCP) or
+    a plain one (single or DDP learner: the full weights and ``learner.pt``'s full moments, each rank keeping its
+    shards). Same refusals as :func:`load_checkpoint` (``IncompleteCheckpoint``, mismatching weights)."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         set_model_state_dict)
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(directory)
+    files = sorted(glob.glob(str(path / "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no checkpoint weights (*.safetensors) in {path}")
+    wanted = [name for name, needed in (("learner.pt", learner is not None), ("rng.pt", restore_rng)) if needed]
+    absent = [name for name in wanted if not (path / name).is_file()]
+    sharded = (path / SHARDED_MARKER).is_file()
+    if learner is not None and SHARDED_DIR in missing_state(path):
+        absent.append(SHARDED_DIR)
+    if absent and not weights_only:
+        raise IncompleteCheckpoint(incomplete_message(path, absent))
+    if sharded and (path / SHARDED_DIR / ".metadata").is_file():
+        msd = get_model_state_dict(model)
+        dcp.load({"model": msd}, checkpoint_id=str(path / SHARDED_DIR))
+        set_model_state_dict(model, msd)
+    else:
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(f))
+        names = dict(model.named_parameters(remove_duplicate=False))
+        params = dict(model.named_parameters())  # tied parameters once, under their first name
+        unexpected = [k for k in state if k not in names and k not in dict(model.named_buffers())]
+        by_param = {id(names[k]) for k in state if k in names}
+        missing = [k for k, p in params.items() if id(p) not in by_param]
+        if unexpected or missing:
+            raise RuntimeError(f"checkpoint {path} does not match the model: missing={missing} "
+                               f"unexpected={unexpected}")
+        full = {k: state[k] if k in state else next(state[n] for n, q in names.items() if q is p and n in state)
+                for k, p in params.items()}
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, strict=False))
+    if learner is not None and not weights_only:
+        sd = torch.load(path / "learner.pt", map_location="cpu", weights_only=False)
+        if sd.get("optimizer") == SHARDED_DIR:
+            sd["optimizer"] = _load_sharded_optimizer(path, model, learner)
+        else:  # full moments, index-keyed as learner.params: this rank's shard of each
+            for i, st in sd["optimizer"]["state"].items():
+                p = learner.params[int(i)]
+                for k, v in list(st.items()):
+                    if isinstance(p, DTensor) and isinstance(v, torch.Tensor) and v.shape == p.shape:
+                        st[k] = distribute_tensor(v.to(p.device_mesh.device_type), p.device_mesh, p.placements)
+        learner.load_state_dict(sd)
+    if restore_rng and (path / "rng.pt").is_file():
+        _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+    extra_file = path / "extra.json"
+    return json.loads(extra_file.read_text()) if extra_file.is_file() else {}

@@ -427,6 +427,30 @@ class Learner:
         rows = rows[torch.argsort(lengths, descending=True, stable=True)]
         return list(rows.split(self.algo.micro_batch_size))
 
+    def _lockstep_padding(self, n: int) -> int:
+        """Idle passes this rank adds to its ``n`` forward (or backward) passes so that every rank runs the same
+        number: ranks whose collectives run inside forward and backward (``data_parallel.lockstep``: FSDP's
+        all-gathers and reduce-scatters) would otherwise wait for each other forever. 0 for one process and DDP.
+        Collective itself: call it before the passes it pads (every rank at the same point)."""
+        dp = self.data_parallel
+        return dp.global_max(n) - n if dp is not None and getattr(dp, "lockstep", False) else 0
+
+    def _idle_pass(self, b: RolloutBatch, *, backward: bool, with_ref: bool = False) -> None:
+        """One forward over the batch's first row that changes nothing (:meth:`_lockstep_padding`): its
+        ``backward`` is of a zero loss through ``lm_head`` and the trunk, so every trainable parameter gets a zero
+        gradient contribution (each FSDP unit reduce-scatters on every rank); ``with_ref``: also the reference
+        forward when it is the policy with its LoRA adapter disabled (the same sharded units)."""
+        ids, am = b.input_ids[:1], b.attention_mask[:1]
+        h = self._hidden(self.model, ids, am)
+        if with_ref and getattr(self, "ref_is_base", False):
+            with self.model.disable_adapter():
+                self._hidden(self.model, ids, am)
+        if backward:
+            _, lm_head = policy_trunk(self.model)
+            with self._autocast():
+                z = lm_head(h[:, -1])
+            (z.float().sum() * 0.0).backward()
+
     def _hidden(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Last hidden states (b, L', d) of ``model``'s trunk, L' = last attended column + 1 of these rows."""
         last = int(attention_mask.any(0).nonzero().max()) + 1 if bool(attention_mask.any()) else 1
@@ -448,7 +472,11 @@ class Learner:
         was_training = self.model.training
         self.model.eval()
         try:
-            for rows in self._micro_batches(torch.arange(bsz, device=self.device), b.attention_mask):
+            micro = self._micro_batches(torch.arange(bsz, device=self.device), b.attention_mask)
+            n_fwd = sum(int(bool((b.response_mask[rows][:, 1:] > 0).any())) for rows in micro)  # forwards to run
+            for _ in range(self._lockstep_padding(n_fwd)):  # FSDP: as many forwards as any rank (agreed first)
+                self._idle_pass(b, backward=False, with_ref=out.ref_logprobs is not None)
+            for rows in micro:
                 rr, cc = response_positions(b.response_mask[rows])
                 if rr.numel() == 0:
                     continue
@@ -642,7 +670,10 @@ class Learner:
                 self.optimizer.zero_grad(set_to_none=True)
                 mb_pg_loss = 0.0
                 fwd_rows = mb_rows[active[mb_rows]]
-                for rows in self._micro_batches(fwd_rows, b.attention_mask) if fwd_rows.numel() else []:
+                micro = self._micro_batches(fwd_rows, b.attention_mask) if fwd_rows.numel() else []
+                for _ in range(self._lockstep_padding(len(micro))):  # FSDP: as many backwards as any rank
+                    self._idle_pass(b, backward=True)
+                for rows in micro:
                     loss, m = self._micro_loss(b, old, advantages, loss_mask, returns, rows, den, tok_den, max_len)
                     loss.backward()
                     mb_pg_loss += float(m.pop("actor/pg_loss"))  # micro losses share den: they sum to the mb loss
