@@ -215,7 +215,10 @@ def episode_records(episodes: Sequence[Any], *, step: int, tokenizer: Any, batch
                 "reward": float(t.reward), "invalid": bool(t.invalid), "terminated": bool(t.terminated),
                 "truncated": bool(t.truncated), "response_truncated": bool(t.response_truncated),
                 "info": _scalar_info(t.info), "logprob": _floats(t.response_logprobs),
+                "policy_version": int(t.policy_version),  # the weights' version that sampled it (section 7)
             }
+            if source == "train":  # its staleness at the step it trained (trainer.max_staleness)
+                turn["staleness"] = (step - 1) - int(t.policy_version)
             if obs_cut or response_cut:
                 turn["observation_cut"], turn["response_cut"] = obs_cut, response_cut
             if stats is not None:

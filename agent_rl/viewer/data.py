@@ -26,11 +26,17 @@ CURVES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entropy", ("actor/entropy",)),
     ("clip fraction", ("actor/clipfrac",)),
     ("delta_R (TGRL)", ("tgrl/delta_R",)),
+    ("T1 (TGRL; algo.t_high=auto picks it per step)", ("tgrl/t_high",)),
     ("JS mean", ("credit/js_mean",)),
     ("S (schedule)", ("schedule/S",)),
     ("trained token fraction", ("credit/trained_token_frac",)),
     ("loss (behaviour cloning)", ("sft/loss",)),
+    ("staleness (async)", ("async/staleness_mean", "async/staleness_max")),
+    ("stale groups discarded (async)", ("async/groups_stale_dropped",)),
 )
+#: Curves drawn only for runs with asynchronous rollouts (``trainer.max_staleness`` >= 1: rows with
+#: ``async/engine_version``); the discards add one series per task type (``async/groups_stale_dropped/<type>``).
+ASYNC_CURVES = ("staleness (async)", "stale groups discarded (async)")
 #: Step files whose full records stay in memory (least recently used dropped first).
 FULL_FILES = 8
 #: Summary fields of an episode (what lists and the JSON API show; the full record adds prompt and turns).
@@ -199,9 +205,15 @@ class RunReader:
         recs = [r for r in self.metrics() if filters.step_ok(int(r["step"]))]
         eval_success = sorted({k for r in recs if r["kind"] == "eval" for k in r
                                if k.startswith("eval/") and "success" in k})
+        asynchronous = any("async/engine_version" in r for r in recs)
+        stale_types = sorted({k for r in recs if r["kind"] == "train" for k in r
+                              if k.startswith("async/groups_stale_dropped/")})
         out = []
         for title, names in CURVES:
+            if title in ASYNC_CURVES and not asynchronous:
+                continue
             names = names + tuple(eval_success) if title.startswith("success") else names
+            names = names + tuple(stale_types) if title.startswith("stale groups") else names
             series = {}
             for name in names:
                 kind = row_kind_of(name)
