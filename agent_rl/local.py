@@ -1,7 +1,10 @@
 """``trainer.backend=local``: the run in one process (:class:`LocalBackend`, driven by :func:`agent_rl.loop.run`).
 
 The policy is one module shared by the learner and the engine (hf: the same weights; vllm: synced after each
-update). The orchestrator plays the step's groups on the run's env pool (in-process envs, or env servers over HTTP,
+update). With ``trainer.max_staleness`` >= 1 (asynchronous rollouts, :mod:`agent_rl.rollout.producer`) the hf engine
+samples with its own copy of the policy instead (loaded after each update; vllm is its own process), wrapped in a
+:class:`~agent_rl.rollout.producer.VersionedEngine`, and an :class:`~agent_rl.rollout.producer.AsyncProducer` plays
+groups while the update runs in its worker thread (no env-reset prefetch: the producer runs ahead itself). The orchestrator plays the step's groups on the run's env pool (in-process envs, or env servers over HTTP,
 one started for the run when no URL is given); the update runs in a worker thread, so the event loop keeps serving
 env calls, and the next step's env resets (seconds on ALFWorld) are started before it (``prefetch``).
 """

@@ -13,11 +13,16 @@ updates). A backend does the work of each step; the loop decides the order, the 
 cannot do is declared in :data:`agent_rl.config.BACKENDS` and refused when the config is loaded, never a silent
 difference.
 
-Designed for the next two features: ``collect`` returns complete groups, each with the policy version that sampled
-it (``RolloutResult.versions``), and the tasks drawn but not trained yet (``pending_tasks``: prefetched resets today,
-groups produced ahead under ``trainer.max_staleness`` tomorrow) stay out of a checkpoint's data position, so an
-asynchronous producer fits behind ``collect``; ``update`` hides the learner's strategy (one learner, DDP ranks, FSDP,
-LoRA) and ``sync`` the weights' way to the engines, whose lifecycle (build, sync, close) is the backend's.
+``collect`` returns complete groups, each with the policy version that sampled it (``RolloutResult.versions``;
+every turn carries its own, ``Turn.policy_version``), and the tasks drawn but not trained yet (``pending_tasks``:
+prefetched resets, or groups produced ahead under ``trainer.max_staleness``) stay out of a checkpoint's data
+position, so a resume plays them again. Asynchronous rollouts (``trainer.max_staleness`` >= 1, algorithms.md section
+7) live behind ``collect`` and ``sync``: the backend's :class:`agent_rl.rollout.producer.AsyncProducer` keeps
+playing groups while ``update`` runs, ``collect`` returns the step's admitted groups, ``sync`` gives the producer the
+new version; the loop also syncs after a step that trained nothing (the version is the step count) and saves the
+version counter and the groups in flight in each checkpoint. ``update`` hides the learner's strategy (one learner,
+DDP ranks, FSDP, LoRA) and ``sync`` the weights' way to the engines, whose lifecycle (build, sync, close) is the
+backend's.
 """
 
 from __future__ import annotations
