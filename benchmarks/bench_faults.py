@@ -5,6 +5,7 @@ lost.
     python benchmarks/bench_faults.py                                # every fault, WebShop servers started here
     python benchmarks/bench_faults.py --env alfworld --faults worker_kill,server_restart
     python benchmarks/bench_faults.py --target compose               # the compose stack's containers (already up)
+    python benchmarks/bench_faults.py --max-staleness 1              # asynchronous rollouts (trainer.max_staleness)
 
 Faults (``--faults``, comma-separated; default all):
 
@@ -263,10 +264,21 @@ class Observer:
     def install(self) -> contextlib.AbstractContextManager[None]:
         from agent_rl import local
         from agent_rl.rollout import orchestrator
+        from agent_rl.rollout import producer
         from agent_rl.rollout.orchestrator import group_temperatures
 
         observer, original = self, orchestrator.RolloutOrchestrator.collect
+        original_async = producer.AsyncProducer.collect  # trainer.max_staleness >= 1 (--max-staleness)
         original_pool = local.open_env_pool  # the name LocalBackend opens its pool with
+
+        async def collect_async(prod, step, sample_tasks):
+            observer.step = step
+            observer.in_rollout.set()  # the producer plays ahead: the fault may hit a group of a later step
+            try:
+                result = await original_async(prod, step, sample_tasks)
+            finally:
+                observer.in_rollout.clear()
+            return observer.account(result, prod.per_step, len(prod.temperatures(step)))
 
         async def collect(orch, sample_tasks, num_groups, algo, step, **kwargs):
             observer.step = step
@@ -275,20 +287,33 @@ class Observer:
                 result = await original(orch, sample_tasks, num_groups, algo, step, **kwargs)
             finally:
                 observer.in_rollout.clear()
-            g = len(group_temperatures(algo, step))
-            eps = result.episodes
-            kept = len(eps) // g
-            bad = len(eps) % g != 0
-            for i in range(kept):
-                group = eps[i * g:(i + 1) * g]
-                bad |= len({id(ep.task) for ep in group}) != 1 or any(
-                    ep.failure is not None or not ep.turns for ep in group)
-            observer.out.lost += max(0, num_groups - kept - result.dropped_groups - result.filtered_groups) + bad
-            observer.out.episodes += num_groups * g
-            observer.out.dropped += result.dropped_groups
-            observer.out.retried += int(result.metrics.get("rollout/episode_retries", 0))
-            observer.out.failed += int(result.metrics.get("rollout/failed_episodes", 0))
-            return result
+            return observer.account(result, num_groups, len(group_temperatures(algo, step, kwargs.get("t_high"))))
+
+        return self._install(collect, collect_async, original, original_async, original_pool)
+
+    def account(self, result: Any, num_groups: int, g: int) -> Any:
+        """Count a step's result: kept groups must be whole (G episodes of one task, none failed, each with a turn);
+        groups neither kept nor counted as dropped/filtered are lost."""
+        eps = result.episodes
+        kept = len(eps) // g
+        bad = len(eps) % g != 0
+        for i in range(kept):
+            group = eps[i * g:(i + 1) * g]
+            bad |= len({id(ep.task) for ep in group}) != 1 or any(
+                ep.failure is not None or not ep.turns for ep in group)
+        self.out.lost += max(0, num_groups - kept - result.dropped_groups - result.filtered_groups) + bad
+        self.out.episodes += num_groups * g
+        self.out.dropped += result.dropped_groups
+        self.out.retried += int(result.metrics.get("rollout/episode_retries", 0))
+        self.out.failed += int(result.metrics.get("rollout/failed_episodes", 0))
+        return result
+
+    def _install(self, collect: Any, collect_async: Any, original: Any, original_async: Any,
+                 original_pool: Any) -> contextlib.AbstractContextManager[None]:
+        from agent_rl import local
+        from agent_rl.rollout import orchestrator, producer
+
+        observer = self
 
         @contextlib.asynccontextmanager
         async def open_env_pool(cfg, out):
@@ -299,11 +324,13 @@ class Observer:
         @contextlib.contextmanager
         def patched():
             orchestrator.RolloutOrchestrator.collect = collect
+            producer.AsyncProducer.collect = collect_async
             local.open_env_pool = open_env_pool
             try:
                 yield
             finally:
                 orchestrator.RolloutOrchestrator.collect = original
+                producer.AsyncProducer.collect = original_async
                 local.open_env_pool = original_pool
 
         return patched()
@@ -314,7 +341,8 @@ def train_overrides(args: argparse.Namespace, out: Path, urls: list[str] | None)
           f"trainer.tasks_per_step={args.tasks_per_step}", f"rollout.max_turns={args.max_turns}",
           "engine.max_new_tokens=16", "trainer.device=cpu", "trainer.progress=false", "trainer.tensorboard=false",
           f"rollout.env_timeout_s={args.env_timeout}", f"rollout.episode_retries={args.episode_retries}",
-          f"rollout.retry_backoff_s={args.retry_backoff}", f"trainer.output_dir={out}", "trainer.save_every=1000"]
+          f"rollout.retry_backoff_s={args.retry_backoff}", f"trainer.output_dir={out}", "trainer.save_every=1000",
+          f"trainer.max_staleness={args.max_staleness}"]
     if urls is not None:
         ov.append(f"env_server.urls=[{','.join(urls)}]")
     return ov
@@ -672,6 +700,8 @@ def main() -> int:
     p.add_argument("--drops", type=int, default=4, help="conn_drop: responses cut")
     p.add_argument("--episode-retries", type=int, default=3, help="rollout.episode_retries")
     p.add_argument("--retry-backoff", type=float, default=2.0, help="rollout.retry_backoff_s")
+    p.add_argument("--max-staleness", type=int, default=0,
+                   help="trainer.max_staleness (>= 1: asynchronous rollouts, the producer plays ahead of the learner)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (runs, logs)")
     args = p.parse_args()
     # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the servers started here are stopped too

@@ -275,12 +275,16 @@ class AsyncProducer:
             self._runner = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
-        while True:
-            while (not self._paused and self._error is None
-                   and len(self._inflight) + len(self._done) < self._target()):
-                self._start_one()
-            self._wake.clear()
-            await self._wake.wait()
+        try:
+            while True:
+                while (not self._paused and self._error is None
+                       and len(self._inflight) + len(self._done) < self._target()):
+                    self._start_one()
+                self._wake.clear()
+                await self._wake.wait()
+        except Exception as exc:  # noqa: BLE001 (drawing a task or its temperatures failed: raised in collect)
+            self._error = self._error or exc
+            self._arrived.set()
 
     def _start_one(self) -> None:
         if self._replay:

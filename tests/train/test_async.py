@@ -324,3 +324,18 @@ def test_resume_under_k1_restores_the_version_and_replays_the_groups_in_flight(t
     assert rows[0]["async/staleness_max"] == 0.0 and rows[0]["async/engine_version"] == 1.0
     assert json.loads((second / "checkpoints" / "step_3" / "extra.json").read_text())["policy_version"] == 3
     assert [r["step"] for r in read_metrics(first / "metrics.jsonl", "train")] == [1, 2, 3]
+
+
+def test_an_error_while_starting_groups_reaches_collect_instead_of_hanging():
+    async def main():
+        side = _FakeEngineSide()
+        prod, _ = _producer(side, k=1)
+
+        def broken(n):
+            raise KeyError("no such task split")
+
+        with pytest.raises(KeyError, match="no such task split"):
+            await asyncio.wait_for(prod.collect(1, broken), 10)
+        await prod.aclose()
+
+    asyncio.run(main())
