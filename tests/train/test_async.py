@@ -339,3 +339,23 @@ def test_an_error_while_starting_groups_reaches_collect_instead_of_hanging():
         await prod.aclose()
 
     asyncio.run(main())
+
+
+def test_config_refuses_what_cannot_work_and_resume_may_change_the_bound(capsys):
+    from agent_rl.config import ConfigError, load_config, may_change_on_resume
+
+    base = ["env=choose_item", "model=tiny", "env_server.mode=local"]
+    cfg = load_config([*base, "trainer.max_staleness=2", "rollout.partial=true", "rollout.max_stale_replays=0"])
+    assert (cfg.trainer.max_staleness, cfg.rollout.partial, cfg.rollout.max_stale_replays) == (2, True, 0)
+    assert load_config(base).trainer.max_staleness == 0 and load_config(base).rollout.max_stale_replays == 2
+    with pytest.raises(Exception, match=r"trainer.max_staleness=-1 must be >= 0"):
+        load_config([*base, "trainer.max_staleness=-1"])
+    with pytest.raises(Exception, match=r"rollout.max_stale_replays=-1 must be >= 0"):
+        load_config([*base, "rollout.max_stale_replays=-1"])
+    with pytest.raises(ConfigError, match=r"engine.sleep_mode=true .* trainer.max_staleness=1"):
+        load_config([*base, "trainer.max_staleness=1", "engine.sleep_mode=true"])
+    capsys.readouterr()
+    load_config([*base, "rollout.partial=true"])
+    assert "rollout.partial=true has no effect with trainer.max_staleness=0" in capsys.readouterr().err
+    assert all(may_change_on_resume(k) for k in ("trainer.max_staleness", "rollout.partial",
+                                                 "rollout.max_stale_replays"))
