@@ -710,6 +710,8 @@ RESUME_APPLIED: dict[str, str] = {
     # the optimiser: the restored AdamW state holds its own copies of these, so they are written back explicitly
     "optim.lr": "Learner.load_state_dict -> restore_optimizer: every param group's lr and initial_lr, and the LR "
                 "schedule rebuilt at the restored optimiser step (logged as actor/lr)",
+    "optim.lora_lr": "Learner / BehaviourCloner -> OptimConfig.for_lora, then restore_optimizer: the LoRA adapter's "
+                     "lr and initial_lr (model.lora.rank > 0; logged as actor/lr)",
     "optim.warmup": "restore_optimizer: the warm-up schedule rebuilt from the config at the restored optimiser step "
                     "(logged as actor/lr)",
     "optim.weight_decay": "restore_optimizer: every param group's weight_decay",

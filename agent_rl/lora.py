@@ -131,6 +131,32 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+#: key prefix of a peft model's own ``state_dict()`` (``PeftModel`` -> ``LoraModel`` -> the causal LM).
+PEFT_PREFIX = "base_model.model."
+
+
+@torch.no_grad()
+def merge_lora_state_dict(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """:func:`merged_state_dict` for a state dict gathered elsewhere: ``state`` holds the tensors of LoRA model
+    ``model`` under its own names (``PeftModel.state_dict()``, with or without the ``base_model.model.`` prefix,
+    e.g. FSDP's gathered full state on rank 0, CPU tensors); returns plain transformers names with every adapted
+    layer's weight replaced by W + s B A (s = the layer's ``scaling``, alpha / r), computed in float32 and cast
+    back to W's dtype; ``lora_*`` entries dropped. ``model`` supplies only the adapted layers and their scalings
+    (its parameters may be sharded). A state without LoRA entries is returned as it is."""
+    scalings = {path: layer.scaling[ADAPTER_NAME] for path, layer in _lora_layers(base_module(model)).items()
+                if ADAPTER_NAME in getattr(layer, "lora_A", {})}
+    if not scalings or not any(".lora_" in k for k in state):
+        return state
+    plain = {(k[len(PEFT_PREFIX):] if k.startswith(PEFT_PREFIX) else k): v for k, v in state.items()}
+    out = {k.replace(".base_layer.", "."): v for k, v in plain.items() if ".lora_" not in k}
+    for path, scale in scalings.items():
+        a = plain[f"{path}.lora_A.{ADAPTER_NAME}.weight"].float()  # (r, d_in)
+        b = plain[f"{path}.lora_B.{ADAPTER_NAME}.weight"].float()  # (d_out, r)
+        w = out[f"{path}.weight"]
+        out[f"{path}.weight"] = (w.float() + scale * (b @ a)).to(w.dtype)
+    return out
+
+
 def save_policy(model: nn.Module, folder: str | Path) -> None:
     """Write ``model`` as a plain transformers folder (``save_pretrained``: config, safetensors weights) into
     ``folder``; for a peft model the weights are :func:`merged_state_dict`'s and the adapter is saved as well, as

@@ -246,9 +246,10 @@ def check_resume_state(cfg: Config, ckpt: Path) -> list[str]:
     if not cfg.trainer.resume_weights_only:
         return []
     o = cfg.optim
+    lr_key, lr = ("optim.lora_lr", o.for_lora().lr) if cfg.model.lora.rank > 0 else ("optim.lr", o.lr)  # LoRA's own
     restarted = ["the optimizer (AdamW moments and step count from 0)",
-                 f"the LR warm-up (optim.warmup={o.warmup} optimiser steps up to optim.lr={o.lr:g})" if o.warmup > 0
-                 else f"the LR schedule (constant optim.lr={o.lr:g}, optim.warmup=0)",
+                 f"the LR warm-up (optim.warmup={o.warmup} optimiser steps up to {lr_key}={lr:g})" if o.warmup > 0
+                 else f"the LR schedule (constant {lr_key}={lr:g}, optim.warmup=0)",
                  "the mini-batch shuffling generator (trainer.seed)"]
     if cfg.algo.uses_critic:
         restarted.append("the value head (zeros)")

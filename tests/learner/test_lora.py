@@ -154,6 +154,22 @@ def test_merged_model_logprobs_equal_the_peft_models(tiny):
     torch.testing.assert_close(merged[q], want, atol=1e-6, rtol=0)
 
 
+def test_merge_of_a_gathered_state_dict_equals_peft_merge(tiny):
+    """``merge_lora_state_dict`` (for a full state gathered from shards, under the peft model's own names) gives
+    what peft's own merge gives (``merged_state_dict``), and passes a state without LoRA entries through."""
+    from agent_rl.lora import merge_lora_state_dict
+
+    pm, _ = _lora(tiny)
+    gathered = {k: v.detach().clone() for k, v in pm.state_dict().items()}
+    assert any(k.startswith("base_model.model.") and ".lora_A." in k for k in gathered)
+    got, want = merge_lora_state_dict(gathered, pm), merged_state_dict(pm)
+    assert got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], atol=1e-6, rtol=0, msg=k)
+    plain = {k: v for k, v in want.items()}
+    assert merge_lora_state_dict(plain, pm) is plain
+
+
 def test_kl_reference_is_the_adapter_disabled_model(tiny):
     """kl_coef > 0 with LoRA: no second copy; the reference log-probs are the base model's, so the KL is 0 before
     the first update (peft's B = 0 init), and the policy moves away from the reference after it."""
@@ -237,6 +253,24 @@ def test_lora_grpo_step_matches_a_hand_rolled_lora_step(tiny):
         torch.testing.assert_close(b, want[n][1], atol=1e-5, rtol=0)
         worst = max(worst, float((b - B0[n]).abs().max()))
     assert worst > 5e-3  # the step did move B by about lr
+
+
+def test_behaviour_cloning_trains_the_adapter_only(tiny):
+    """agent_rl.sft's cloner on a LoRA model: adapter-only AdamW at optim.lora_lr, base unchanged, loss down."""
+    from agent_rl.sft import BehaviourCloner
+
+    pm, tok = _lora(tiny)
+    cloner = BehaviourCloner(pm, OptimConfig(lr=1e-3, weight_decay=0.0), micro_batch_size=4)
+    assert cloner.lr == pytest.approx(1e-2)
+    assert {id(p) for p in cloner.params} == {id(p) for n, p in pm.named_parameters() if "lora_" in n}
+    batch = _batch(tok)
+    base0 = _named(pm, lambda n: "lora_" not in n)
+    before = cloner.evaluate(batch)["loss"]
+    for _ in range(5):
+        cloner.train_step(batch, torch.arange(batch.num_rows))
+    assert cloner.evaluate(batch)["loss"] < before
+    base1 = _named(pm, lambda n: "lora_" not in n)
+    assert all(torch.equal(base0[k], base1[k]) for k in base0)
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
