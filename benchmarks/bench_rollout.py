@@ -7,6 +7,14 @@ episodes (goal < 10% at 32), through the real orchestrator, engine and env clien
 ``env_wait_frac`` = 1 - (engine busy time) / (rollout wall time): everything that is not generation (env resets at
 the start, env steps on the critical path, batching waits). ``after_first`` excludes the time before the first
 generation (the unavoidable first reset). Groups are TGRL groups (1 episode at T0 + 3 at T1 of one task).
+
+KV reuse across turns (``--kv-reuse-table``): one rollout step per (env, model), trajectory mode (``--modes``), with
+``engine.kv_reuse=false`` then ``true`` on the same tasks and seeds, side by side: prefill tokens, decode tokens,
+reused tokens, tokens/s, rollout wall and the process's CPU time of the step (less sensitive than the wall to other
+jobs on a shared machine), and whether both played token-identical episodes.
+
+    python benchmarks/bench_rollout.py --kv-reuse-table --envs textworld,alfworld --models tiny,smollm2 \
+        --episodes 8 --turns 10 --max-new-tokens 24 --threads 1
 """
 
 from __future__ import annotations
@@ -73,6 +81,76 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
+async def bench_kv_reuse(args: argparse.Namespace) -> list[dict[str, object]]:
+    """Rows of the KV reuse table (module docstring): per env and model, reuse off then on."""
+    import torch
+
+    from agent_rl.config import load_config
+    from agent_rl.engines import engine_kwargs, get_engine
+    from agent_rl.learner.config import AlgoConfig
+    from agent_rl.models import load_policy
+    from agent_rl.rollout import GroupSpec, RolloutOrchestrator, TaskSampler, get_prompt, group_temperatures
+    from agent_rl.runtime import open_env_pool
+
+    torch.set_num_threads(args.threads)
+    temps = group_temperatures(AlgoConfig(name="tgrl", warmup_steps=0), step=1)
+    rows: list[dict[str, object]] = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for env, mode in [(e, m) for e in args.envs.split(",") for m in args.modes.split(",")]:
+        base = [f"env={env}", "env_server.mode=local", f"rollout.mode={mode}", f"rollout.max_turns={args.turns}",
+                f"engine.max_new_tokens={args.max_new_tokens}", f"engine.batch_size={args.episodes}"]
+        cfg0 = load_config(base)
+        tasks = TaskSampler(cfg0.env.id, cfg0.env.sampler, env_kwargs=cfg0.env_kwargs, seed=0).sample(
+            max(1, args.episodes // len(temps)))
+        async with open_env_pool(cfg0, out) as pool:
+            for name in args.models.split(","):
+                model, tok = load_policy(load_config([*base, f"model={name}"]).model)
+                played: dict[bool, list] = {}
+                for reuse in (False, True):
+                    cfg = load_config([*base, f"model={name}", f"engine.kv_reuse={str(reuse).lower()}"])
+                    engine = get_engine("hf", model, tok, **engine_kwargs(cfg))
+                    orch = RolloutOrchestrator(pool, engine, get_prompt(cfg.env.prompt), cfg.rollout,
+                                               max_new_tokens=cfg.engine.max_new_tokens, seed=0)
+                    if not rows or (rows[-1]["env"], rows[-1]["mode"]) != (env, mode):  # warm-up once per env: games loaded, workers started
+                        await orch.run_groups([GroupSpec(tasks[0], temps[:1])], seed_key=10**6)
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    res = await orch.run_groups([GroupSpec(t, temps) for t in tasks], seed_key=1)
+                    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                    m = res.metrics
+                    played[reuse] = [[(t.prompt_ids, t.response_ids) for t in ep.turns] for ep in res.episodes]
+                    rows.append({
+                        "env": env, "mode": mode, "model": name, "kv_reuse": reuse, "episodes": len(res.episodes),
+                        "turns": sum(len(e.turns) for e in res.episodes),
+                        "prompt_tokens_max": max((len(t.prompt_ids) for e in res.episodes for t in e.turns), default=0),
+                        "prefill_tokens": int(m["throughput/prefill_tokens"]),
+                        "decode_tokens": int(m["throughput/decode_tokens"]),
+                        "kv_reuse_tokens": int(m["throughput/kv_reuse_tokens"]),
+                        "tokens_per_s": m["throughput/tokens_per_s"], "generate_s": m["time/generate_s"],
+                        "rollout_s": wall, "cpu_s": cpu,
+                    })
+                    print(f"  {env} {mode} {name} kv_reuse={reuse}: {rows[-1]}", flush=True)
+                rows[-1]["same_tokens"] = rows[-2]["same_tokens"] = played[True] == played[False]
+                del model
+    return rows
+
+
+def print_kv_table(rows: list[dict[str, object]]) -> None:
+    cols = ["env", "mode", "model", "kv_reuse", "episodes", "turns", "prompt_tokens_max", "prefill_tokens", "decode_tokens",
+            "kv_reuse_tokens", "tokens_per_s", "generate_s", "rollout_s", "cpu_s", "same_tokens"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    print("\n| env | mode | model | prefill cut (off / on) | rollout wall speed-up (off / on) | generate speed-up | CPU time "
+          "speed-up |")
+    print("|---|---|---|---|---|---|---|")
+    for off, on in zip(rows[::2], rows[1::2]):
+        print(f"| {on['env']} | {on['mode']} | {on['model']} | {off['prefill_tokens'] / max(on['prefill_tokens'], 1):.1f}x | "
+              f"{off['rollout_s'] / max(on['rollout_s'], 1e-9):.2f}x | "
+              f"{off['generate_s'] / max(on['generate_s'], 1e-9):.2f}x | {off['cpu_s'] / max(on['cpu_s'], 1e-9):.2f}x |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="alfworld")
@@ -85,7 +163,17 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--out", default="/tmp/bench_rollout")
+    p.add_argument("--kv-reuse-table", action="store_true", help="KV reuse on/off table (module docstring)")
+    p.add_argument("--envs", default="textworld,alfworld", help="--kv-reuse-table: env configs")
+    p.add_argument("--models", default="tiny,smollm2", help="--kv-reuse-table: models")
+    p.add_argument("--modes", default="trajectory", help="--kv-reuse-table: rollout modes (trajectory,turn)")
     args = p.parse_args()
+    if args.kv_reuse_table:
+        rows = asyncio.run(bench_kv_reuse(args))
+        print(f"\nKV reuse: episodes={args.episodes} turns<={args.turns} max_new_tokens={args.max_new_tokens} "
+              f"threads={args.threads} (one rollout step each, trajectory mode, env in-process)")
+        print_kv_table(rows)
+        return
     r = asyncio.run(bench(args))
     print(f"\nrollout: env={args.env} model={args.model} mode={args.mode} episodes={args.episodes} "
           f"turns<={args.turns} max_new_tokens={args.max_new_tokens} threads={args.threads}")
