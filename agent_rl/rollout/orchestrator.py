@@ -569,11 +569,14 @@ class RolloutOrchestrator:
         return eps
 
     def stream_counters(self) -> dict[str, float]:
-        """Totals of the open stream: ``generate_s`` (engine busy), ``tokens`` generated, ``episode_retries``,
+        """Totals of the open stream: ``generate_s`` (engine busy), ``tokens`` generated, ``prefill_tokens`` and
+        ``kv_reuse_tokens`` (prompt tokens computed / taken from the engine's cache), ``episode_retries``,
         ``failed_episodes``, ``env_calls_s`` (summed over concurrent episodes)."""
         b = self._batcher
         return {"generate_s": b.busy_s if b is not None else 0.0,
                 "tokens": float(b.generated_tokens) if b is not None else 0.0,
+                "prefill_tokens": float(b.prefill_tokens) if b is not None else 0.0,
+                "kv_reuse_tokens": float(b.kv_reuse_tokens) if b is not None else 0.0,
                 "episode_retries": float(self._retries), "failed_episodes": float(getattr(self, "_failed_episodes", 0)),
                 "env_calls_s": self._env_s}
 

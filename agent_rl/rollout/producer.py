@@ -242,7 +242,8 @@ class AsyncProducer:
         self._arrived = asyncio.Event()
         self._runner: asyncio.Task | None = None
         self._active_s, self._active_since = 0.0, None  # time with >= 1 group in flight
-        self._last_counters = {"generate_s": 0.0, "tokens": 0.0, "episode_retries": 0.0, "failed_episodes": 0.0}
+        self._last_counters = {"generate_s": 0.0, "tokens": 0.0, "episode_retries": 0.0, "failed_episodes": 0.0,
+                               "prefill_tokens": 0.0, "kv_reuse_tokens": 0.0}
         self._cycle_start = time.perf_counter()
 
     # ------------------------------------------------------------------ state
@@ -372,6 +373,9 @@ class AsyncProducer:
             "time/env_wait_frac": max(0.0, 1.0 - delta["generate_s"] / cycle),
             "time/generate_s": delta["generate_s"],
             "throughput/tokens_per_s": delta["tokens"] / cycle,
+            "throughput/prefill_tokens": delta["prefill_tokens"],  # the cycle's, as the generation counters above
+            "throughput/decode_tokens": delta["tokens"],
+            "throughput/kv_reuse_tokens": delta["kv_reuse_tokens"],
             "async/groups_in_flight": float(self.groups_in_flight),
             "async/engine_version": float(self.version),
         })
