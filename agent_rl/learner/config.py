@@ -329,7 +329,8 @@ class OptimConfig:
     """Optimiser steps of linear LR warm-up."""
     lora_lr: float = 0.0
     """Peak learning rate of the LoRA adapter (``model.lora.rank > 0``), which then replaces ``lr``; 0 = derived:
-    ``LORA_LR_FACTOR`` (10) x ``optim.lr``, i.e. 1e-5 under the presets' full fine-tuning 1e-6 (model=tiny: 1e-2).
+    ``LORA_LR_FACTOR`` (10) x ``optim.lr``, i.e. 1e-5 under the presets' full fine-tuning 1e-6 (``model=tiny``'s
+    preset sets 3e-3: 10x its 1e-3 overshoots, docs/training.md "LoRA").
     Source: LoRA needs about 10x the full fine-tuning learning rate (Schulman et al. 2025, "LoRA Without Regret",
     Thinking Machines; their cookbook's ``get_lr`` uses the fixed factor 10, and LoRA matches full fine-tuning in
     RL at that rate); peft's and QLoRA's supervised recipes use 1e-4..2e-4, but RL runs on instruct models (the

@@ -80,9 +80,11 @@ def test_lora_config_refusals():
         load_config(["model=tiny", "model.lora.rank=-2"])
     cfg = load_config(["model=tiny", "model.lora.rank=8"])
     assert cfg.model.lora.rank == 8 and cfg.model.lora.target_modules == list(LORA_DEFAULT_TARGETS)
-    # optim.lora_lr = 0: 10 x optim.lr (model=tiny's 1e-3 -> 1e-2); set: itself
-    assert cfg.optim.for_lora().lr == pytest.approx(10 * cfg.optim.lr)
+    # optim.lora_lr = 0: 10 x optim.lr (the presets' 1e-6 -> 1e-5); set: itself (model=tiny's preset: 3e-3)
+    assert OptimConfig(lr=1e-6).for_lora().lr == pytest.approx(1e-5)
     assert OptimConfig(lr=1e-6, lora_lr=2e-5).for_lora().lr == 2e-5
+    assert cfg.optim.lora_lr == 3e-3 and cfg.optim.for_lora().lr == 3e-3
+    assert load_config(["model=smollm2", "model.lora.rank=8"], check=False).optim.for_lora().lr == pytest.approx(1e-5)
     with pytest.raises(ValueError, match="lora_lr"):
         OptimConfig(lora_lr=-1.0)
 
@@ -385,7 +387,7 @@ def test_train_with_lora_end_to_end(tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     train = [r for r in rows if r.get("kind") == "train"]
     assert len(train) == 2
-    assert train[0]["actor/lr"] == pytest.approx(1e-2)  # model=tiny's optim.lr 1e-3 x 10
+    assert train[0]["actor/lr"] == pytest.approx(3e-3)  # model=tiny's optim.lora_lr
     step2 = out / "checkpoints" / "step_2"
     assert (step2 / "adapter" / "adapter_model.safetensors").is_file()
     from transformers import AutoModelForCausalLM
