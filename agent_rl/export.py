@@ -31,7 +31,7 @@ from agent_rl.lora import ADAPTER_DIR
 from agent_rl.models import load_policy
 
 #: files of a checkpoint folder that are training state, not the model (never exported).
-STATE_FILES = ("learner.pt", "rng.pt", "extra.json")
+STATE_FILES = ("learner.pt", "rng.pt", "extra.json", "sharded.json")  # (an fsdp run's distcp/ is a folder: skipped)
 #: largest |exported - checkpoint| weight difference accepted for a LoRA export, relative to max(1, |W|max) of the
 #: tensor: peft's merge and the checkpoint's merge (``agent_rl.lora.merged_state_dict``) compute the same sum,
 #: in the weights' dtype (bf16 rounding ~ 2**-8 relative).

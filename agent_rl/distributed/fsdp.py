@@ -213,18 +213,23 @@ class FullyShardedDataParallel(RankCollectives):
         done: dict[int, Tensor] = {}
         max_gathered = 0
         for name, t in self.model.state_dict().items():
-            if id(t) in done:
+            local = t.to_local() if isinstance(t, DTensor) else t
+            key = (local.data_ptr(), tuple(t.shape)) if local.numel() else (id(t), tuple(t.shape))  # tied: once
+            if key in done:
                 if out is not None:
-                    out[name] = done[id(t)]
+                    out[name] = done[key]
                 continue
+            if isinstance(t, DTensor) and local.device.type != t.device_mesh.device_type:  # CPU-offloaded shard
+                t = DTensor.from_local(local.to(t.device_mesh.device_type), t.device_mesh, t.placements,
+                                       shape=t.shape, stride=t.stride())
             full = t.full_tensor() if isinstance(t, DTensor) else t
             max_gathered = max(max_gathered, full.numel() * full.element_size())
             if out is not None:
                 cpu = full.detach().to("cpu", dtype=dtype if dtype is not None and full.is_floating_point() else None,
                                        copy=True)
-                out[name] = done[id(t)] = cpu
+                out[name] = done[key] = cpu
             else:
-                done[id(t)] = torch.empty(0)
+                done[key] = torch.empty(0)
             del full
         self.last_gather = {"max_gathered": max_gathered,
                             "rank0_copy": tensor_bytes(out.values()) if out is not None else 0}
