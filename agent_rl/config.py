@@ -665,10 +665,6 @@ def _backend_checks(cfg: Config) -> None:
     if t.learner_strategy == "fsdp" and cfg.algo.uses_critic:
         raise ConfigError(f"trainer.learner_strategy=fsdp does not shard the value head of algo={cfg.algo.name}; "
                           "use trainer.learner_strategy=ddp")
-    if t.learner_strategy == "fsdp" and cfg.model.lora.rank > 0:
-        raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} with trainer.learner_strategy=fsdp is not supported "
-                          "yet (the weight gather and sharded checkpoints do not merge or save the adapter); use "
-                          "trainer.learner_strategy=ddp: a LoRA rank's trained state is the small adapter")
     if t.fsdp_offload and t.learner_gpus <= 0:
         raise ConfigError("trainer.fsdp_offload=true moves the FSDP shards from GPU to CPU memory: it needs "
                           "trainer.learner_gpus > 0 (a CPU learner's shards are in CPU memory already)")

@@ -157,17 +157,47 @@ def merge_lora_state_dict(state: dict[str, torch.Tensor], model: nn.Module) -> d
     return out
 
 
-def save_policy(model: nn.Module, folder: str | Path) -> None:
+def save_policy(model: nn.Module, folder: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
     """Write ``model`` as a plain transformers folder (``save_pretrained``: config, safetensors weights) into
     ``folder``; for a peft model the weights are :func:`merged_state_dict`'s and the adapter is saved as well, as
-    peft saves it, under ``folder/adapter/`` (``adapter_config.json``, ``adapter_model.safetensors``)."""
+    peft saves it, under ``folder/adapter/`` (``adapter_config.json``, ``adapter_model.safetensors``).
+
+    ``state``: the model's full state dict under its own names, gathered elsewhere (FSDP rank 0's CPU copy; the
+    model's parameters are then shards and are not read): written instead of the model's own tensors (a LoRA
+    model's merged with :func:`merge_lora_state_dict`, its adapter taken from it)."""
     folder = Path(folder)
     if not is_lora(model):
-        model.save_pretrained(folder, safe_serialization=True)
+        if state is None:
+            model.save_pretrained(folder, safe_serialization=True)
+        else:
+            model.save_pretrained(folder, state_dict=state, safe_serialization=True)
         return
     inner = base_module(model)
-    inner.save_pretrained(folder, state_dict=merged_state_dict(model), safe_serialization=True)
-    model.save_pretrained(folder / ADAPTER_DIR, safe_serialization=True)
+    merged = merged_state_dict(model) if state is None else merge_lora_state_dict(state, model)
+    inner.save_pretrained(folder, state_dict=merged, safe_serialization=True)
+    extra = {} if state is None else {"state_dict": state}
+    model.save_pretrained(folder / ADAPTER_DIR, safe_serialization=True, **extra)
+
+
+def adapter_state(folder: str | Path) -> dict[str, torch.Tensor]:
+    """The adapter weights of checkpoint ``folder`` under the peft model's own parameter names (peft saves them
+    without the adapter name: ``...q_proj.lora_A.weight`` -> ``base_model.model....q_proj.lora_A.default.weight``),
+    for loaders that set parameters by name (FSDP's ``set_model_state_dict``).
+
+    Raises:
+        FileNotFoundError: no ``folder/adapter/adapter_model.safetensors``.
+    """
+    from safetensors.torch import load_file
+
+    weights = Path(folder) / ADAPTER_DIR / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"checkpoint {folder} has no LoRA adapter ({weights}): it was not written by a run "
+                                "with model.lora.rank > 0")
+    out = {}
+    for key, tensor in load_file(str(weights)).items():
+        head, sep, tail = key.rpartition(".")
+        out[f"{head}.{ADAPTER_NAME}.{tail}" if ".lora_" in key else key] = tensor
+    return out
 
 
 def load_adapter(model: nn.Module, folder: str | Path) -> None:

@@ -28,7 +28,7 @@ from agent_rl.distributed.fsdp import FullyShardedDataParallel, learner_memory
 from agent_rl.learner.checkpoint import (load_checkpoint, load_sharded_checkpoint, save_checkpoint,
                                          save_sharded_checkpoint)
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
-from agent_rl.lora import merged_state_dict
+from agent_rl.lora import merge_lora_state_dict, merged_state_dict
 from agent_rl.models import load_policy
 from agent_rl.progress import Progress
 from agent_rl.rollout import GroupSpec, RolloutResult, group_temperatures
@@ -160,7 +160,8 @@ class LearnerRank:
         """The policy's state dict on CPU (what rollout workers load; LoRA: merged, plain transformers names,
         ``agent_rl.lora.merged_state_dict``)."""
         if self.sharded:  # gathered parameter by parameter; rank 0 returns them, the other ranks None
-            return self.learner.data_parallel.full_state_dict()
+            full = self.learner.data_parallel.full_state_dict()
+            return merge_lora_state_dict(full, self.model) if full is not None else None  # LoRA: merged
         return {k: v.detach().to("cpu", copy=True) for k, v in merged_state_dict(self.model).items()}
 
     def save(self, directory: str, extra: dict[str, Any]) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agent_rl.lora import is_lora, load_adapter, save_policy
+from agent_rl.lora import adapter_state, is_lora, load_adapter, save_policy
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _TMP_RE = re.compile(r"^\.(step_\d+)\.tmp-")
@@ -308,7 +308,7 @@ def save_sharded_checkpoint(directory: str | os.PathLike, model: torch.nn.Module
         try:
             if full_state is None:
                 raise ValueError("rank 0 needs the gathered full_state")
-            model.save_pretrained(tmp, state_dict=full_state, safe_serialization=True)
+            save_policy(model, tmp, full_state)  # LoRA: merged weights + adapter/ from the gathered state
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
             if learner is not None:
@@ -357,6 +357,8 @@ def load_sharded_checkpoint(directory: str | os.PathLike, model: torch.nn.Module
         msd = get_model_state_dict(model)
         dcp.load({"model": msd}, checkpoint_id=str(path / SHARDED_DIR))
         set_model_state_dict(model, msd)
+    elif is_lora(model):  # a plain LoRA checkpoint: the adapter onto the shards (the frozen base is the run's)
+        set_model_state_dict(model, adapter_state(path), options=StateDictOptions(full_state_dict=True, strict=False))
     else:
         state: dict[str, torch.Tensor] = {}
         for f in files:

@@ -81,3 +81,82 @@ def test_lora_ddp_ranks_match_the_single_learner(ray_cluster):
     for r, m in zip(ref, got):
         assert m[0]["actor/grad_norm"] == pytest.approx(r["actor/grad_norm"], rel=1e-4)
         assert sum(x["actor/pg_loss"] for x in m) / 2 == pytest.approx(r["actor/pg_loss"], rel=1e-4, abs=1e-6)
+
+
+def _ranks(strategy: str) -> list:
+    spec = LearnerSpec(model=MODEL, algo=ALGO, optim=OPTIM, credit=CreditConfig(), device="cpu", seed=0,
+                       strategy=strategy)
+    Rank = ray.remote(num_cpus=1)(LearnerRank)
+    ranks = [Rank.remote(r, 2, spec) for r in range(2)]
+    addr, port = ray.get(ranks[0].address.remote())
+    assert set(ray.get([r.setup.remote(addr, port) for r in ranks], timeout=240)) == {"gloo"}
+    return ranks
+
+
+def _close(ranks: list) -> None:
+    ray.get([r.shutdown.remote() for r in ranks])
+    for r in ranks:
+        ray.kill(r)
+
+
+@pytest.mark.timeout(900)
+def test_lora_fsdp_ranks_match_the_single_learner_and_resume_both_ways(ray_cluster, tmp_path):
+    """trainer.learner_strategy=fsdp with LoRA: 2 FSDP ranks make the single learner's 2 updates (merged weights
+    within ATOL, the same grad norms); their gathered weights are merged under plain names; their sharded
+    checkpoint holds adapter/ and resumes on one learner (2 -> 1), and the single learner's plain LoRA checkpoint
+    resumes on 2 FSDP ranks (1 -> 2), each continuing like the single learner."""
+    from agent_rl.learner.checkpoint import load_checkpoint, save_checkpoint
+
+    plain, tok = load_policy(ModelConfig(name="tiny"))
+    batches = [_batch(copy.deepcopy(plain), tok, groups=4, seed=s) for s in (0, 1, 2)]
+    seed_everything(0)
+    model, tok = load_policy(MODEL, train=True)
+    single = Learner(model, tok, ALGO, OPTIM, credit=CreditConfig(), device="cpu", seed=0)
+    ref = [single.update(b, step=i + 1, total_steps=10) for i, b in enumerate(batches[:2])]
+    plain_ckpt = save_checkpoint(tmp_path / "single_step_2", single.model, tok, single, {"step": 2})
+    after2 = {k: v.clone() for k, v in merged_state_dict(single.model).items()}
+    ref3 = single.update(batches[2], step=3, total_steps=10)
+    after3 = {k: v.clone() for k, v in merged_state_dict(single.model).items()}
+
+    ranks = _ranks("fsdp")
+    try:
+        got = [ray.get([r.update.remote(s, i + 1, 10) for r, s in zip(ranks, shard_batch(b, 2))], timeout=240)
+               for i, b in enumerate(batches[:2])]
+        weights = ray.get([r.get_weights.remote() for r in ranks])
+        sharded = tmp_path / "fsdp_step_2"
+        ray.get([r.save.remote(str(sharded), {"step": 2}) for r in ranks], timeout=240)
+    finally:
+        _close(ranks)
+    assert weights[1] is None and set(weights[0]) == set(plain.state_dict())  # merged, plain names, rank 0 only
+    for name, w in weights[0].items():
+        torch.testing.assert_close(w, after2[name], atol=ATOL, rtol=0, msg=name)
+    for r, m in zip(ref, got):
+        assert m[0]["actor/grad_norm"] == pytest.approx(r["actor/grad_norm"], rel=1e-4)
+    # the sharded checkpoint: merged transformers folder (= the gathered weights) + adapter/
+    from safetensors.torch import load_file
+
+    assert (sharded / "adapter" / "adapter_model.safetensors").is_file()
+    folder = load_file(str(sharded / "model.safetensors"))
+    assert set(folder) == set(weights[0])
+    for name, w in weights[0].items():
+        torch.testing.assert_close(folder[name], w, atol=0, rtol=0, msg=name)
+    # 2 -> 1: one LoRA learner resumes it (adapter from adapter/, AdamW moments from the shards), then step 3
+    seed_everything(5)  # another adapter init: everything must come from the checkpoint
+    m2, _ = load_policy(MODEL, train=True)
+    one = Learner(m2, tok, ALGO, OPTIM, credit=CreditConfig(), device="cpu", seed=0)
+    load_checkpoint(sharded, m2, one, restore_rng=False)
+    one3 = one.update(batches[2], step=3, total_steps=10)
+    assert one3["actor/grad_norm"] == pytest.approx(ref3["actor/grad_norm"], rel=1e-4)
+    for name, w in merged_state_dict(m2).items():
+        torch.testing.assert_close(w, after3[name], atol=ATOL, rtol=0, msg=name)
+    # 1 -> 2: the single learner's plain LoRA checkpoint on 2 FSDP ranks, then step 3 as the single learner's
+    ranks = _ranks("fsdp")
+    try:
+        ray.get([r.load.remote(str(plain_ckpt)) for r in ranks], timeout=240)
+        got3 = ray.get([r.update.remote(s, 3, 10) for r, s in zip(ranks, shard_batch(batches[2], 2))], timeout=240)
+        w3 = ray.get([r.get_weights.remote() for r in ranks])[0]
+    finally:
+        _close(ranks)
+    assert got3[0]["actor/grad_norm"] == pytest.approx(ref3["actor/grad_norm"], rel=1e-4)
+    for name, w in w3.items():
+        torch.testing.assert_close(w, after3[name], atol=ATOL, rtol=0, msg=name)
