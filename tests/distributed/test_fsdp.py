@@ -170,6 +170,24 @@ def test_fsdp_matches_single_learner(ray_cluster, batches, tmp_path):
         load_checkpoint(ckpt, m1, resumed)
 
 
+@pytest.mark.timeout(600)
+def test_fsdp_with_gradient_checkpointing_matches_single_learner(ray_cluster, batches):
+    """``model.gradient_checkpointing=true`` under FSDP (each layer re-gathered for its recomputation in backward):
+    one step of 2 ranks equals the single checkpointing learner's within ATOL."""
+    cfg = ModelConfig(name="tiny", gradient_checkpointing=True)
+    ranks = _ranks(2, "fsdp", cfg)
+    got = _update(ranks, batches[0], 1)
+    w = _weights(ranks)
+    _close(ranks)
+    model, tok = load_policy(cfg)
+    assert model.model.gradient_checkpointing
+    single = Learner(model, tok, ALGO, OPTIM, credit=CREDIT, device="cpu", seed=0)
+    ref = single.update(batches[0], step=1, total_steps=10)
+    for name, p in single.model.state_dict().items():
+        torch.testing.assert_close(w[name], p, atol=ATOL, rtol=0, msg=name)
+    assert got[0]["actor/grad_norm"] == pytest.approx(ref["actor/grad_norm"], rel=1e-4)
+
+
 def test_fsdp_config_refusals():
     """fsdp on the local backend, with a value head, and offload without GPUs are refused at load, with the reason."""
     base = ["env=choose_item", "model=tiny", "algo=grpo"]
