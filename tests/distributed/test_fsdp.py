@@ -220,3 +220,44 @@ def test_fsdp_ray_run_writes_two_rows_and_a_checkpoint(ray_cluster, tmp_path):
     ckpt = out / "checkpoints" / "step_2"
     assert (ckpt / "model.safetensors").is_file() and (ckpt / "distcp" / ".metadata").is_file()
     assert json.loads((ckpt / "sharded.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.timeout(300)
+def test_one_rank_fsdp_in_process_matches_and_its_checkpoint_marker_is_checked(batches, tmp_path):
+    """A one-rank process group in this process (gloo): the FSDP learner (rebuilt AdamW over DTensor shards, root
+    hooks on the trunk) makes the single learner's step; the weight gather counts a parameter once; a sharded
+    checkpoint without its DCP folder is incomplete (``missing_state``), with it it loads into a plain learner."""
+    import torch.distributed as dist
+
+    from agent_rl.distributed.data_parallel import init_process_group
+    from agent_rl.distributed.fsdp import FullyShardedDataParallel, decoder_layers, learner_memory
+    from agent_rl.learner.checkpoint import save_sharded_checkpoint
+
+    from agent_rl.runtime import free_port as port
+
+    model, tok = load_policy(ModelConfig(name="tiny"))
+    single = Learner(copy.deepcopy(model), tok, ALGO, OPTIM, credit=CREDIT, device="cpu", seed=0)
+    ref = single.update(batches[0], step=1, total_steps=10)
+    assert len(decoder_layers(model)) == 2
+    init_process_group(0, 1, "127.0.0.1", port())
+    try:
+        learner = Learner(model, tok, ALGO, OPTIM, credit=CREDIT, device="cpu", seed=0)
+        dp = learner.data_parallel = FullyShardedDataParallel(learner)
+        got = learner.update(batches[0], step=1, total_steps=10)
+        full = dp.full_state_dict()
+        n = sum(p.numel() for p in single.params)
+        assert dp.last_gather["rank0_copy"] == 4 * n and learner_memory(learner)["params"] == 4 * n
+        assert got["actor/grad_norm"] == pytest.approx(ref["actor/grad_norm"], rel=1e-5)
+        for name, p in single.model.state_dict().items():
+            torch.testing.assert_close(full[name], p, atol=1e-6, rtol=0, msg=name)
+        ckpt = save_sharded_checkpoint(tmp_path / "step_1", model, tok, learner, {"step": 1}, full)
+    finally:
+        dist.destroy_process_group()
+    assert missing_state(ckpt) == []
+    m2, _ = load_policy(ModelConfig(name="tiny"))
+    plain = Learner(m2, tok, ALGO, OPTIM, credit=CREDIT, device="cpu", seed=0)
+    load_checkpoint(ckpt, m2, plain)
+    for a, b in zip(plain.optimizer.state.values(), single.optimizer.state.values()):
+        torch.testing.assert_close(a["exp_avg"], b["exp_avg"], atol=1e-7, rtol=1e-4)
+    (ckpt / "distcp" / ".metadata").unlink()
+    assert missing_state(ckpt) == ["distcp"]
