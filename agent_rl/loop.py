@@ -189,7 +189,7 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
             else:  # loud: a run that never trains must not look like one that did
                 idle_steps += 1
                 metrics["batch/rows"] = 0
-                if t.max_staleness > 0:  # v = s after step s, trained or not (section 7): the producer's throttle
+                if t.max_staleness > 0 and backend.kind == "train":  # v = s after step s, trained or not (section 7)
                     await backend.sync(step)
                 if refused is not None:
                     print(f"WARNING: step {step} trains on nothing: {refused}; no update", file=sys.stderr)

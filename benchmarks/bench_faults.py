@@ -5,7 +5,8 @@ lost.
     python benchmarks/bench_faults.py                                # every fault, WebShop servers started here
     python benchmarks/bench_faults.py --env alfworld --faults worker_kill,server_restart
     python benchmarks/bench_faults.py --target compose               # the compose stack's containers (already up)
-    python benchmarks/bench_faults.py --max-staleness 1              # asynchronous rollouts (trainer.max_staleness)
+    python benchmarks/bench_faults.py --max-staleness 1 --fault-step 1 --steps 3   # asynchronous rollouts: step 2's
+                                                                     # groups play during step 1 (k steps ahead)
 
 Faults (``--faults``, comma-separated; default all):
 

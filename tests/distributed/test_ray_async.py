@@ -29,3 +29,41 @@ def test_acceptance_command_ray_k1(tmp_path):
     log = (out / "weight_versions.jsonl").read_text().splitlines()
     versions = [json.loads(line)["weight_version"] for line in log]
     assert versions and set(versions) <= {0, 1, 2}
+
+
+def _kill_worker_when_playing(name: str, opened: Path, killed: list[str], timeout_s: float = 300.0) -> None:
+    """Kill the rollout worker ``name`` half a second after the backend has opened (``opened`` exists: the workers
+    hold their weights, step 1's groups start), so groups are in flight on it."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not (opened.exists() and ray.is_initialized()):
+        time.sleep(0.05)  # (ray.get_actor before ray.init would start a cluster of its own)
+    time.sleep(0.5)
+    ray.kill(ray.get_actor(name), no_restart=True)
+    killed.append(name)
+
+
+def test_ray_k1_replaces_a_dead_worker_and_loses_no_group(tmp_path, capsys):
+    import threading
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
+    from test_async import ACCEPTANCE, check_async_rows
+
+    from agent_rl.train import main
+
+    out = tmp_path / "run"
+    killed: list[str] = []
+    killer = threading.Thread(target=_kill_worker_when_playing,
+                              args=("agent_rl-rollout-0-0", out / "weight_versions.jsonl", killed), daemon=True)
+    killer.start()
+    main([*ACCEPTANCE, "trainer.backend=ray", "rollout.max_turns=2", f"trainer.output_dir={out}"])
+    killer.join(timeout=5)
+    assert killed == ["agent_rl-rollout-0-0"]
+    rows = check_async_rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert sum(r["rollout/worker_restarts"] for r in rows) >= 1  # replaced, its groups played again
+    assert "rollout worker 0 died; replacing it" in capsys.readouterr().err
+    assert all(r["rollout/dropped_groups"] == 0 and r["rollout/episodes"] == 8 for r in rows)  # 2 whole groups
