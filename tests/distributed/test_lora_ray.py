@@ -160,3 +160,31 @@ def test_lora_fsdp_ranks_match_the_single_learner_and_resume_both_ways(ray_clust
     assert got3[0]["actor/grad_norm"] == pytest.approx(ref3["actor/grad_norm"], rel=1e-4)
     for name, w in w3.items():
         torch.testing.assert_close(w, after3[name], atol=ATOL, rtol=0, msg=name)
+
+
+@pytest.mark.timeout(900)
+def test_lora_fsdp_ray_run_writes_two_rows_an_adapter_and_exports(ray_cluster, tmp_path):
+    """The issue's two acceptance commands in one: 2 FSDP ranks on the Ray backend with model.lora.rank=8 (rollout
+    workers load the merged weights) -> 2 training rows at the adapter's rate, checkpoints/step_2/adapter/ beside
+    the merged folder, and ``agent_rl.export`` merges the adapter into the rebuilt base to the same weights."""
+    from safetensors.torch import load_file
+
+    from agent_rl.export import export_checkpoint
+    from agent_rl.logging import read_metrics
+    from agent_rl.train import main
+
+    out = tmp_path / "run"
+    main(["env=choose_item", "model=tiny", "algo=grpo", "trainer.backend=ray", "trainer.num_learners=2",
+          "trainer.learner_strategy=fsdp", "model.lora.rank=8", "trainer.total_steps=2", "trainer.tasks_per_step=2",
+          f"trainer.output_dir={out}", "env_server.mode=local", "rollout.num_workers=1", "trainer.learner_cpus=0.5",
+          "rollout.worker_cpus=0.5", "trainer.progress=false", "trainer.tensorboard=false",
+          "trainer.save_episodes=none"])
+    rows = read_metrics(out / "metrics.jsonl", "train")
+    assert [r["step"] for r in rows] == [1, 2] and all(r["actor/lr"] == pytest.approx(3e-3) for r in rows)
+    ckpt = out / "checkpoints" / "step_2"
+    assert (ckpt / "adapter" / "adapter_model.safetensors").is_file() and (ckpt / "distcp").is_dir()
+    exported = load_file(str(export_checkpoint(ckpt, tmp_path / "export") / "model.safetensors"))
+    saved = load_file(str(ckpt / "model.safetensors"))
+    assert exported.keys() == saved.keys()
+    for name, w in saved.items():
+        torch.testing.assert_close(exported[name], w, atol=1e-5, rtol=0, msg=name)
