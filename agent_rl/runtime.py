@@ -243,6 +243,8 @@ def check_resume_state(cfg: Config, ckpt: Path) -> list[str]:
                           f"start a new run from its weights with model.path={ckpt}")
     if missing and not cfg.trainer.resume_weights_only:
         raise ConfigError(incomplete_message(ckpt, missing))
+    if cfg.algo.t_high == "auto":
+        t_high_state(json.loads((ckpt / "extra.json").read_text()), ckpt)  # ConfigError when it has none
     if not cfg.trainer.resume_weights_only:
         return []
     o = cfg.optim
@@ -255,8 +257,6 @@ def check_resume_state(cfg: Config, ckpt: Path) -> list[str]:
         restarted.append("the value head (zeros)")
     if "rng.pt" in missing:
         restarted.append("the RNG states (rng.pt is missing: seeded from trainer.seed)")
-    if cfg.algo.t_high == "auto":
-        t_high_state(json.loads((ckpt / "extra.json").read_text()), ckpt)  # ConfigError when it has none
     kept = "the policy weights, the step, the task sampler's position" + ("" if "rng.pt" in missing else
                                                                            ", the RNG states")
     why = "learner.pt is missing" if "learner.pt" in missing else "learner.pt is not loaded"

@@ -133,6 +133,7 @@ __all__ = [
     "LN2",
     # TGRL (algorithms.md section 3)
     "tgrl_token_weights",
+    "AdaptiveHighTemperature",
     "tgrl_advantages",
     "tgrl_delta_r",
     "tgrl_metrics",
@@ -147,7 +148,6 @@ __all__ = [
     "turn_tp_mask",
     "forking_mask",
     "entropy_adv",
-    "AdaptiveHighTemperature",
     "empg_advantages",
     "next_turn_values",
     # the advantage pipeline (base -> JS weights -> credit -> low rows -> clamp)
