@@ -26,7 +26,7 @@ from agent_rl.learner import Learner
 from agent_rl.learner.checkpoint import load_checkpoint, save_checkpoint
 from agent_rl.lora import base_module
 from agent_rl.rollout import RolloutResult, group_temperatures
-from agent_rl.rollout.producer import AsyncProducer, VersionedEngine
+from agent_rl.rollout.producer import AsyncProducer, VersionedEngine, warmup_horizon
 from agent_rl.runtime import (build_engine, build_orchestrator, close_engine, import_modules, load_run_policy,
                               open_env_pool, resolve_device, seed_everything)
 from agent_rl.types import RolloutBatch, Task
@@ -133,7 +133,7 @@ class LocalBackend:
                 tasks_per_step=t.tasks_per_step, total_steps=self.total_steps,
                 max_replays=cfg.rollout.max_stale_replays, partial=cfg.rollout.partial,
                 filter_groups=algo.dapo_dynamic_sampling, max_extra_rounds=algo.dapo_max_extra_rounds,
-                version=self.version)
+                version=self.version, horizon=lambda step: warmup_horizon(algo, step, self.total_steps))
             self._stack.push_async_callback(self.producer.aclose)  # before the stream and the pool close
 
     async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]],

@@ -46,7 +46,7 @@ from agent_rl.distributed.actors import EnvServerReplica, LearnerRank, LearnerSp
 from agent_rl.distributed.data_parallel import shard_indices, take_shard, unshard_rows
 from agent_rl.eval.training import TrainingEval
 from agent_rl.rollout import RolloutResult, collect_groups, group_temperatures, merge_parallel_results
-from agent_rl.rollout.producer import AsyncProducer
+from agent_rl.rollout.producer import AsyncProducer, warmup_horizon
 from agent_rl.runtime import REPO, import_modules, load_run_policy, seed_everything
 from agent_rl.types import RolloutBatch, Task
 
@@ -222,7 +222,7 @@ class RayBackend:
                 tasks_per_step=t.tasks_per_step, total_steps=self.total_steps,
                 max_replays=self.cfg.rollout.max_stale_replays, partial=self.cfg.rollout.partial,
                 filter_groups=algo.dapo_dynamic_sampling, max_extra_rounds=algo.dapo_max_extra_rounds,
-                version=self.version)
+                version=self.version, horizon=lambda step: warmup_horizon(algo, step, self.total_steps))
 
     # ------------------------------------------------------------------ asynchronous rollouts (max_staleness >= 1)
     async def _play_group(self, spec: Any) -> Any:

@@ -10,6 +10,9 @@ groups from it in order of completion. The rules, exactly as the spec's section 
   started for the steps up to ``min(v + 1 + k, total_steps)`` (``tasks_per_step`` each, minus what the current
   step already took), so the producer is at most k steps ahead of the learner. A group's temperatures are fixed
   when it starts, from the step the loop is in then (``temperatures(step)``: warm-up or not, the step's T1).
+  TGRL's warm-up keeps its meaning: during warm-up steps groups are started only for warm-up steps (``horizon``),
+  and a warm-up group still waiting after the warm-up is played again as a fresh group (not counted as a replay;
+  ``async/groups_replayed_after_warmup``), so a step never mixes all-T1 warm-up groups with T0/T1 groups.
 - **Admission** (:class:`StepAdmission`, pure): whole groups, in order of completion; a failed group (an episode
   that failed every attempt) is dropped as in synchronous runs; a group whose staleness (the maximum over its
   tokens of ``(step - 1) - version``) exceeds k is discarded and its task played again as a fresh group (new group
@@ -46,6 +49,13 @@ from agent_rl.types import Episode, Task
 
 #: a replayed task's group id is its first group id + replays x this (group ids must stay distinct in a stream).
 REPLAY_ID_STRIDE = 10**12
+
+
+def warmup_horizon(algo: Any, step: int, total_steps: int) -> int:
+    """The last step a group started in 1-based ``step`` may be trained in: TGRL's last warm-up step while ``step``
+    is in the warm-up (``algo.in_warmup``: its groups are all at T1 and trained with plain GRPO), else
+    ``total_steps``."""
+    return int(algo.warmup_steps) if algo.in_warmup(step) else int(total_steps)
 
 
 class VersionedEngine:
@@ -93,6 +103,8 @@ class PlayedGroup:
     replays: int
     start_step: int
     episodes: list[Episode]
+    horizon: int = 2**62
+    """The last step it may be trained in (its sampling's phase: TGRL's warm-up groups only in warm-up steps)."""
 
     @property
     def failure(self) -> str | None:
@@ -145,12 +157,16 @@ class StepAdmission:
     filtered: int = 0
     stale: int = 0
     stale_by_type: dict[str, int] = field(default_factory=dict)
+    expired: list[PlayedGroup] = field(default_factory=list)
     consumed: int = 0  # groups that count against the step's budget (admitted, failed, filtered)
 
     def offer(self, group: PlayedGroup) -> str:
         """Judge one completed group: ``admitted`` | ``failed`` (dropped, as in synchronous runs) | ``stale_replay``
         (discarded, to be played again) | ``stale_dropped`` (discarded, replays used up) | ``filtered`` (DAPO)."""
         failure = group.failure
+        if self.step > group.horizon:  # sampled for another phase (TGRL warm-up, all at T1): played again fresh
+            self.expired.append(group)
+            return "expired"
         if failure is not None:
             self.failures.append(failure)
             self.consumed += 1
@@ -190,7 +206,8 @@ class StepAdmission:
         type as ``async/groups_stale_dropped/<type>``), ``async/groups_stale_given_up`` (of those, dropped for good:
         replays used up)."""
         out = {"async/groups_stale_dropped": float(self.stale),
-               "async/groups_stale_given_up": float(len(self.given_up))}
+               "async/groups_stale_given_up": float(len(self.given_up)),
+               "async/groups_replayed_after_warmup": float(len(self.expired))}
         for kind, n in sorted(self.stale_by_type.items()):
             out[f"async/groups_stale_dropped/{kind}"] = float(n)
         return out
@@ -213,13 +230,16 @@ class AsyncProducer:
             ``rollout.max_stale_replays``, ``rollout.partial``, ``algo.dapo_dynamic_sampling``,
             ``algo.dapo_max_extra_rounds``.
         version: the engine's weight version at the start (the resumed step, else 0).
+        horizon: ``horizon(step)``: the last step a group started in ``step`` may be trained in (TGRL: the last
+            warm-up step during warm-up); None: ``total_steps``.
     """
 
     def __init__(self, play_group: Callable[[GroupSpec], Awaitable[list[Episode]]],
                  load_weights: Callable[[int], Awaitable[None]], counters: Callable[[], dict[str, float]],
                  temperatures: Callable[[int], list[tuple[float, bool]]], *, max_staleness: int, tasks_per_step: int,
                  total_steps: int, max_replays: int = 2, partial: bool = False, filter_groups: bool = False,
-                 max_extra_rounds: int = 0, version: int = 0) -> None:
+                 max_extra_rounds: int = 0, version: int = 0,
+                 horizon: Callable[[int], int] | None = None) -> None:
         if max_staleness < 1:
             raise ValueError(f"AsyncProducer needs max_staleness >= 1, got {max_staleness}")
         self.play_group, self.load_weights, self.counters = play_group, load_weights, counters
@@ -228,6 +248,7 @@ class AsyncProducer:
         self.max_replays, self.partial = int(max_replays), bool(partial)
         self.filter_groups, self.max_extra_rounds = bool(filter_groups), int(max_extra_rounds)
         self.version = int(version)
+        self.horizon = horizon
         self.step = self.version + 1  # the step the loop is in
         self.consumed = 0  # groups the current step has taken (its quota: per_step)
         self.sample_tasks: Callable[[int], list[Task]] | None = None
@@ -265,8 +286,11 @@ class AsyncProducer:
     def _target(self) -> int:
         """Groups the throttle allows in the backlog now: the current step's rest and every later step up to
         ``min(version + 1 + k, total_steps)``."""
-        last = min(self.version + 1 + self.k, self.total_steps)
+        last = min(self.version + 1 + self.k, self.total_steps, self._horizon(self.step))
         return max(0, self.per_step * (last - self.step + 1) - self.consumed)
+
+    def _horizon(self, step: int) -> int:
+        return self.total_steps if self.horizon is None else int(self.horizon(step))
 
     # ------------------------------------------------------------------ the producer task
     def start(self, sample_tasks: Callable[[int], list[Task]]) -> None:
@@ -300,14 +324,15 @@ class AsyncProducer:
             self.draws += 1
             self._untrained[origin] = 1
         spec = GroupSpec(task, list(self.temperatures(self.step)))
-        start_step = self.step
+        start_step, horizon = self.step, self._horizon(self.step)
         if not self._inflight:
             self._active_since = time.perf_counter()
         job = asyncio.ensure_future(self.play_group(spec))
         self._inflight.add(job)
-        job.add_done_callback(lambda fut: self._finished(fut, task, origin, replays, start_step))
+        job.add_done_callback(lambda fut: self._finished(fut, task, origin, replays, start_step, horizon))
 
-    def _finished(self, fut: asyncio.Future, task: Task, origin: int, replays: int, start_step: int) -> None:
+    def _finished(self, fut: asyncio.Future, task: Task, origin: int, replays: int, start_step: int,
+                  horizon: int) -> None:
         self._inflight.discard(fut)
         if not self._inflight and self._active_since is not None:
             self._active_s += time.perf_counter() - self._active_since
@@ -318,7 +343,7 @@ class AsyncProducer:
         if exc is not None:  # engine errors and config mistakes are bugs: raised in the next collect
             self._error = self._error or exc
         else:
-            self._done.append(PlayedGroup(task, origin, replays, start_step, list(fut.result())))
+            self._done.append(PlayedGroup(task, origin, replays, start_step, list(fut.result()), horizon))
         self._arrived.set()
         self._wake.set()
 
@@ -348,6 +373,8 @@ class AsyncProducer:
             verdict = adm.offer(group)
             if verdict == "stale_replay":
                 self._replay.append(group)
+            elif verdict == "expired":  # played again as a fresh group, its replays not counted
+                self._replay.append(dataclasses.replace(group, replays=group.replays - 1))
             else:
                 self._settle(group.origin)
             self.consumed = adm.taken  # a filtered or (with the filter) failed group is refilled

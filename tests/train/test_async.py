@@ -4,6 +4,7 @@ of whole groups with hand-made versions, the synchronous golden runs, partial ro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -68,6 +69,7 @@ def test_admission_by_whole_groups_with_hand_made_versions():
     assert adm.offer(bound) == "admitted" and adm.done  # staleness 1 == k is admitted
     assert adm.admitted == [fresh, bound] and adm.replay == [stale] and adm.given_up == [stale_again]
     assert adm.metrics() == {"async/groups_stale_dropped": 2.0, "async/groups_stale_given_up": 1.0,
+                             "async/groups_replayed_after_warmup": 0.0,
                              "async/groups_stale_dropped/cup": 1.0, "async/groups_stale_dropped/sock": 1.0}
 
 
@@ -113,7 +115,8 @@ class _FakeEngineSide:
             await gate.wait()
         else:
             await asyncio.sleep(0)
-        return [_episode(spec.task.group_id, [version], reward=float(i)) for i, _ in enumerate(spec.temperatures)]
+        return [_episode(spec.task.group_id, [version], reward=float(i), high=high)
+                for i, (_, high) in enumerate(spec.temperatures)]
 
 
 class _Sampler:
@@ -126,14 +129,15 @@ class _Sampler:
         return tasks
 
 
-def _producer(side, *, k, total=4, per_step=2, partial=False, version=0):
+def _producer(side, *, k, total=4, per_step=2, partial=False, version=0, temperatures=None, horizon=None):
     loaded = []
 
     async def load(v):
         loaded.append(v)
 
-    prod = AsyncProducer(side.play, load, lambda: {}, lambda step: [(1.0, False), (1.0, False)], max_staleness=k,
-                         tasks_per_step=per_step, total_steps=total, partial=partial, version=version)
+    prod = AsyncProducer(side.play, load, lambda: {}, temperatures or (lambda step: [(1.0, False), (1.0, False)]),
+                         max_staleness=k, tasks_per_step=per_step, total_steps=total, partial=partial,
+                         version=version, horizon=horizon)
     side.producer = prod
     return prod, loaded
 
@@ -359,3 +363,38 @@ def test_config_refuses_what_cannot_work_and_resume_may_change_the_bound(capsys)
     assert "rollout.partial=true has no effect with trainer.max_staleness=0" in capsys.readouterr().err
     assert all(may_change_on_resume(k) for k in ("trainer.max_staleness", "rollout.partial",
                                                  "rollout.max_stale_replays"))
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_tgrl_warm_up_groups_are_trained_only_in_warm_up_steps(k):
+    from agent_rl.learner.config import AlgoConfig
+    from agent_rl.rollout import group_temperatures
+    from agent_rl.rollout.producer import warmup_horizon
+
+    algo = AlgoConfig(name="tgrl", warmup_steps=2, n_low=1, n_high=1, group_size=0)
+    assert warmup_horizon(algo, 2, 5) == 2 and warmup_horizon(algo, 3, 5) == 5
+    assert warmup_horizon(AlgoConfig(name="grpo", group_size=2), 1, 5) == 5
+
+    async def main():
+        side, sampler = _FakeEngineSide(), _Sampler()
+        prod, _ = _producer(side, k=k, total=5, temperatures=lambda step: group_temperatures(algo, step),
+                            horizon=lambda step: warmup_horizon(algo, step, 5))
+        kinds = []
+        for step in range(1, 6):
+            res = await prod.collect(step, sampler.sample)
+            assert len(res.episodes) == 4
+            kinds.append({tuple(ep.is_high for ep in res.episodes[i:i + 2]) for i in range(0, 4, 2)})
+            await prod.sync(step)
+        await prod.aclose()
+        return kinds
+
+    kinds = asyncio.run(main())
+    assert kinds[:2] == [{(True, True)}] * 2  # warm-up: all at T1
+    assert kinds[2:] == [{(False, True)}] * 3  # never a warm-up group after the warm-up
+
+
+def test_a_warm_up_group_left_after_the_warm_up_is_played_again_fresh():
+    adm = StepAdmission(step=3, need=1, max_staleness=2, max_replays=0)
+    late = dataclasses.replace(_group(0, [[1], [1]]), horizon=2)
+    assert adm.offer(late) == "expired" and adm.stale == 0 and adm.metrics()["async/groups_replayed_after_warmup"] == 1
+    assert adm.offer(_group(1, [[2], [2]])) == "admitted" and adm.done
