@@ -77,6 +77,8 @@ class LearnerSpec:
     strategy: str = "ddp"
     """``trainer.learner_strategy``: ddp (``DataParallel``) | fsdp (``FullyShardedDataParallel``)."""
     fsdp_offload: bool = False
+    fsdp_sync_every_micro_batch: bool = True
+    """``FullyShardedDataParallel(sync_every_micro_batch=)`` (no config key: the default is the memory-saving one)."""
 
     @classmethod
     def from_config(cls, cfg: Any, device: str) -> "LearnerSpec":
@@ -119,7 +121,8 @@ class LearnerRank:
         backend = "none"
         if s.strategy == "fsdp":  # a process group even for one rank (FSDP's mesh; CPU offload on one GPU)
             backend = init_process_group(self.rank, self.world_size, master_addr, master_port)
-            self.learner.data_parallel = FullyShardedDataParallel(self.learner, offload=s.fsdp_offload)
+            self.learner.data_parallel = FullyShardedDataParallel(
+                self.learner, offload=s.fsdp_offload, sync_every_micro_batch=s.fsdp_sync_every_micro_batch)
         elif self.world_size > 1:
             backend = init_process_group(self.rank, self.world_size, master_addr, master_port)
             self.learner.data_parallel = DataParallel(self.learner)

@@ -23,10 +23,12 @@ single learner's gradient), the same ``global_max`` / ``global_min``. Two things
   (one row, a zero loss that touches every trainable parameter: ``Learner._idle_pass``). DDP needs none of this (it
   accumulates locally and all-reduces once, :meth:`DataParallel.sync_gradients`).
 
-Gradient accumulation: the reduce-scatter runs at every micro-batch's backward and the sharded gradients accumulate
-(``set_requires_gradient_sync(True)``, FSDP's default). Turning it off for all but the last micro-batch saves
-communication but keeps an unsharded fp32 gradient of every parameter on every rank until the last one (DDP's
-memory), which is what this strategy exists to avoid; :meth:`FullyShardedDataParallel.set_gradient_sync` exposes it.
+Gradient accumulation (``sync_every_micro_batch``): by default the reduce-scatter runs at every micro-batch's backward
+and the sharded gradients accumulate (``set_requires_gradient_sync(True)``, FSDP's default: ZeRO-3 memory).
+``sync_every_micro_batch=False`` turns it off for all but the mini-batch's last backward (the learner tells the
+count, :meth:`FullyShardedDataParallel.lockstep_padding`, and a hook on the trunk's forward counts down): one
+reduce-scatter per optimiser step instead of one per micro-batch, at the price of an unsharded fp32 gradient of every
+parameter on every rank until then (DDP's gradient memory). Same update either way (tests/distributed/test_fsdp.py).
 
 Clipping: ``torch.nn.utils.clip_grad_norm_`` over DTensor gradients computes each shard's norm and all-reduces it (the
 global norm of the full gradient; tests/distributed/test_fsdp.py checks it against the single learner's).
@@ -173,7 +175,7 @@ class FullyShardedDataParallel(RankCollectives):
 
     lockstep = True  # every rank runs the same number of forward / backward passes (collective all-gathers)
 
-    def __init__(self, learner: Any, *, offload: bool = False) -> None:
+    def __init__(self, learner: Any, *, offload: bool = False, sync_every_micro_batch: bool = True) -> None:
         super().__init__(torch.device(learner.device))
         if getattr(learner, "value_head", None) is not None:
             raise ValueError("trainer.learner_strategy=fsdp does not shard a value head (algo=ppo): use ddp")
@@ -184,12 +186,31 @@ class FullyShardedDataParallel(RankCollectives):
                                               weight_decay=cfg.weight_decay)
         learner.scheduler = lr_scheduler(learner.optimizer, cfg.warmup)
         self.learner = learner
+        self.sync_every_micro_batch = bool(sync_every_micro_batch)
+        self._backwards_left = 0
+        policy_trunk(self.model)[0].register_forward_pre_hook(self._count_backward)
         #: tensor bytes of the last :meth:`full_state_dict` (``max_gathered``: the largest transient full tensor on
         #: a rank's device; ``rank0_copy``: the gathered copy rank 0 returns, on CPU).
         self.last_gather: dict[str, int] = {}
 
+    def lockstep_padding(self, n: int) -> int:
+        """The idle passes this rank adds to its ``n`` (``global_max(n) - n``); with gradient enabled (the grad
+        pass) the ``global_max(n)`` backwards of the mini-batch are what :meth:`_count_backward` counts down."""
+        total = self.global_max(n)
+        if torch.is_grad_enabled():
+            self._backwards_left = total
+        return total - n
+
+    def _count_backward(self, *_args: Any) -> None:
+        """Trunk pre-forward hook: with ``sync_every_micro_batch=False``, reduce-scatter only in the mini-batch's last
+        backward (every grad-pass forward is followed by its backward)."""
+        if self.sync_every_micro_batch or not torch.is_grad_enabled() or self._backwards_left <= 0:
+            return
+        self.set_gradient_sync(self._backwards_left == 1)
+        self._backwards_left -= 1
+
     def sync_gradients(self) -> None:
-        """Nothing to do: FSDP reduce-scattered (averaged) each micro-batch's gradient in its backward."""
+        """Nothing to do: FSDP reduce-scattered (averaged) the gradients in the backward passes."""
 
     def set_gradient_sync(self, enabled: bool) -> None:
         """``set_requires_gradient_sync(enabled)`` on every unit (off: gradients accumulate unsharded, see module

@@ -431,9 +431,10 @@ class Learner:
         """Idle passes this rank adds to its ``n`` forward (or backward) passes so that every rank runs the same
         number: ranks whose collectives run inside forward and backward (``data_parallel.lockstep``: FSDP's
         all-gathers and reduce-scatters) would otherwise wait for each other forever. 0 for one process and DDP.
-        Collective itself: call it before the passes it pads (every rank at the same point)."""
+        Collective itself: call it before the passes it pads (every rank at the same point); the ranks' count of
+        passes is the hooks' (``dp.lockstep_padding``: FSDP's gradient-sync control counts its backwards with it)."""
         dp = self.data_parallel
-        return dp.global_max(n) - n if dp is not None and getattr(dp, "lockstep", False) else 0
+        return dp.lockstep_padding(n) if dp is not None and getattr(dp, "lockstep", False) else 0
 
     def _idle_pass(self, b: RolloutBatch, *, backward: bool, with_ref: bool = False) -> None:
         """One forward over the batch's first row that changes nothing (:meth:`_lockstep_padding`): its
