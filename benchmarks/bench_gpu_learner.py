@@ -108,6 +108,10 @@ def run_memory_bound(args, batch: RolloutBatch) -> dict[str, float]:
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else float("nan")
     trainable = sum(p.numel() for p in learner.params)
+    if args.strategy == "fsdp":
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     step_s = sum(times) / len(times)
     return {"step_s": step_s, "tok_per_s": float(batch.response_mask.sum()) / step_s, "peak_gib": peak,
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
@@ -209,8 +213,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"device {dev} | shape {args.shape} | {args.rows} rows x ({args.prompt_len} + {args.response_len}) tokens "
           f"| micro-batch {args.micro} | torch {torch.__version__}")
     if args.lora_rank > 0 or args.strategy == "fsdp":
-        what = (f"LoRA rank {args.lora_rank}, bf16 base" if args.lora_rank > 0 else "full fine-tuning, fp32 masters") + (
-            f", fsdp 1 rank{' + CPU offload' if args.offload else ''}" if args.strategy == "fsdp" else "")
+        what = f"LoRA rank {args.lora_rank}, bf16 base" if args.lora_rank > 0 else "full fine-tuning, fp32 masters"
+        if args.strategy == "fsdp":
+            what += f", fsdp 1 rank{' + CPU offload' if args.offload else ''}"
         r = run_memory_bound(args, batch)
         print("\n| run | params | trainable | step s | trained tok/s | peak GPU GiB | peak RSS GiB |")
         print("|---|---|---|---|---|---|---|")

@@ -34,10 +34,10 @@ Clipping: ``torch.nn.utils.clip_grad_norm_`` over DTensor gradients computes eac
 global norm of the full gradient; tests/distributed/test_fsdp.py checks it against the single learner's).
 
 On CUDA: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: the all-gathered parameters and the compute
-are bf16, the gradients are reduced in fp32 into fp32 sharded master weights (the model is cast to fp32 before
-sharding), AdamW steps in fp32. ``trainer.fsdp_offload=true``: ``CPUOffloadPolicy``: the sharded parameters,
-gradients and AdamW moments live in (pinned) CPU memory, the optimiser steps on the CPU, each unit is copied to the
-GPU for its forward/backward.
+are bf16, the gradients are reduced in fp32 into fp32 sharded master weights (the trained parameters are cast to fp32
+before sharding; a frozen LoRA base keeps its dtype), AdamW steps in fp32. ``trainer.fsdp_offload=true``:
+``CPUOffloadPolicy``: the sharded parameters, gradients and AdamW moments live in (pinned) CPU memory, the optimiser
+steps on the CPU, each unit is copied to the GPU for its forward/backward.
 
 Weights for the engines (:meth:`FullyShardedDataParallel.full_state_dict`): parameter by parameter, each rank's
 shard all-gathered (``DTensor.full_tensor``), rank 0 keeps a CPU copy, every other rank drops it at once: the
@@ -69,8 +69,8 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     names = set(getattr(model, "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
-        raise ValueError(f"{type(model).__name__} declares no decoder-layer classes (_no_split_modules={sorted(names)}) "
-                         "that FSDP could shard one by one")
+        raise ValueError(f"{type(model).__name__} declares no decoder-layer classes "
+                         f"(_no_split_modules={sorted(names)}) that FSDP could shard one by one")
     return layers
 
 
@@ -98,8 +98,10 @@ def shard_causal_lm(model: nn.Module, device: torch.device, *, offload: bool = F
     if offload and device.type != "cuda":
         raise ValueError("trainer.fsdp_offload=true offloads GPU shards to CPU memory: it needs a CUDA learner")
     cuda = device.type == "cuda"
-    if cuda:
-        model.float()  # fp32 master weights; the all-gathered copies are bf16 (MixedPrecisionPolicy)
+    if cuda:  # fp32 master weights of what is trained; the all-gathered copies are bf16 (MixedPrecisionPolicy);
+        for p in model.parameters():  # a frozen base (LoRA) keeps its dtype (bf16 presets: 2 B/parameter)
+            if p.requires_grad and p.dtype != torch.float32:
+                p.data = p.data.float()
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     kwargs: dict[str, Any] = {"mesh": mesh}
     if cuda:

@@ -308,7 +308,8 @@ def save_sharded_checkpoint(directory: str | os.PathLike, model: torch.nn.Module
         try:
             if full_state is None:
                 raise ValueError("rank 0 needs the gathered full_state")
-            save_policy(model, tmp, full_state)  # LoRA: merged weights + adapter/ from the gathered state
+            # a copy: save_pretrained empties the state dict it is given (the caller keeps its gathered weights)
+            save_policy(model, tmp, dict(full_state))  # LoRA: merged weights + adapter/ from the gathered state
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
             if learner is not None:
