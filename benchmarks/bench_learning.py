@@ -32,9 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def evaluate(cfg: Any, checkpoint: Path | None, panel: int, split: str, temperature: float = 0.0) -> float:
+def evaluate(cfg: Any, checkpoint: Path | None, panel: int, split: str, temperature: float = 0.0,
+             stats: dict[str, Any] | None = None) -> float:
     """Success rate of the policy (``checkpoint``, else ``cfg.model``) on ``split`` games ``0..panel-1``, decoded at
-    ``temperature`` (0 = greedy), ``cfg.rollout.max_turns`` turns."""
+    ``temperature`` (0 = greedy), ``cfg.rollout.max_turns`` turns, ``cfg.rollout.mode`` prompts. ``stats`` (if given)
+    is filled with ``success``, ``invalid_frac`` (invalid actions / turns over the panel), ``mean_turns`` and
+    ``wall_s`` (model load + panel, seconds) and ``episodes`` (index, won, actions of each game)."""
     from agent_rl.engines import get_engine
     from agent_rl.envclient import LocalEnvPool
     from agent_rl.models import load_policy
@@ -44,6 +47,7 @@ def evaluate(cfg: Any, checkpoint: Path | None, panel: int, split: str, temperat
 
     import dataclasses
 
+    t0 = time.perf_counter()
     model_cfg = dataclasses.replace(cfg.model, path=str(checkpoint)) if checkpoint is not None else cfg.model
     model, tokenizer = load_policy(model_cfg)
     model.eval()
@@ -63,7 +67,15 @@ def evaluate(cfg: Any, checkpoint: Path | None, panel: int, split: str, temperat
             if result.dropped_groups:
                 raise RuntimeError(f"{result.dropped_groups} of {panel} panel games failed (not a loss of the policy):"
                                    f" {sorted(set(result.failures))[:3]}")
-            return float(sum(ep.won for ep in result.episodes)) / panel
+            success = float(sum(ep.won for ep in result.episodes)) / panel
+            if stats is not None:
+                turns = sum(len(ep.turns) for ep in result.episodes)
+                stats.update(success=success, invalid_frac=sum(t.invalid for ep in result.episodes for t in ep.turns)
+                             / max(1, turns), mean_turns=turns / max(1, len(result.episodes)),
+                             wall_s=time.perf_counter() - t0,
+                             episodes=[{"index": ep.task.options.get("index"), "won": ep.won,
+                                        "actions": [t.action for t in ep.turns]} for ep in result.episodes])
+            return success
         finally:
             await pool.aclose()
 
@@ -168,7 +180,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", default="runs/learning")
     p.add_argument("--eval-checkpoints", nargs="*", default=[],
                    help="train nothing: play the panel with each of these checkpoints (e.g. to choose a behaviour-"
-                        "cloned start) at each --eval-temperatures and print the success rates")
+                        "cloned start; 'base' = the --model itself, zero-shot) at each --eval-temperatures; prints "
+                        "success, invalid-action fraction, mean turns and wall time, writes OUT/eval.json")
     p.add_argument("--eval-temperatures", default="0", help="comma-separated, for --eval-checkpoints")
     p.add_argument("--merge", nargs="*", default=[],
                    help="results.json files of earlier runs (e.g. one process per algorithm): train nothing, write "
@@ -181,10 +194,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         cfg = load_config([f"env={args.env}", f"model={args.model}", *args.train,
                            *[f"env.kwargs.{k}={v}" for k, v in args.env_kwargs.items()]])
-        rates = {ck: {t: evaluate(cfg, Path(ck), args.panel, args.split, float(t))
-                      for t in args.eval_temperatures.split(",")} for ck in args.eval_checkpoints}
-        for ck, by_t in rates.items():
-            print(ck, " ".join(f"T={t}: {r:.2f}" for t, r in by_t.items()), flush=True)
+        # "base": the model= policy itself (zero-shot), no checkpoint
+        rates: dict[str, dict[str, dict[str, Any]]] = {}
+        for ck in args.eval_checkpoints:
+            for t in args.eval_temperatures.split(","):
+                st: dict[str, Any] = {}
+                evaluate(cfg, None if ck == "base" else Path(ck), args.panel, args.split, float(t), stats=st)
+                rates.setdefault(ck, {})[t] = st
+                print(f"{ck} T={t}: success {st['success']:.2f}, invalid {st['invalid_frac']:.2f}, turns "
+                      f"{st['mean_turns']:.1f}, wall {st['wall_s']:.0f} s", flush=True)
+                (out / "eval.json").write_text(json.dumps(rates, indent=1))
         return {"eval": rates}
     results: dict[str, dict[str, dict[str, list]]] = {}
     for path in args.merge:
