@@ -158,6 +158,25 @@ def incomplete_message(directory: str | os.PathLike, absent: list[str]) -> str:
             f"weights with model.path={directory}")
 
 
+def _weight_files(path: Path, with_learner: bool, restore_rng: bool, weights_only: bool) -> list[str]:
+    """The checkpoint's ``*.safetensors`` files, after the checks every loader makes.
+
+    Raises:
+        FileNotFoundError: no weights in ``path``. IncompleteCheckpoint: ``learner.pt`` (``with_learner``),
+            ``rng.pt`` (``restore_rng``) or a sharded checkpoint's ``distcp/`` missing, unless ``weights_only``.
+    """
+    files = sorted(glob.glob(str(path / "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no checkpoint weights (*.safetensors) in {path}")
+    wanted = [name for name, needed in (("learner.pt", with_learner), ("rng.pt", restore_rng)) if needed]
+    absent = [name for name in wanted if not (path / name).is_file()]
+    if with_learner and SHARDED_DIR in missing_state(path):
+        absent.append(SHARDED_DIR)
+    if absent and not weights_only:
+        raise IncompleteCheckpoint(incomplete_message(path, absent))
+    return files
+
+
 def load_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, learner: Any = None,
                     restore_rng: bool = True, *, weights_only: bool = False) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint` into ``model`` (in place) and ``learner``; restore the
@@ -183,15 +202,7 @@ def load_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, learne
     from safetensors.torch import load_file
 
     path = Path(directory)
-    files = sorted(glob.glob(str(path / "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no checkpoint weights (*.safetensors) in {path}")
-    wanted = [name for name, needed in (("learner.pt", learner is not None), ("rng.pt", restore_rng)) if needed]
-    absent = [name for name in wanted if not (path / name).is_file()]
-    if learner is not None and SHARDED_DIR in missing_state(path):
-        absent.append(SHARDED_DIR)
-    if absent and not weights_only:
-        raise IncompleteCheckpoint(incomplete_message(path, absent))
+    files = _weight_files(path, learner is not None, restore_rng, weights_only)
     if is_lora(model):
         load_adapter(model, path)
     else:
@@ -344,16 +355,8 @@ def load_sharded_checkpoint(directory: str | os.PathLike, model: torch.nn.Module
     import torch.distributed.checkpoint as dcp
 
     path = Path(directory)
-    files = sorted(glob.glob(str(path / "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no checkpoint weights (*.safetensors) in {path}")
-    wanted = [name for name, needed in (("learner.pt", learner is not None), ("rng.pt", restore_rng)) if needed]
-    absent = [name for name in wanted if not (path / name).is_file()]
+    files = _weight_files(path, learner is not None, restore_rng, weights_only)
     sharded = (path / SHARDED_MARKER).is_file()
-    if learner is not None and SHARDED_DIR in missing_state(path):
-        absent.append(SHARDED_DIR)
-    if absent and not weights_only:
-        raise IncompleteCheckpoint(incomplete_message(path, absent))
     if sharded and (path / SHARDED_DIR / ".metadata").is_file():
         msd = get_model_state_dict(model)
         dcp.load({"model": msd}, checkpoint_id=str(path / SHARDED_DIR))

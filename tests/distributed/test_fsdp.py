@@ -32,17 +32,6 @@ pytestmark = pytest.mark.slow  # Ray actors on a local cluster (fast tier: pytes
 ATOL = 2e-5
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A local 2-CPU Ray cluster for this module; always shut down (no Ray processes left behind)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 ALGO = AlgoConfig(name="tgrl", micro_batch_size=3, warmup_steps=0)
 OPTIM = OptimConfig(lr=1e-4, eps=1e-6, max_grad_norm=1.0, warmup=0)
 CREDIT = CreditConfig(name="js")

@@ -33,17 +33,6 @@ OPTIM = OptimConfig(lr=1e-4, lora_lr=1e-3, eps=1e-6, max_grad_norm=1.0, warmup=0
 ATOL = 2e-5
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A local 2-CPU Ray cluster for this module; always shut down."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 @pytest.mark.timeout(600)
 def test_lora_ddp_ranks_match_the_single_learner(ray_cluster):
     plain, tok = load_policy(ModelConfig(name="tiny"))

@@ -26,17 +26,6 @@ from agent_rl.types import Episode, Task, Turn  # noqa: E402
 pytestmark = pytest.mark.slow  # Ray actors on a local cluster (fast tier: pytest -m 'not slow')
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A local 2-CPU Ray cluster for this module; always shut down (no Ray processes left behind)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 def _batch(model, tok, groups: int = 4, seed: int = 0):
     """A TGRL-shaped batch of ``groups`` groups (1 low + 3 high episodes, 1-2 turns each, rewards differ within a
     group and response lengths differ across groups, so the ranks' token counts differ)."""

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
+import ray  # noqa: F401  (the module needs Ray; its cluster fixture is in conftest.py)
 
 from agent_rl.config import RESUME_APPLIED, ConfigError
 from agent_rl.train import main
@@ -21,17 +21,6 @@ COMMON = ["model=tiny", "env=choose_item", "env_server.mode=local", "algo=grpo",
           "trainer.tasks_per_step=1", "rollout.max_turns=1", "engine.max_new_tokens=4", "trainer.progress=false",
           "trainer.tensorboard=false", "trainer.save_episodes=none", "optim.warmup=4", "trainer.backend=ray",
           "trainer.num_learners=1", "rollout.num_workers=1", "trainer.learner_cpus=0.5", "rollout.worker_cpus=0.5"]
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A local 2-CPU Ray cluster for this module; always shut down (no Ray processes left behind)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def lr_by_step(out: Path) -> dict[int, float]:

@@ -16,17 +16,6 @@ from agent_rl.train import main  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A local 2-CPU Ray cluster for this module; always shut down."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 @pytest.mark.timeout(600)
 def test_ray_auto_t_high_matches_local(ray_cluster, tmp_path):
     common = ["env=choose_item", "model=tiny", "algo=tgrl", "algo.t_high=auto", "algo.warmup_steps=1",
