@@ -420,6 +420,31 @@ def test_train_two_steps_then_no_vllm_process_left(tmp_path, backend):
     assert not list(sync.glob("agent_rl-vllm-*"))
 
 
+def test_async_rollouts_with_vllm(tmp_path):
+    """``trainer.max_staleness=1`` with engine=vllm on the local backend (algorithms.md section 7): the engine
+    process keeps sampling while the learner updates, each step's groups are at most 1 version old, the behaviour
+    weights exp(old_logp - logp_beh) stay near 1 (vLLM's log-probs are the behaviour policy's), and no vLLM process
+    is left."""
+    since = time.time()
+    out, sync = tmp_path / "run", tmp_path / "sync"
+    cmd = [sys.executable, "-m", "agent_rl.train", "env=choose_item", "model=tiny", "model.tiny_hidden_size=128",
+           "algo=grpo", "engine=vllm", "env_server.mode=local", "trainer.total_steps=3", "trainer.tasks_per_step=2",
+           "trainer.max_staleness=1", f"trainer.output_dir={out}", f"engine.sync_dir={sync}",
+           "trainer.progress=false"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    train = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in train if "async/staleness_max" in r]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert all(r["async/staleness_max"] <= 1 for r in train) and train[0]["async/staleness_max"] == 0
+    print("staleness", [r["async/staleness_mean"] for r in train],
+          "behaviour weight", [r["async/behaviour_weight_mean"] for r in train])
+    assert all(abs(r["async/behaviour_weight_mean"] - 1) < 0.2 for r in train)
+    assert all(r["async/behaviour_weight_zero_frac"] == 0 for r in train)
+    assert _wait_until(lambda: not _vllm_procs(since), 30), _vllm_procs(since)
+    assert not list(sync.glob("agent_rl-vllm-*"))
+
+
 def test_eval_with_vllm_closes_its_engine(tmp_path):
     """``agent_rl.eval`` with engine=vllm (math, tiny model, pass@4 over 2 problems) plays every episode and, done,
     leaves no vLLM process and no sync folder."""
