@@ -627,7 +627,9 @@ def check_trainable(cfg: Config) -> list[str]:
     if algo.high_repetition_penalty != 1.0:
         notes.append(f"warning: algo.high_repetition_penalty={algo.high_repetition_penalty} samples T1 rows from "
                      "the penalised distribution while the learner's log-probs are unpenalised (off-policy by that "
-                     "much; the reference code does the same)")
+                     "much; the reference code does the same); algo.behaviour_correction=tis weights each token by "
+                     "min(exp(old_logp - logp_beh), cap) and so corrects it (auto: tis only when "
+                     "trainer.max_staleness >= 1)")
     return notes
 
 

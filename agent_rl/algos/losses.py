@@ -363,7 +363,9 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tens
         logprobs: (B, T) with grad. ref_logprobs: (B, T) reference model log-probs (no grad).
         kind: ``k1`` | ``k2`` | ``k3``.
     A token that both policies give probability 0 (both log-probs ``-inf``, e.g. outside the top-k / top-p
-    truncation) has penalty 0 and no gradient (not NaN).
+    truncation) has penalty 0 and no gradient (not NaN). With only one of them ``-inf`` the KL is infinite in
+    truth: ``k3`` is finite there (its clamps), ``k1`` / ``k2`` return +-inf, so the learner uses ``k3`` and the
+    learner's loss mask removes tokens whose old log-prob is ``-inf`` (algorithms.md section 7).
 
     Returns:
         (B, T) per-token penalty; aggregate it with :func:`agg_loss` and the loss mask.
