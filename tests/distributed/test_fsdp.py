@@ -14,7 +14,7 @@ import torch
 import ray  # installed by scripts/setup.sh's .[all]: absent is a broken install, not a skip
 
 from agent_rl.config import ConfigError, load_config
-from agent_rl.distributed.actors import LearnerRank, LearnerSpec
+from agent_rl.distributed.actors import LearnerSpec
 from agent_rl.distributed.data_parallel import shard_batch
 from agent_rl.learner import AlgoConfig, Learner, OptimConfig
 from agent_rl.learner.checkpoint import IncompleteCheckpoint, load_checkpoint, missing_state, save_checkpoint
@@ -22,6 +22,7 @@ from agent_rl.learner.config import CreditConfig, ModelConfig
 from agent_rl.logging import read_metrics
 from agent_rl.models import load_policy
 
+from tests.distributed.ranks import close_ranks, start_ranks
 from tests.distributed.test_ray import _batch
 
 pytestmark = pytest.mark.slow  # Ray actors on a local cluster (fast tier: pytest -m 'not slow')
@@ -40,17 +41,7 @@ CREDIT = CreditConfig(name="js")
 def _ranks(n: int, strategy: str, model: ModelConfig | None = None, **spec_kwargs) -> list:
     spec = LearnerSpec(model=model or ModelConfig(name="tiny"), algo=ALGO, optim=OPTIM, credit=CREDIT, device="cpu",
                        seed=0, strategy=strategy, **spec_kwargs)
-    Rank = ray.remote(num_cpus=1)(LearnerRank)
-    ranks = [Rank.remote(r, n, spec) for r in range(n)]
-    addr, port = ray.get(ranks[0].address.remote())
-    assert set(ray.get([r.setup.remote(addr, port) for r in ranks], timeout=240)) == {"gloo"}
-    return ranks
-
-
-def _close(ranks: list) -> None:
-    ray.get([r.shutdown.remote() for r in ranks])
-    for r in ranks:
-        ray.kill(r)
+    return start_ranks(n, spec)
 
 
 def _weights(ranks: list) -> dict[str, torch.Tensor]:
@@ -89,12 +80,12 @@ def test_fsdp_matches_single_learner(ray_cluster, batches, tmp_path):
     mem = ray.get([r.memory.remote() for r in fsdp])
     ckpt = tmp_path / "fsdp_step_2"
     ray.get([r.save.remote(str(ckpt), {"step": 2}) for r in fsdp])
-    _close(fsdp)
+    close_ranks(fsdp)
 
     ddp = _ranks(2, "ddp")
     got_ddp = [_update(ddp, b, i + 1) for i, b in enumerate(batches)]
     w_ddp = _weights(ddp)
-    _close(ddp)
+    close_ranks(ddp)
 
     moved = 0.0
     for name, p in single.model.state_dict().items():
@@ -144,7 +135,7 @@ def test_fsdp_matches_single_learner(ray_cluster, batches, tmp_path):
     # and the sharded checkpoint into 2 FSDP ranks again (the DCP shards as written)
     ray.get([r.load.remote(str(ckpt)) for r in fsdp])
     w_back = _weights(fsdp)
-    _close(fsdp)
+    close_ranks(fsdp)
     for name, p in single.model.state_dict().items():
         torch.testing.assert_close(w3[name], p, atol=ATOL, rtol=0, msg=name)
         torch.testing.assert_close(w_back[name], w_fsdp[name], atol=0, rtol=0, msg=name)
@@ -168,7 +159,7 @@ def test_fsdp_with_gradient_checkpointing_and_one_sync_per_step_matches_single_l
     ranks = _ranks(2, "fsdp", cfg, fsdp_sync_every_micro_batch=False)
     got = _update(ranks, batches[0], 1)
     w = _weights(ranks)
-    _close(ranks)
+    close_ranks(ranks)
     model, tok = load_policy(cfg)
     assert model.model.gradient_checkpointing
     single = Learner(model, tok, ALGO, OPTIM, credit=CREDIT, device="cpu", seed=0)

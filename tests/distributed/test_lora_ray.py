@@ -22,6 +22,7 @@ from agent_rl.lora import merged_state_dict  # noqa: E402
 from agent_rl.models import load_policy  # noqa: E402
 from agent_rl.runtime import seed_everything  # noqa: E402
 
+from tests.distributed.ranks import close_ranks, start_ranks
 from tests.distributed.test_ray import _batch  # noqa: E402
 
 pytestmark = pytest.mark.slow  # Ray actors on a local cluster
@@ -75,17 +76,7 @@ def test_lora_ddp_ranks_match_the_single_learner(ray_cluster):
 def _ranks(strategy: str) -> list:
     spec = LearnerSpec(model=MODEL, algo=ALGO, optim=OPTIM, credit=CreditConfig(), device="cpu", seed=0,
                        strategy=strategy)
-    Rank = ray.remote(num_cpus=1)(LearnerRank)
-    ranks = [Rank.remote(r, 2, spec) for r in range(2)]
-    addr, port = ray.get(ranks[0].address.remote())
-    assert set(ray.get([r.setup.remote(addr, port) for r in ranks], timeout=240)) == {"gloo"}
-    return ranks
-
-
-def _close(ranks: list) -> None:
-    ray.get([r.shutdown.remote() for r in ranks])
-    for r in ranks:
-        ray.kill(r)
+    return start_ranks(2, spec)
 
 
 @pytest.mark.timeout(900)
@@ -115,7 +106,7 @@ def test_lora_fsdp_ranks_match_the_single_learner_and_resume_both_ways(ray_clust
         sharded = tmp_path / "fsdp_step_2"
         ray.get([r.save.remote(str(sharded), {"step": 2}) for r in ranks], timeout=240)
     finally:
-        _close(ranks)
+        close_ranks(ranks)
     assert weights[1] is None and set(weights[0]) == set(plain.state_dict())  # merged, plain names, rank 0 only
     for name, w in weights[0].items():
         torch.testing.assert_close(w, after2[name], atol=ATOL, rtol=0, msg=name)
@@ -145,7 +136,7 @@ def test_lora_fsdp_ranks_match_the_single_learner_and_resume_both_ways(ray_clust
         got3 = ray.get([r.update.remote(s, 3, 10) for r, s in zip(ranks, shard_batch(batches[2], 2))], timeout=240)
         w3 = ray.get([r.get_weights.remote() for r in ranks])[0]
     finally:
-        _close(ranks)
+        close_ranks(ranks)
     assert got3[0]["actor/grad_norm"] == pytest.approx(ref3["actor/grad_norm"], rel=1e-4)
     for name, w in w3.items():
         torch.testing.assert_close(w, after3[name], atol=ATOL, rtol=0, msg=name)
