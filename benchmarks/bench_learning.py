@@ -13,7 +13,8 @@ up to one uninterrupted run); before the first chunk and after each one, the lat
 ``tgrl+credit=tp+schedule=linear``. ``--train`` passes further overrides to every run (e.g. ``model.path=...`` for a
 behaviour-cloned start, ``trainer.tasks_per_step=4``).
 
-``results.json``: ``{algo: {seed: {"step": [...], "eval_success": [...], "wall_s": [...], "entropy": [...]}}}``
+``results.json``: ``{algo: {seed: {"step": [...], "eval_success": [...], "wall_s": [...], "entropy": [...],
+"eval_invalid_frac": [...], "eval_mean_turns": [...]}}}`` (the panel's invalid-action fraction and mean turns)
 (entropy: the learner's ``actor/entropy`` of the last training step before each evaluation; None at step 0).
 """
 
@@ -82,6 +83,46 @@ def evaluate(cfg: Any, checkpoint: Path | None, panel: int, split: str, temperat
     return asyncio.run(run())
 
 
+def panel_key(cfg: Any, checkpoint: Path | None, panel: int, split: str, temperature: float) -> str:
+    """The identity of one panel evaluation, for ``--eval-cache``: the policy (the checkpoint's, else
+    ``cfg.model.path``'s, resolved path and the newest mtime of its files; the model name when neither is set) and
+    everything the panel plays with (env id and kwargs, prompt, rollout mode, turns, new tokens, panel, split, T).
+    Greedy panels with the same key give the same games (the engine's seed is 0), so a benchmark whose runs share a
+    start plays the start's panel once."""
+    path = checkpoint if checkpoint is not None else (Path(cfg.model.path) if cfg.model.path else None)
+    policy: Any = cfg.model.name
+    if path is not None:
+        path = path.resolve()
+        files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
+        policy = [str(path), max((f.stat().st_mtime_ns for f in files), default=0)]
+    return json.dumps([policy, cfg.env.id, cfg.env_kwargs, cfg.env.prompt, cfg.rollout.mode, cfg.rollout.max_turns,
+                       cfg.rollout.history_length, cfg.engine.max_new_tokens, panel, split, temperature],
+                      sort_keys=True, default=str)
+
+
+def cached_evaluate(cfg: Any, checkpoint: Path | None, args: argparse.Namespace,
+                    stats: dict[str, Any] | None = None) -> float:
+    """``evaluate`` at T = 0 through ``args.eval_cache`` (a JSON file ``{panel_key: stats}``; none: always play).
+    Several processes may share the file: each entry is written whole (read, update, atomic replace)."""
+    st: dict[str, Any] = {}
+    cache = Path(args.eval_cache) if args.eval_cache else None
+    key = panel_key(cfg, checkpoint, args.panel, args.split, 0.0) if cache is not None else ""
+    if cache is not None and cache.exists() and key in (known := json.loads(cache.read_text())):
+        st = known[key]
+        print(f"panel from {cache} (played before, {st['wall_s']:.0f} s then)", flush=True)
+    else:
+        evaluate(cfg, checkpoint, args.panel, args.split, 0.0, stats=st)
+        if cache is not None:
+            known = json.loads(cache.read_text()) if cache.exists() else {}
+            known[key] = st
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known))
+            tmp.replace(cache)
+    if stats is not None:
+        stats.update(st)
+    return float(st["success"])
+
+
 def run_one(env: str, algo: str, seed: int, args: argparse.Namespace, out: Path) -> dict[str, list]:
     from agent_rl.config import load_config
     from agent_rl.learner.checkpoint import latest_checkpoint
@@ -96,10 +137,20 @@ def run_one(env: str, algo: str, seed: int, args: argparse.Namespace, out: Path)
                  f"trainer.save_every={args.eval_every}", "trainer.keep_checkpoints=1", *args.train]
     overrides += [f"env.kwargs.{k}={v}" for k, v in args.env_kwargs.items()]
     cfg = load_config([o for o in overrides if not o.startswith("trainer.total_steps")] + ["trainer.total_steps=1"])
-    curve: dict[str, list] = {"step": [], "eval_success": [], "wall_s": [], "entropy": []}
+    curve: dict[str, list] = {"step": [], "eval_success": [], "wall_s": [], "entropy": [], "eval_invalid_frac": [],
+                              "eval_mean_turns": []}
     wall = 0.0
-    curve["step"].append(0)
-    curve["eval_success"].append(evaluate(cfg, None, args.panel, args.split))
+
+    def panel(step: int, checkpoint: Path | None) -> float:
+        st: dict[str, Any] = {}
+        success = cached_evaluate(cfg, checkpoint, args, stats=st)
+        curve["step"].append(step)
+        curve["eval_success"].append(success)
+        curve["eval_invalid_frac"].append(st["invalid_frac"])
+        curve["eval_mean_turns"].append(st["mean_turns"])
+        return success
+
+    panel(0, None)
     curve["wall_s"].append(0.0)
     curve["entropy"].append(None)
     print(f"{algo} seed {seed}: step 0 success {curve['eval_success'][-1]:.2f}", flush=True)
@@ -109,9 +160,7 @@ def run_one(env: str, algo: str, seed: int, args: argparse.Namespace, out: Path)
         wall += time.perf_counter() - t0
         records = read_metrics(run_dir / "metrics.jsonl", "train")
         ckpt = latest_checkpoint(run_dir)
-        success = evaluate(cfg, ckpt, args.panel, args.split)
-        curve["step"].append(step)
-        curve["eval_success"].append(success)
+        success = panel(step, ckpt)
         curve["wall_s"].append(wall)
         curve["entropy"].append(records[-1].get("actor/entropy"))
         print(f"{algo} seed {seed}: step {step} success {success:.2f} (train wall {wall:.0f} s)", flush=True)
@@ -183,6 +232,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "cloned start; 'base' = the --model itself, zero-shot) at each --eval-temperatures; prints "
                         "success, invalid-action fraction, mean turns and wall time, writes OUT/eval.json")
     p.add_argument("--eval-temperatures", default="0", help="comma-separated, for --eval-checkpoints")
+    p.add_argument("--eval-cache", default="",
+                   help="JSON file of greedy panel results shared by runs and processes: a panel whose policy and "
+                        "settings were played before (e.g. the common start of every run) is read, not replayed")
     p.add_argument("--merge", nargs="*", default=[],
                    help="results.json files of earlier runs (e.g. one process per algorithm): train nothing, write "
                         "their union to OUT/results.json, plot and tabulate it")
