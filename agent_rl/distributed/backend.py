@@ -87,8 +87,8 @@ TRAINED_TOKEN_MEANS = ("async/staleness_mean", "async/behaviour_weight_mean", "a
 def merge_learner_metrics(ranks: list[dict[str, float]], batch: RolloutBatch) -> dict[str, float]:
     """One record from the ranks' metrics: ``actor/pg_loss`` is the ranks' mean (each rank's loss is already over the
     global denominator / N: module docstring of data_parallel), ``actor/grad_norm``, ``actor/lr``, ``schedule/S``,
-    ``actor/optimizer_steps`` are equal on every rank (rank 0's), ``time/update_s`` and ``async/staleness_max`` the
-    ranks' maximum, the :data:`TRAINED_TOKEN_MEANS` (``async/staleness_mean``, ``async/behaviour_weight_*``) the
+    ``actor/optimizer_steps`` are equal on every rank (rank 0's), ``time/update_s``, ``async/staleness_max`` and the
+    ``perf/`` memory metrics the ranks' maximum, the :data:`TRAINED_TOKEN_MEANS` (``async/staleness_mean``, ``async/behaviour_weight_*``) the
     trained-token-weighted mean, TGRL group metrics recomputed on the whole batch, every other metric the
     response-token-weighted mean over ranks."""
     weights = [max(m.get("batch/response_tokens", 1.0), 1e-9) for m in ranks]
@@ -99,7 +99,7 @@ def merge_learner_metrics(ranks: list[dict[str, float]], batch: RolloutBatch) ->
             out[key] = sum(vals) / len(vals)
         elif key in ("actor/grad_norm", "actor/lr", "schedule/S", "actor/optimizer_steps"):
             out[key] = vals[0]
-        elif key in ("time/update_s", "async/staleness_max"):
+        elif key in ("time/update_s", "async/staleness_max") or key.startswith("perf/"):
             out[key] = max(vals)
         elif key in TRAINED_TOKEN_MEANS:  # means over trained tokens: weighted by each rank's trained tokens
             tw = [m.get("batch/response_tokens", 0.0) * m.get("credit/trained_token_frac", 0.0) for m in ranks]

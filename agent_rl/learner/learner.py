@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import resource
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -213,6 +215,26 @@ def policy_trunk(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return model.base_model, model.get_output_embeddings()
 
 
+
+def memory_metrics(device: torch.device | str) -> dict[str, float]:
+    """This process's memory after an update, in GiB (verl's ``perf/`` names): ``perf/max_rss_gb``, the peak
+    resident set since the process started (``getrusage``'s ``ru_maxrss``, KiB on Linux); ``perf/cpu_memory_used_gb``,
+    the resident set now (``/proc/self/statm``; absent where there is no ``/proc``); on CUDA also
+    ``perf/max_memory_allocated_gb`` and ``perf/max_memory_reserved_gb``, the step's peaks (reset after reading).
+    On a CPU learner the activations of the update's micro-batches are what makes the peak (docs/training.md,
+    "Memory")."""
+    out = {"perf/max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    try:
+        with open("/proc/self/statm") as f:
+            out["perf/cpu_memory_used_gb"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except OSError:
+        pass
+    if torch.device(device).type == "cuda":
+        out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
+        torch.cuda.reset_peak_memory_stats(device)
+    return out
+
 class Learner:
     """RL learner over a causal LM policy (see module docstring).
 
@@ -314,7 +336,8 @@ class Learner:
         ``actor/kl_ref`` (kl_coef > 0), ``critic/vf_loss`` and ``critic/values_mean`` (algo=ppo), and the
         asynchronous-rollout metrics of algorithms.md section 7 (:meth:`_async_metrics`): ``async/staleness_mean``,
         ``async/staleness_max``, ``async/behaviour_weight_mean``, ``async/behaviour_weight_capped_frac``,
-        ``async/behaviour_weight_zero_frac``.
+        ``async/behaviour_weight_zero_frac``, and this process's memory (:func:`memory_metrics`: ``perf/max_rss_gb``,
+        ``perf/cpu_memory_used_gb``; on CUDA ``perf/max_memory_allocated_gb``, ``perf/max_memory_reserved_gb``).
         """
         t0 = time.perf_counter()
         b = self._to_device(batch)
@@ -349,6 +372,7 @@ class Learner:
                                  episode_index=b.episode_index),
         }
         metrics["time/update_s"] = time.perf_counter() - t0
+        metrics.update(memory_metrics(self.device))
         # per-token view of this step for the episode store / viewer: (B, L) float32 on CPU, aligned with input_ids
         self.last_token_stats = {
             "advantages": advantages.detach().float().cpu(),

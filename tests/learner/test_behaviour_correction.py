@@ -181,12 +181,15 @@ def test_ray_merge_takes_the_max_staleness_and_trained_token_means(batch):
     # rank 0: 30 response tokens, 20 trained; rank 1: 10 response tokens, all 10 trained
     ranks = [{"batch/response_tokens": 30.0, "credit/trained_token_frac": 2 / 3, "async/staleness_max": 2.0,
               "async/staleness_mean": 1.0, "async/behaviour_weight_mean": 1.2,
-              "async/behaviour_weight_capped_frac": 0.1, "async/behaviour_weight_zero_frac": 0.0},
+              "async/behaviour_weight_capped_frac": 0.1, "async/behaviour_weight_zero_frac": 0.0,
+              "perf/max_rss_gb": 3.0},
              {"batch/response_tokens": 10.0, "credit/trained_token_frac": 1.0, "async/staleness_max": 1.0,
               "async/staleness_mean": 0.5, "async/behaviour_weight_mean": 0.9,
-              "async/behaviour_weight_capped_frac": 0.4, "async/behaviour_weight_zero_frac": 0.3}]
+              "async/behaviour_weight_capped_frac": 0.4, "async/behaviour_weight_zero_frac": 0.3,
+              "perf/max_rss_gb": 5.0}]
     out = merge_learner_metrics(ranks, batch)
     assert out["async/staleness_max"] == 2.0
+    assert out["perf/max_rss_gb"] == 5.0  # memory: the largest rank's
     assert out["async/staleness_mean"] == pytest.approx((20 * 1.0 + 10 * 0.5) / 30)
     assert out["async/behaviour_weight_mean"] == pytest.approx((20 * 1.2 + 10 * 0.9) / 30)
     assert out["async/behaviour_weight_capped_frac"] == pytest.approx((20 * 0.1 + 10 * 0.4) / 30)

@@ -25,8 +25,8 @@ RUNS: dict[str, list[str]] = {
     "tgrl": ["algo=tgrl", "algo.warmup_steps=0"],
 }
 
-#: metric prefixes that measure time (not deterministic).
-NONDETERMINISTIC = ("time/", "throughput/")
+#: metric prefixes that measure time or memory (not deterministic).
+NONDETERMINISTIC = ("time/", "throughput/", "perf/")
 
 
 def summarise(out: Path) -> dict[str, Any]:
