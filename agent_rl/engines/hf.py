@@ -57,6 +57,7 @@ import torch
 
 from agent_rl.algos.logits import truncate_logits
 from agent_rl.engines.base import check_episode_ids, default_eos_token_ids, register_engine, row_seed
+from agent_rl.memory import release_free_heap
 from agent_rl.types import Generation
 
 
@@ -171,9 +172,10 @@ class HFEngine:
 
     def sync_weights(self, model: Any) -> None:
         """The engine holds the learner's module itself: take ``model`` and drop every kept cache (they hold keys
-        and values of the previous weights)."""
+        and values of the previous weights), then give their freed pages back to the OS (``agent_rl.memory``)."""
         self.model = model
         self.clear_caches()
+        release_free_heap()
 
     def close(self) -> None:
         """Drop the kept caches (the module is the learner's)."""

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
-import resource
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -45,6 +43,7 @@ from agent_rl import algos
 from agent_rl.learner.config import (AlgoConfig, CreditConfig, OptimConfig, ScheduleConfig,
                                      resolve_behaviour_correction)
 from agent_rl.lora import base_module, is_lora
+from agent_rl.memory import memory_metrics, release_free_heap
 from agent_rl.types import RolloutBatch
 
 
@@ -216,25 +215,6 @@ def policy_trunk(model: nn.Module) -> tuple[nn.Module, nn.Module]:
 
 
 
-def memory_metrics(device: torch.device | str) -> dict[str, float]:
-    """This process's memory after an update, in GiB (verl's ``perf/`` names): ``perf/max_rss_gb``, the peak
-    resident set since the process started (``getrusage``'s ``ru_maxrss``, KiB on Linux); ``perf/cpu_memory_used_gb``,
-    the resident set now (``/proc/self/statm``; absent where there is no ``/proc``); on CUDA also
-    ``perf/max_memory_allocated_gb`` and ``perf/max_memory_reserved_gb``, the step's peaks (reset after reading).
-    On a CPU learner the activations of the update's micro-batches are what makes the peak (docs/training.md,
-    "Memory")."""
-    out = {"perf/max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
-    try:
-        with open("/proc/self/statm") as f:
-            out["perf/cpu_memory_used_gb"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
-    except OSError:
-        pass
-    if torch.device(device).type == "cuda":
-        out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
-        out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
-        torch.cuda.reset_peak_memory_stats(device)
-    return out
-
 class Learner:
     """RL learner over a causal LM policy (see module docstring).
 
@@ -340,6 +320,7 @@ class Learner:
         ``perf/cpu_memory_used_gb``; on CUDA ``perf/max_memory_allocated_gb``, ``perf/max_memory_reserved_gb``).
         """
         t0 = time.perf_counter()
+        release_free_heap()  # what generation freed, before the activations (agent_rl.memory)
         b = self._to_device(batch)
         rm = b.response_mask  # (B, L) float 0/1
         # 1. one no-grad pass: old log-probs, entropy, JS (TGRL high rows, when the step's plan weights by JS),
@@ -381,6 +362,7 @@ class Learner:
             "entropy": old.entropy.detach().float().cpu(),
             "js": old.js.detach().float().cpu(),
         }
+        release_free_heap()  # the update's activations, before the next generation
         return metrics
 
     def evaluate(self, batch: RolloutBatch, *, with_js: bool = True) -> OldPolicyOutputs:

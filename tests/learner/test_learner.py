@@ -291,7 +291,7 @@ def test_compile_js_matches_eager(tiny):
 def test_memory_metrics_follow_this_process():
     """``perf/`` memory metrics: the resident set grows by what is allocated and touched, the peak is never below it,
     and the update reports both (docs/training.md, "Memory")."""
-    from agent_rl.learner.learner import memory_metrics
+    from agent_rl.memory import memory_metrics
 
     before = memory_metrics("cpu")
     block = torch.ones(64 * 2**20)  # 256 MiB of float32, written

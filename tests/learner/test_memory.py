@@ -1,0 +1,46 @@
+"""``agent_rl.memory.release_free_heap``: freed tensors that glibc keeps in a heap it cannot shrink (a live block
+above them) go back to the OS (the SmolLM2 run that grew to 13.9 GB: docs/training.md, "Memory on a CPU"). In a fresh
+process: glibc's dynamic mmap threshold depends on what the process freed before."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = r"""
+import json, sys
+import torch
+from agent_rl.memory import memory_metrics, release_free_heap
+rss = lambda: memory_metrics("cpu")["perf/cpu_memory_used_gb"] * 1024
+big = torch.ones(4 * 2**20)  # 16 MiB: freed, it raises glibc's dynamic mmap threshold to 16 MiB
+del big
+blocks = [torch.ones(2**18) for _ in range(200)]  # 200 x 1 MiB, written: now from the heap
+pin = torch.ones(2**18)  # allocated after them: a live block above them
+before = rss()
+del blocks
+freed = rss()
+trimmed = release_free_heap() if sys.argv[1] == "trim" else None
+print(json.dumps({"kept_after_free_mib": freed - before + 200, "released_by_trim_mib": freed - rss(),
+                  "trimmed": trimmed}))
+"""
+
+
+def _child(mode: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim: Linux")
+def test_release_free_heap_returns_what_free_kept():
+    plain = _child("free")
+    assert plain["kept_after_free_mib"] > 180  # free() alone: the 200 MiB stay resident under the live block
+    got = _child("trim")
+    assert got["trimmed"] is True
+    assert got["released_by_trim_mib"] > 180  # malloc_trim(0) gives them back
