@@ -1,5 +1,6 @@
-"""Process memory: what the learner reports each update (:func:`memory_metrics`), and giving the heap's free pages
-back to the OS between the phases of a CPU run (:func:`release_free_heap`; docs/training.md, "Memory on a CPU").
+"""Process memory: its resident set (:func:`rss_bytes`, :func:`peak_rss_bytes`), what the learner reports each
+update (:func:`memory_metrics`), and giving the heap's free pages back to the OS between the phases of a CPU run
+(:func:`release_free_heap`; docs/training.md, "Memory on a CPU").
 
 A CPU run alternates generation (each episode's KV cache grows a token at a time) and updates (activations of other
 sizes). glibc serves blocks under its mmap threshold from the heap and raises that threshold (up to 32 MiB) as large
@@ -46,17 +47,31 @@ def release_free_heap() -> bool:
     return bool(lib.malloc_trim(0)) if lib is not None else False
 
 
-def memory_metrics(device: torch.device | str) -> dict[str, float]:
-    """This process's memory, in GiB (verl's ``perf/`` names): ``perf/max_rss_gb``, the peak resident set since the
-    process started (``getrusage``'s ``ru_maxrss``, KiB on Linux); ``perf/cpu_memory_used_gb``, the resident set now
-    (``/proc/self/statm``; absent where there is no ``/proc``); on CUDA also ``perf/max_memory_allocated_gb`` and
-    ``perf/max_memory_reserved_gb``, the peaks since the last call (reset after reading)."""
-    out = {"perf/max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+def rss_bytes() -> int:
+    """This process's resident set size now, in bytes (``/proc/self/statm``'s resident pages x the page size; 0
+    where there is no ``/proc``)."""
     try:
         with open("/proc/self/statm") as f:
-            out["perf/cpu_memory_used_gb"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
-    except OSError:
-        pass
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size since it started, in bytes (``getrusage``'s ``ru_maxrss``, which Linux
+    reports in KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def memory_metrics(device: torch.device | str) -> dict[str, float]:
+    """This process's memory, in GiB (verl's ``perf/`` names): ``perf/max_rss_gb``, the peak resident set since the
+    process started (:func:`peak_rss_bytes`); ``perf/cpu_memory_used_gb``, the resident set now (:func:`rss_bytes`;
+    absent where there is no ``/proc``); on CUDA also ``perf/max_memory_allocated_gb`` and
+    ``perf/max_memory_reserved_gb``, the peaks since the last call (reset after reading)."""
+    out = {"perf/max_rss_gb": peak_rss_bytes() / 2**30}
+    rss = rss_bytes()
+    if rss:
+        out["perf/cpu_memory_used_gb"] = rss / 2**30
     if torch.device(device).type == "cuda":
         out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
         out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -76,16 +75,12 @@ def _synthetic_batch(vocab: int, rows: int, prompt_len: int, response_len: int, 
         rewards=rewards, episode_rewards=rewards, episode_group_index=groups, episode_is_high=is_high)
 
 
-def _rss_gib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**30
-
-
 def worker(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
     from agent_rl.learner import AlgoConfig, CreditConfig, Learner, ModelConfig, OptimConfig
+    from agent_rl.memory import peak_rss_bytes, rss_bytes
     from agent_rl.models import load_policy
 
     name = _model_name(args.model)
@@ -95,7 +90,7 @@ def worker(args: argparse.Namespace) -> None:
     credit = CreditConfig(name="js" if algo.is_tgrl else "uniform")  # the presets' credit (algo=tgrl: js)
     learner = Learner(model, tok, algo, OptimConfig(lr=1e-6), credit=credit)
     batch = _synthetic_batch(len(tok), args.rows, args.prompt_len, args.response_len)
-    base_rss = _rss_gib()
+    base_rss = rss_bytes() / 2**30
     learner.update(batch, step=1, total_steps=100)  # untimed: allocator warm-up, optimizer state
     steps, nograd = [], []
     for i in range(args.steps):
@@ -105,7 +100,7 @@ def worker(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         learner.update(batch, step=i + 2, total_steps=100)
         steps.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    peak = peak_rss_bytes() / 2**30
     print(json.dumps({"model": name, "step_s": min(steps), "nograd_s": min(nograd), "peak_rss_gib": peak,
                       "peak_delta_gib": peak - base_rss}))
 

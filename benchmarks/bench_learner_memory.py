@@ -55,9 +55,9 @@ def synthetic_batch(vocab: int, groups: int, group_size: int, prompt: int, respo
 def _rank(rank: int, world: int, port: int, strategy: str, model_name: str, args: dict, q) -> None:
     import torch.distributed as dist
 
-    from agent_rl.distributed.actors import _rss_bytes
     from agent_rl.distributed.data_parallel import DataParallel, shard_batch
     from agent_rl.distributed.fsdp import FullyShardedDataParallel, learner_memory
+    from agent_rl.memory import peak_rss_bytes, rss_bytes
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -75,9 +75,7 @@ def _rank(rank: int, world: int, port: int, strategy: str, model_name: str, args
     shard = batch if strategy == "single" else shard_batch(batch, world)[rank]
     learner.update(shard, step=1, total_steps=1)
     mem = learner_memory(learner)
-    import resource
-
-    mem.update(rss=_rss_bytes(), peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, n_params=n_params)
+    mem.update(rss=rss_bytes(), peak_rss=peak_rss_bytes(), n_params=n_params)
     if strategy == "fsdp":
         learner.data_parallel.full_state_dict()
         mem.update({f"sync_{k}": v for k, v in learner.data_parallel.last_gather.items()})

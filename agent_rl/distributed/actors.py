@@ -29,6 +29,7 @@ from agent_rl.learner.checkpoint import (load_checkpoint, load_sharded_checkpoin
                                          save_sharded_checkpoint)
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
 from agent_rl.lora import merge_lora_state_dict, merged_state_dict
+from agent_rl.memory import peak_rss_bytes, rss_bytes
 from agent_rl.models import load_policy
 from agent_rl.progress import Progress
 from agent_rl.rollout import GroupSpec, RolloutResult, group_temperatures
@@ -37,14 +38,6 @@ from agent_rl.runtime import (build_engine, build_orchestrator, close_engine, fr
                               make_env_pool, seed_everything)
 from agent_rl.types import Task
 from servers.wait import ServerExited, wait_healthy
-
-
-def _rss_bytes() -> int:
-    """This process's resident set size in bytes (``/proc/self/statm``; 0 where there is none)."""
-    try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def node_ip() -> str:
@@ -138,11 +131,9 @@ class LearnerRank:
         """Tensor bytes of this rank's learner (``agent_rl.distributed.fsdp.learner_memory``: parameters, gradients,
         optimizer state, local shards) and ``rss`` (this process's resident set), bytes; ``sync_*``: the last weight
         gather of a sharded rank (largest transient full tensor, rank 0's CPU copy)."""
-        import resource
-
         out = learner_memory(self.learner)
-        out["rss"] = _rss_bytes()
-        out["peak_rss"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        out["rss"] = rss_bytes()
+        out["peak_rss"] = peak_rss_bytes()
         if self.sharded:
             out.update({f"sync_{k}": v for k, v in self.learner.data_parallel.last_gather.items()})
         return out

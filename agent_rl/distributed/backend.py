@@ -88,9 +88,9 @@ def merge_learner_metrics(ranks: list[dict[str, float]], batch: RolloutBatch) ->
     """One record from the ranks' metrics: ``actor/pg_loss`` is the ranks' mean (each rank's loss is already over the
     global denominator / N: module docstring of data_parallel), ``actor/grad_norm``, ``actor/lr``, ``schedule/S``,
     ``actor/optimizer_steps`` are equal on every rank (rank 0's), ``time/update_s``, ``async/staleness_max`` and the
-    ``perf/`` memory metrics the ranks' maximum, the :data:`TRAINED_TOKEN_MEANS` (``async/staleness_mean``, ``async/behaviour_weight_*``) the
-    trained-token-weighted mean, TGRL group metrics recomputed on the whole batch, every other metric the
-    response-token-weighted mean over ranks."""
+    ``perf/`` memory metrics the ranks' maximum, the :data:`TRAINED_TOKEN_MEANS` (``async/staleness_mean``,
+    ``async/behaviour_weight_*``) the trained-token-weighted mean, TGRL group metrics recomputed on the whole batch,
+    every other metric the response-token-weighted mean over ranks."""
     weights = [max(m.get("batch/response_tokens", 1.0), 1e-9) for m in ranks]
     out: dict[str, float] = {}
     for key in ranks[0]:

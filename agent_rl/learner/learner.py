@@ -214,7 +214,6 @@ def policy_trunk(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return model.base_model, model.get_output_embeddings()
 
 
-
 class Learner:
     """RL learner over a causal LM policy (see module docstring).
 

@@ -289,8 +289,8 @@ def test_compile_js_matches_eager(tiny):
 
 
 def test_memory_metrics_follow_this_process():
-    """``perf/`` memory metrics: the resident set grows by what is allocated and touched, the peak is never below it,
-    and the update reports both (docs/training.md, "Memory")."""
+    """``perf/`` memory metrics: the resident set grows by what is allocated and touched and the peak is never below
+    it (docs/training.md, "Memory on a CPU"); ``test_update_reports_memory``: the update reports both."""
     from agent_rl.memory import memory_metrics
 
     before = memory_metrics("cpu")
