@@ -121,7 +121,8 @@ STILL_JOIN = [
     ("money", "\\$18", "\\boxed{18}"),
     ("money", "\\$18", "\\boxed{18 \\text{ dollars}}"),
     ("money", "18.50", "#### $18.50"),
-    ("trailing words", "10", "\\boxed{10 \\text{ apples}}"),
+    # "10 apples" for 10 joins only when the question counts apples: tests/math/test_math_quantities.py
+    ("trailing words", "10", "\\boxed{10 \\text{ units}}"),  # a unit noun
     ("percent", "50\\%", "\\boxed{50}"),
     ("percent", "50\\%", "\\boxed{50 \\text{ percent}}"),
     ("degrees", "30^\\circ", "\\boxed{30}"),
