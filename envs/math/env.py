@@ -12,7 +12,8 @@ Contract (``gymnasium.Env[str, str]``):
   GSM8K's ``####``) is equivalent to the reference by math-verify or by the normalised string match, and so is every
   other final answer the response gives (several different boxed answers are a hedge: 0.0), else 0.0.
   ``info``: ``extracted``, ``answers``, ``reference``, ``correct`` (= ``won``), ``reason``
-  (``correct``/``wrong_answer``/``hedged``/``no_answer``), ``verifier`` (``math_verify``/``timeout``/``error: ...``),
+  (``correct``/``wrong_answer``/``hedged``/``no_answer``), ``verifier`` (``math_verify``/``timeout``/``too_long``/
+  ``error: ...``),
   ``string_match``, plus the reset info. Numbers compare by value (exact for exact rationals, else relative
   tolerance 1e-6: ``envs.math.grader.numbers_equal``); units, variables and marks are never dropped on one side
   only (``envs.math.grader.parts_conflict``, ``docs/math_code_envs.md``).
