@@ -267,7 +267,8 @@ def reasoning_markers(tokenizer: Any) -> tuple[tuple[str, str], ...]:
                  if i == 0 or pair[0] in template or pair[0] in added)
 
 
-def _reasoning_spans(text: str, markers: Sequence[tuple[str, str]], open_at_start: bool) -> tuple[list[tuple[int, int]], bool]:
+def _reasoning_spans(text: str, markers: Sequence[tuple[str, str]],
+                     open_at_start: bool) -> tuple[list[tuple[int, int]], bool]:
     """``(spans of text inside reasoning blocks, markers included; whether a block is still open at the end)``.
     ``open_at_start``: the prompt already opened a block (a template whose generation prompt ends in ``<think>``).
     Blocks do not nest (as the models write them); one pass over the markers, linear in ``len(text)``."""

@@ -219,7 +219,8 @@ _QUANTITY_WORDS = frozenset(
     "positive square cube squared cubed power percent percentage factorial or and not no about approx "
     "approximately roughly nearly almost around maybe possibly".split())
 _NOUN_AFTER_NUMBER = re.compile(
-    r"(?<![A-Za-z0-9.])\d+(?:[.,]\d+)*(?:\s|\$|~|\\[,;: ]|\\(?:text|mbox|textrm|mathrm)\s*\{)*([A-Za-z]{2,})(?![A-Za-z])")
+    r"(?<![A-Za-z0-9.])\d+(?:[.,]\d+)*(?:\s|\$|~|\\[,;: ]|\\(?:text|mbox|textrm|mathrm)\s*\{)*"
+    r"([A-Za-z]{2,})(?![A-Za-z])")
 
 
 def _word_forms(word: str) -> set[str]:

@@ -13,20 +13,13 @@ from contextlib import contextmanager
 
 import pytest
 
-from envs.math import VerifierPool, score_response
+from envs.math import score_response
 from envs.math.grader import (
     final_answers,
     math_verify_equal,
     question_nouns,
     strings_match,
 )
-
-
-@pytest.fixture(scope="module")
-def pool():
-    pool = VerifierPool(n_workers=2, timeout_s=10.0)
-    yield pool
-    pool.close()
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from envs.math import VerifierPool, score_response
+from envs.math import score_response
 from envs.math.env import MAX_FINAL_ANSWERS
 from envs.math.grader import (
     AnswerParts,
@@ -23,13 +23,6 @@ from envs.math.grader import (
     split_answer,
     strings_match,
 )
-
-
-@pytest.fixture(scope="module")
-def pool():
-    pool = VerifierPool(n_workers=2, timeout_s=10.0)
-    yield pool
-    pool.close()
 
 
 # (rule, reference, response): the response must score 0 ...
