@@ -578,8 +578,10 @@ def parts_conflict(a: AnswerParts, b: AnswerParts, nouns: frozenset[str] = froze
     - units: different units differ (``5 cm`` vs ``5 km``, ``30^\\circ`` vs ``30\\%``); a unit on one side only is
       allowed when :func:`_unit_one_sided_ok` (``5\\text{ cm}`` vs ``5``; not ``5\\text{ dozen}`` vs ``5``; a
       word that is not a unit only when it is one of ``nouns``, the question's own: :func:`question_nouns`);
-    - lists keep their multiplicity: without an inequality, two bodies with different numbers of elements
-      (:func:`list_elements`) differ (``3, 5, 7, 7`` vs ``3, 5, 7``);
+    - lists keep their multiplicity: without an inequality, two lists with different numbers of elements
+      (:func:`list_elements`, two or more each) differ (``3, 5, 7, 7`` vs ``3, 5, 7``); one value against a list
+      of equal values (``\\frac{639}{40}`` vs ``15\\frac{39}{40}, \\frac{639}{40}``, MATH500's own solution)
+      is left to the values, as two equal boxes are;
     - words keep their identity (:func:`_words_conflict`: ``\\text{Eve lyn}`` vs ``\\text{Evelyn}``);
     - marks inside the bodies (:func:`_marks`) must be the same sequence (``(30^\\circ, 60^\\circ)`` vs
       ``(30\\%, 60\\%)``, ``5'`` vs ``5''``, ``1, 2, \\ldots`` vs ``1, 2``);
@@ -600,9 +602,9 @@ def parts_conflict(a: AnswerParts, b: AnswerParts, nouns: frozenset[str] = froze
     if kinds == {"set", "interval"}:
         return "a set is not an interval or tuple"
     inequality = bool(_INEQUALITY.search(a.body) or _INEQUALITY.search(b.body))
-    if not inequality:
+    if not inequality:  # a single answer against a list of it written twice is left to the values (a hedge rule)
         na, nb = len(list_elements(a.body)), len(list_elements(b.body))
-        if na != nb:
+        if na != nb and min(na, nb) > 1:
             return f"lists of {na} and {nb} elements"
     if _words_conflict(a.body, b.body):
         return "different words"
@@ -835,7 +837,8 @@ def math_verify_equal(reference: str, answer: str, timeout_s: int = 5, nouns: fr
         return False  # latex2sympy reads "e" as Euler's number; a symbol E (a point, choice (E)) is not it
     if isinstance(gold, sympy.FiniteSet) or isinstance(pred, sympy.FiniteSet):
         elements = list_elements(ref.body), list_elements(ans.body)
-        if any(isinstance(v, sympy.FiniteSet) and len(v.args) != len(e) for v, e in zip((gold, pred), elements)):
+        if min(map(len, elements)) > 1 and any(isinstance(v, sympy.FiniteSet) and len(v.args) != len(e)
+                                               for v, e in zip((gold, pred), elements)):
             return _multisets_equal(*elements, timeout_s)  # the parser dropped duplicates: count them here
     return _values_equal(gold, pred, timeout_s)
 

@@ -90,6 +90,7 @@ ISSUE_KEEP_APART = [
 ISSUE_STILL_JOIN = [
     ("3, 5, 7", "\\boxed{7, 5, 3}"),
     ("3, 5, 7, 7", "\\boxed{7, 3, 7, 5}"),
+    ("\\frac{639}{40}", "\\boxed{15\\frac{39}{40}, \\frac{639}{40}}"),  # math500/451's solution: one value twice
     ("\\{3, 5, 7\\}", "\\boxed{\\{7, 5, 3\\}}"),
     ("\\text{Evelyn}", "\\boxed{\\text{evelyn}}"),
     ("\\text{Eve lyn}", "\\boxed{\\text{Eve  lyn}}"),
