@@ -30,6 +30,7 @@ Contract (``gymnasium.Env[str, str]``):
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import gymnasium
@@ -54,6 +55,10 @@ MAX_ANSWER_CHARS = 1000
 parsed: the references are at most 210 characters (olympiadbench), and a long answer would only hold a verifier
 worker until its deadline. With :data:`MAX_FINAL_ANSWERS`, this bounds what one response costs."""
 
+RESPONSE_DEADLINE_CHECKS = 2
+"""One response is graded within this many verifier deadlines (``pool.timeout_s`` each), extraction included: once
+it has passed, the answers left unchecked make the response wrong (``verifier="timeout"``; never a false 1.0)."""
+
 
 def score_response(reference: str, response: str, pool: VerifierPool, *,
                    question: str | None = None) -> dict[str, Any]:
@@ -66,7 +71,7 @@ def score_response(reference: str, response: str, pool: VerifierPool, *,
     checked first. A word after a number counts as the bare number only when it is a unit or a noun the question
     counts (``question``: :func:`envs.math.grader.question_nouns`; without it, units only). Extraction is linear in
     ``len(response)``; at most :data:`MAX_FINAL_ANSWERS` answers of at most :data:`MAX_ANSWER_CHARS` characters are
-    checked, each under the pool's deadline.
+    checked, each under the pool's deadline, all within :data:`RESPONSE_DEADLINE_CHECKS` deadlines from the start.
 
     Returns a JSON-serialisable dict: ``reward`` (0.0/1.0), ``correct``, ``extracted`` (the last answer, str | None),
     ``answers`` (the distinct final answers, list of str), ``reference``, ``reason``
@@ -75,6 +80,7 @@ def score_response(reference: str, response: str, pool: VerifierPool, *,
     Raises:
         EnvInfraError: the verifier itself cannot judge (from :meth:`VerifierPool.check`).
     """
+    deadline = time.monotonic() + RESPONSE_DEADLINE_CHECKS * pool.timeout_s
     answers = final_answers(response)
     extracted = answers[-1] if answers else None
     out: dict[str, Any] = {"extracted": extracted, "answers": answers, "reference": reference,
@@ -89,6 +95,8 @@ def score_response(reference: str, response: str, pool: VerifierPool, *,
     for i, answer in enumerate(reversed(answers)):  # the final answer first: a wrong one settles it
         if len(answer) > max_chars:
             string_ok, verdict, how = False, False, "too_long"
+        elif time.monotonic() > deadline:  # the response's budget is spent: what is left is not judged
+            string_ok, verdict, how = False, False, "timeout"
         else:
             string_ok = strings_match(reference, answer, nouns)
             verdict, how = pool.check(reference, answer, nouns)

@@ -172,3 +172,18 @@ def test_hostile_responses_are_bounded(pool, response):
     with guard(60):
         out = score_response("9", response, pool)
     assert out["reward"] in (0.0, 1.0)
+
+
+def test_the_deadline_covers_extraction(pool):
+    """The response's budget starts before extraction: with no time at all, a right answer is not judged (0, never
+    a false 1); with the pool's budget it is. No check reaches the tiny pool's workers."""
+    from envs.math import VerifierPool
+
+    response = "\\boxed{9}" + " filler" * 100_000
+    broke = VerifierPool(n_workers=1, timeout_s=1e-9)
+    try:
+        out = score_response("9", response, broke)
+        assert (out["reward"], out["verifier"]) == (0.0, "timeout")
+    finally:
+        broke.close()
+    assert score_response("9", response, pool)["reward"] == 1.0
