@@ -57,7 +57,9 @@ worker until its deadline. With :data:`MAX_FINAL_ANSWERS`, this bounds what one 
 
 RESPONSE_DEADLINE_CHECKS = 2
 """One response is graded within this many verifier deadlines (``pool.timeout_s`` each), extraction included: once
-it has passed, the answers left unchecked make the response wrong (``verifier="timeout"``; never a false 1.0)."""
+it has passed, the answers left unchecked make the response wrong (``verifier="timeout"``; never a false 1.0). The
+final answer's check may start a verifier worker, whose import is not charged: the other answers get at least one
+deadline after it."""
 
 
 def score_response(reference: str, response: str, pool: VerifierPool, *,
@@ -93,6 +95,8 @@ def score_response(reference: str, response: str, pool: VerifierPool, *,
     max_chars = max(MAX_ANSWER_CHARS, 4 * len(reference))
     n_correct = 0
     for i, answer in enumerate(reversed(answers)):  # the final answer first: a wrong one settles it
+        if i == 1:  # the first check may have started a worker (its import is not charged): one deadline more
+            deadline = max(deadline, time.monotonic() + pool.timeout_s)
         if len(answer) > max_chars:
             string_ok, verdict, how = False, False, "too_long"
         elif time.monotonic() > deadline:  # the response's budget is spent: what is left is not judged
