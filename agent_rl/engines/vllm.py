@@ -58,7 +58,8 @@ from typing import Any
 import torch
 
 from agent_rl import models
-from agent_rl.engines.base import check_episode_ids, default_eos_token_ids, register_engine, row_seed
+from agent_rl.engines.base import (check_episode_ids, default_eos_token_ids, register_engine, row_seed,
+                                     special_stop_ids)
 from agent_rl.lora import merged_state_dict
 from agent_rl.types import Generation
 
@@ -602,12 +603,15 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        # a stop string held as a special token is invisible to vLLM's stop check (it matches the text decoded
+        # without special tokens): stop on its id as on an EOS (the id is kept in the output, as EOS is)
+        stop_ids = sorted(set(self.eos_token_ids) | set(special_stop_ids(self.tokenizer, stop)))
         params = []
         for i, t in enumerate(temperatures):
             greedy = t <= 0
             params.append(SamplingParams(
                 temperature=float(t), top_p=1.0 if greedy else top_p, top_k=-1 if greedy or top_k <= 0 else top_k,
-                max_tokens=max_new_tokens, stop=stop or None, stop_token_ids=list(self.eos_token_ids), logprobs=0,
+                max_tokens=max_new_tokens, stop=stop or None, stop_token_ids=stop_ids, logprobs=0,
                 seed=int(row_seeds[i]) % 2**63, include_stop_str_in_output=True, skip_special_tokens=True,
                 repetition_penalty=1.0 if repetition_penalties is None else float(repetition_penalties[i])))
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)

@@ -47,13 +47,18 @@ from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.parsing import parse_action
 from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, render_followup
 from agent_rl.rollout.prompts.tools import ToolPrompt
-from agent_rl.rollout.tools import TemplateTools, get_tool_call_format, tool_messages
+from agent_rl.rollout.tools import (TemplateTools, decode_for_parsing, get_tool_call_format, reasoning_markers,
+                                    reasoning_open, strip_reasoning, tool_messages)
 from agent_rl.types import Episode, Generation, Task, Turn
 
 T = TypeVar("T")
 _EPISODE_IDS = itertools.count()  # episode attempt ids, unique in the process (engines key caches by them)
 #: per-step token counts of generation (summed over rounds and workers): prompt tokens computed, tokens sampled,
 #: prompt tokens whose keys/values came from the engine's cache (``engine.kv_reuse``, vLLM's prefix cache).
+MAX_REASONING_RESUMES = 8
+"""How many times one tools-mode reply resumes after a stop string fired inside a reasoning block."""
+_PROMPT_TAIL_TOKENS = 64  # the prompt tokens read to see whether the generation prompt opened a reasoning block
+
 TOKEN_COUNTS = ("throughput/prefill_tokens", "throughput/decode_tokens", "throughput/kv_reuse_tokens")
 
 
@@ -255,6 +260,10 @@ class RolloutOrchestrator:
         self.policy, self.on_turn, self.on_episode = policy, on_turn, on_episode
         self.high_repetition_penalty = float(high_repetition_penalty)
         self.tokenizer = engine.tokenizer
+        self._reasoning = reasoning_markers(self.tokenizer)
+        self._keep = tuple(self.tool_format.markup if self.tool_format is not None else ()) + tuple(
+            m for pair in self._reasoning for m in pair)
+        self._eos_ids = set(getattr(engine, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
         stop = list(self.tool_format.stop) if self.tool_format is not None else list(cfg.stop)
         self.gen_kwargs = dict(max_new_tokens=max_new_tokens, top_p=top_p, top_k=top_k, stop=stop or None,
                                batch_size=cfg.gen_batch_size, seed=seed, wait_s=cfg.gen_wait_s)
@@ -270,7 +279,6 @@ class RolloutOrchestrator:
         turn records it when its generation is requested, unless the engine stamps its own
         (``Generation.policy_version``, :class:`agent_rl.rollout.producer.VersionedEngine`)."""
         if cfg.mode == "trajectory":
-            self._eos_ids = set(getattr(engine, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
             render_followup(self.tokenizer, "probe")  # a template that cannot be spliced is refused here, by name
             if self.tool_format is not None:
                 render_followup(self.tokenizer, "probe", role=self._tool_role)
@@ -348,13 +356,15 @@ class RolloutOrchestrator:
         """The role of the env's answer to a call: ``tool``, or ``user`` for a template without that role."""
         return "tool" if TemplateTools.of(self.tokenizer).tool_role else "user"
 
-    def parse(self, text: str, ctx: TurnContext) -> tuple[str, bool]:
+    def parse(self, text: str, ctx: TurnContext, reasoning_open_at_start: bool = False) -> tuple[str, bool]:
         """``(env action, well_formed)`` of a reply: in tools mode (the env declared tools) the tool-call format's
-        reading (:attr:`agent_rl.rollout.tools.ToolCallParse.action`; not well formed when a call cannot be read),
-        else :func:`parse_action` (math/code: the whole answer, lines kept)."""
+        reading (:attr:`agent_rl.rollout.tools.ToolCallParse.action`; not well formed when a call cannot be read) of
+        the reply without its reasoning blocks (:func:`agent_rl.rollout.tools.strip_reasoning`: a call drafted while
+        thinking is never played; ``reasoning_open_at_start``: the prompt opened a block), else
+        :func:`parse_action` (math/code: the whole answer, lines kept)."""
         raw = bool(getattr(self.prompt, "raw_actions", False))
         if self.tool_format is not None and ctx.tools:
-            parsed = self.tool_format.parse(text)
+            parsed = self.tool_format.parse(strip_reasoning(text, self._reasoning, reasoning_open_at_start))
             action = parsed.action
             if not parsed.calls and parsed.error is None and not raw:  # a text reply: cut as text actions are
                 action = " ".join(action.split())[:self.cfg.max_action_chars]
@@ -372,15 +382,56 @@ class RolloutOrchestrator:
             well_formed = True
         else:
             assert self._batcher is not None
-            gen = await self._batcher.generate(prompt_ids, temperature,
-                                               self.high_repetition_penalty if is_high else 1.0,
-                                               key=(task.group_id, slot, ctx.step), episode_id=episode_id)
-            action, well_formed = self.parse(gen.text, ctx)
+            penalty = self.high_repetition_penalty if is_high else 1.0
+            key = (task.group_id, slot, ctx.step)
+            if self.tool_format is not None and ctx.tools:
+                gen, opened = await self._generate_tool_turn(prompt_ids, temperature, penalty, key, episode_id)
+                action, well_formed = self.parse(gen.text, ctx, opened)
+            else:
+                gen = await self._batcher.generate(prompt_ids, temperature, penalty, key=key, episode_id=episode_id)
+                action, well_formed = self.parse(gen.text, ctx)
         if gen.policy_version is None:
             gen.policy_version = version
         if self.on_turn is not None:
             self.on_turn(gen)
         return gen, action, well_formed
+
+    async def _generate_tool_turn(self, prompt_ids: list[int], temperature: float, penalty: float,
+                                  key: tuple[int, ...], episode_id: str | None) -> tuple[Generation, bool]:
+        """One tools-mode reply: ``(generation, whether the prompt opened a reasoning block)``.
+
+        The text is decoded from the sampled ids with the format's markup and the reasoning markers kept
+        (:func:`agent_rl.rollout.tools.decode_for_parsing`: a tokenizer may hold ``<tool_call>`` as a special token,
+        which the engine's text drops). A stop string that fired inside an open reasoning block (a call drafted while
+        thinking) does not end the reply: generation resumes from the prompt plus the ids so far (key
+        ``key + (resume,)``, same episode, so kept caches serve it), at most :data:`MAX_REASONING_RESUMES` times,
+        and the pieces are one generation of at most ``max_new_tokens`` ids (cut there: ``"length"``). The check
+        is the orchestrator's, on the ids, so it is the same for every engine.
+        """
+        assert self._batcher is not None
+        max_new = int(self.gen_kwargs["max_new_tokens"])
+        stops = [s for s in self.tool_format.stop] if self.tool_format is not None else []
+        tail = decode_for_parsing(self.tokenizer, prompt_ids[-_PROMPT_TAIL_TOKENS:], self._keep)
+        opened = reasoning_open(tail, self._reasoning)
+        first = gen = await self._batcher.generate(prompt_ids, temperature, penalty, key=key, episode_id=episode_id)
+        ids, logprobs = list(gen.token_ids), list(gen.logprobs)
+        text = decode_for_parsing(self.tokenizer, ids, self._keep)
+        for resume in range(1, MAX_REASONING_RESUMES + 1):
+            stopped_by_string = gen.finish_reason == "stop" and not (ids and ids[-1] in self._eos_ids) and any(
+                s in text[-(len(s) + 16):] for s in stops)
+            if not stopped_by_string or len(ids) >= max_new or not reasoning_open(text, self._reasoning, opened):
+                break
+            gen = await self._batcher.generate(prompt_ids + ids, temperature, penalty, key=key + (resume,),
+                                               episode_id=episode_id)
+            ids += gen.token_ids
+            logprobs += gen.logprobs
+            text = decode_for_parsing(self.tokenizer, ids, self._keep)
+        finish = gen.finish_reason
+        if len(ids) > max_new:  # a prefix of a sample is a sample: cut at the turn's budget
+            ids, logprobs, finish = ids[:max_new], logprobs[:max_new], "length"
+            text = decode_for_parsing(self.tokenizer, ids, self._keep)
+        return Generation(token_ids=ids, logprobs=logprobs, text=text, finish_reason=finish,
+                          cached_tokens=first.cached_tokens, policy_version=first.policy_version), opened
 
     async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
         """One attempt at an episode; raises :class:`EnvCallFailed` on env failure."""

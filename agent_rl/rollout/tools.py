@@ -67,6 +67,10 @@ class ToolCallFormat(Protocol):
     name: str
     stop: tuple[str, ...]
     """Stop strings of generation in tools mode (the end of one call)."""
+    markup: tuple[str, ...]
+    """The strings that mark a call (``<tool_call>``...): a tokenizer may hold them as special tokens, which a
+    decode without special tokens drops, so replies are decoded for parsing with them kept
+    (:func:`decode_for_parsing`)."""
 
     def parse(self, text: str) -> ToolCallParse: ...
 
@@ -143,6 +147,7 @@ class HermesFormat:
 
     name = "hermes"
     stop = ("</tool_call>",)
+    markup = ("<tool_call>", "</tool_call>")
     _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)\Z", re.DOTALL)
 
     def parse(self, text: str) -> ToolCallParse:
@@ -189,6 +194,7 @@ class Llama3JsonFormat:
     name = "llama3_json"
     stop: tuple[str, ...] = ()  # the call ends the turn (<|eot_id|> / <|eom_id|>, the engine's EOS)
     _TAG = "<|python_tag|>"
+    markup = (_TAG,)
 
     def parse(self, text: str) -> ToolCallParse:
         body = text.strip()
@@ -233,6 +239,101 @@ def _hermes() -> HermesFormat:
 @register_tool_call_format("llama3_json")
 def _llama3_json() -> Llama3JsonFormat:
     return Llama3JsonFormat()
+
+
+# ------------------------------------------------------------------------------------------ reasoning blocks
+KNOWN_REASONING_MARKERS: tuple[tuple[str, str], ...] = (
+    ("<think>", "</think>"),  # DeepSeek-R1, Qwen3, QwQ, SmolLM3
+    ("<thinking>", "</thinking>"),
+    ("<reasoning>", "</reasoning>"),
+    ("<seed:think>", "</seed:think>"),  # Seed-OSS
+    ("\u25c1think\u25b7", "\u25c1/think\u25b7"),  # Kimi
+    ("<|begin_of_thought|>", "<|end_of_thought|>"),
+)
+"""``(open, close)`` of the reasoning blocks models write; ``<think>`` always counts, the others when the
+tokenizer's chat template or added vocabulary names them (:func:`reasoning_markers`)."""
+
+
+def reasoning_markers(tokenizer: Any) -> tuple[tuple[str, str], ...]:
+    """The reasoning blocks of ``tokenizer``'s model: ``<think>...</think>`` and every known pair
+    (:data:`KNOWN_REASONING_MARKERS`) whose opening marker its chat template or added vocabulary holds."""
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else ""
+    try:
+        added = set(tokenizer.get_added_vocab())
+    except Exception:  # noqa: BLE001 (a tokenizer without added vocabulary)
+        added = set()
+    return tuple(pair for i, pair in enumerate(KNOWN_REASONING_MARKERS)
+                 if i == 0 or pair[0] in template or pair[0] in added)
+
+
+def _reasoning_spans(text: str, markers: Sequence[tuple[str, str]],
+                     open_at_start: bool) -> tuple[list[tuple[int, int]], bool]:
+    """``(spans of text inside reasoning blocks, markers included; whether a block is still open at the end)``.
+    ``open_at_start``: the prompt already opened a block (a template whose generation prompt ends in ``<think>``).
+    Blocks do not nest (as the models write them); one pass over the markers, linear in ``len(text)``."""
+    if not markers:
+        return [], open_at_start
+    pattern = re.compile("|".join(re.escape(m) for pair in markers for m in pair))
+    closes = {close: open_ for open_, close in markers}
+    spans: list[tuple[int, int]] = []
+    start: int | None = 0 if open_at_start else None
+    for match in pattern.finditer(text):
+        if start is None and match.group(0) not in closes:
+            start = match.start()
+        elif start is not None and match.group(0) in closes:
+            spans.append((start, match.end()))
+            start = None
+    if start is not None:
+        spans.append((start, len(text)))
+    return spans, start is not None
+
+
+def strip_reasoning(text: str, markers: Sequence[tuple[str, str]], open_at_start: bool = False) -> str:
+    """``text`` without its reasoning blocks (an unclosed last block: to the end): a call drafted while thinking is
+    never played. ``"<think>draft <tool_call>..</tool_call></think> <tool_call>real</tool_call>"`` ->
+    ``" <tool_call>real</tool_call>"``."""
+    spans, _ = _reasoning_spans(text, markers, open_at_start)
+    if not spans:
+        return text
+    pieces, last = [], 0
+    for start, end in spans:
+        pieces.append(text[last:start])
+        last = end
+    pieces.append(text[last:])
+    return "".join(pieces)
+
+
+def reasoning_open(text: str, markers: Sequence[tuple[str, str]], open_at_start: bool = False) -> bool:
+    """Whether a reasoning block is open at the end of ``text`` (a stop string that ends it fired while thinking)."""
+    return _reasoning_spans(text, markers, open_at_start)[1]
+
+
+def decode_for_parsing(tokenizer: Any, ids: Sequence[int], keep: Sequence[str]) -> str:
+    """``ids`` decoded without special tokens, except the strings of ``keep`` (a format's :attr:`markup`, reasoning
+    markers), written where their tokens are even when the tokenizer holds them as special tokens (Hermes-2-Pro's
+    ``<tool_call>``: a plain ``decode(skip_special_tokens=True)`` drops them and the call is lost; vllm PR #25281,
+    verl #4757). Linear in ``len(ids)``."""
+    try:
+        added = tokenizer.get_added_vocab()
+    except Exception:  # noqa: BLE001 (a tokenizer without added vocabulary: nothing special to keep)
+        added = {}
+    kept = {added[s]: s for s in keep if s in added}
+    if not kept:
+        return tokenizer.decode(list(ids), skip_special_tokens=True)
+    pieces: list[str] = []
+    run: list[int] = []
+    for token in ids:
+        if token in kept:
+            if run:
+                pieces.append(tokenizer.decode(run, skip_special_tokens=True))
+                run = []
+            pieces.append(kept[token])
+        else:
+            run.append(token)
+    if run:
+        pieces.append(tokenizer.decode(run, skip_special_tokens=True))
+    return "".join(pieces)
 
 
 # ------------------------------------------------------------------------------------------ chat templates

@@ -36,13 +36,33 @@ from envs.tools import named_tools, task_tool_step
 DEFAULT_INSTRUCTION = "Write the complete Python solution in a single ```python code block."
 TOOL_INSTRUCTION = ("You can run Python programs with the python tool to test your code. When done, write the "
                     "complete Python solution in a single ```python code block in a reply that calls no tool.")
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_FENCE_LANG = re.compile(r"[ \t]*([A-Za-z0-9_+-]*)")
+
+
+def fenced_blocks(response: str) -> list[tuple[str, str]]:
+    """``(language, body)`` of each closed Markdown code fence, in order: a line opening with three backticks (the
+    language is the word right after them), the body up to the next three backticks. What
+    ``re.findall(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", response, re.DOTALL)`` finds, in O(len(response))
+    (that pattern is quadratic on a response of unclosed fences without a newline: 64 KB took 6 s)."""
+    blocks, pos = [], 0
+    while True:
+        start = response.find("```", pos)
+        if start < 0:
+            break
+        newline = response.find("\n", start + 3)
+        end = response.find("```", newline + 1) if newline >= 0 else -1
+        if end < 0:  # no newline or no closing fence after it: no later fence can close either
+            break
+        language = _FENCE_LANG.match(response, start + 3, newline).group(1)
+        blocks.append((language, response[newline + 1 : end]))
+        pos = end + 3
+    return blocks
 _SYNTAX = {"SyntaxError", "IndentationError", "TabError"}
 
 
 def extract_code(response: str, entry_point: str = "") -> str:
     """Program text of a model response (see the module docstring for the rule). Pure function."""
-    blocks = [body for lang, body in _FENCE.findall(response) if lang.lower() in ("", "python", "py", "python3")]
+    blocks = [body for lang, body in fenced_blocks(response) if lang.lower() in ("", "python", "py", "python3")]
     if not blocks:
         # an unterminated fence (the model ran out of tokens): take everything after it
         start = re.search(r"```[ \t]*(?:python3?|py)?[ \t]*\n", response)
