@@ -26,7 +26,6 @@ from openenv import GenericEnvClient
 
 from served_envs import ROOT, start_server
 from servers.openenv import openenv_path
-from servers.tokens import read_token_file
 from servers_helpers import CALC, ECHO, free_port, make_app, serve_asgi, uvicorn_in_thread, wait_healthy
 
 pytestmark = pytest.mark.slow  # end to end: env server processes (fast tier: pytest -m 'not slow')
@@ -170,6 +169,41 @@ def test_docs_and_schema_pages_need_the_token(two_clients):
     assert httpx.get(two_clients + "/health").status_code == 200  # the health checks stay open
 
 
+def test_one_token_server_keeps_envs_apart_and_hides_pids_and_docs():
+    """The issue's inputs on a single ``--token`` server (one client): the Echo env's MCP endpoint cannot play a
+    calculator session opened over the session API (today: ``Result: 42``) nor close it; ``GET /sessions`` names no
+    worker pid; the docs pages and an empty credential get 401."""
+    app = make_app(token="s3cret")
+    port = free_port()
+    with uvicorn_in_thread(app, port):
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url)
+        ok = {"Authorization": "Bearer s3cret"}
+        sid = httpx.post(url + "/sessions", json={"env_id": CALC, "options": {"index": 0}}, headers=ok).json()[
+            "session_id"]
+
+        async def main() -> None:
+            client = Client(streamable_http_client(url + openenv_path(ECHO) + "/mcp",
+                                                   http_client=httpx2.AsyncClient(headers=ok, timeout=60)))
+            async with client:
+                for tool, args in [("act", {"command": "calc[6*7]", "session_id": sid}),
+                                   ("close", {"session_id": sid})]:
+                    r = await client.call_tool(tool, args)
+                    assert r.is_error and r.structured_content["error_code"] == "session_not_found", r.content
+
+        asyncio.run(main())
+        (listed_session,) = httpx.get(url + "/sessions", headers=ok).json()["sessions"]
+        assert listed_session["session_id"] == sid and listed_session["steps"] == 0
+        assert "worker_pid" not in listed_session
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            assert httpx.get(url + path).status_code == 401, path
+        empty = "Basic " + base64.b64encode(b"agent_rl:").decode()
+        assert httpx.post(url + f"/sessions/{sid}/step", json={"action": "x"},
+                          headers={"Authorization": empty}).status_code == 401
+        r = httpx.post(url + f"/sessions/{sid}/step", json={"action": "calc[6*7]"}, headers=ok)
+        assert r.json()["observation"] == "Result: 42"
+
+
 # ------------------------------------------------------------------------------------------- refused at start
 def serve(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m servers.serve`` that is expected to exit at start (without ``$AGENT_RL_SERVER_TOKEN`` unless
@@ -194,6 +228,8 @@ def test_an_empty_token_or_an_open_public_bind_exits_at_start(tmp_path: Path, ar
 
 
 def test_the_token_file_is_checked(tmp_path: Path):
+    from servers.tokens import read_token_file
+
     path = tmp_path / "tokens"
     path.write_text("# clients\n\nalice: tok-a\n  bob :tok-b  \n")
     assert read_token_file(path) == {"alice": "tok-a", "bob": "tok-b"}
