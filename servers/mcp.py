@@ -19,7 +19,12 @@ Which episode a call plays: its ``session_id`` argument, else the episode that `
 session (the ``Mcp-Session-Id`` of a client that did the initialize handshake); a client of the stateless protocol
 (no MCP session; the SDK's default ``mode="auto"`` against this server) passes the ``session_id`` that reset
 answered. An MCP session that ends (the client's ``DELETE``) closes its episode's session; an unclosed one expires
-with the server's TTL, like any session. Token: as every route (``Authorization: Bearer <token>``), else 401.
+with the server's TTL, like any session. Token: as every route (``Authorization: Bearer <token>``), else 401
+(``servers.access.AccessGate``). Every episode belongs to the caller's client and to this env
+(``servers.access.ClientSessions``): a ``session_id`` of another client or another env is ``session_not_found``
+(404) for a play or close, and a reset with it opens a new session, the other untouched; an MCP session itself
+answers only the client that opened it (the SDK's session ownership, from ``scope["user"]``). Without a token the
+SDK's DNS-rebinding protection is on (loopback ``Host`` only).
 """
 
 from __future__ import annotations
