@@ -88,7 +88,8 @@ class EnvServerConfig:
     """Server URLs; empty in http mode = start ``python -m servers.serve --env <env.id>`` on a free 127.0.0.1 port
     for the run (stopped at exit)."""
     token: str | None = None
-    """Bearer token of the servers."""
+    """Bearer token of the servers (``None``: ``$AGENT_RL_SERVER_TOKEN`` for ``env_server.urls``; the run's own
+    server or Ray replicas then get a token the run makes, passed in their environment, never on argv)."""
     workers: int = 0
     """``--workers`` of the auto-started server (0 = its default)."""
     max_sessions: int = 0

@@ -36,6 +36,7 @@ from agent_rl.models import load_policy
 from agent_rl.rollout import RolloutConfig, RolloutOrchestrator, get_prompt
 from agent_rl.types import Episode, Generation
 from envs.families import describe
+from servers.launch import ServerLaunch, new_token
 from servers.wait import ServerExited, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -289,7 +290,8 @@ def prune_checkpoints(folder: Path, keep: int) -> None:
 # ------------------------------------------------------------------------------------------------ env servers
 class EnvServerProcess:
     """The run's own env server (``env_server.urls`` empty): ``python -m servers.serve --env <env.id>`` on a free
-    127.0.0.1 port. :meth:`start` waits for ``/health`` (``servers.wait.wait_healthy``); a server that dies is
+    127.0.0.1 port (``servers.launch.ServerLaunch``, the Ray replicas' launch too), with ``env_server.token`` or a
+    token made for the run (:attr:`token`), passed in its environment, never on its command line. :meth:`start` waits for ``/health`` (``servers.wait.wait_healthy``); a server that dies is
     started again on the same port by :func:`supervise_env_server` (the URL the env client holds stays valid), at
     most ``env_server.max_restarts`` times."""
 
@@ -298,19 +300,14 @@ class EnvServerProcess:
         self.cfg, self.log_path = cfg, log_path
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "servers.serve", "--env", cfg.env.id, "--host", "127.0.0.1",
-               "--port", str(self.port)]
-        cmd += [arg for mod in es.imports for arg in ("--import", mod)]
-        cmd += ["--workers", str(es.workers)] if es.workers > 0 else []
-        cmd += ["--max-sessions", str(es.max_sessions)] if es.max_sessions > 0 else []
-        cmd += ["--token", es.token] if es.token else []
-        self.cmd = cmd
-        env = dict(os.environ)
-        if cfg.data.root:
-            env["AGENT_RL_DATA"] = cfg.data.root
+        # env_server.token, else one made for the run: the server is never open to other users of the machine
+        self.token = es.token or new_token()
         self.repo = str(REPO)
-        env["PYTHONPATH"] = self.repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.env = env
+        self.launch = ServerLaunch([cfg.env.id], self.port, self.token, imports=list(es.imports),
+                                   workers=es.workers, max_sessions=es.max_sessions, data_root=cfg.data.root or "",
+                                   pythonpath=self.repo)
+        self.cmd = self.launch.command  # no token in it: the token is in the child's environment
+        self.env = self.launch.environment()
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self.starts = 0  # successful starts (healthy)
@@ -393,17 +390,17 @@ def _tail(path: Path, n: int = 3000) -> str:
         return ""
 
 
-def make_env_pool(cfg: Config, urls: list[str] | None = None) -> Any:
+def make_env_pool(cfg: Config, urls: list[str] | None = None, token: str | None = None) -> Any:
     """The env client: ``LocalEnvPool`` (``env_server.mode=local``) or ``HTTPEnvPool`` over ``urls`` (default
-    ``env_server.urls``; the Ray workers pass the replicas' URLs). No server is started here (see
-    :func:`open_env_pool`)."""
+    ``env_server.urls``; the Ray workers pass the replicas' URLs) with ``token`` (default ``env_server.token``; the
+    run's own server's or replicas' token otherwise). No server is started here (see :func:`open_env_pool`)."""
     es = cfg.env_server
     if es.mode == "local":
         kwargs: dict[str, Any] = {"mode": es.local_kind, "imports": list(es.imports)}
         if es.local_workers > 0:
             kwargs["max_workers"] = es.local_workers
         return LocalEnvPool(**kwargs)
-    return HTTPEnvPool(list(es.urls if urls is None else urls), token=es.token)
+    return HTTPEnvPool(list(es.urls if urls is None else urls), token=token or es.token)
 
 
 @contextlib.asynccontextmanager
@@ -423,7 +420,7 @@ async def open_env_pool(cfg: Config, out: Path) -> AsyncIterator[Any]:
             main_task = asyncio.current_task()
             assert main_task is not None
             supervisor = asyncio.create_task(supervise_env_server(server, main_task.cancel))
-        pool = make_env_pool(cfg, urls)
+        pool = make_env_pool(cfg, urls, server.token if server is not None else None)
         try:
             yield pool
         except asyncio.CancelledError:

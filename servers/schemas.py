@@ -108,7 +108,6 @@ class SessionInfo(BaseModel):
     done: bool = Field(description="the current episode ended; step is 409 until reset")
     busy: bool
     worker: int | None = Field(description="index of the worker process holding it")
-    worker_pid: int | None = Field(default=None, description="process id of that worker")
 
 
 class SessionsResponse(BaseModel):

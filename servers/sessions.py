@@ -4,9 +4,10 @@ HTTP has (bearer token, body limits, ``Retry-After``). Sessions, workers and the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from envs.hosting.sessions import SessionSettings
+from servers.tokens import DEFAULT_CLIENT, check_tokens
 
 __all__ = ["ServerSettings"]
 
@@ -17,7 +18,12 @@ class ServerSettings(SessionSettings):
 
     env_ids: list[str]  # type: ignore[assignment]  (a server always names the ids it serves)
     token: str | None = None
-    """Bearer token required on every route but ``/health`` (``None``: open)."""
+    """The token of one client (named ``default``), required on every route but the health checks (``None`` and no
+    ``tokens``: no token, loopback only; ``servers.access``)."""
+    tokens: dict[str, str] | None = None
+    """``{client name: token}`` (``--token-file``): clients told apart by their tokens, each owning its sessions."""
+    allowed_origins: list[str] = field(default_factory=list)
+    """Browser origins allowed beside the server's own (``--allow-origin``; ``"*"``: any)."""
     max_action_bytes: int = 64 * 1024
     """Largest action (UTF-8 bytes) accepted; larger is 413."""
     retry_after_s: int = 1
@@ -36,7 +42,19 @@ class ServerSettings(SessionSettings):
             bad.append("session_ttl_s=None")
         if self.max_action_bytes < 1:
             bad.append(f"max_action_bytes={self.max_action_bytes!r}")
+        if self.token is not None and self.tokens:
+            bad.append("token and tokens both set (one --token or one --token-file)")
+        else:
+            bad += check_tokens(self.clients() if self.token is not None or self.tokens is not None else {})
+            if self.tokens is not None and not self.tokens:
+                bad.append("tokens={} (no client)")
         return bad
+
+    def clients(self) -> dict[str, str]:
+        """``{client name: token}``; ``{}``: no token (one client, ``servers.tokens.LOCAL_CLIENT``)."""
+        if self.token is not None:
+            return {DEFAULT_CLIENT: self.token}
+        return dict(self.tokens or {})
 
     @property
     def max_body_bytes(self) -> int:

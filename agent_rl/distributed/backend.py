@@ -43,6 +43,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from agent_rl import algos
 from agent_rl.config import BACKENDS, Config
 from agent_rl.distributed.actors import EnvServerReplica, LearnerRank, LearnerSpec, RolloutWorker
+from servers.launch import new_token
 from agent_rl.distributed.data_parallel import shard_indices, take_shard, unshard_rows
 from agent_rl.eval.training import TrainingEval
 from agent_rl.rollout import RolloutResult, collect_groups, group_temperatures, merge_parallel_results
@@ -140,6 +141,7 @@ class RayBackend:
         self.ranks: list[Any] = []
         self.workers: list[Any] = []
         self.urls = list(cfg.env_server.urls)
+        self.env_token: str | None = None  # the replicas' token when this run starts them (open)
         self.version = 0  # updates behind the workers' weights
         self.weights: Any = None
         self.incarnation = [0] * cfg.rollout.num_workers
@@ -203,10 +205,15 @@ class RayBackend:
             self.groups.append(pg_env)
             ray.get(pg_env.ready(), timeout=600)
             Replica = ray.remote(EnvServerReplica)
+            # the replicas' token: env_server.token, else one made for this run (the rollout workers get it as an
+            # actor argument, never in the saved config); loopback when every worker is on this one node
+            self.env_token = es.token or new_token()
+            loopback = sum(1 for n in ray.nodes() if n.get("Alive")) <= 1
             replicas = [Replica.options(num_cpus=es.replica_cpus, name=f"agent_rl-env-{i}",
                                         scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=pg_env, placement_group_bundle_index=i)).remote(
-                [self.cfg.env.id], list(es.imports), es.token, es.max_sessions, es.workers, self.cfg.data.root)
+                [self.cfg.env.id], list(es.imports), self.env_token, es.max_sessions, es.workers, self.cfg.data.root,
+                loopback)
                 for i in range(es.replicas)]
             self.actors += replicas
             self.urls = ray.get([a.url.remote(es.startup_timeout_s) for a in replicas])
@@ -274,7 +281,8 @@ class RayBackend:
             threads = {"max_concurrency": self.cfg.trainer.tasks_per_step * (self.cfg.trainer.max_staleness + 1) + 4}
             w = Worker.options(num_cpus=r.worker_cpus, num_gpus=r.worker_gpus,
                                **(threads if self.cfg.trainer.max_staleness > 0 else {}),  # async: groups at once
-                               name=f"agent_rl-rollout-{i}-{self.incarnation[i]}").remote(self.cfg, i, self.urls)
+                               name=f"agent_rl-rollout-{i}-{self.incarnation[i]}").remote(self.cfg, i, self.urls,
+                                                                                          self.env_token)
             self.incarnation[i] += 1
             try:
                 ray.get(w.set_weights.remote(self.version, self.weights))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import os
 import re
 import time
 import uuid
@@ -24,6 +25,7 @@ from agent_rl.envclient.base import (
     client_error,
 )
 from envs.hosting.jsonable import lone_surrogate, to_jsonable
+from servers.launch import TOKEN_ENV
 
 __all__ = ["DEFAULT_TIMEOUT", "HTTPEnvPool"]
 
@@ -60,7 +62,8 @@ class HTTPEnvPool:
 
     Args:
         urls: one base URL or several (``"http://127.0.0.1:8001"``).
-        token: bearer token of the servers (``--token``).
+        token: bearer token of the servers (``--token``); ``None``: ``$AGENT_RL_SERVER_TOKEN`` when set (the
+            variable ``servers.serve`` reads, ``servers.launch.TOKEN_ENV``), else none.
         timeout: ``httpx.Timeout`` per phase (see ``DEFAULT_TIMEOUT``).
         max_connections: connection pool size; size it to the rollout concurrency.
         retries: extra attempts after a connect error or a 503.
@@ -88,6 +91,7 @@ class HTTPEnvPool:
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
         headers = {"Authorization": f"Bearer {token}"} if token else None
         self._client = httpx.AsyncClient(
             timeout=timeout,

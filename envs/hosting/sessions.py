@@ -120,6 +120,8 @@ class Session:
     episodes: int = 1
     done: bool = False
     busy: bool = False
+    owner: str | None = None
+    """The client that opened it (the HTTP server's client name; ``None``: the server's own, or no clients)."""
 
 
 class SessionManager:
@@ -233,11 +235,13 @@ class SessionManager:
         options: dict[str, Any] | None = None,
         env_kwargs: dict[str, Any] | None = None,
         session_id: str | None = None,
+        owner: str | None = None,
     ) -> tuple[str, Any, dict[str, Any]]:
         """Open a session: ``gymnasium.make`` + ``reset`` in a worker -> ``(session_id, observation, info)``.
 
         ``session_id``: the client's choice (default: a new uuid4 hex), so a client that lost the answer can still
-        close the session. Raises ``UnknownEnv`` (404), ``SessionExists`` (409), ``AtCapacity`` (503),
+        close the session. ``owner``: the client it belongs to (``Session.owner``; the server checks it,
+        ``servers.access.ClientSessions``). Raises ``UnknownEnv`` (404), ``SessionExists`` (409), ``AtCapacity`` (503),
         ``EnvFailed`` (500/504), ``InvalidText`` (422: a lone surrogate in any of the arguments).
         """
         _check_text(env_id=env_id, session_id=session_id, options=options, env_kwargs=env_kwargs)
@@ -248,7 +252,7 @@ class SessionManager:
             raise SessionExists(f"a live session has the id {session_id!r}")
         if self.settings.max_sessions is not None and len(self.sessions) >= self.settings.max_sessions:
             raise AtCapacity(f"{len(self.sessions)} live sessions (max_sessions={self.settings.max_sessions})")
-        session = Session(session_id or uuid.uuid4().hex, env_id, busy=True)
+        session = Session(session_id or uuid.uuid4().hex, env_id, busy=True, owner=owner)
         self.sessions[session.session_id] = session
         try:
             observation, info = await self.pool.open(session.session_id, env_id, env_kwargs=env_kwargs, seed=seed,

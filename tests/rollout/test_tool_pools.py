@@ -32,7 +32,7 @@ async def open_pool(kind: str):
     if kind == "http":
         app = make_app()
         async with serve_asgi(app):
-            async with HTTPEnvPool("http://testserver", transport=httpx.ASGITransport(app=app), retries=0) as pool:
+            async with HTTPEnvPool("http://localhost", transport=httpx.ASGITransport(app=app), retries=0) as pool:
                 yield pool
     else:
         async with LocalEnvPool(max_workers=2, mode=kind) as pool:

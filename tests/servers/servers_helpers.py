@@ -33,7 +33,7 @@ async def serve_asgi(app: Any, token: str | None = None) -> AsyncIterator[httpx.
     """Run the app's lifespan and yield a client talking to it in-process."""
     headers = {"Authorization": f"Bearer {token}"} if token else None
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver",
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost",
                                      headers=headers, timeout=60) as client:
             yield client
 
