@@ -107,6 +107,8 @@ class _EpisodeCache:
     stamp: tuple[int, ...]
 
 
+#: ended episode ids an engine remembers (ids are never reused; 64 Ki short strings: a few MiB at most).
+_MAX_ENDED = 1 << 16
 #: elements per chunk of :func:`weights_fingerprint` (bounds its temporaries: 4 MiB of int32 products per chunk).
 _FINGERPRINT_CHUNK = 1 << 20
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -213,7 +215,9 @@ class HFEngine:
         self._caches: OrderedDict[str, _EpisodeCache] = OrderedDict()  # LRU order: oldest first
         self._cached_tokens = 0
         self._in_flight: set[str] = set()
-        self._ended: set[str] = set()  # ended while their generation was in flight: not kept
+        # ended ids (episode ids are never reused): not kept by a generation in flight or about to start (a batch
+        # handed to the engine's thread before its episode was cancelled); the newest _MAX_ENDED are remembered
+        self._ended: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
         self._counts = dict(prefill_tokens=0, kv_reuse_tokens=0, decode_tokens=0, evicted_episodes=0)
         self.model = model
@@ -241,14 +245,16 @@ class HFEngine:
         self.clear_caches()
 
     def end_episode(self, episode_id: str) -> None:
-        """Drop the kept cache of ``episode_id`` (the orchestrator calls this when the episode ends; unknown ids are
-        fine). An id whose generation is in flight is not kept when that call returns."""
+        """Drop the kept cache of ``episode_id`` (the orchestrator calls this when the episode ends or is cancelled;
+        unknown ids are fine). A generation of that id in flight, or handed to the engine just before (a cancelled
+        episode's last batch), keeps nothing for it."""
         with self._lock:
             entry = self._caches.pop(episode_id, None)
             if entry is not None:
                 self._cached_tokens -= len(entry.token_ids)
-            if episode_id in self._in_flight:
-                self._ended.add(episode_id)
+            self._ended[episode_id] = None
+            while len(self._ended) > _MAX_ENDED:
+                self._ended.popitem(last=False)
 
     def clear_caches(self) -> None:
         """Drop every kept cache."""
@@ -380,7 +386,6 @@ class HFEngine:
         finally:
             with self._lock:
                 self._in_flight -= live
-                self._ended -= live
         return results  # type: ignore[return-value]
 
     def _generate_batch(self, prompts: list[list[int]], temperatures: list[float], max_new_tokens: int,
