@@ -101,3 +101,35 @@ def test_a_cancelled_rollout_leaves_nothing_behind(policy, point, stream):
     assert errors == [], [e.get("message") for e in errors]
     assert sessions == 0
     assert cached == 0
+
+
+def test_gather_all_cancels_and_awaits_the_rest_and_raises_the_first_error_as_it_is():
+    from agent_rl.aio import gather_all
+
+    async def main():
+        finished: list[str] = []
+
+        async def slow(name: str):
+            try:
+                await asyncio.sleep(10)
+            finally:
+                finished.append(name)  # its clean-up ran before gather_all returned
+
+        async def fail():
+            await asyncio.sleep(0.01)
+            raise KeyError("boom")
+
+        assert await gather_all(asyncio.sleep(0, "a"), asyncio.sleep(0.01, "b")) == ["a", "b"]  # in order
+        with pytest.raises(KeyError, match="boom"):  # the error itself, not an ExceptionGroup
+            await gather_all(slow("x"), fail(), slow("y"))
+        assert sorted(finished) == ["x", "y"]
+        finished.clear()
+        outer = asyncio.ensure_future(gather_all(slow("p"), slow("q")))
+        await asyncio.sleep(0.01)
+        outer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await outer
+        assert sorted(finished) == ["p", "q"]
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    asyncio.run(main())
