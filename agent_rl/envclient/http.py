@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from agent_rl.aio import gather_all
 from agent_rl.envclient.base import (
     EnvClientError,
     EnvServerError,
@@ -264,7 +265,7 @@ class HTTPEnvPool:
                 return  # still unreachable: keep it for the next try
             self._orphans.pop(session_id, None)
 
-        await asyncio.gather(*(one(s, u) for s, u in list(self._orphans.items())))
+        await gather_all(*(one(s, u) for s, u in list(self._orphans.items())))  # cancelled or failed: none left running
         return len(self._orphans)
 
     def _reap_orphans_soon(self) -> None:

@@ -41,6 +41,7 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 import numpy as np
 import torch
 
+from agent_rl.aio import gather_all
 from agent_rl.algos import dapo_keep_groups
 from agent_rl.engines.base import row_seed
 from agent_rl.rollout.config import RolloutConfig
@@ -182,6 +183,12 @@ class GenerationBatcher:
                     await asyncio.wait_for(self._arrived.wait(), self.wait_s)
                 except asyncio.TimeoutError:
                     break
+            for row in [r for r in self._pending if r[2].done()]:  # its episode was cancelled: not generated
+                self._pending.remove(row)
+                self._episode_ids.pop(row[2], None)
+            if not self._pending:
+                self._wakeup.set()
+                continue
             take = len(self._pending) if self.batch_size <= 0 else min(self.batch_size, len(self._pending))
             batch, self._pending = self._pending[:take], self._pending[take:]
             seed = None if self.seed is None else self.seed + self._calls
@@ -545,14 +552,20 @@ class RolloutOrchestrator:
                 finally:
                     batcher.episode_finished()
 
-        try:
-            jobs = [[asyncio.ensure_future(one(g.task, temp, high, slot)) for slot, (temp, high) in
-                     enumerate(g.temperatures)] for g in groups]
-            results = [await asyncio.gather(*group_jobs) for group_jobs in jobs]
+        try:  # structured: cancelled or failed, every episode is cancelled and has finished before this returns
+            flat = await gather_all(*(one(g.task, temp, high, slot) for g in groups
+                                      for slot, (temp, high) in enumerate(g.temperatures)))
+        except BaseException:
+            server.cancel()  # no episode is left to wait for a generation
+            raise
         finally:
             batcher.close()
-            await server
+            with contextlib.suppress(asyncio.CancelledError):
+                await server
             self._batcher = None
+        sizes = [len(g.temperatures) for g in groups]
+        starts = np.cumsum([0, *sizes]).tolist()
+        results = [flat[a:a + n] for a, n in zip(starts, sizes)]
         kept: list[Episode] = []
         dropped = 0
         failures: list[str] = []
@@ -615,7 +628,7 @@ class RolloutOrchestrator:
                 finally:
                     batcher.episode_finished()
 
-        eps = list(await asyncio.gather(*(one(t, h, slot) for slot, (t, h) in enumerate(spec.temperatures))))
+        eps = await gather_all(*(one(t, h, slot) for slot, (t, h) in enumerate(spec.temperatures)))
         self._failed_episodes += sum(ep.failure is not None for ep in eps)
         return eps
 
