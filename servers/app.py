@@ -112,7 +112,8 @@ def create_app(
     app = FastAPI(title="agent_rl env server", version="0.1.0", lifespan=lifespan,
                   description=f"Sessions of gymnasium text envs: {', '.join(env_ids)}")
     app.state.settings = config
-    app.add_middleware(BodyGuardMiddleware, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(BodyGuardMiddleware, max_body_bytes=config.max_body_bytes,
+                       max_json_depth=config.max_json_depth)
     app.include_router(meta.router)
     app.include_router(meta.envs_router, dependencies=[Depends(require_token)])
     app.include_router(sessions.router, dependencies=[Depends(require_token)])

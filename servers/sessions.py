@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from envs.hosting.sessions import SessionSettings
+from envs.jsondepth import MAX_JSON_DEPTH
 
 __all__ = ["ServerSettings"]
 
@@ -20,6 +21,8 @@ class ServerSettings(SessionSettings):
     """Bearer token required on every route but ``/health`` (``None``: open)."""
     max_action_bytes: int = 64 * 1024
     """Largest action (UTF-8 bytes) accepted; larger is 413."""
+    max_json_depth: int = MAX_JSON_DEPTH
+    """Deepest JSON nesting of a request body or WebSocket message (400 ``json_too_deep`` beyond, before parsing)."""
     retry_after_s: int = 1
     """``Retry-After`` seconds sent with 503."""
 
@@ -34,6 +37,8 @@ class ServerSettings(SessionSettings):
             bad.insert(0, "max_sessions=None")
         if self.session_ttl_s is None:
             bad.append("session_ttl_s=None")
+        if self.max_json_depth < 1:
+            bad.append(f"max_json_depth={self.max_json_depth!r}")
         if self.max_action_bytes < 1:
             bad.append(f"max_action_bytes={self.max_action_bytes!r}")
         return bad
