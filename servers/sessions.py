@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from envs.data import PATH_KWARGS
 from envs.hosting.sessions import SessionSettings
 from envs.jsondepth import MAX_JSON_DEPTH
 
@@ -23,6 +24,8 @@ class ServerSettings(SessionSettings):
     """Largest action (UTF-8 bytes) accepted; larger is 413."""
     max_json_depth: int = MAX_JSON_DEPTH
     """Deepest JSON nesting of a request body or WebSocket message (400 ``json_too_deep`` beyond, before parsing)."""
+    refused_env_kwargs: tuple[str, ...] = PATH_KWARGS
+    """Env kwargs clients may not send (host paths: where the data lives is the server's choice)."""
     retry_after_s: int = 1
     """``Retry-After`` seconds sent with 503."""
 

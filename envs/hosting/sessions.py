@@ -70,6 +70,9 @@ class SessionSettings:
     options) and refuse to start if one fails (:class:`EnvNotReady`). The env stays in its worker for reuse."""
     reset_nice: int = 10
     """Resets run this many nice levels below steps (needs CAP_SYS_NICE; 0: off), so they yield the cores to steps."""
+    refused_env_kwargs: tuple[str, ...] = ()
+    """Env kwargs a session may not be opened with (``EnvRejected``, HTTP 422 naming them): the server refuses
+    host paths (``envs.data.PATH_KWARGS``) from its clients; in-process callers are trusted (none)."""
 
     _kind = "session settings"
     _rules = "max_sessions, max_sessions_per_worker >= 1; workers, prestart_workers >= 0; ttl, env_timeout > 0"
@@ -241,6 +244,10 @@ class SessionManager:
         ``EnvFailed`` (500/504), ``InvalidText`` (422: a lone surrogate in any of the arguments).
         """
         _check_text(env_id=env_id, session_id=session_id, options=options, env_kwargs=env_kwargs)
+        refused = sorted(set(env_kwargs or {}) & set(self.settings.refused_env_kwargs))
+        if refused:
+            raise EnvRejected(f"env_kwargs {', '.join(refused)} name host paths, which the server chooses, not "
+                              f"the client (refused here: {', '.join(self.settings.refused_env_kwargs)})")
         if env_id not in (gymnasium.registry if self.settings.env_ids is None else self.settings.env_ids):
             served = "any registered id" if self.settings.env_ids is None else self.settings.env_ids
             raise UnknownEnv(f"env id {env_id!r} is not served here; served: {served}")
