@@ -162,21 +162,24 @@ def parse_sandbox_limits(text: str) -> dict[str, float]:
 
 
 def capped_limits(limits: SandboxLimits | dict[str, Any] | None, where: str = "limits") -> SandboxLimits:
-    """``limits`` (a :class:`SandboxLimits`, a dict of some of its fields, or None: the defaults) checked against
-    :func:`sandbox_caps`: a client may tighten any limit, never loosen one past its cap.
+    """``limits`` as a :class:`SandboxLimits`: a dict of some of its fields (or None: the defaults) checked against
+    :func:`sandbox_caps`, so a client may tighten any limit, never loosen one past its cap. A :class:`SandboxLimits`
+    instance is returned as it is: only code builds one (JSON from a client, the session API's, OpenEnv's or MCP's
+    ``env_kwargs``, can only hold a dict), so it is the caller's own, trusted choice.
 
     Raises:
         ValueError: a value above its cap, or not a positive number (names ``where.<field>``, the value and the
-            cap); TypeError: an unknown field.
+            cap); TypeError: an unknown field, or ``limits`` of another type.
     """
-    caps = sandbox_caps()
     if isinstance(limits, SandboxLimits):
-        given = asdict(limits)
-    else:
-        given = dict(limits or {})
-        unknown = sorted(set(given) - set(asdict(SandboxLimits())))
-        if unknown:
-            raise TypeError(f"{where}: unknown sandbox limits {unknown}; known: {', '.join(asdict(SandboxLimits()))}")
+        return limits
+    if limits is not None and not isinstance(limits, dict):
+        raise TypeError(f"{where} must be an object of sandbox limits, got {type(limits).__name__}")
+    caps = sandbox_caps()
+    given = dict(limits or {})
+    unknown = sorted(set(given) - set(asdict(SandboxLimits())))
+    if unknown:
+        raise TypeError(f"{where}: unknown sandbox limits {unknown}; known: {', '.join(asdict(SandboxLimits()))}")
     bad = []
     for key, value in given.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:

@@ -60,6 +60,8 @@ def test_limits_above_the_caps_are_refused_naming_each_key():
         gymnasium.make("agent_rl/Math-v0", action_format="tools", tools=["python"], tool_limits={"memory_mb": 4096})
     with pytest.raises(ValueError, match=r"limits.nproc=-1 \(a positive number\)"):
         capped_limits({"nproc": -1})
+    # code's own SandboxLimits is trusted (a client's JSON can only be a dict)
+    assert gymnasium.make("agent_rl/Code-v0", limits=SandboxLimits(nproc=64)).unwrapped.limits.nproc == 64
     # tighter is fine, and what is not given keeps its default
     env = gymnasium.make("agent_rl/Code-v0", limits={"nproc": 8, "memory_mb": 256})
     assert env.unwrapped.limits == SandboxLimits(nproc=8, memory_mb=256)
