@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "JSON object): client env_kwargs may tighten a limit, never exceed its cap (4xx naming it); "
                         "default: the sandbox's defaults (envs.code.sandbox.SandboxLimits), or "
                         "$AGENT_RL_SANDBOX_LIMITS")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a connection may take to send a whole request head (then it is closed)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -75,8 +77,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                          reset_nice=args.reset_nice)
     except (ImportError, ValueError) as exc:
         parser.error(str(exc))
+    from servers.protocol import header_timeout_protocol
+
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           access_log=False, timeout_graceful_shutdown=30))
+                                           access_log=False, timeout_graceful_shutdown=30,
+                                           http=header_timeout_protocol(args.header_timeout),
+                                           ws_max_size=app.state.settings.max_body_bytes + 1024))
     try:
         server.run()
     except SystemExit:  # uvicorn exits 3 itself when the startup fails

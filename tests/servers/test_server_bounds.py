@@ -118,3 +118,59 @@ def test_websocket_deep_frames_answer_an_error_and_keep_the_connection():
             assert json.loads(ws.recv(timeout=30))["type"] == "observation"
             ws.send(json.dumps({"type": "step", "data": {"action": "ping"}}))
             assert json.loads(ws.recv(timeout=30))["data"]["observation"]["text"] == "echo: ping"
+
+
+def _up(url: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "server not up"
+        time.sleep(0.1)
+
+
+def test_half_sent_requests_are_closed_after_the_header_timeout():
+    """1000 connections that send half a request head: uvicorn alone kept every one open (its keep-alive timer
+    stops at the first byte); with the header timeout each is closed, and whole requests are still answered."""
+    import threading
+
+    import uvicorn
+
+    from servers.protocol import header_timeout_protocol
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(make_app(), host="127.0.0.1", port=port, log_level="warning",
+                                           http=header_timeout_protocol(1.0), backlog=2048))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    socks: list[socket.socket] = []
+    try:
+        _up(f"http://127.0.0.1:{port}")
+        for _ in range(1000):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # no blank line: the head never ends
+            socks.append(s)
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
+        time.sleep(3.0)  # past the 1 s header timeout
+        closed = 0
+        for s in socks:
+            s.settimeout(5)
+            try:
+                closed += s.recv(1024) == b""
+            except ConnectionResetError:
+                closed += 1
+        assert closed == 1000
+        # a slow but whole request is still served
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\n")
+            time.sleep(0.3)
+            s.sendall(b"Host: 127.0.0.1\r\n\r\n")
+            assert s.recv(100).startswith(b"HTTP/1.1 200")
+    finally:
+        for s in socks:
+            s.close()
+        server.should_exit = True
+        thread.join(timeout=30)
