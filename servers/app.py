@@ -4,7 +4,7 @@
 
 Layout: ``routers/`` (thin routes of our session API), ``openenv.py`` (each env's OpenEnv surface, HTTP and WS, under
 ``/envs/<env id>``), ``mcp.py`` (its MCP server, ``/envs/<env id>/mcp``), ``errors.py`` (one error mapping for every
-surface), ``dependencies.py`` (the session manager from ``lifespan``, the token), ``sessions.py`` (the server's
+surface), ``dependencies.py`` (the session manager from ``lifespan``, the token), ``settings.py`` (the server's
 settings), ``schemas.py`` (bodies); sessions, env worker processes and their errors are :mod:`envs.hosting` (shared
 with the in-process client), and every surface uses the same ones.
 Errors are HTTP codes with a JSON body ``{"detail": str, "code": str}``, never an error inside a 200. Every answer is
@@ -37,7 +37,7 @@ from servers.mcp import EnvMCP
 from servers.middleware import BodyGuardMiddleware
 from servers.openenv import EnvFacts, build_router, openenv_path
 from servers.routers import meta, sessions
-from servers.sessions import ServerSettings
+from servers.settings import ServerSettings
 
 __all__ = ["create_app"]
 
@@ -71,7 +71,7 @@ def create_app(
         max_action_bytes: largest action in UTF-8 bytes (413 beyond).
         imports: modules to import first (in the server and in every worker), e.g. a user's module that calls
             ``gymnasium.register``.
-        **settings: other :class:`servers.sessions.ServerSettings` fields (``prestart_workers``, ``check_envs``,
+        **settings: other :class:`servers.settings.ServerSettings` fields (``prestart_workers``, ``check_envs``,
             ``env_timeout_s``, ``max_sessions_per_worker``, ``max_resets_per_worker``, ``max_worker_rss_mb``).
 
     Raises:

@@ -12,7 +12,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from envs.hosting import SessionManager
-from servers.sessions import ServerSettings
+from servers.settings import ServerSettings
 
 __all__ = ["Manager", "Settings", "get_manager", "get_settings", "require_token", "token_ok"]
 
