@@ -215,6 +215,8 @@ _NS_FLAGS = ["--net", "--mount", "--pid", "--ipc", "--fork", "--kill-child", "--
 SANDBOX_DIRS = ("/tmp", "/dev", "/proc")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 TMPFS = (("/tmp", "size=64m,mode=1777"), ("/dev/shm", "size=64m,mode=1777"))
+TMPFS_BYTES = 128 << 20
+"""What the run's tmpfs can hold together (``TMPFS``): charged to its cgroup beside its processes' memory."""
 
 # Run by the sandbox interpreter itself (-I -S, as the sandbox runs it): where its standard library is.
 _PATHS_PROBE = ("import json, sys, sysconfig\n"
@@ -565,7 +567,9 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
         pipe_fds = [req_r, req_w, resp_r, resp_w]
         procs: list[tuple[subprocess.Popen, int]] = []
         # the worker's run, all its processes together: a cgroup where the machine gives one (root), else accounted
-        group = RunCgroup.create(limits.memory_mb << 20, limits.nproc) if level == "full" else None
+        # (its cgroup holds the processes' memory_mb plus what the tmpfs can hold: a single process still meets its
+        # RLIMIT_AS first, as a MemoryError)
+        group = RunCgroup.create((limits.memory_mb << 20) + TMPFS_BYTES, limits.nproc) if level == "full" else None
         result.run_limits = f"cgroup-{group.mode}" if group is not None else "accounted"
         try:
             def start(source: str, fds: tuple[int, int], uid: int, stdin: Any, out: Any, err: Any,

@@ -97,9 +97,9 @@ def test_four_processes_of_400_mb_are_held_to_the_per_run_memory(run_mode):
     assert result.run_limits == ("accounted" if run_mode == "accounted" else f"cgroup-{run_limits.cgroup_mode()}")
     assert result.limit_hit == "memory", result
     assert result.stdout.count("holds 400 MB") < 4  # today's code: all 4 (1.6 GB in one run)
-    if run_mode == "cgroup":  # the kernel's own count of the run: never above memory_mb (1 GiB); the OOM killer
-        # ended some children, the program itself may go on
-        assert result.peak_memory_mb is not None and result.peak_memory_mb <= 1024, result.peak_memory_mb
+    if run_mode == "cgroup":  # the kernel's own count of the run: never above memory_mb (1 GiB) + its tmpfs (128
+        # MiB); the OOM killer ended some children, the program itself may go on
+        assert result.peak_memory_mb is not None and result.peak_memory_mb <= 1024 + 128, result.peak_memory_mb
     else:  # the worker killed at the first read past 1 GiB (one ~20 ms poll late at most)
         assert "all done" not in result.stdout
         assert 1024 < result.peak_memory_mb < 1300, result.peak_memory_mb
