@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            access_log=False, timeout_graceful_shutdown=30,
                                            http=header_timeout_protocol(args.header_timeout),
-                                           ws_max_size=app.state.settings.max_body_bytes + 1024))
+                                           ws_max_size=4 * app.state.settings.max_body_bytes))  # beyond: 1009
     try:
         server.run()
     except SystemExit:  # uvicorn exits 3 itself when the startup fails
