@@ -410,12 +410,14 @@ def _nested(depth: int, closed: bool, key: str) -> bytes:
     return b'{"%s": ' % key.encode() + inner + (b"}" if closed else b"")
 
 
+# (body, the code the server must answer it with: HTTP's ``code`` or the 422 list, the WS message's ``error_code``)
 HOSTILE = st.one_of(
-    st.builds(_nested, st.integers(60, 3000), st.booleans(),
-              st.sampled_from(["options", "env_kwargs", "action", "params", "data", "x"])),  # nested (some deep)
-    st.builds(lambda n, c: c * n, st.integers(500_000, 2_000_000), st.sampled_from([b"a", b"[", b'"', b" "])),  # huge
-    st.binary(min_size=1, max_size=200).filter(lambda b: not _is_utf8(b)),  # not UTF-8
-    st.builds(lambda body, cut: body[:max(1, len(body) * cut // 100)],  # truncated
+    st.builds(lambda d, c, k: (_nested(d, c, k), "json_too_deep"), st.sampled_from([65, 500, 900, 1500, 3000]),
+              st.booleans(), st.sampled_from(["options", "env_kwargs", "action", "params", "data", "x"])),  # nested
+    st.builds(lambda n, c: (c * n, "body_too_large"), st.integers(500_000, 2_000_000),
+              st.sampled_from([b"a", b"[", b'"', b" "])),  # huge
+    st.binary(min_size=1, max_size=200).filter(lambda b: not _is_utf8(b)).map(lambda b: (b, "not_utf8")),
+    st.builds(lambda body, cut: (body[:max(1, len(body) * cut // 100)], "invalid_json"),  # truncated
               st.sampled_from([b'{"env_id": "agent_rl/Calculator-v0", "options": {"index": 0}}',
                                b'{"action": "look", "metadata": {}}',
                                b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}']),
@@ -447,10 +449,11 @@ def test_fuzz_hostile_bytes_on_every_surface(server):
     paths = ["/sessions", f"/sessions/{sid}/step", f"/sessions/{sid}/reset", f"{base}/reset", f"{base}/step",
              f"{base}/mcp", f"{base}/tasks"]
 
-    @given(body=HOSTILE, path=st.sampled_from(paths))
+    @given(case=HOSTILE, path=st.sampled_from(paths))
     @settings(max_examples=max(12, 6 * EXAMPLES), deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
-    def post(body, path):
+    def post(case, path):
+        body, expected = case
         r = http.post(path, content=body, headers={"content-type": "application/json",
                                                    "accept": "application/json, text/event-stream"})
         statuses[r.status_code] += 1
@@ -463,22 +466,27 @@ def test_fuzz_hostile_bytes_on_every_surface(server):
         except ValueError:
             problems.append(f"{where}: not JSON")
             return
-        if not (isinstance(answer, dict) and (isinstance(answer.get("code"), str) or "error" in answer
-                                              or isinstance(answer.get("detail"), list))):
-            problems.append(f"{where}: no machine-readable code")
+        code = "not_utf8" if r.status_code == 422 and isinstance(answer.get("detail"), list) else answer.get("code")
+        if code != expected and not (expected == "body_too_large" and r.status_code == 413):
+            problems.append(f"{where}: expected {expected}")
 
     post()
     frames: list[bytes] = []
 
-    @given(body=HOSTILE.filter(lambda b: len(b) < 1_000_000), binary=st.booleans())
+    ws_codes = {"not_utf8": "invalid_request"}  # a binary frame that is not UTF-8: INVALID_JSON, invalid_request
+    expected_ws: list[str] = []
+
+    @given(case=HOSTILE.filter(lambda c: len(c[0]) < 1_000_000), binary=st.booleans())
     @settings(max_examples=max(12, 6 * EXAMPLES), deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
-    def collect(body, binary):
+    def collect(case, binary):
+        body, expected = case
         frames.append(body if binary or not _is_utf8(body) else body.decode())
+        expected_ws.append(ws_codes.get(expected, expected))
 
     collect()
     with connect(url.replace("http://", "ws://") + f"{base}/ws", open_timeout=30, max_size=None) as ws:
-        for frame in frames:
+        for frame, expected in zip(frames, expected_ws):
             ws.send(frame)
             try:
                 answer = json.loads(ws.recv(timeout=60))
@@ -486,8 +494,8 @@ def test_fuzz_hostile_bytes_on_every_surface(server):
                 problems.append(f"WS {str(frame)[:80]!r} ({len(frame)}) -> no answer ({exc!r})")
                 break
             statuses[f"ws {answer.get('data', {}).get('error_code')}"] += 1
-            if answer.get("type") != "error" or answer["data"].get("status", 500) >= 500:
-                problems.append(f"WS {str(frame)[:80]!r} ({len(frame)}) -> {str(answer)[:200]}")
+            if answer.get("type") != "error" or answer["data"].get("error_code") != expected:
+                problems.append(f"WS {str(frame)[:80]!r} ({len(frame)}) -> {str(answer)[:200]}; expected {expected}")
         ws.send(json.dumps({"type": "state"}))  # still playing
         assert json.loads(ws.recv(timeout=60))["type"] == "state"
     print(f"\nhostile bytes {name}: {dict(sorted(statuses.items(), key=str))}, {len(problems)} problems")
