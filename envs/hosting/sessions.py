@@ -37,6 +37,7 @@ from envs.hosting.errors import (
 )
 from envs.hosting.jsonable import lone_surrogate
 from envs.hosting.pool import StepReply, WorkerPool, env_module
+from envs.jsondepth import MAX_JSON_DEPTH, value_depth
 
 __all__ = ["EnvBackend", "Session", "SessionManager", "SessionSettings"]
 
@@ -325,9 +326,13 @@ class SessionManager:
 
 
 def _check_text(**fields: Any) -> None:
-    """``InvalidText`` naming the first field (and where in it) that holds a lone UTF-16 surrogate: text that is
-    not Unicode never reaches an env (the HTTP server refuses it the same way while validating the body)."""
+    """``InvalidText`` naming the first field (and where in it) that holds a lone UTF-16 surrogate, or that is
+    nested deeper than :data:`envs.jsondepth.MAX_JSON_DEPTH`: text that is not Unicode never reaches an env, and
+    neither does a value that would raise ``RecursionError`` on its way (pickling to the worker; the HTTP server
+    refuses both the same way before parsing the body)."""
     for name, value in fields.items():
+        if value_depth(value) > MAX_JSON_DEPTH:
+            raise InvalidText(f"{name} nested deeper than {MAX_JSON_DEPTH} levels")
         found = lone_surrogate(value, name)
         if found:
             raise InvalidText(found)
