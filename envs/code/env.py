@@ -28,7 +28,15 @@ from typing import Any, Sequence
 import gymnasium
 
 from envs.code.datasets import LOADERS, CodeTask, humanevalplus_expected, load_code
-from envs.code.sandbox import PLUS_WALL_S, RunResult, SandboxLimits, capped_limits, raise_if_infra, run_tests, sandbox_caps
+from envs.code.sandbox import (
+    PLUS_WALL_S,
+    RunResult,
+    SandboxLimits,
+    capped_limits,
+    raise_if_infra,
+    run_tests,
+    sandbox_caps,
+)
 from envs.errors import EnvInfraError
 from envs.spaces import TextSpace, check_action
 from envs.tools import named_tools, task_tool_step

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from servers_helpers import CALC, ECHO, free_port, make_app, serve_asgi, uvicorn_in_thread
+from servers_helpers import CALC, ECHO, free_port, make_app, serve_asgi, uvicorn_in_thread, wait_healthy
 
 OPENENV = f"/envs/{CALC}"
 
@@ -94,16 +94,7 @@ def test_websocket_deep_frames_answer_an_error_and_keep_the_connection():
 
     port = free_port()
     with uvicorn_in_thread(make_app(), port):
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server not up"
-            time.sleep(0.1)
+        wait_healthy(f"http://127.0.0.1:{port}")
         with connect(f"ws://127.0.0.1:{port}/envs/{ECHO}/ws", open_timeout=30) as ws:
             for frame in (deep(2000), '{"type": "reset", "data": {"options": ' + deep(2000) + "}}",
                           "[" * 2000, deep(2000).encode()):
@@ -118,18 +109,6 @@ def test_websocket_deep_frames_answer_an_error_and_keep_the_connection():
             assert json.loads(ws.recv(timeout=30))["type"] == "observation"
             ws.send(json.dumps({"type": "step", "data": {"action": "ping"}}))
             assert json.loads(ws.recv(timeout=30))["data"]["observation"]["text"] == "echo: ping"
-
-
-def _up(url: str) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "server not up"
-        time.sleep(0.1)
 
 
 def test_half_sent_requests_are_closed_after_the_header_timeout():
@@ -148,7 +127,7 @@ def test_half_sent_requests_are_closed_after_the_header_timeout():
     thread.start()
     socks: list[socket.socket] = []
     try:
-        _up(f"http://127.0.0.1:{port}")
+        wait_healthy(f"http://127.0.0.1:{port}")
         for _ in range(1000):
             s = socket.create_connection(("127.0.0.1", port), timeout=10)
             s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # no blank line: the head never ends
