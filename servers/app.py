@@ -5,7 +5,8 @@
 Layout: ``routers/`` (thin routes of our session API), ``openenv.py`` (each env's OpenEnv surface, HTTP and WS, under
 ``/envs/<env id>``), ``mcp.py`` (its MCP server, ``/envs/<env id>/mcp``), ``errors.py`` (one error mapping for every
 surface), ``access.py`` (who may call: the gate in front of every surface, each client's own sessions),
-``dependencies.py`` (the session manager from ``lifespan``, the caller), ``sessions.py`` (the server's settings), ``schemas.py`` (bodies); sessions, env worker processes and their errors are :mod:`envs.hosting` (shared
+``dependencies.py`` (the session manager from ``lifespan``, the caller), ``settings.py`` (the server's settings),
+``schemas.py`` (bodies); sessions, env worker processes and their errors are :mod:`envs.hosting` (shared
 with the in-process client), and every surface uses the same ones.
 Errors are HTTP codes with a JSON body ``{"detail": str, "code": str}``, never an error inside a 200. Every answer is
 valid UTF-8 JSON: a lone UTF-16 surrogate in a request is a 422 (``servers.schemas``), and any text an answer echoes
@@ -38,7 +39,7 @@ from servers.mcp import EnvMCP
 from servers.middleware import BodyGuardMiddleware
 from servers.openenv import EnvFacts, build_router, openenv_path
 from servers.routers import meta, sessions
-from servers.sessions import ServerSettings
+from servers.settings import ServerSettings
 
 __all__ = ["create_app"]
 
@@ -72,7 +73,7 @@ def create_app(
         max_action_bytes: largest action in UTF-8 bytes (413 beyond).
         imports: modules to import first (in the server and in every worker), e.g. a user's module that calls
             ``gymnasium.register``.
-        **settings: other :class:`servers.sessions.ServerSettings` fields (``prestart_workers``, ``check_envs``,
+        **settings: other :class:`servers.settings.ServerSettings` fields (``prestart_workers``, ``check_envs``,
             ``env_timeout_s``, ``max_sessions_per_worker``, ``max_resets_per_worker``, ``max_worker_rss_mb``;
             ``tokens``: ``{client name: token}`` instead of ``token``; ``allowed_origins``: browser origins allowed).
 
@@ -115,7 +116,8 @@ def create_app(
     app = FastAPI(title="agent_rl env server", version="0.1.0", lifespan=lifespan,
                   description=f"Sessions of gymnasium text envs: {', '.join(env_ids)}")
     app.state.settings = config
-    app.add_middleware(BodyGuardMiddleware, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(BodyGuardMiddleware, max_body_bytes=config.max_body_bytes,
+                       max_json_depth=config.max_json_depth)
     app.add_middleware(AccessGate, settings=config)  # outermost: Host, Origin, token before any body is read
     app.include_router(meta.router)
     app.include_router(meta.envs_router, dependencies=[Depends(get_client)])

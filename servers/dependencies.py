@@ -11,7 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from envs.hosting import SessionManager
 from servers.access import CLIENT_KEY, ClientSessions
-from servers.sessions import ServerSettings
+from servers.settings import ServerSettings
 
 __all__ = ["Client", "Manager", "Sessions", "Settings", "client_sessions", "get_client", "get_manager",
            "get_settings"]

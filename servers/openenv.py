@@ -66,6 +66,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from envs.hosting import SessionManager, SessionNotFound
 from envs.hosting.errors import EnvFailed, http_error
 from envs.hosting.jsonable import lone_surrogate, to_jsonable
+from envs.jsondepth import MAX_JSON_DEPTH, json_depth
 from servers.access import CLIENT_KEY, ClientSessions
 from servers.dependencies import get_client, get_manager
 from servers.errors import describe_error
@@ -373,8 +374,10 @@ class WSSession:
     a reset of the same task (options and env kwargs) resets it in place, a reset of another task opens a new one
     (placed where that task is loaded) and closes the old one."""
 
-    def __init__(self, manager: ClientSessions, env_id: str, max_action_bytes: int, max_message_bytes: int) -> None:
+    def __init__(self, manager: ClientSessions, env_id: str, max_action_bytes: int, max_message_bytes: int,
+                 max_json_depth: int = MAX_JSON_DEPTH) -> None:
         self.manager = manager  # the connection's client's sessions of env_id (servers.access)
+        self.max_json_depth = max_json_depth
         self.env_id = env_id
         self.max_action_bytes = max_action_bytes
         self.max_message_bytes = max_message_bytes
@@ -398,10 +401,15 @@ class WSSession:
         if len(raw) > self.max_message_bytes:
             return _message_error(f"message larger than {self.max_message_bytes} bytes", "VALIDATION_ERROR",
                                   status=413, error_code="body_too_large"), False
+        depth = json_depth(raw, self.max_json_depth)
+        if depth > self.max_json_depth:  # before parsing: json.loads raised RecursionError and dropped the connection
+            return _message_error(f"message nested deeper than {self.max_json_depth} levels (refused before "
+                                  "parsing)", "VALIDATION_ERROR", status=400, error_code="json_too_deep"), False
         try:
             message = json.loads(raw)
         except ValueError as exc:
-            return _message_error(f"Invalid JSON: {exc}", "INVALID_JSON"), False
+            return _message_error(f"Invalid JSON: {exc}", "INVALID_JSON", status=400,
+                                  error_code="invalid_json"), False
         if not isinstance(message, dict):
             return _message_error("a message is a JSON object {\"type\": ..., \"data\": ...}",
                                   "VALIDATION_ERROR"), False
@@ -538,7 +546,7 @@ async def serve_ws(websocket: WebSocket, env_id: str) -> None:
         return
     await websocket.accept()
     conn = WSSession(ClientSessions(app.state.manager, client, env_id), env_id, settings.max_action_bytes,
-                     settings.max_body_bytes)
+                     settings.max_body_bytes, settings.max_json_depth)
     try:
         while True:
             raw = await _receive(websocket, settings.session_ttl_s)

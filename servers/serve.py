@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import os
 import sys
@@ -58,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env-timeout", type=float, default=600.0, help="seconds one env call may take")
     p.add_argument("--reset-nice", type=int, default=10,
                    help="run resets this many nice levels below steps (needs CAP_SYS_NICE; 0: off)")
+    p.add_argument("--sandbox-limits", default=None, metavar="KEY=VALUE,...",
+                   help="caps of the code sandbox, per run (e.g. memory_mb=512,nproc=16,cpu_s=10,wall_s=20; or a "
+                        "JSON object): client env_kwargs may tighten a limit, never exceed its cap (4xx naming it); "
+                        "default: the sandbox's defaults (envs.code.sandbox.SandboxLimits), or "
+                        "$AGENT_RL_SANDBOX_LIMITS")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a connection may take to send a whole request head (then it is closed)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -87,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     from servers.app import create_app
 
     try:  # a bad --import, --env or setting: one line and exit code 2, not a traceback
+        if args.sandbox_limits is not None:  # before any worker starts: they inherit it
+            from envs.code.sandbox import SANDBOX_LIMITS_ENV, parse_sandbox_limits
+
+            os.environ[SANDBOX_LIMITS_ENV] = json.dumps(parse_sandbox_limits(args.sandbox_limits))
         for name in args.imports:
             importlib.import_module(name)
         app = create_app(args.env_ids, max_sessions=args.max_sessions, session_ttl_s=args.ttl, workers=args.workers,
@@ -96,8 +108,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                          reset_nice=args.reset_nice)
     except (ImportError, ValueError) as exc:
         parser.error(str(exc))
+    from servers.protocol import header_timeout_protocol
+
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           access_log=False, timeout_graceful_shutdown=30))
+                                           access_log=False, timeout_graceful_shutdown=30,
+                                           http=header_timeout_protocol(args.header_timeout),
+                                           ws_max_size=4 * app.state.settings.max_body_bytes))  # beyond: 1009
     try:
         server.run()
     except SystemExit:  # uvicorn exits 3 itself when the startup fails

@@ -37,6 +37,7 @@ from envs.hosting.errors import (
 )
 from envs.hosting.jsonable import lone_surrogate
 from envs.hosting.pool import StepReply, WorkerPool, env_module
+from envs.jsondepth import MAX_JSON_DEPTH, value_depth
 
 __all__ = ["EnvBackend", "Session", "SessionManager", "SessionSettings"]
 
@@ -70,6 +71,9 @@ class SessionSettings:
     options) and refuse to start if one fails (:class:`EnvNotReady`). The env stays in its worker for reuse."""
     reset_nice: int = 10
     """Resets run this many nice levels below steps (needs CAP_SYS_NICE; 0: off), so they yield the cores to steps."""
+    refused_env_kwargs: tuple[str, ...] = ()
+    """Env kwargs a session may not be opened with (``EnvRejected``, HTTP 422 naming them): the server refuses
+    host paths (``envs.data.PATH_KWARGS``) from its clients; in-process callers are trusted (none)."""
 
     _kind = "session settings"
     _rules = "max_sessions, max_sessions_per_worker >= 1; workers, prestart_workers >= 0; ttl, env_timeout > 0"
@@ -245,6 +249,10 @@ class SessionManager:
         ``EnvFailed`` (500/504), ``InvalidText`` (422: a lone surrogate in any of the arguments).
         """
         _check_text(env_id=env_id, session_id=session_id, options=options, env_kwargs=env_kwargs)
+        refused = sorted(set(env_kwargs or {}) & set(self.settings.refused_env_kwargs))
+        if refused:
+            raise EnvRejected(f"env_kwargs {', '.join(refused)} name host paths, which the server chooses, not "
+                              f"the client (refused here: {', '.join(self.settings.refused_env_kwargs)})")
         if env_id not in (gymnasium.registry if self.settings.env_ids is None else self.settings.env_ids):
             served = "any registered id" if self.settings.env_ids is None else self.settings.env_ids
             raise UnknownEnv(f"env id {env_id!r} is not served here; served: {served}")
@@ -322,9 +330,13 @@ class SessionManager:
 
 
 def _check_text(**fields: Any) -> None:
-    """``InvalidText`` naming the first field (and where in it) that holds a lone UTF-16 surrogate: text that is
-    not Unicode never reaches an env (the HTTP server refuses it the same way while validating the body)."""
+    """``InvalidText`` naming the first field (and where in it) that holds a lone UTF-16 surrogate, or that is
+    nested deeper than :data:`envs.jsondepth.MAX_JSON_DEPTH`: text that is not Unicode never reaches an env, and
+    neither does a value that would raise ``RecursionError`` on its way (pickling to the worker; the HTTP server
+    refuses both the same way before parsing the body)."""
     for name, value in fields.items():
+        if value_depth(value) > MAX_JSON_DEPTH:
+            raise InvalidText(f"{name} nested deeper than {MAX_JSON_DEPTH} levels")
         found = lone_surrogate(value, name)
         if found:
             raise InvalidText(found)

@@ -128,7 +128,8 @@ class MathEnv(gymnasium.Env[str, str]):
         n_workers: verifier processes shared by every MathEnv of this process with the same settings.
         action_format: ``text`` or ``tools`` (see the module docstring).
         tools: tool names (``["python"]``) for ``action_format="tools"``; none keeps the env single-turn.
-        tool_limits: sandbox limits of a ``python`` call (``envs.code.sandbox.SandboxLimits`` fields; default 10 s).
+        tool_limits: sandbox limits of a ``python`` call (``envs.code.sandbox.SandboxLimits`` fields; default 10 s),
+            each at most the machine's cap (``envs.code.sandbox.capped_limits``; above one, ``ValueError``).
     """
 
     metadata = {"render_modes": []}
@@ -143,10 +144,14 @@ class MathEnv(gymnasium.Env[str, str]):
         n_workers: int = 2,
         action_format: str = "text",
         tools: Sequence[str] = (),
-        tool_limits: dict[str, Any] | None = None,
+        tool_limits: Any = None,
     ) -> None:
         self.tools = named_tools(action_format, tools)  # ValueError for unknown names / tools without "tools"
         self.action_format = action_format
+        if tool_limits is not None:  # a client may tighten the sandbox, never loosen it past the server's caps
+            from envs.code.sandbox import capped_limits  # deferred: the sandbox's start-up code
+
+            tool_limits = capped_limits(tool_limits, "tool_limits")
         self.tool_limits = tool_limits
         names = [datasets] if isinstance(datasets, str) else list(datasets)
         try:

@@ -77,3 +77,34 @@ def test_env_host_ops_and_kept_envs():
     assert "s3" not in host.sessions  # a failed open leaves no session behind
     assert host.handle("ping", "", None) == ("ok", 1, "")
     assert host.handle("shutdown", "", None)[0] == "ok" and host.sessions == {} and host.kept == {}
+
+
+def test_values_nested_too_deep_never_reach_an_env():
+    """In-process callers too (``LocalEnvPool``'s manager): options or env kwargs 900 deep are ``InvalidText``
+    (422 ``invalid_request``) before any env sees them, not a RecursionError while pickling to a worker."""
+    import asyncio
+
+    from envs.hosting import SessionManager, SessionSettings, ThreadEnvPool
+    from envs.hosting.errors import InvalidText
+
+    deep: list = []
+    for _ in range(900):
+        deep = [deep]
+
+    async def main():
+        manager = SessionManager(SessionSettings(env_ids=None, check_envs=False, prestart_workers=0),
+                                 pool=ThreadEnvPool(1))
+        await manager.start()
+        try:
+            for kwargs in ({"options": {"a": deep}}, {"env_kwargs": {"a": deep}}):
+                try:
+                    await manager.create("agent_rl/Calculator-v0", **kwargs)
+                except InvalidText as exc:
+                    assert "nested deeper than 64 levels" in str(exc)
+                else:
+                    raise AssertionError("accepted")
+            assert manager.sessions == {}
+        finally:
+            await manager.aclose()
+
+    asyncio.run(main())

@@ -90,14 +90,14 @@ def test_openapi_documents_every_route_and_shape():
     run(main())
 
 
-def test_malformed_json_is_422():
+def test_malformed_json_is_400_invalid_json():
     async def main():
         async with serve_asgi(make_app()) as c:
             other = (await open_session(c))["session_id"]
             r = await c.post(f"/sessions/{other}/step", content=b'{"action": "go', headers={"content-type": "application/json"})
-            assert r.status_code == 422
+            assert (r.status_code, r.json()["code"]) == (400, "invalid_json")
             r = await c.post("/sessions", content=b"not json", headers={"content-type": "application/json"})
-            assert r.status_code == 422
+            assert (r.status_code, r.json()["code"]) == (400, "invalid_json")
             await assert_bystander_ok(c, other)
     run(main())
 

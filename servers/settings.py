@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from envs.data import PATH_KWARGS
 from envs.hosting.sessions import SessionSettings
 from servers.tokens import DEFAULT_CLIENT, check_tokens
+from envs.jsondepth import MAX_JSON_DEPTH
 
 __all__ = ["ServerSettings"]
 
@@ -26,6 +28,10 @@ class ServerSettings(SessionSettings):
     """Browser origins allowed beside the server's own (``--allow-origin``; ``"*"``: any)."""
     max_action_bytes: int = 64 * 1024
     """Largest action (UTF-8 bytes) accepted; larger is 413."""
+    max_json_depth: int = MAX_JSON_DEPTH
+    """Deepest JSON nesting of a request body or WebSocket message (400 ``json_too_deep`` beyond, before parsing)."""
+    refused_env_kwargs: tuple[str, ...] = PATH_KWARGS
+    """Env kwargs clients may not send (host paths: where the data lives is the server's choice)."""
     retry_after_s: int = 1
     """``Retry-After`` seconds sent with 503."""
 
@@ -40,6 +46,8 @@ class ServerSettings(SessionSettings):
             bad.insert(0, "max_sessions=None")
         if self.session_ttl_s is None:
             bad.append("session_ttl_s=None")
+        if self.max_json_depth < 1:
+            bad.append(f"max_json_depth={self.max_json_depth!r}")
         if self.max_action_bytes < 1:
             bad.append(f"max_action_bytes={self.max_action_bytes!r}")
         if self.token is not None and self.tokens:
