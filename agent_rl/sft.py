@@ -50,7 +50,8 @@ from typing import Any, Callable
 import torch
 
 from agent_rl import algos
-from agent_rl.config import BACKENDS, Config, ConfigError, SFTConfig, load_config, to_yaml
+from agent_rl.compose import load_config, to_yaml
+from agent_rl.config import BACKENDS, Config, ConfigError, SFTConfig
 from agent_rl.engines import set_torch_threads
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner.checkpoint import (IncompleteCheckpoint, latest_checkpoint, load_checkpoint,

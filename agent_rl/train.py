@@ -22,7 +22,11 @@ from typing import Any
 
 import torch
 
-from agent_rl.config import Config, ConfigError, compare_for_resume, load_config, to_yaml
+from agent_rl.compose import load_config, to_yaml
+
+from agent_rl.config import Config, ConfigError
+
+from agent_rl.resume import compare_for_resume
 from agent_rl.learner.checkpoint import recover_checkpoints
 from agent_rl.local import LocalBackend
 from agent_rl.loop import FirstStepFailed, run
@@ -104,7 +108,7 @@ def with_device_preset(overrides: list[str]) -> tuple[list[str], str]:
 def cli() -> None:
     """``python -m agent_rl.train``: :func:`main`, with a config error printed as one line ``config error: what,
     where, the valid choices`` (exit code 2, no traceback). Every check that can run before training raises
-    ConfigError (:func:`agent_rl.config.load_config`, the output dir, the resume path and config)."""
+    ConfigError (:func:`agent_rl.compose.load_config`, the output dir, the resume path and config)."""
     try:
         overrides, notice = with_device_preset(sys.argv[1:])
         main(overrides, notice=notice)

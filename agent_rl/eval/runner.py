@@ -36,7 +36,9 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoTokenizer
 
-from agent_rl.config import ConfigError, load_config
+from agent_rl.compose import load_config
+
+from agent_rl.config import ConfigError
 from agent_rl.engines import set_torch_threads
 from agent_rl.eval import pass_at_k
 from agent_rl.models import _finish_tokenizer, load_policy, smollm2_tokenizer
