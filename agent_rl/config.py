@@ -243,10 +243,8 @@ class SFTConfig:
 @dataclass(frozen=True)
 class BackendCapabilities:
     """What a training backend can do (``trainer.backend``); a config asking for more is refused at load time
-    (:func:`check_trainable`), never run with a silent difference."""
+    (:func:`agent_rl.trainable.check_trainable`), never run with a silent difference."""
 
-    prefetch: bool
-    """The next step's env resets run during this step's update (the loop asks for it when offered)."""
     data_parallel: bool
     """Several learner ranks (``trainer.num_learners > 1``)."""
     rollout_workers: bool
@@ -257,8 +255,8 @@ class BackendCapabilities:
 
 #: ``trainer.backend`` -> its capabilities (``agent_rl.local.LocalBackend``, ``agent_rl.distributed.backend``).
 BACKENDS: dict[str, BackendCapabilities] = {
-    "local": BackendCapabilities(prefetch=True, data_parallel=False, rollout_workers=False),
-    "ray": BackendCapabilities(prefetch=False, data_parallel=True, rollout_workers=True,
+    "local": BackendCapabilities(data_parallel=False, rollout_workers=False),
+    "ray": BackendCapabilities(data_parallel=True, rollout_workers=True,
                                sharded_learner=True),
 }
 

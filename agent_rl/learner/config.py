@@ -267,10 +267,9 @@ def resolve_behaviour_correction(algo: AlgoConfig, max_staleness: int) -> str:
     is then exactly the uncorrected one). Returns ``"tis"``, ``"mask"`` or ``"none"``.
 
     Raises:
-        ValueError: ``max_staleness < 0`` or an unknown ``algo.behaviour_correction``.
+        ValueError: an unknown ``algo.behaviour_correction`` (``max_staleness`` is validated once, by
+            ``TrainerConfig``).
     """
-    if isinstance(max_staleness, bool) or int(max_staleness) != max_staleness or max_staleness < 0:
-        raise ValueError(f"max_staleness={max_staleness!r} must be an integer >= 0 (trainer.max_staleness)")
     _check("algo.behaviour_correction", algo.behaviour_correction, BEHAVIOUR_CORRECTIONS)
     if algo.behaviour_correction == "auto":
         return "tis" if max_staleness > 0 else "none"
