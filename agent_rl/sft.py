@@ -1,8 +1,9 @@
 """Behaviour cloning: ``python -m agent_rl.sft env=textworld env.kwargs.family=coin_collector sft.num_episodes=8 ...``
 
 Warm-starts a policy on expert episodes, in the exact rows RL trains on, through the one training loop
-(:func:`agent_rl.loop.run` over :class:`BehaviourCloningBackend`: its collect and its update differ, the logging and
-checkpoint cadence are the loop's, ``trainer.save_every`` and ``trainer.eval_every`` included):
+(:func:`agent_rl.loop.run` over :class:`BehaviourCloningBackend`: its schedule, fixed expert rows
+(:class:`agent_rl.rollout.schedule.ExpertRows`), and its update differ, the logging and checkpoint cadence are the
+loop's, ``trainer.save_every`` and ``trainer.eval_every`` included):
 
 1. **Collect** (once) ``sft.num_episodes`` expert episodes through the env client of the run (``env_server.mode``
    http or local, :func:`agent_rl.runtime.open_env_pool`), tasks from the run's ``TaskSampler`` (``env.sampler``,
@@ -249,9 +250,9 @@ def step_rows(num_rows: int, batch_size: int, seed: int, step: int) -> torch.Ten
 # ------------------------------------------------------------------------------------------------ the backend
 class BehaviourCloningBackend:
     """Behaviour cloning on the loop (:class:`agent_rl.loop.Backend`): :meth:`start` collects the expert rows once
-    (or reloads ``DIR/sft_rows.pt``); each step's collect is that step's rows (:func:`step_rows`), its update one
-    :class:`BehaviourCloner` step. The env pool and an engine are opened only for the in-training eval panel
-    (``trainer.eval_every``)."""
+    (or reloads ``DIR/sft_rows.pt``); :meth:`open` returns them as the run's schedule (:class:`ExpertRows`: step s
+    trains ``rows(s)``, :func:`step_rows`), each update is one :class:`BehaviourCloner` step. The env pool and an
+    engine are opened only for the in-training eval panel (``trainer.eval_every``)."""
 
     kind = "sft"
 

@@ -26,7 +26,7 @@ FORGOTTEN = {"engine.kv_reuse", "engine.kv_reuse_max_tokens"}  # token-identical
 
 def test_every_config_key_declares_a_resume_rule():
     rules = resume_rules()  # raises TypeError naming any key without one
-    assert len(rules) == len(json.loads(FIXTURE.read_text()))
+    assert set(json.loads(FIXTURE.read_text())) <= set(rules)  # keys added later resolve too (their group's rule)
     assert all(r is not None and r[0] in ("may change", "applied", "must match") for r in rules.values())
     assert all(how for rule, how in rules.values() if rule == "applied")  # each applied key names its code
 
@@ -52,10 +52,10 @@ def test_a_field_without_a_rule_in_a_group_without_one_is_found():
 def test_the_rules_are_the_table_of_the_code_before_except_the_forgotten_engine_options():
     before = json.loads(FIXTURE.read_text())
     now = {k: r[0] for k, r in resume_rules().items()}
-    changed = {k for k in before if before[k] != now[k]}
+    changed = {k for k in before if before[k] != now.get(k)}
     assert changed == FORGOTTEN and all(now[k] == "may change" for k in FORGOTTEN)
     assert all(before[k] == "must match" for k in FORGOTTEN)  # what refused the resume
-    assert set(RESUME_APPLIED) == {k for k, v in before.items() if v == "applied"}
+    assert set(RESUME_APPLIED) >= {k for k, v in before.items() if v == "applied"}
     assert resume_rule("env.kwargs.max_turns") == resume_rule("env.kwargs") == ("must match", "")
     assert may_change_on_resume("env_server.urls") and not may_change_on_resume("algo.name")
 
