@@ -27,7 +27,11 @@ import numpy as np
 import torch
 import yaml
 
-from agent_rl.config import CONFIG_DIR, Config, ConfigError, config_dict, fit_prompt_budget, to_yaml
+from agent_rl.compose import config_dict, to_yaml
+
+from agent_rl.config import CONFIG_DIR, Config, ConfigError
+
+from agent_rl.trainable import fit_prompt_budget
 from agent_rl.engines import engine_kwargs, get_engine
 from agent_rl.envclient import HTTPEnvPool, LocalEnvPool
 from agent_rl.learner.checkpoint import STATE_FILES, incomplete_message, latest_checkpoint, missing_state
@@ -81,7 +85,7 @@ def config_groups_help() -> str:
     groups = sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir())
     lines = ["Config groups (group=option):"]
     lines += [f"  {g.name}: {', '.join(sorted(f.stem for f in g.glob('*.yaml')))}" for g in groups]
-    lines.append("Any other key: dotted key=value (e.g. trainer.total_steps=2); see agent_rl/config.py.")
+    lines.append("Any other key: dotted key=value (e.g. trainer.total_steps=2); see agent_rl/config.py (the schema).")
     return "\n".join(lines)
 
 
@@ -208,7 +212,7 @@ def checkpoint_extra(cfg: Config, step: int, position: int, *, t_high_state: dic
                      ) -> dict[str, Any]:
     """The ``extra.json`` of a checkpoint, one format for every backend: the ``step`` it ends, the task sampler's
     ``position`` (tasks drawn before the next step), the run's resolved ``config``, which a resume compares with
-    its own (:func:`agent_rl.config.compare_for_resume`), and under ``algo.t_high=auto`` the adaptive-T1 state
+    its own (:func:`agent_rl.resume.compare_for_resume`), and under ``algo.t_high=auto`` the adaptive-T1 state
     (``t_high_state``, key :data:`T_HIGH_STATE_KEY`), so a resumed run picks the T1 an uninterrupted one would."""
     extra = {"step": int(step), "sampler": {"position": int(position)}, "config": config_dict(cfg)}
     if t_high_state is not None:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from agent_rl.distributed.data_parallel import DataParallel, init_process_group
-from agent_rl.engines import set_torch_threads
+from agent_rl.engines import VersionedEngine, set_torch_threads
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner import Learner
 from agent_rl.distributed.fsdp import FullyShardedDataParallel, learner_memory
@@ -32,7 +32,7 @@ from agent_rl.memory import peak_rss_bytes, rss_bytes
 from agent_rl.models import load_policy
 from agent_rl.progress import Progress
 from agent_rl.rollout import GroupSpec, RolloutResult, group_temperatures
-from agent_rl.rollout.producer import VersionedEngine
+from agent_rl.rollout.schedule import plays_ahead
 from agent_rl.runtime import (build_engine, build_orchestrator, close_engine, free_port, import_modules,
                               make_env_pool, seed_everything)
 from agent_rl.types import Task
@@ -223,7 +223,7 @@ class RolloutWorker:
         if torch.cuda.is_available() and cfg.rollout.worker_gpus > 0:
             self.model.to("cuda:0")
         self.engine = build_engine(cfg, self.model, self.tokenizer)
-        if cfg.trainer.max_staleness > 0:  # weights swapped between two engine calls, generations stamped
+        if plays_ahead(cfg):  # weights swapped between two engine calls, generations stamped
             self.engine = VersionedEngine(self.engine, self.version)
         self.pool = self._run(self._make_pool())  # made on the orchestrator's event loop, which uses it
         self.orchestrator = build_orchestrator(cfg, self.pool, self.engine)

@@ -137,7 +137,7 @@ def engine_names() -> list[str]:
 def set_torch_threads(num_threads: int) -> None:
     """Give this process ``num_threads`` torch intra-op threads (0 = leave as is).
 
-    The issue measured that with two busy threads torch's OpenMP can stall badly in tiny ops: when the engine and the
+    Measured: with two busy threads torch's OpenMP can stall badly in tiny ops: when the engine and the
     learner share the machine with env servers or other workers, give each process one (or few) threads.
     """
     import torch

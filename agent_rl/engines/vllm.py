@@ -161,7 +161,7 @@ def model_head_size(model_cfg: Any) -> int | None:
 
 
 def check_config(cfg: Any, context: int | None) -> list[str]:
-    """Refuse at load time an ``engine=vllm`` config that cannot run here (``agent_rl.config.check_trainable`` calls
+    """Refuse at load time an ``engine=vllm`` config that cannot run here (``agent_rl.trainable.check_trainable`` calls
     it). ``context`` is the model's context length when known.
 
     Returns:
@@ -402,7 +402,7 @@ def _tied_names(model: torch.nn.Module) -> list[str]:
     return tied
 
 
-def _state_for_vllm(model: torch.nn.Module, dtype: torch.dtype, untie: bool = False) -> dict[str, torch.Tensor]:
+def state_for_vllm(model: torch.nn.Module, dtype: torch.dtype, untie: bool = False) -> dict[str, torch.Tensor]:
     """The policy's tensors to hand vLLM, on CPU, floating ones in its ``dtype``. A tensor tied to an earlier one
     (``lm_head.weight`` of tied embeddings) is left out (vLLM ties it itself; safetensors refuses shared storage), or
     with ``untie`` written as a copy of its own (vLLM then holds an untied model: see :class:`VLLMEngine`)."""
@@ -434,7 +434,7 @@ def _write_model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.d
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    save_file(_state_for_vllm(model, dtype, untie), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(state_for_vllm(model, dtype, untie), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -646,7 +646,7 @@ class VLLMEngine:
             if old != self._weights_file:
                 old.unlink()
         tmp = self._weights_file.with_suffix(".tmp")
-        save_file(_state_for_vllm(model, self.dtype, self.untie), str(tmp), metadata={"format": "pt"})
+        save_file(state_for_vllm(model, self.dtype, self.untie), str(tmp), metadata={"format": "pt"})
         os.replace(tmp, self._weights_file)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.sync_folder)})
         self.llm.reset_prefix_cache()

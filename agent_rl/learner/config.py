@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_rl.resume_rules import MAY_CHANGE, applied
+
 ALGO_NAMES = ("tgrl", "grpo", "drgrpo", "dapo", "rloo", "ppo", "gspo")
 #: estimators whose baseline is the task's group: with group_size 1 every advantage is 0.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "gigpo")
@@ -41,15 +43,16 @@ class AlgoConfig:
     loss_max_len: int = 0
     """L_max of ``seq_mean_token_sum_norm`` (set it to engine.max_new_tokens); 0 = the longest response of the
     batch (rows are prompt + response, so the padded row length would be wrong)."""
-    clip_low: float = 0.2
+    clip_low: float = field(default=0.2, metadata=applied("Learner._micro_loss: the policy loss's clip range"))
     """PPO clip range below 1 (eps_low)."""
-    clip_high: float = 0.2
+    clip_high: float = field(default=0.2, metadata=applied("Learner._micro_loss: the policy loss's clip range"))
     """PPO clip range above 1 (eps_high; DAPO clip-higher uses 0.28)."""
-    dual_clip: float = 3.0
+    dual_clip: float = field(default=3.0, metadata=applied("Learner._micro_loss: the policy loss's dual clip"))
     """Dual-clip constant c for A < 0 (Ye et al. 2020)."""
-    kl_coef: float = 0.0
+    kl_coef: float = field(default=0.0, metadata=applied(
+        "Learner._micro_loss: the KL term (its reference is the run's initial policy, model.*)"))
     """Weight of the k3 KL to a frozen reference model (0 = no reference model is kept)."""
-    ent_coef: float = 0.0
+    ent_coef: float = field(default=0.0, metadata=applied("Learner._micro_loss: the entropy bonus"))
     """Entropy bonus weight (loss -= ent_coef * entropy)."""
     std: str = "sample"
     """GRPO std: sample (N-1) | population."""
@@ -83,17 +86,17 @@ class AlgoConfig:
     js_quantile_clip: bool = True
     """Clip JS weights to the trajectory's 5th..95th percentiles (TGRL step 4). The one key for it: the ``js``
     credit rule and TGRL's JS stage both read it."""
-    logits_chunk_size: int = 1024
+    logits_chunk_size: int = field(default=1024, metadata=MAY_CHANGE)
     """Tokens per chunk of every logits-sized computation (the (n, V) logits and from them log-probs, entropy, JS, in
     the no-grad and the grad pass): bounds memory to a few (chunk, V) buffers."""
-    compile_js: bool = False
+    compile_js: bool = field(default=False, metadata=MAY_CHANGE)
     """``torch.compile`` the JS in fixed-size chunks (of ``logits_chunk_size`` rows): measured 2.7x faster on CPU after
     a one-off compile of ~30 s per process (needs a C compiler); worth it for long runs, off for tests."""
     low_rows_in_denominator: bool = True
     """TGRL low rows (advantage 0) still count in the token-mean denominator (reference code)."""
     high_repetition_penalty: float = 1.0
     """Repetition penalty on high rows at sampling time (reference code uses 1.05; rollout side)."""
-    adv_clip: float = 10.0
+    adv_clip: float = field(default=10.0, metadata=applied("Learner._plan: the clamp of the token advantages"))
     """Clamp of the TGRL token advantage (algorithms.md section 3, step 5)."""
     ppo_epochs: int = 1
     """Passes over the batch per step."""
@@ -101,9 +104,9 @@ class AlgoConfig:
     """Optimiser steps per epoch: the batch's groups are shuffled and split into this many mini-batches of whole
     groups (every row of an episode in one). 1 = one step per batch (old log-probs then equal the new ones and the
     PPO clip never binds); TGRL's reference recipe uses 4. Capped at the number of groups in the batch."""
-    micro_batch_size: int = 4
+    micro_batch_size: int = field(default=4, metadata=MAY_CHANGE)
     """Rows per forward/backward (gradient accumulation inside a mini-batch) when ``micro_batch_tokens`` is 0."""
-    micro_batch_tokens: int = 0
+    micro_batch_tokens: int = field(default=0, metadata=MAY_CHANGE)
     """Token budget of a micro-batch (0 = off: ``micro_batch_size`` rows each). On: the rows are sorted by length and
     packed so that each micro-batch's padded size (rows x longest row) stays within this many tokens (a row longer
     than the budget goes alone), like verl's dynamic batch size; the loss is the same (every micro-batch divides by
@@ -126,14 +129,17 @@ class AlgoConfig:
     """L_max of the overlong shaping (0 = engine max_new_tokens, filled in by the root config)."""
     dapo_overlong_cache_len: int = 0
     """L_c of the overlong shaping (0 = L_max // 5, DAPO's 4096 of 20480, filled in by the root config)."""
-    behaviour_correction: str = "auto"
+    behaviour_correction: str = field(default="auto", metadata=applied(
+        "Learner._micro_loss: the behaviour weights of the policy-gradient term (auto: resolved by the resumed run's "
+        "trainer.max_staleness)"))
     """Off-policy correction of the policy-gradient term by the behaviour weight w = min(exp(old_logp - logp_beh), C)
     (algorithms.md section 7; ``logp_beh`` = the batch's ``engine_logprobs``): auto | tis | mask | none. ``auto``:
     ``tis`` when ``trainer.max_staleness`` > 0, ``none`` when it is 0 (synchronous runs unchanged);
     :func:`resolve_behaviour_correction`. ``tis``: truncated importance sampling, each token's policy-gradient loss
     times w (Yao et al. 2025); ``mask``: tokens with exp(old_logp - logp_beh) > C get weight 0, the others 1 (AReaL,
     Fu et al. 2025); ``none``: weight 1."""
-    behaviour_weight_cap: float = 2.0
+    behaviour_weight_cap: float = field(default=2.0, metadata=applied(
+        "Learner._micro_loss: the cap C of the behaviour weights"))
     """C, the cap of the behaviour weight (must be > 1)."""
 
     def __post_init__(self) -> None:
@@ -261,10 +267,9 @@ def resolve_behaviour_correction(algo: AlgoConfig, max_staleness: int) -> str:
     is then exactly the uncorrected one). Returns ``"tis"``, ``"mask"`` or ``"none"``.
 
     Raises:
-        ValueError: ``max_staleness < 0`` or an unknown ``algo.behaviour_correction``.
+        ValueError: an unknown ``algo.behaviour_correction`` (``max_staleness`` is validated once, by
+            ``TrainerConfig``).
     """
-    if isinstance(max_staleness, bool) or int(max_staleness) != max_staleness or max_staleness < 0:
-        raise ValueError(f"max_staleness={max_staleness!r} must be an integer >= 0 (trainer.max_staleness)")
     _check("algo.behaviour_correction", algo.behaviour_correction, BEHAVIOUR_CORRECTIONS)
     if algo.behaviour_correction == "auto":
         return "tis" if max_staleness > 0 else "none"
@@ -315,19 +320,27 @@ class ScheduleConfig:
 class OptimConfig:
     """AdamW (Loshchilov & Hutter 2019) with linear warm-up then constant learning rate."""
 
-    lr: float = 1e-6
+    lr: float = field(default=1e-6, metadata=applied(
+        "Learner.load_state_dict -> restore_optimizer: every param group's lr and initial_lr, and the LR schedule "
+        "rebuilt at the restored optimiser step (logged as actor/lr)"))
     """Peak learning rate."""
-    weight_decay: float = 0.01
+    weight_decay: float = field(default=0.01, metadata=applied("restore_optimizer: every param group's weight_decay"))
     """Decoupled weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata=applied(
+        "restore_optimizer: every param group's betas"))
     """Adam betas."""
-    eps: float = 1e-8
+    eps: float = field(default=1e-8, metadata=applied("restore_optimizer: every param group's eps"))
     """Adam epsilon."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = field(default=1.0, metadata=applied(
+        "Learner._optimise: the gradient-norm clip of every optimiser step"))
     """Global gradient-norm clip (0 = off)."""
-    warmup: int = 0
+    warmup: int = field(default=0, metadata=applied(
+        "restore_optimizer: the warm-up schedule rebuilt from the config at the restored optimiser step (logged as "
+        "actor/lr)"))
     """Optimiser steps of linear LR warm-up."""
-    lora_lr: float = 0.0
+    lora_lr: float = field(default=0.0, metadata=applied(
+        "Learner / BehaviourCloner -> OptimConfig.for_lora, then restore_optimizer: the LoRA adapter's lr and "
+        "initial_lr (model.lora.rank > 0; logged as actor/lr)"))
     """Peak learning rate of the LoRA adapter (``model.lora.rank > 0``), which then replaces ``lr``; 0 = derived:
     ``LORA_LR_FACTOR`` (10) x ``optim.lr``, i.e. 1e-5 under the presets' full fine-tuning 1e-6 (``model=tiny``'s
     preset sets 3e-3: 10x its 1e-3 overshoots, docs/training.md "LoRA").
@@ -404,11 +417,11 @@ class ModelConfig:
     """Local directory that overrides ``name`` for hub models (a saved checkpoint, a pre-downloaded model)."""
     dtype: str = "float32"
     """Weights dtype: float32 | bfloat16 | float16 (the learner keeps fp32 master weights on CPU)."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = field(default=False, metadata=MAY_CHANGE)
     """Recompute activations in backward (GPU presets turn it on)."""
     trust_remote_code: bool = False
     """Passed to ``from_pretrained`` for hub models."""
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = field(default="sdpa", metadata=MAY_CHANGE)
     """Attention kernel (sdpa | eager | flash_attention_2)."""
     tiny_hidden_size: int = 64
     """``model=tiny``: hidden size."""

@@ -172,7 +172,8 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], o
     (``state["scheduler"]["last_epoch"]``); the config gives every hyper-parameter: each param group's ``lr`` /
     ``initial_lr`` (``optim.lr``), ``weight_decay``, ``betas`` and ``eps`` are written over the restored ones, and
     the schedule (``optim.warmup``) is rebuilt at the restored step. A resume under the same config restores the
-    exact learning rate; a resume that changes these keys (``agent_rl.config.RESUME_APPLIED``) applies them.
+    exact learning rate; a resume that changes these keys (``agent_rl.resume.RESUME_APPLIED``, declared on the
+    fields) applies them.
 
     Args:
         optimizer: the learner's (fresh) optimizer over the same parameters. state: ``{"optimizer": ...,

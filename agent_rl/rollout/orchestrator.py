@@ -36,7 +36,7 @@ import contextlib
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -284,7 +284,7 @@ class RolloutOrchestrator:
         self.policy_version = 0
         """The version of the engine's weights (algorithms.md section 7): set by the backend at each weight sync; a
         turn records it when its generation is requested, unless the engine stamps its own
-        (``Generation.policy_version``, :class:`agent_rl.rollout.producer.VersionedEngine`)."""
+        (``Generation.policy_version``, :class:`agent_rl.engines.VersionedEngine`)."""
         if cfg.mode == "trajectory":
             render_followup(self.tokenizer, "probe")  # a template that cannot be spliced is refused here, by name
             if self.tool_format is not None:
@@ -700,14 +700,13 @@ async def collect_groups(play: Callable[[list[Task], int], Awaitable[RolloutResu
         wall += res.metrics["time/rollout_s"]
         env_wait += res.metrics["time/env_wait_frac"] * res.metrics["time/rollout_s"]
         tokens += res.metrics["throughput/tokens_per_s"] * res.metrics["time/rollout_s"]
-        for name in TOKEN_COUNTS:
-            counts[name] = counts.get(name, 0.0) + res.metrics.get(name, 0.0)
+        counts = sum_counters([counts, res.metrics], TOKEN_COUNTS)
         generate += res.metrics["time/generate_s"]
         retries += res.metrics["rollout/episode_retries"]
         failed += res.metrics["rollout/failed_episodes"]
         for i in range(0, len(res.episodes), group_size):
             group = res.episodes[i:i + group_size]
-            if filter_groups and _all_equal([ep.reward for ep in group]):
+            if filter_groups and all_equal([ep.reward for ep in group]):
                 total.filtered_groups += 1
             else:
                 kept.append(group)
@@ -732,6 +731,14 @@ async def collect_groups(play: Callable[[list[Task], int], Awaitable[RolloutResu
     return total
 
 
+def sum_counters(parts: Iterable[Mapping[str, float]], keys: Iterable[str] | None = None) -> dict[str, float]:
+    """Key-wise totals of counter dicts (rounds, Ray workers' chunks or streams): ``keys`` (default: every key seen),
+    a key missing from a part counting 0. The one place counters such as :data:`TOKEN_COUNTS` add up."""
+    parts = list(parts)
+    names = list(keys) if keys is not None else list(dict.fromkeys(k for part in parts for k in part))
+    return {name: sum(part.get(name, 0.0) for part in parts) for name in names}
+
+
 def merge_parallel_results(results: Sequence[RolloutResult], *, wall_s: float) -> RolloutResult:
     """Several orchestrators' :meth:`RolloutOrchestrator.run_groups` results of one round played in parallel (the
     Ray workers' chunks) as one result: episodes and failures in the given order, counters and generation time
@@ -754,12 +761,12 @@ def merge_parallel_results(results: Sequence[RolloutResult], *, wall_s: float) -
         "time/env_calls_s": sum(m.get("time/env_calls_s", 0.0) for m in parts),
         "throughput/tokens_per_s": sum(m.get("throughput/tokens_per_s", 0.0) * b for m, b in zip(parts, busy)) /
         max(wall_s, 1e-9),
-        **{name: sum(m.get(name, 0.0) for m in parts) for name in TOKEN_COUNTS},
+        **sum_counters(parts, TOKEN_COUNTS),
     })
     return out
 
 
-def _all_equal(rewards: Sequence[float]) -> bool:
+def all_equal(rewards: Sequence[float]) -> bool:
     """DAPO filter of one group: its rewards are all equal within the estimators' tolerance (``dapo_keep_groups``:
     range <= 1e-6 * max(1, max |R|)), so float rounding does not keep a group whose advantages are all 0."""
     r = torch.tensor(rewards, dtype=torch.float64)

@@ -9,7 +9,8 @@ import math
 import pytest
 
 from agent_rl.algos import AdaptiveHighTemperature
-from agent_rl.config import ConfigError, load_config
+from agent_rl.compose import load_config
+from agent_rl.config import ConfigError
 from agent_rl.learner.config import AlgoConfig, t_high_value
 from agent_rl.rollout import group_temperatures
 

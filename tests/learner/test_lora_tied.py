@@ -1,7 +1,7 @@
 """LoRA merges are exact on every path weights leave the learner by (peft #2018): the learner's peft model, the Ray
 rollout worker's copy (``merged_state_dict`` on CPU loaded into a plain model), FSDP's gathered merge
 (``merge_lora_state_dict``), the checkpoint folder (``save_policy`` -> ``from_pretrained``), ``python -m
-agent_rl.export`` (peft's ``merge_and_unload``) and the tensors the vLLM sync hands over (``_state_for_vllm``,
+agent_rl.export`` (peft's ``merge_and_unload``) and the tensors the vLLM sync hands over (``state_for_vllm``,
 tied head left out as vLLM ties it itself). Over target sets on a tied-embedding tiny Llama (SmolLM2's and Qwen2.5
 0.5B/1.5B's layout) and an untied one; a set that adapts a tied weight (``lm_head`` of a tied model) is refused at
 load with the reason. Built locally, no hub downloads."""
@@ -17,7 +17,8 @@ import torch
 
 peft = pytest.importorskip("peft")
 
-from agent_rl.config import ConfigError, load_config  # noqa: E402
+from agent_rl.compose import load_config  # noqa: E402
+from agent_rl.config import ConfigError  # noqa: E402
 from agent_rl.learner.config import LORA_DEFAULT_TARGETS, LoRAConfig, ModelConfig  # noqa: E402
 from agent_rl.lora import apply_lora, check_targets, merge_lora_state_dict, merged_state_dict, save_policy  # noqa: E402
 
@@ -78,7 +79,7 @@ SETS = [  # (tied embeddings, target modules)
 def test_every_copy_of_the_merged_weights_gives_the_learners_logits(tiny_base, tmp_path, tied, targets):
     from transformers import AutoModelForCausalLM
 
-    from agent_rl.engines.vllm import _state_for_vllm
+    from agent_rl.engines.vllm import state_for_vllm
     from agent_rl.export import export_checkpoint
 
     tok = tiny_base[1]
@@ -106,14 +107,14 @@ def test_every_copy_of_the_merged_weights_gives_the_learners_logits(tiny_base, t
     (tmp_path / "ckpt" / "extra.json").write_text(json.dumps({"step": 1, "config": {"model": model_cfg}}))
     copies["export"] = AutoModelForCausalLM.from_pretrained(export_checkpoint(tmp_path / "ckpt", tmp_path / "out"))
     # the vLLM sync's tensors (a tied head is left out: vLLM ties it to the embedding itself, as a plain tied model)
-    vllm_state = _state_for_vllm(pm, torch.float32)
+    vllm_state = state_for_vllm(pm, torch.float32)
     assert ("lm_head.weight" in vllm_state) == (not tied)
     copies["vllm_sync"] = _plain(inner, vllm_state, strict=not tied)
     if tied:  # vLLM's CPU build gets the tied model untied (tie_word_embeddings=false, lm_head.weight a copy)
         untied = copy.deepcopy(inner.config)
         untied.tie_word_embeddings = False
         cpu_vllm = type(inner)(untied).eval()
-        cpu_vllm.load_state_dict(_state_for_vllm(pm, torch.float32, untie=True), strict=True)
+        cpu_vllm.load_state_dict(state_for_vllm(pm, torch.float32, untie=True), strict=True)
         gap = float((_logits(cpu_vllm, ids) - want).abs().max())
         assert gap < EXACT, gap
     gaps = {name: float((_logits(m, ids) - want).abs().max()) for name, m in copies.items()}

