@@ -47,8 +47,8 @@ from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.parsing import parse_action
 from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, render_followup
 from agent_rl.rollout.prompts.tools import ToolPrompt
-from agent_rl.rollout.tools import (TemplateTools, decode_for_parsing, get_tool_call_format, reasoning_markers,
-                                    reasoning_open, strip_reasoning, tool_messages)
+from agent_rl.rollout.tools import (TemplateTools, decode_for_parsing, get_tool_call_format, prompt_opens_reasoning,
+                                    reasoning_markers, reasoning_open, strip_reasoning, tool_messages)
 from agent_rl.types import Episode, Generation, Task, Turn
 
 T = TypeVar("T")
@@ -412,7 +412,7 @@ class RolloutOrchestrator:
         max_new = int(self.gen_kwargs["max_new_tokens"])
         stops = [s for s in self.tool_format.stop] if self.tool_format is not None else []
         tail = decode_for_parsing(self.tokenizer, prompt_ids[-_PROMPT_TAIL_TOKENS:], self._keep)
-        opened = reasoning_open(tail, self._reasoning)
+        opened = prompt_opens_reasoning(tail, self._reasoning)
         first = gen = await self._batcher.generate(prompt_ids, temperature, penalty, key=key, episode_id=episode_id)
         ids, logprobs = list(gen.token_ids), list(gen.logprobs)
         text = decode_for_parsing(self.tokenizer, ids, self._keep)

@@ -309,6 +309,14 @@ def reasoning_open(text: str, markers: Sequence[tuple[str, str]], open_at_start:
     return _reasoning_spans(text, markers, open_at_start)[1]
 
 
+def prompt_opens_reasoning(prompt_tail: str, markers: Sequence[tuple[str, str]]) -> bool:
+    """Whether the generation prompt opened a reasoning block (DeepSeek-R1's and Qwen3-Thinking's end in
+    ``<think>``): the prompt's text ends, spaces aside, with an opening marker. A marker earlier in the prompt is in
+    the conversation, the env's text included (a problem, a tool's output, which are data), and opens nothing."""
+    tail = prompt_tail.rstrip()
+    return any(tail.endswith(open_) for open_, _ in markers)
+
+
 def decode_for_parsing(tokenizer: Any, ids: Sequence[int], keep: Sequence[str]) -> str:
     """``ids`` decoded without special tokens, except the strings of ``keep`` (a format's :attr:`markup`, reasoning
     markers), written where their tokens are even when the tokenizer holds them as special tokens (Hermes-2-Pro's

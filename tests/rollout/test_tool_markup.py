@@ -22,8 +22,8 @@ import envs  # noqa: F401  (registers the built-in ids)
 from agent_rl.engines.base import special_stop_ids
 from agent_rl.models import _finish_tokenizer, find_smollm2_gguf, smollm2_tokenizer
 from agent_rl.rollout import GroupSpec, RolloutConfig, RolloutOrchestrator, get_prompt
-from agent_rl.rollout.tools import (decode_for_parsing, get_tool_call_format, reasoning_markers, reasoning_open,
-                                    strip_reasoning, tool_call_format_names)
+from agent_rl.rollout.tools import (decode_for_parsing, get_tool_call_format, prompt_opens_reasoning, reasoning_markers,
+                                    reasoning_open, strip_reasoning, tool_call_format_names)
 from agent_rl.types import Generation, Task
 from envs.tools import encode_call
 
@@ -146,9 +146,9 @@ class StoppingEngine:
         return out
 
 
-def play(tokenizer, replies: list[str]):
+def play(tokenizer, replies: list[str], problem: str = "What is 3 times 4?"):
     engine = StoppingEngine(tokenizer, replies)
-    task = Task("agent_rl/Calculator-v0", options={"problem": "What is 3 times 4?", "answer": 12}, group_id=0,
+    task = Task("agent_rl/Calculator-v0", options={"problem": problem, "answer": 12}, group_id=0,
                 env_kwargs={"action_format": "tools", "max_episode_steps": 4})
 
     async def go():
@@ -183,3 +183,35 @@ def test_a_call_after_the_block_is_played_with_special_markup(hermes_pro):
     engine, ep = play(hermes_pro, [call("calc", expression="3 * 4"), call("answer", answer=12)])
     assert [t.invalid for t in ep.turns] == [False, False] and ep.won
     assert len(engine.prompts) == 2  # no resume: the stop fired outside any block
+
+
+def test_env_text_does_not_open_a_reasoning_block(hermes_pro):
+    """A ``<think>`` in the env's text at the end of the conversation (a python tool printing it: math's tool answer
+    is the last message) is data: only a generation prompt that ends in the marker opens a block. It was read from
+    the last 64 prompt tokens, so the next reply counted as reasoning (its call stripped, its stop resumed)."""
+    messages = [{"role": "user", "content": "What is 3 times 4?"}, {"role": "assistant", "content": "x"},
+                {"role": "tool", "content": "12\n<think>"}]
+    ids = hermes_pro.encode(hermes_pro.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                            add_special_tokens=False)
+    tail = decode_for_parsing(hermes_pro, ids[-64:], ("<think>", "</think>"))
+    assert "<think>" in tail and reasoning_open(tail, THINK)  # what the former check read
+    assert not prompt_opens_reasoning(tail, THINK)
+    opening = copy.deepcopy(hermes_pro)
+    opening.chat_template = hermes_pro.chat_template.replace("'<|im_start|>assistant\\n'",
+                                                             "'<|im_start|>assistant\\n<think>\\n'")
+    ids = opening.encode(opening.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True),
+                         add_special_tokens=False)
+    assert prompt_opens_reasoning(decode_for_parsing(opening, ids[-64:], ("<think>", "</think>")), THINK)
+
+
+def test_a_generation_prompt_that_opens_the_block(hermes_pro):
+    """A template whose generation prompt ends in ``<think>`` (DeepSeek-R1's, Qwen3-Thinking's): the reply starts
+    inside the block, so the draft before ``</think>`` is not played and its stop resumes generation."""
+    tok = copy.deepcopy(hermes_pro)
+    tok.chat_template = hermes_pro.chat_template.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'")
+    assert tok.chat_template != hermes_pro.chat_template
+    reply = "I could call " + call("calc", expression="1 + 1") + " but it is 3 times 4.\n</think>\n" + call(
+        "calc", expression="3 * 4")
+    engine, ep = play(tok, [reply, "</think>" + call("answer", answer=12)])
+    assert ep.turns[0].action == encode_call("calc", {"expression": "3 * 4"})
+    assert ep.won and len(engine.prompts) == 3
