@@ -271,19 +271,23 @@ def _reasoning_spans(text: str, markers: Sequence[tuple[str, str]],
                      open_at_start: bool) -> tuple[list[tuple[int, int]], bool]:
     """``(spans of text inside reasoning blocks, markers included; whether a block is still open at the end)``.
     ``open_at_start``: the prompt already opened a block (a template whose generation prompt ends in ``<think>``).
-    Blocks do not nest (as the models write them); one pass over the markers, linear in ``len(text)``."""
+    Blocks do not nest (as the models write them) and end at their own close marker (``</thinking>`` inside
+    ``<think>`` is text); one pass over the markers, linear in ``len(text)``."""
     if not markers:
         return [], open_at_start
     pattern = re.compile("|".join(re.escape(m) for pair in markers for m in pair))
-    closes = {close: open_ for open_, close in markers}
+    close_of = {open_: close for open_, close in markers}
     spans: list[tuple[int, int]] = []
     start: int | None = 0 if open_at_start else None
+    # the prompt opened a block: any close ends it (which marker the template wrote is not known here)
+    want: str | set[str] | None = {close for _, close in markers} if open_at_start else None
     for match in pattern.finditer(text):
-        if start is None and match.group(0) not in closes:
-            start = match.start()
-        elif start is not None and match.group(0) in closes:
-            spans.append((start, match.end()))
-            start = None
+        marker = match.group(0)
+        if start is None and marker in close_of:
+            start, want = match.start(), close_of[marker]
+        elif start is not None and (marker == want or isinstance(want, set) and marker in want):
+            spans.append((start, match.end()))  # a block ends at its own close only ("</thinking>" in <think>...)
+            start = want = None
     if start is not None:
         spans.append((start, len(text)))
     return spans, start is not None

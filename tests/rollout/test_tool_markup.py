@@ -97,6 +97,16 @@ def test_strip_reasoning(text, open_at_start, stripped, still_open):
     assert reasoning_open(text, THINK, open_at_start) is still_open
 
 
+def test_a_block_ends_at_its_own_close():
+    """With two marker pairs (a template naming ``<thinking>`` too), ``</thinking>`` inside a ``<think>`` block is
+    text of that block: the draft after it was played."""
+    markers = THINK + (("<thinking>", "</thinking>"),)
+    text = "<think>draft </thinking> <tool_call>x</tool_call></think><tool_call>y</tool_call>"
+    assert strip_reasoning(text, markers) == "<tool_call>y</tool_call>"
+    assert reasoning_open("<think>a </thinking> <tool_call>x</tool_call>", markers)
+    assert strip_reasoning("<thinking>a</thinking>b<think>c</think>d", markers) == "bd"
+
+
 def test_reasoning_markers_follow_the_template(hermes_pro):
     assert reasoning_markers(hermes_pro) == THINK
     kimi = copy.deepcopy(hermes_pro)
