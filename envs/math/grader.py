@@ -221,7 +221,8 @@ _QUANTITY_WORDS = frozenset(
     "approximately roughly nearly almost around maybe possibly".split())
 _NOUN_AFTER_NUMBER = re.compile(
     r"(?<![A-Za-z0-9.])\d+(?:[.,]\d+)*(?:\s|\$|~|\\[,;: ]|\\(?:text|mbox|textrm|mathrm)\s*\{)*"
-    r"([A-Za-z]{2,})(?![A-Za-z])")
+    r"([A-Za-z]{2,})(?![A-Za-z])"
+    r"|(?<![A-Za-z])[Hh]ow\s+many\s+([A-Za-z]{2,})(?![A-Za-z])")  # the noun a question asks for: "how many ways"
 
 
 def _word_forms(word: str) -> set[str]:
@@ -236,13 +237,13 @@ def _word_forms(word: str) -> set[str]:
 
 def question_nouns(question: str | None) -> frozenset[str]:
     """The nouns a question counts: each word written right after a number (``3 apples``, ``$12$ marbles``,
-    ``5\\text{ pens}``), lower-cased, except words that change a quantity (``3 tens``, ``2 times``, ``4 more``:
+    ``5\\text{ pens}``) or after "how many" (``how many ways``), lower-cased, except words that change a quantity (``3 tens``, ``2 times``, ``4 more``:
     :data:`_QUANTITY_WORDS`, in any of their :func:`_word_forms`). Linear in the question; empty for None."""
     if not question:
         return frozenset()
     nouns = set()
     for match in _NOUN_AFTER_NUMBER.finditer(question):
-        word = match.group(1).lower()
+        word = (match.group(1) or match.group(2)).lower()
         if not _word_forms(word) & _QUANTITY_WORDS:
             nouns.add(word)
     return frozenset(nouns)

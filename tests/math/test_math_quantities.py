@@ -137,6 +137,18 @@ def test_question_nouns_join(pool, response, reward):
     assert score_response("10", response, pool, question=QUESTION)["reward"] == reward
 
 
+WAYS = "In how many ways can 4 books be put on a shelf? How many tens are in 240? How many more pens than pencils?"
+
+
+def test_how_many_names_the_counted_noun(pool):
+    """The noun a question asks for ("how many ways") is a counted noun too: ``24\\text{ ways}`` answers it (it
+    scored 0: only words written after a number were taken); quantity words stay out ("how many tens")."""
+    assert question_nouns(WAYS) == {"ways", "books"}
+    assert score_response("24", "\\boxed{24 \\text{ ways}}", pool, question=WAYS)["reward"] == 1.0
+    assert score_response("24", "\\boxed{24 \\text{ tens}}", pool, question=WAYS)["reward"] == 0.0
+    assert score_response("24", "\\boxed{24 \\text{ more}}", pool, question=WAYS)["reward"] == 0.0
+
+
 def test_math_env_passes_its_question(pool):
     from envs.math.env import MathEnv
 
