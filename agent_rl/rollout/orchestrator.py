@@ -261,6 +261,8 @@ class RolloutOrchestrator:
         self.high_repetition_penalty = float(high_repetition_penalty)
         self.tokenizer = engine.tokenizer
         self._reasoning = reasoning_markers(self.tokenizer)
+        markup = tuple(self.tool_format.markup) if self.tool_format is not None else ()
+        self._call_markup = (markup[0], markup[1]) if len(markup) == 2 else None  # a call block: its text is data
         self._keep = tuple(self.tool_format.markup if self.tool_format is not None else ()) + tuple(
             m for pair in self._reasoning for m in pair)
         self._eos_ids = set(getattr(engine, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
@@ -364,7 +366,8 @@ class RolloutOrchestrator:
         :func:`parse_action` (math/code: the whole answer, lines kept)."""
         raw = bool(getattr(self.prompt, "raw_actions", False))
         if self.tool_format is not None and ctx.tools:
-            parsed = self.tool_format.parse(strip_reasoning(text, self._reasoning, reasoning_open_at_start))
+            parsed = self.tool_format.parse(strip_reasoning(text, self._reasoning, reasoning_open_at_start,
+                                                              self._call_markup))
             action = parsed.action
             if not parsed.calls and parsed.error is None and not raw:  # a text reply: cut as text actions are
                 action = " ".join(action.split())[:self.cfg.max_action_chars]
@@ -419,7 +422,8 @@ class RolloutOrchestrator:
         for resume in range(1, MAX_REASONING_RESUMES + 1):
             stopped_by_string = gen.finish_reason == "stop" and not (ids and ids[-1] in self._eos_ids) and any(
                 s in text[-(len(s) + 16):] for s in stops)
-            if not stopped_by_string or len(ids) >= max_new or not reasoning_open(text, self._reasoning, opened):
+            thinking = reasoning_open(text, self._reasoning, opened, self._call_markup)
+            if not stopped_by_string or len(ids) >= max_new or not thinking:
                 break
             gen = await self._batcher.generate(prompt_ids + ids, temperature, penalty, key=key + (resume,),
                                                episode_id=episode_id)

@@ -107,6 +107,30 @@ def test_a_block_ends_at_its_own_close():
     assert strip_reasoning("<thinking>a</thinking>b<think>c</think>d", markers) == "bd"
 
 
+CALL = ("<tool_call>", "</tool_call>")
+
+
+def test_markers_inside_a_call_are_data():
+    """A call outside reasoning whose arguments hold a marker (a program printing ``<think>``) is played whole; a
+    call drafted inside a block is still reasoning."""
+    real = call("python", code="print('<think>')")
+    assert strip_reasoning(real, THINK, call=CALL) == real and not reasoning_open(real, THINK, call=CALL)
+    drafted = "<think>" + call("python", code="print(1)") + " no, </think>" + real
+    assert strip_reasoning(drafted, THINK, call=CALL) == real
+    assert strip_reasoning("<think>a " + CALL[0] + "b</think>c", THINK, call=CALL) == "c"
+    assert reasoning_open(call("python", code="print(1)")[:-len(CALL[1])] + "<think>", THINK, call=CALL) is False
+
+
+def test_a_call_that_prints_a_marker_is_played(hermes_pro):
+    """The call's ``<think>`` (a special token here) made the reply look open at its ``</tool_call>`` stop: the
+    orchestrator resumed generation past the call, and the call was stripped as reasoning."""
+    engine, ep = play(hermes_pro, [call("calc", expression="<think>"), call("calc", expression="3 * 4"),
+                                   call("answer", answer=12)])
+    assert [t.action for t in ep.turns[:2]] == [encode_call("calc", {"expression": "<think>"}),
+                                                encode_call("calc", {"expression": "3 * 4"})]
+    assert ep.won and len(engine.prompts) == 3  # no resume
+
+
 def test_reasoning_markers_follow_the_template(hermes_pro):
     assert reasoning_markers(hermes_pro) == THINK
     kimi = copy.deepcopy(hermes_pro)
