@@ -237,7 +237,8 @@ def _word_forms(word: str) -> set[str]:
 
 def question_nouns(question: str | None) -> frozenset[str]:
     """The nouns a question counts: each word written right after a number (``3 apples``, ``$12$ marbles``,
-    ``5\\text{ pens}``) or after "how many" (``how many ways``), lower-cased, except words that change a quantity (``3 tens``, ``2 times``, ``4 more``:
+    ``5\\text{ pens}``) or after "how many" (``how many ways``), lower-cased, except words that change a quantity
+    (``3 tens``, ``2 times``, ``4 more``:
     :data:`_QUANTITY_WORDS`, in any of their :func:`_word_forms`). Linear in the question; empty for None."""
     if not question:
         return frozenset()

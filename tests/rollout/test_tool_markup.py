@@ -242,7 +242,8 @@ def test_a_generation_prompt_that_opens_the_block(hermes_pro):
     """A template whose generation prompt ends in ``<think>`` (DeepSeek-R1's, Qwen3-Thinking's): the reply starts
     inside the block, so the draft before ``</think>`` is not played and its stop resumes generation."""
     tok = copy.deepcopy(hermes_pro)
-    tok.chat_template = hermes_pro.chat_template.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'")
+    tok.chat_template = hermes_pro.chat_template.replace("'<|im_start|>assistant\\n'",
+                                                         "'<|im_start|>assistant\\n<think>\\n'")
     assert tok.chat_template != hermes_pro.chat_template
     reply = "I could call " + call("calc", expression="1 + 1") + " but it is 3 times 4.\n</think>\n" + call(
         "calc", expression="3 * 4")
