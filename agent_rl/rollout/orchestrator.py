@@ -48,8 +48,8 @@ from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.parsing import parse_action
 from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, render_followup
 from agent_rl.rollout.prompts.tools import ToolPrompt
-from agent_rl.rollout.tools import (TemplateTools, decode_for_parsing, get_tool_call_format, reasoning_markers,
-                                    reasoning_open, strip_reasoning, tool_messages)
+from agent_rl.rollout.tools import (TemplateTools, decode_for_parsing, get_tool_call_format, prompt_opens_reasoning,
+                                    reasoning_markers, reasoning_open, strip_reasoning, tool_messages)
 from agent_rl.types import Episode, Generation, Task, Turn
 
 T = TypeVar("T")
@@ -268,6 +268,8 @@ class RolloutOrchestrator:
         self.high_repetition_penalty = float(high_repetition_penalty)
         self.tokenizer = engine.tokenizer
         self._reasoning = reasoning_markers(self.tokenizer)
+        markup = tuple(self.tool_format.markup) if self.tool_format is not None else ()
+        self._call_markup = (markup[0], markup[1]) if len(markup) == 2 else None  # a call block: its text is data
         self._keep = tuple(self.tool_format.markup if self.tool_format is not None else ()) + tuple(
             m for pair in self._reasoning for m in pair)
         self._eos_ids = set(getattr(engine, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
@@ -371,7 +373,8 @@ class RolloutOrchestrator:
         :func:`parse_action` (math/code: the whole answer, lines kept)."""
         raw = bool(getattr(self.prompt, "raw_actions", False))
         if self.tool_format is not None and ctx.tools:
-            parsed = self.tool_format.parse(strip_reasoning(text, self._reasoning, reasoning_open_at_start))
+            parsed = self.tool_format.parse(strip_reasoning(text, self._reasoning, reasoning_open_at_start,
+                                                              self._call_markup))
             action = parsed.action
             if not parsed.calls and parsed.error is None and not raw:  # a text reply: cut as text actions are
                 action = " ".join(action.split())[:self.cfg.max_action_chars]
@@ -419,14 +422,15 @@ class RolloutOrchestrator:
         max_new = int(self.gen_kwargs["max_new_tokens"])
         stops = [s for s in self.tool_format.stop] if self.tool_format is not None else []
         tail = decode_for_parsing(self.tokenizer, prompt_ids[-_PROMPT_TAIL_TOKENS:], self._keep)
-        opened = reasoning_open(tail, self._reasoning)
+        opened = prompt_opens_reasoning(tail, self._reasoning)
         first = gen = await self._batcher.generate(prompt_ids, temperature, penalty, key=key, episode_id=episode_id)
         ids, logprobs = list(gen.token_ids), list(gen.logprobs)
         text = decode_for_parsing(self.tokenizer, ids, self._keep)
         for resume in range(1, MAX_REASONING_RESUMES + 1):
             stopped_by_string = gen.finish_reason == "stop" and not (ids and ids[-1] in self._eos_ids) and any(
                 s in text[-(len(s) + 16):] for s in stops)
-            if not stopped_by_string or len(ids) >= max_new or not reasoning_open(text, self._reasoning, opened):
+            thinking = reasoning_open(text, self._reasoning, opened, self._call_markup)
+            if not stopped_by_string or len(ids) >= max_new or not thinking:
                 break
             gen = await self._batcher.generate(prompt_ids + ids, temperature, penalty, key=key + (resume,),
                                                episode_id=episode_id)

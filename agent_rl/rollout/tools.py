@@ -267,33 +267,44 @@ def reasoning_markers(tokenizer: Any) -> tuple[tuple[str, str], ...]:
                  if i == 0 or pair[0] in template or pair[0] in added)
 
 
-def _reasoning_spans(text: str, markers: Sequence[tuple[str, str]],
-                     open_at_start: bool) -> tuple[list[tuple[int, int]], bool]:
+def _reasoning_spans(text: str, markers: Sequence[tuple[str, str]], open_at_start: bool,
+                     call: tuple[str, str] | None = None) -> tuple[list[tuple[int, int]], bool]:
     """``(spans of text inside reasoning blocks, markers included; whether a block is still open at the end)``.
     ``open_at_start``: the prompt already opened a block (a template whose generation prompt ends in ``<think>``).
-    Blocks do not nest (as the models write them); one pass over the markers, linear in ``len(text)``."""
+    Blocks do not nest (as the models write them) and end at their own close marker (``</thinking>`` inside
+    ``<think>`` is text); ``call``: the format's ``(open, close)`` call markup, whose blocks outside reasoning are
+    data (a program that prints ``<think>`` opens nothing). One pass over the markers, linear in ``len(text)``."""
     if not markers:
         return [], open_at_start
-    pattern = re.compile("|".join(re.escape(m) for pair in markers for m in pair))
-    closes = {close: open_ for open_, close in markers}
+    pattern = re.compile("|".join(re.escape(m) for pair in (*markers, *([call] if call else [])) for m in pair))
+    close_of = {open_: close for open_, close in markers}
     spans: list[tuple[int, int]] = []
     start: int | None = 0 if open_at_start else None
+    # the prompt opened a block: any close ends it (which marker the template wrote is not known here)
+    want: str | set[str] | None = {close for _, close in markers} if open_at_start else None
+    in_call = False
     for match in pattern.finditer(text):
-        if start is None and match.group(0) not in closes:
-            start = match.start()
-        elif start is not None and match.group(0) in closes:
-            spans.append((start, match.end()))
-            start = None
+        marker = match.group(0)
+        if start is None and call is not None and marker in call:  # a call outside reasoning: its text is data
+            in_call = marker == call[0]
+        elif start is None and in_call:
+            continue
+        elif start is None and marker in close_of:
+            start, want = match.start(), close_of[marker]
+        elif start is not None and (marker == want or isinstance(want, set) and marker in want):
+            spans.append((start, match.end()))  # a block ends at its own close only ("</thinking>" in <think>...)
+            start = want = None
     if start is not None:
         spans.append((start, len(text)))
     return spans, start is not None
 
 
-def strip_reasoning(text: str, markers: Sequence[tuple[str, str]], open_at_start: bool = False) -> str:
+def strip_reasoning(text: str, markers: Sequence[tuple[str, str]], open_at_start: bool = False,
+                    call: tuple[str, str] | None = None) -> str:
     """``text`` without its reasoning blocks (an unclosed last block: to the end): a call drafted while thinking is
     never played. ``"<think>draft <tool_call>..</tool_call></think> <tool_call>real</tool_call>"`` ->
-    ``" <tool_call>real</tool_call>"``."""
-    spans, _ = _reasoning_spans(text, markers, open_at_start)
+    ``" <tool_call>real</tool_call>"`` (``call``: see :func:`_reasoning_spans`)."""
+    spans, _ = _reasoning_spans(text, markers, open_at_start, call)
     if not spans:
         return text
     pieces, last = [], 0
@@ -304,9 +315,18 @@ def strip_reasoning(text: str, markers: Sequence[tuple[str, str]], open_at_start
     return "".join(pieces)
 
 
-def reasoning_open(text: str, markers: Sequence[tuple[str, str]], open_at_start: bool = False) -> bool:
+def reasoning_open(text: str, markers: Sequence[tuple[str, str]], open_at_start: bool = False,
+                   call: tuple[str, str] | None = None) -> bool:
     """Whether a reasoning block is open at the end of ``text`` (a stop string that ends it fired while thinking)."""
-    return _reasoning_spans(text, markers, open_at_start)[1]
+    return _reasoning_spans(text, markers, open_at_start, call)[1]
+
+
+def prompt_opens_reasoning(prompt_tail: str, markers: Sequence[tuple[str, str]]) -> bool:
+    """Whether the generation prompt opened a reasoning block (DeepSeek-R1's and Qwen3-Thinking's end in
+    ``<think>``): the prompt's text ends, spaces aside, with an opening marker. A marker earlier in the prompt is in
+    the conversation, the env's text included (a problem, a tool's output, which are data), and opens nothing."""
+    tail = prompt_tail.rstrip()
+    return any(tail.endswith(open_) for open_, _ in markers)
 
 
 def decode_for_parsing(tokenizer: Any, ids: Sequence[int], keep: Sequence[str]) -> str:

@@ -109,7 +109,9 @@ def _unwrap_box(text: str, start: int, end: int, closing: dict[int, int]) -> tup
 # "2, 5": only a comma, semicolon, "and" or "or" (with spaces and $) between them. math-verify groups more loosely
 # (any 9 characters, or 70 with a separator somewhere), which would turn "\boxed{2}. On second thought, the
 # answer is \boxed{3}" into one list.
-_LIST_BETWEEN = re.compile(r"[\s$]*(?:[,;]|(?:[,;]?[\s$]*(?:and|or|\\text\{\s*(?:and|or)\s*\})))[\s$]*")
+# No two adjacent repeats over one class (``[\s$]*[,;]?[\s$]*`` was quadratic in a run of spaces between boxes).
+_LIST_WORD = r"(?:and|or|\\text\{\s*(?:and|or)\s*\})"
+_LIST_BETWEEN = re.compile(rf"[\s$]*(?:[,;][\s$]*(?:{_LIST_WORD}[\s$]*)?|{_LIST_WORD}[\s$]*)")
 
 
 def _box_groups(text: str) -> list[str]:
@@ -132,8 +134,7 @@ def _box_groups(text: str) -> list[str]:
     last_end = -1
     for start, end, content in boxes:
         if groups and _LIST_BETWEEN.fullmatch(text[last_end:start]):
-            if content != groups[-1][-1]:
-                groups[-1].append(content)
+            groups[-1].append(content)  # every box counts: "\boxed{7}, \boxed{7}" is a list of two
         else:
             groups.append([content])
         last_end = end
@@ -220,7 +221,8 @@ _QUANTITY_WORDS = frozenset(
     "approximately roughly nearly almost around maybe possibly".split())
 _NOUN_AFTER_NUMBER = re.compile(
     r"(?<![A-Za-z0-9.])\d+(?:[.,]\d+)*(?:\s|\$|~|\\[,;: ]|\\(?:text|mbox|textrm|mathrm)\s*\{)*"
-    r"([A-Za-z]{2,})(?![A-Za-z])")
+    r"([A-Za-z]{2,})(?![A-Za-z])"
+    r"|(?<![A-Za-z])[Hh]ow\s+many\s+([A-Za-z]{2,})(?![A-Za-z])")  # the noun a question asks for: "how many ways"
 
 
 def _word_forms(word: str) -> set[str]:
@@ -235,13 +237,14 @@ def _word_forms(word: str) -> set[str]:
 
 def question_nouns(question: str | None) -> frozenset[str]:
     """The nouns a question counts: each word written right after a number (``3 apples``, ``$12$ marbles``,
-    ``5\\text{ pens}``), lower-cased, except words that change a quantity (``3 tens``, ``2 times``, ``4 more``:
+    ``5\\text{ pens}``) or after "how many" (``how many ways``), lower-cased, except words that change a quantity
+    (``3 tens``, ``2 times``, ``4 more``:
     :data:`_QUANTITY_WORDS`, in any of their :func:`_word_forms`). Linear in the question; empty for None."""
     if not question:
         return frozenset()
     nouns = set()
     for match in _NOUN_AFTER_NUMBER.finditer(question):
-        word = match.group(1).lower()
+        word = (match.group(1) or match.group(2)).lower()
         if not _word_forms(word) & _QUANTITY_WORDS:
             nouns.add(word)
     return frozenset(nouns)
@@ -642,7 +645,7 @@ def _normalize_body(body: str) -> str:
     s = re.sub(r"^\((-?\d+|[A-Za-z])\)$", r"\1", s)
     if re.fullmatch(r"-?\d+\.\d*", s):  # 0.50 -> 0.5, 3.0 -> 3
         s = s.rstrip("0").rstrip(".")
-    if re.fullmatch(r"-?0+\d+", s):  # AIME's 051 is 51
+    if re.fullmatch(r"-?0\d+", s):  # AIME's 051 is 51 (not "0+\d+": quadratic on a long run of zeros)
         s = re.sub(r"^(-?)0+(?=\d)", r"\1", s)
     return s
 

@@ -81,6 +81,8 @@ ISSUE_KEEP_APART = [
     ("3, 3, 5", "\\boxed{3, 5, 5}"),
     ("\\{3, 5, 7\\}", "\\boxed{\\{3, 5, 7, 7\\}}"),
     ("3, 5, 7, 7", "\\boxed{3, 5, 7}"),
+    ("3, 5, 7", "\\boxed{3}, \\boxed{5}, \\boxed{7}, \\boxed{7}"),  # the same, written as adjacent boxes
+    ("3, 7, 7", "\\boxed{3}, \\boxed{7}, \\boxed{7}, \\boxed{7}"),
     ("\\text{Evelyn}", "\\boxed{\\text{Eve lyn}}"),  # a word keeps its identity
     ("\\text{Evelyn}", "\\boxed{Eve lyn}"),
     ("\\text{Eve lyn}", "\\boxed{\\text{Evelyn}}"),
@@ -92,6 +94,8 @@ ISSUE_STILL_JOIN = [
     ("3, 5, 7, 7", "\\boxed{7, 3, 7, 5}"),
     ("\\frac{639}{40}", "\\boxed{15\\frac{39}{40}, \\frac{639}{40}}"),  # math500/451's solution: one value twice
     ("\\{3, 5, 7\\}", "\\boxed{\\{7, 5, 3\\}}"),
+    ("3, 7, 7", "\\boxed{3}, \\boxed{7}, \\boxed{7}"),  # adjacent boxes keep their counts
+    ("7", "\\boxed{7} and \\boxed{7}"),  # one value written twice is still that value
     ("\\text{Evelyn}", "\\boxed{\\text{evelyn}}"),
     ("\\text{Eve lyn}", "\\boxed{\\text{Eve  lyn}}"),
     ("9", "\\boxed{9\\text{ km}}"),
@@ -133,6 +137,18 @@ def test_question_nouns_join(pool, response, reward):
     assert score_response("10", response, pool, question=QUESTION)["reward"] == reward
 
 
+WAYS = "In how many ways can 4 books be put on a shelf? How many tens are in 240? How many more pens than pencils?"
+
+
+def test_how_many_names_the_counted_noun(pool):
+    """The noun a question asks for ("how many ways") is a counted noun too: ``24\\text{ ways}`` answers it (it
+    scored 0: only words written after a number were taken); quantity words stay out ("how many tens")."""
+    assert question_nouns(WAYS) == {"ways", "books"}
+    assert score_response("24", "\\boxed{24 \\text{ ways}}", pool, question=WAYS)["reward"] == 1.0
+    assert score_response("24", "\\boxed{24 \\text{ tens}}", pool, question=WAYS)["reward"] == 0.0
+    assert score_response("24", "\\boxed{24 \\text{ more}}", pool, question=WAYS)["reward"] == 0.0
+
+
 def test_math_env_passes_its_question(pool):
     from envs.math.env import MathEnv
 
@@ -166,6 +182,11 @@ def test_deeply_nested_boxes_are_linear(pool):
     "\\boxed{9}" * 10000,  # many boxes of one list
     "\\boxed{" + "1+" * 40000 + "1}",  # one huge answer (80 KB)
     "\\boxed{9 " + " " * 60000 + "x}",  # long runs of spaces inside an answer
+    "\\boxed{9}" + " " * 60000 + "\\boxed{9}",  # between two boxes (the list separator was quadratic: 3 s at 8000)
+    "\\boxed{9}" + "$" * 60000 + "\\boxed{9}",
+    "\\boxed{9}," + " " * 60000 + "\\boxed{9}",
+    "\\boxed{" + "0" * 60000 + "x}",  # leading zeros of a non-number (quadratic: 3 s at 8000)
+    "\\boxed{-" + "0" * 60000 + "x}",
     "#### 9\n" * 10000,
 ])
 def test_hostile_responses_are_bounded(pool, response):

@@ -22,8 +22,8 @@ import envs  # noqa: F401  (registers the built-in ids)
 from agent_rl.engines.base import special_stop_ids
 from agent_rl.models import finish_tokenizer, find_smollm2_gguf, smollm2_tokenizer
 from agent_rl.rollout import GroupSpec, RolloutConfig, RolloutOrchestrator, get_prompt
-from agent_rl.rollout.tools import (decode_for_parsing, get_tool_call_format, reasoning_markers, reasoning_open,
-                                    strip_reasoning, tool_call_format_names)
+from agent_rl.rollout.tools import (decode_for_parsing, get_tool_call_format, prompt_opens_reasoning, reasoning_markers,
+                                    reasoning_open, strip_reasoning, tool_call_format_names)
 from agent_rl.types import Generation, Task
 from envs.tools import encode_call
 
@@ -97,6 +97,40 @@ def test_strip_reasoning(text, open_at_start, stripped, still_open):
     assert reasoning_open(text, THINK, open_at_start) is still_open
 
 
+def test_a_block_ends_at_its_own_close():
+    """With two marker pairs (a template naming ``<thinking>`` too), ``</thinking>`` inside a ``<think>`` block is
+    text of that block: the draft after it was played."""
+    markers = THINK + (("<thinking>", "</thinking>"),)
+    text = "<think>draft </thinking> <tool_call>x</tool_call></think><tool_call>y</tool_call>"
+    assert strip_reasoning(text, markers) == "<tool_call>y</tool_call>"
+    assert reasoning_open("<think>a </thinking> <tool_call>x</tool_call>", markers)
+    assert strip_reasoning("<thinking>a</thinking>b<think>c</think>d", markers) == "bd"
+
+
+CALL = ("<tool_call>", "</tool_call>")
+
+
+def test_markers_inside_a_call_are_data():
+    """A call outside reasoning whose arguments hold a marker (a program printing ``<think>``) is played whole; a
+    call drafted inside a block is still reasoning."""
+    real = call("python", code="print('<think>')")
+    assert strip_reasoning(real, THINK, call=CALL) == real and not reasoning_open(real, THINK, call=CALL)
+    drafted = "<think>" + call("python", code="print(1)") + " no, </think>" + real
+    assert strip_reasoning(drafted, THINK, call=CALL) == real
+    assert strip_reasoning("<think>a " + CALL[0] + "b</think>c", THINK, call=CALL) == "c"
+    assert reasoning_open(call("python", code="print(1)")[:-len(CALL[1])] + "<think>", THINK, call=CALL) is False
+
+
+def test_a_call_that_prints_a_marker_is_played(hermes_pro):
+    """The call's ``<think>`` (a special token here) made the reply look open at its ``</tool_call>`` stop: the
+    orchestrator resumed generation past the call, and the call was stripped as reasoning."""
+    engine, ep = play(hermes_pro, [call("calc", expression="<think>"), call("calc", expression="3 * 4"),
+                                   call("answer", answer=12)])
+    assert [t.action for t in ep.turns[:2]] == [encode_call("calc", {"expression": "<think>"}),
+                                                encode_call("calc", {"expression": "3 * 4"})]
+    assert ep.won and len(engine.prompts) == 3  # no resume
+
+
 def test_reasoning_markers_follow_the_template(hermes_pro):
     assert reasoning_markers(hermes_pro) == THINK
     kimi = copy.deepcopy(hermes_pro)
@@ -146,9 +180,9 @@ class StoppingEngine:
         return out
 
 
-def play(tokenizer, replies: list[str]):
+def play(tokenizer, replies: list[str], problem: str = "What is 3 times 4?"):
     engine = StoppingEngine(tokenizer, replies)
-    task = Task("agent_rl/Calculator-v0", options={"problem": "What is 3 times 4?", "answer": 12}, group_id=0,
+    task = Task("agent_rl/Calculator-v0", options={"problem": problem, "answer": 12}, group_id=0,
                 env_kwargs={"action_format": "tools", "max_episode_steps": 4})
 
     async def go():
@@ -183,3 +217,36 @@ def test_a_call_after_the_block_is_played_with_special_markup(hermes_pro):
     engine, ep = play(hermes_pro, [call("calc", expression="3 * 4"), call("answer", answer=12)])
     assert [t.invalid for t in ep.turns] == [False, False] and ep.won
     assert len(engine.prompts) == 2  # no resume: the stop fired outside any block
+
+
+def test_env_text_does_not_open_a_reasoning_block(hermes_pro):
+    """A ``<think>`` in the env's text at the end of the conversation (a python tool printing it: math's tool answer
+    is the last message) is data: only a generation prompt that ends in the marker opens a block. It was read from
+    the last 64 prompt tokens, so the next reply counted as reasoning (its call stripped, its stop resumed)."""
+    messages = [{"role": "user", "content": "What is 3 times 4?"}, {"role": "assistant", "content": "x"},
+                {"role": "tool", "content": "12\n<think>"}]
+    ids = hermes_pro.encode(hermes_pro.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                            add_special_tokens=False)
+    tail = decode_for_parsing(hermes_pro, ids[-64:], ("<think>", "</think>"))
+    assert "<think>" in tail and reasoning_open(tail, THINK)  # what the former check read
+    assert not prompt_opens_reasoning(tail, THINK)
+    opening = copy.deepcopy(hermes_pro)
+    opening.chat_template = hermes_pro.chat_template.replace("'<|im_start|>assistant\\n'",
+                                                             "'<|im_start|>assistant\\n<think>\\n'")
+    ids = opening.encode(opening.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True),
+                         add_special_tokens=False)
+    assert prompt_opens_reasoning(decode_for_parsing(opening, ids[-64:], ("<think>", "</think>")), THINK)
+
+
+def test_a_generation_prompt_that_opens_the_block(hermes_pro):
+    """A template whose generation prompt ends in ``<think>`` (DeepSeek-R1's, Qwen3-Thinking's): the reply starts
+    inside the block, so the draft before ``</think>`` is not played and its stop resumes generation."""
+    tok = copy.deepcopy(hermes_pro)
+    tok.chat_template = hermes_pro.chat_template.replace("'<|im_start|>assistant\\n'",
+                                                         "'<|im_start|>assistant\\n<think>\\n'")
+    assert tok.chat_template != hermes_pro.chat_template
+    reply = "I could call " + call("calc", expression="1 + 1") + " but it is 3 times 4.\n</think>\n" + call(
+        "calc", expression="3 * 4")
+    engine, ep = play(tok, [reply, "</think>" + call("answer", answer=12)])
+    assert ep.turns[0].action == encode_call("calc", {"expression": "3 * 4"})
+    assert ep.won and len(engine.prompts) == 3
