@@ -16,28 +16,17 @@ from __future__ import annotations
 from typing import Any
 
 from agent_rl import algos
+from agent_rl.config import ConfigError
+from agent_rl.algos import TAMPO_SUM_PREFIX as SUM_PREFIX
 
 #: ``extra.json`` key of the driver's temperature state (TAMPO's E, meta RNG, draws).
 STATE_KEY = "tampo_state"
-#: prefix of the learner's additive TAMPO metrics (summed over ranks, consumed by :meth:`StepTemperature.observe`)
-SUM_PREFIX = "tampo_sum/"
-
-
-def tampo_sum_metrics(sums: dict[str, Any], temps: list[float]) -> dict[str, float]:
-    """The learner's ``tampo_sum/*`` metrics from :func:`agent_rl.algos.tampo_episode_sums` (flat python floats, so
-    the Ray backend can add the ranks' values key by key)."""
-    out = {f"{SUM_PREFIX}adv/{t:g}": float(a) for t, a in zip(temps, sums["adv_sum"])}
-    out.update({f"{SUM_PREFIX}{k}": float(sums[k]) for k in ("episodes", "tstar_pos_sum", "tstar_pos_n",
-                                                             "tstar_neg_sum", "tstar_neg_n", "nonfinite")})
-    return out
-
-
 class StepTemperature:
     """The step temperature of one run: ``kind`` = ``tampo`` (a :class:`agent_rl.algos.TampoMetaPolicy`) or
     ``schedule`` (``rollout.temperature_schedule``). Build it with :meth:`from_config` (None when neither applies).
 
     Raises:
-        ValueError: ``rollout.temperature_schedule`` with ``algo=tgrl`` (T0/T1 are its temperatures) or
+        ConfigError: ``rollout.temperature_schedule`` with ``algo=tgrl`` (T0/T1 are its temperatures) or
             ``algo=tampo`` (it draws its own), ``algo.tampo.scope=group`` on this version (see :meth:`from_config`).
     """
 
@@ -52,7 +41,7 @@ class StepTemperature:
         algo = cfg.algo
         schedule = algos.parse_temperature_schedule(cfg.rollout.temperature_schedule)
         if schedule is not None and algo.name in ("tgrl", "tampo"):
-            raise ValueError(f"rollout.temperature_schedule={cfg.rollout.temperature_schedule!r} sets the temperature "
+            raise ConfigError(f"rollout.temperature_schedule={cfg.rollout.temperature_schedule!r} sets the temperature "
                              f"of the single-temperature algorithms; algo={algo.name} chooses its own (tgrl: "
                              "algo.t_low / algo.t_high, tampo: its meta-policy): leave it ''")
         if algo.name == "tampo":
@@ -60,7 +49,7 @@ class StepTemperature:
             if tc.scope != "step":
                 # one T per step travels with the tasks to every backend; per-group draws need the T in each
                 # GroupSpec (agent_rl.rollout), not wired yet: refused rather than silently shared
-                raise ValueError("algo.tampo.scope=group is not supported yet (each group would need its own drawn "
+                raise ConfigError("algo.tampo.scope=group is not supported yet (each group would need its own drawn "
                                  "temperature in its GroupSpec); use algo.tampo.scope=step, the paper's reading")
             meta = algos.TampoMetaPolicy(tc.temps, ema_alpha=tc.ema_alpha, top_p=tc.top_p, seed=cfg.trainer.seed,
                                          warmup_steps=tc.warmup_steps, scope=tc.scope)
@@ -108,11 +97,12 @@ class StepTemperature:
         """Restore from a checkpoint's ``extra`` dict.
 
         Raises:
-            ValueError: a TAMPO run resumed from a checkpoint without TAMPO state, or saved with other candidates.
+            ConfigError: a TAMPO run resumed from a checkpoint without TAMPO state.
+            ValueError: a state saved with other candidates.
         """
         if self.meta is None:
             return
         if STATE_KEY not in extra:
-            raise ValueError(f"checkpoint {ckpt} has no TAMPO state (extra.json key {STATE_KEY!r}): it was not "
+            raise ConfigError(f"checkpoint {ckpt} has no TAMPO state (extra.json key {STATE_KEY!r}): it was not "
                              "written by an algo=tampo run, so the meta-policy cannot resume where it stopped")
         self.meta.load_state_dict(extra[STATE_KEY])

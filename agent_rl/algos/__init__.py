@@ -102,7 +102,7 @@ from .pipeline import (
     token_advantages,
 )
 from .schedules import schedule_progress, schedule_value
-from .tampo import (TAMPO_NORMS, TAMPO_SCOPES, TampoMetaPolicy, episode_virtual_likelihoods,
+from .tampo import (TAMPO_NORMS, TAMPO_SCOPES, TAMPO_SUM_PREFIX, tampo_sum_metrics, TampoMetaPolicy, episode_virtual_likelihoods,
                     parse_temperature_schedule, scheduled_temperature, sparsemax, tampo_draw, tampo_episode_sums,
                     tampo_meta_policy, tampo_normalise, tampo_nucleus, tampo_statistic, virtual_logprobs)
 from .tgrl import (AdaptiveHighTemperature, masked_row_quantile, tgrl_advantages, tgrl_delta_r, tgrl_metrics,
@@ -154,6 +154,8 @@ __all__ = [
     "tampo_normalise",
     "tampo_statistic",
     "tampo_episode_sums",
+    "TAMPO_SUM_PREFIX",
+    "tampo_sum_metrics",
     "tampo_meta_policy",
     "tampo_nucleus",
     "tampo_draw",

@@ -27,7 +27,7 @@ from torch import Tensor
 from ._groups import check_1d, check_2d, trajectory_ids
 
 __all__ = ["TAMPO_NORMS", "TAMPO_SCOPES", "virtual_logprobs", "episode_virtual_likelihoods", "sparsemax",
-           "tampo_normalise", "tampo_statistic", "tampo_episode_sums", "tampo_meta_policy", "tampo_nucleus",
+           "tampo_normalise", "tampo_statistic", "tampo_episode_sums", "TAMPO_SUM_PREFIX", "tampo_sum_metrics", "tampo_meta_policy", "tampo_nucleus",
            "tampo_draw", "TampoMetaPolicy", "parse_temperature_schedule", "scheduled_temperature"]
 
 TAMPO_NORMS = ("sparsemax", "softmax", "argmax")
@@ -61,8 +61,8 @@ def virtual_logprobs(logits: Tensor, token_ids: Tensor, temps: list[float] | tup
     buf = torch.empty_like(z)
     out = torch.empty(z.shape[0], len(temps), dtype=torch.float32, device=z.device)  # (n, K)
     for k, t in enumerate(temps):
-        torch.sub(z, shift[:, None], out=buf).mul_(1.0 / float(t))  # (n, V) (z - max) / T_k
-        out[:, k] = (z_o - shift) / float(t) - torch.logsumexp(buf, dim=-1)
+        torch.sub(z, shift[:, None], out=buf).mul_(1.0 / float(t)).exp_()  # (n, V) exp((z - max) / T_k) in (0, 1]
+        out[:, k] = (z_o - shift) / float(t) - buf.sum(-1).log_()  # the max entry adds exp(0): sum >= 1
     return out
 
 
@@ -145,9 +145,11 @@ def tampo_normalise(ell: Tensor, norm: str = "sparsemax", norm_tau: float = 1.0)
     elif norm == "softmax":
         out = torch.softmax(torch.where(finite, x, -math.inf), dim=-1)
     else:
-        # non-finite entries pushed far below every finite one: they fall out of the support and get exactly 0
-        lo = torch.where(finite, x, math.inf).amin(-1, keepdim=True)
-        out = sparsemax(torch.where(finite, x, lo - 1e6))
+        # non-finite entries set below max - 1, where sparsemax gives exactly 0 (tau >= max - 1); rows without a
+        # finite entry run on zeros and are zeroed below
+        hi = torch.where(finite, x, -math.inf).amax(-1, keepdim=True)
+        hi = torch.where(torch.isfinite(hi), hi, 0.0)
+        out = sparsemax(torch.where(finite, x, hi - 2.0))
     out = torch.where(finite, out, 0.0)
     return torch.where(finite.any(-1, keepdim=True), out, 0.0)
 
@@ -206,6 +208,20 @@ def tampo_statistic(ell: Tensor, episode_advantages: Tensor, norm: str = "sparse
     """
     s = tampo_episode_sums(ell, episode_advantages, list(range(ell.shape[-1])), norm, norm_tau, n_tokens)
     return torch.tensor(s["adv_sum"], dtype=torch.float64) / max(s["episodes"], 1)
+
+
+TAMPO_SUM_PREFIX = "tampo_sum/"
+"""Prefix of the learner's additive TAMPO metrics (summed over learner ranks, turned into A_B by the driver)."""
+
+
+def tampo_sum_metrics(sums: dict[str, Any], temps: list[float] | tuple[float, ...]) -> dict[str, float]:
+    """Flat ``tampo_sum/*`` metrics (python floats) of :func:`tampo_episode_sums`, so that a data-parallel run can
+    add its ranks' values key by key: ``tampo_sum/adv/<T>``, ``tampo_sum/episodes``, ``tampo_sum/tstar_pos_sum``,
+    ``tampo_sum/tstar_pos_n``, ``tampo_sum/tstar_neg_sum``, ``tampo_sum/tstar_neg_n``, ``tampo_sum/nonfinite``."""
+    out = {f"{TAMPO_SUM_PREFIX}adv/{float(t):g}": float(a) for t, a in zip(temps, sums["adv_sum"])}
+    out.update({f"{TAMPO_SUM_PREFIX}{k}": float(sums[k]) for k in ("episodes", "tstar_pos_sum", "tstar_pos_n",
+                                                                   "tstar_neg_sum", "tstar_neg_n", "nonfinite")})
+    return out
 
 
 def tampo_meta_policy(ema: list[float] | Tensor) -> list[float]:
