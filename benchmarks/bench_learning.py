@@ -10,8 +10,9 @@ Each (algo, seed) run is ``python -m agent_rl.train`` (the library, in this proc
 up to one uninterrupted run); before the first chunk and after each one, the latest policy plays the held-out panel
 (test-split games ``0..panel-1``) greedily (T = 0) in-process. ``--algos`` entries are config overrides joined by
 ``+``: ``grpo``, ``tgrl``, ``tgrl+credit=uniform`` (mixed groups, uniform credit: the ablation),
-``tgrl+credit=tp+schedule=linear``, ``tampo`` (algorithms.md section 8), ``grpo+rollout.temperature_schedule=linear:0.9:1.5``
-(GRPO's linear temperature schedule; ``:`` is part of the value, ``+`` separates overrides). ``--train`` passes further overrides to every run (e.g. ``model.path=...`` for a
+``tgrl+credit=tp+schedule=linear``, ``tampo`` (algorithms.md section 8), ``grpo+rollout.temperature_schedule=linear:0.9:1.5:8``
+(GRPO's linear temperature schedule over 8 steps: give the length, the runs are trained in resumed chunks; ``:`` is
+part of the value, ``+`` separates overrides). ``--train`` passes further overrides to every run (e.g. ``model.path=...`` for a
 behaviour-cloned start, ``trainer.tasks_per_step=4``).
 
 ``results.json``: ``{algo: {seed: {"step": [...], "eval_success": [...], "wall_s": [...], "entropy": [...],

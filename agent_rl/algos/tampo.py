@@ -394,32 +394,38 @@ class TampoMetaPolicy:
                        for s, g, t, pi, n in state["draws"]}
 
 
-def parse_temperature_schedule(spec: str) -> tuple[str, float, float] | None:
-    """``rollout.temperature_schedule``: ``""`` (off) or ``linear:T_start:T_end`` (algorithms.md 8, the GRPO
-    ablation "a linear schedule 0.9 -> 1.5 over the run").
+def parse_temperature_schedule(spec: str) -> tuple[str, float, float, int | None] | None:
+    """``rollout.temperature_schedule``: ``""`` (off) or ``linear:T_start:T_end[:steps]`` (algorithms.md 8, the GRPO
+    ablation "a linear schedule 0.9 -> 1.5 over the run"). ``steps`` is the schedule's length (T_end from that step
+    on); without it the run's ``trainer.total_steps``. A run trained in chunks (``trainer.total_steps`` raised at each
+    resume, as ``benchmarks/bench_learning.py`` does) must give it, or each chunk would stretch the line to its own
+    end.
 
     Returns:
-        None (off) or ``("linear", T_start, T_end)``.
+        None (off) or ``("linear", T_start, T_end, steps or None)``.
     Raises:
-        ValueError: another form, or a temperature <= 0.
+        ValueError: another form, a temperature <= 0, steps < 1.
     """
     if not spec:
         return None
     parts = str(spec).split(":")
     try:
-        if len(parts) == 3 and parts[0] == "linear":
+        if len(parts) in (3, 4) and parts[0] == "linear":
             a, b = float(parts[1]), float(parts[2])
-            if a > 0 and b > 0:
-                return "linear", a, b
+            steps = int(parts[3]) if len(parts) == 4 else None
+            if a > 0 and b > 0 and (steps is None or steps >= 1):
+                return "linear", a, b, steps
     except ValueError:
         pass
-    raise ValueError(f"rollout.temperature_schedule={spec!r} is not valid: give '' (off) or linear:T_start:T_end "
-                     "(both > 0), e.g. linear:0.9:1.5")
+    raise ValueError(f"rollout.temperature_schedule={spec!r} is not valid: give '' (off) or "
+                     "linear:T_start:T_end[:steps] (temperatures > 0, steps >= 1), e.g. linear:0.9:1.5 or "
+                     "linear:0.9:1.5:8")
 
 
-def scheduled_temperature(spec: tuple[str, float, float], step: int, total_steps: int) -> float:
-    """The temperature of 1-based ``step`` of ``total_steps`` under a parsed schedule: linear from T_start at step 1
-    to T_end at the last step (``T_start`` throughout a one-step run)."""
-    _, a, b = spec
-    frac = 0.0 if total_steps <= 1 else min(max((step - 1) / (total_steps - 1), 0.0), 1.0)
+def scheduled_temperature(spec: tuple[str, float, float, int | None], step: int, total_steps: int) -> float:
+    """The temperature of 1-based ``step`` under a parsed schedule: linear from T_start at step 1 to T_end at step
+    ``steps`` (the spec's, else ``total_steps``), T_end after it (T_start throughout a one-step schedule)."""
+    _, a, b, steps = spec
+    n = steps if steps is not None else total_steps
+    frac = 0.0 if n <= 1 else min(max((step - 1) / (n - 1), 0.0), 1.0)
     return a + (b - a) * frac

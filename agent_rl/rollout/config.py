@@ -61,8 +61,9 @@ class RolloutConfig:
     weights they started with (algorithms.md section 7)."""
     temperature_schedule: str = field(default="", metadata=MUST_MATCH)
     """The sampling temperature over the run for the non-TGRL algorithms (algorithms.md 8, an ablation of TAMPO):
-    ``""`` = off (``algo.temperature`` every step) or ``linear:T_start:T_end`` (step 1 at T_start, the last step at
-    T_end, e.g. ``linear:0.9:1.5``); ``agent_rl.algos.parse_temperature_schedule``."""
+    ``""`` = off (``algo.temperature`` every step) or ``linear:T_start:T_end[:steps]`` (step 1 at T_start, step
+    ``steps`` (default: the run's last) and after at T_end, e.g. ``linear:0.9:1.5``; give ``steps`` to a run trained
+    in resumed chunks); ``agent_rl.algos.parse_temperature_schedule``."""
     max_stale_replays: int = field(default=2, metadata=MAY_CHANGE)
     """A group discarded for staleness (``trainer.max_staleness``) is played again as a fresh group at most this many
     times, then dropped (``async/groups_stale_dropped``)."""

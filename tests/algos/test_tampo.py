@@ -217,7 +217,11 @@ def test_bad_candidates_and_schedule():
     spec = parse_temperature_schedule("linear:0.9:1.5")
     assert [scheduled_temperature(spec, s, 4) for s in (1, 2, 3, 4)] == pytest.approx([0.9, 1.1, 1.3, 1.5])
     assert scheduled_temperature(spec, 1, 1) == 0.9
-    for bad in ("linear:0.9", "cosine:0.9:1.5", "linear:0:1.5", "linear:a:b"):
+    # an explicit length: the same line whatever the run's total_steps (a run trained in resumed chunks)
+    fixed = parse_temperature_schedule("linear:0.9:1.5:4")
+    assert [scheduled_temperature(fixed, s, 2) for s in (1, 2)] == pytest.approx([0.9, 1.1])
+    assert [scheduled_temperature(fixed, s, 6) for s in (3, 4, 5)] == pytest.approx([1.3, 1.5, 1.5])
+    for bad in ("linear:0.9", "cosine:0.9:1.5", "linear:0:1.5", "linear:a:b", "linear:0.9:1.5:0", "linear:1:2:3:4"):
         with pytest.raises(ValueError, match="temperature_schedule"):
             parse_temperature_schedule(bad)
 
