@@ -43,6 +43,7 @@ from agent_rl.rollout import TaskSampler, build_rollout_batch
 from agent_rl.rollout.schedule import ExpertRows, Player, Schedule, choose_schedule
 from agent_rl.runtime import (checkpoint_extra, checkpoint_step, pad_token_id, prune_checkpoints, resume_path,
                               t_high_state)
+from agent_rl.temperature import STATE_KEY as TEMPERATURE_STATE_KEY, StepTemperature
 from agent_rl.types import RolloutBatch
 
 
@@ -130,6 +131,11 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
         t_rule = AdaptiveHighTemperature(cfg.algo) if cfg.algo.t_high == "auto" and schedule.plays_episodes else None
         if t_rule is not None and extra is not None:
             t_rule.load_state_dict(t_high_state(extra, ckpt))
+        # [tampo hook] the step temperature of the non-TGRL algorithms (algorithms.md 8): TAMPO's meta-policy draw or
+        # rollout.temperature_schedule; drawn here (the driver), observed after each update, saved in extra.json
+        temp_rule = StepTemperature.from_config(cfg) if schedule.plays_episodes else None
+        if temp_rule is not None and extra is not None:
+            temp_rule.load_state_dict(extra, ckpt)
         logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard=t.tensorboard,
                                progress=False)  # one line per step; the live display is `progress`
         if start == 1 and evaluator.due(0, total):  # the panel before training, logged as step 0
@@ -139,8 +145,12 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
         for step in range(start, total + 1):
             # 1. Collect the step's complete groups (TGRL: 1 at T0 + 3 at T1 each; warm-up all at T1).
             t_high = t_rule.t_high(step) if t_rule is not None else None
+            if temp_rule is not None:  # [tampo hook] the step's one temperature travels as t_high (non-TGRL)
+                t_high = temp_rule.temperature(step)
             result = await schedule.collect(step, sampler.sample, t_high=t_high)
             metrics: dict[str, Any] = dict(result.metrics)
+            if temp_rule is not None:  # [tampo hook] tampo/t, tampo/pi/<T>, ... (or rollout/temperature)
+                metrics.update(temp_rule.step_metrics(step))
             if step == start and extra is not None and schedule.plays_episodes:  # section 7, Checkpoints
                 metrics["async/groups_replayed_after_resume"] = float(extra.get("groups_in_flight", 0))
             if schedule.plays_episodes and cfg.algo.is_tgrl:  # the step's T1, fixed or picked (section 3)
@@ -157,7 +167,10 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
             if update_metrics is not None:  # 3. updated; 4. store the step's episodes; 5. sync the engines
                 metrics.update(update_metrics)
                 if t_rule is not None and "tgrl/delta_R" in update_metrics:
-                    t_rule.observe(step, update_metrics["tgrl/delta_R"])
+                    t_rule.observe(step, update_metrics["tgrl/delta_R"],
+                                   informative_groups=update_metrics.get("tgrl/delta_R_groups"))
+                if temp_rule is not None:  # [tampo hook] A_B -> EMA, once per RL step (8.5)
+                    metrics.update(temp_rule.observe(step, metrics))
                 if result.episodes:
                     stats = await backend.token_stats() if keep_episodes != 0 else None
                     await asyncio.to_thread(save_step_episodes, out, step, result.episodes, t.save_episodes,
@@ -177,6 +190,8 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
                 progress.phase(f"step {step}/{total} checkpoint")
                 ckpt_extra = checkpoint_extra(cfg, step, sampler.position - schedule.pending_tasks,
                                               t_high_state=t_rule.state_dict() if t_rule is not None else None)
+                if temp_rule is not None and temp_rule.state_dict() is not None:  # [tampo hook]
+                    ckpt_extra[TEMPERATURE_STATE_KEY] = temp_rule.state_dict()
                 ckpt_extra["policy_version"] = step  # the engines' version counter (section 7: v = s after step s)
                 ckpt_extra["groups_in_flight"] = schedule.groups_in_flight
                 await backend.save(out / "checkpoints" / f"step_{step}", ckpt_extra)

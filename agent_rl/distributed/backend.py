@@ -92,7 +92,8 @@ def merge_learner_metrics(ranks: list[dict[str, float]], batch: RolloutBatch) ->
     global denominator / N: module docstring of data_parallel), ``actor/grad_norm``, ``actor/lr``, ``schedule/S``,
     ``actor/optimizer_steps`` are equal on every rank (rank 0's), ``time/update_s``, ``async/staleness_max`` and the
     ``perf/`` memory metrics the ranks' maximum, the :data:`TRAINED_TOKEN_MEANS` (``async/staleness_mean``,
-    ``async/behaviour_weight_*``) the trained-token-weighted mean, TGRL group metrics recomputed on the whole batch,
+    ``async/behaviour_weight_*``) the trained-token-weighted mean, the additive ``tampo_sum/*`` summed (TAMPO's
+    driver divides by the batch's episodes), TGRL group metrics recomputed on the whole batch,
     every other metric the response-token-weighted mean over ranks."""
     weights = [max(m.get("batch/response_tokens", 1.0), 1e-9) for m in ranks]
     out: dict[str, float] = {}
@@ -107,7 +108,7 @@ def merge_learner_metrics(ranks: list[dict[str, float]], batch: RolloutBatch) ->
         elif key in TRAINED_TOKEN_MEANS:  # means over trained tokens: weighted by each rank's trained tokens
             tw = [m.get("batch/response_tokens", 0.0) * m.get("credit/trained_token_frac", 0.0) for m in ranks]
             out[key] = sum(v * w for v, w in zip(vals, tw)) / sum(tw) if sum(tw) > 0 else 0.0
-        elif key == "batch/response_tokens":
+        elif key == "batch/response_tokens" or key.startswith(algos.TAMPO_SUM_PREFIX):  # [tampo hook] additive
             out[key] = sum(vals)
         else:
             out[key] = sum(v * w for v, w in zip(vals, weights)) / sum(weights)

@@ -13,7 +13,7 @@ from typing import Any
 
 from agent_rl.resume_rules import MAY_CHANGE, applied
 
-ALGO_NAMES = ("tgrl", "grpo", "drgrpo", "dapo", "rloo", "ppo", "gspo")
+ALGO_NAMES = ("tgrl", "grpo", "drgrpo", "dapo", "rloo", "ppo", "gspo", "tampo")
 #: estimators whose baseline is the task's group: with group_size 1 every advantage is 0.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "gigpo")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
@@ -25,6 +25,41 @@ BEHAVIOUR_CORRECTIONS = ("auto", "tis", "mask", "none")
 def _check(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not valid; valid values: {', '.join(allowed)}")
+
+
+@dataclass
+class TampoConfig:
+    """TAMPO's meta-policy over sampling temperatures (``algo.tampo.*``, algorithms.md section 8; Dang et al., ICLR
+    2026, arXiv 2602.11779). Read only when ``algo.name=tampo``."""
+
+    temps: list[float] = field(default_factory=lambda: [0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5])
+    """The K candidate temperatures, strictly increasing, each > 0."""
+    norm: str = "sparsemax"
+    """Normalisation of an episode's virtual likelihoods across candidates: sparsemax | softmax | argmax (8.3)."""
+    norm_tau: float = 1.0
+    """Scale of the normalisation (hat_ell = norm(ell / norm_tau)); the paper gives none (open)."""
+    ema_alpha: float = 0.05
+    """EMA rate of the batch statistic, once per RL step (8.5; the paper's table 2: 0.01 / 0.05 / 0.1)."""
+    top_p: float = 0.7
+    """Nucleus of the meta-policy draw (8.7; the paper's table 3: 0 (greedy) / 0.5 / 0.7 / 0.9)."""
+    scope: str = "step"
+    """step: one T for every group started in the RL step (the paper's reading); group: each group draws its own."""
+    warmup_steps: int = 0
+    """W: the first W steps draw uniformly over the candidates (open; 0 = off)."""
+
+    def __post_init__(self) -> None:
+        self.temps = [float(t) for t in self.temps]
+        if not self.temps or any(t <= 0 for t in self.temps) or any(b <= a for a, b in zip(self.temps,
+                                                                                             self.temps[1:])):
+            raise ValueError(f"algo.tampo.temps={self.temps} must be a non-empty, strictly increasing list of "
+                             "temperatures > 0")
+        _check("algo.tampo.norm", self.norm, ("sparsemax", "softmax", "argmax"))
+        _check("algo.tampo.scope", self.scope, ("step", "group"))
+        if not self.norm_tau > 0 or not 0.0 < self.ema_alpha <= 1.0 or not 0.0 <= self.top_p <= 1.0:
+            raise ValueError(f"algo.tampo: norm_tau={self.norm_tau} must be > 0, ema_alpha={self.ema_alpha} in "
+                             f"(0, 1], top_p={self.top_p} in [0, 1]")
+        if self.warmup_steps < 0:
+            raise ValueError(f"algo.tampo.warmup_steps={self.warmup_steps} must be >= 0")
 
 
 @dataclass
@@ -141,6 +176,8 @@ class AlgoConfig:
     behaviour_weight_cap: float = field(default=2.0, metadata=applied(
         "Learner._micro_loss: the cap C of the behaviour weights"))
     """C, the cap of the behaviour weight (must be > 1)."""
+    tampo: TampoConfig = field(default_factory=TampoConfig)
+    """``algo=tampo``: the meta-policy over sampling temperatures (algorithms.md section 8)."""
 
     def __post_init__(self) -> None:
         _check("algo.name", self.name, ALGO_NAMES)
@@ -212,13 +249,22 @@ class AlgoConfig:
         other algorithms. The one place the rule lives: sampling and the learner both ask here."""
         return self.is_tgrl and step <= self.warmup_steps
 
+    @property
+    def is_tampo(self) -> bool:
+        return self.name == "tampo"
+
     def group_temperatures(self, step: int, t_high: float | None = None) -> list[tuple[float, bool]]:
         """``(temperature, is_high)`` of the G episodes of a group at 1-based ``step``: TGRL ``n_low`` at ``t_low``
         then ``n_high`` at T1 (warm-up: all G at T1, all flagged high); the others ``group_size`` at ``temperature``
         (flagged low). T1 is ``t_high`` when given (``algo.t_high=auto``: the step's pick of
-        ``agent_rl.algos.AdaptiveHighTemperature``), else :func:`t_high_value`."""
+        ``agent_rl.algos.AdaptiveHighTemperature``), else :func:`t_high_value`. For the other algorithms a given
+        ``t_high`` is the step's one temperature instead of ``temperature``: TAMPO's draw (algorithms.md 8) or
+        ``rollout.temperature_schedule`` (``agent_rl.temperature.StepTemperature``)."""
         if not self.is_tgrl:
-            return [(float(self.temperature), False)] * self.group_size
+            t = float(self.temperature) if t_high is None else float(t_high)
+            if t <= 0:
+                raise ValueError(f"the step's temperature {t} must be > 0")
+            return [(t, False)] * self.group_size
         t1 = float(t_high) if t_high is not None else t_high_value(self)
         if t1 <= 0:
             raise ValueError(f"t_high={t_high} must be > 0")

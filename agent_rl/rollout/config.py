@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_rl.resume_rules import MAY_CHANGE
+from agent_rl.algos.tampo import parse_temperature_schedule
+from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH
 
 ROLLOUT_MODES = ("turn", "trajectory")
 SAMPLER_KINDS = ("index", "seed")
@@ -58,11 +59,17 @@ class RolloutConfig:
     """Partial rollouts (``trainer.max_staleness`` >= 1): an episode in flight at a weight sync continues with the new
     weights (each turn keeps its own version); false: a sync waits until the episodes in flight finish under the
     weights they started with (algorithms.md section 7)."""
+    temperature_schedule: str = field(default="", metadata=MUST_MATCH)
+    """The sampling temperature over the run for the non-TGRL algorithms (algorithms.md 8, an ablation of TAMPO):
+    ``""`` = off (``algo.temperature`` every step) or ``linear:T_start:T_end[:steps]`` (step 1 at T_start, step
+    ``steps`` (default: the run's last) and after at T_end, e.g. ``linear:0.9:1.5``; give ``steps`` to a run trained
+    in resumed chunks); ``agent_rl.algos.parse_temperature_schedule``."""
     max_stale_replays: int = field(default=2, metadata=MAY_CHANGE)
     """A group discarded for staleness (``trainer.max_staleness``) is played again as a fresh group at most this many
     times, then dropped (``async/groups_stale_dropped``)."""
 
     def __post_init__(self) -> None:
+        parse_temperature_schedule(self.temperature_schedule)  # ValueError naming the valid forms
         if self.num_workers < 1:
             raise ValueError("rollout.num_workers must be >= 1")
         if self.max_stale_replays < 0:

@@ -22,6 +22,11 @@ from agent_rl.train import main
 
 FIXTURE = Path(__file__).parent / "fixtures" / "resume_rules_cd94af9.json"
 FORGOTTEN = {"engine.kv_reuse", "engine.kv_reuse_max_tokens"}  # token-identical: may change (issue 34)
+#: keys added after the recording, with their rule: TAMPO's meta-policy and the temperature schedule (issue 38) choose
+#: the sampling temperatures, so a resume must keep them (a resumed run draws what an uninterrupted one would)
+ADDED = {**{f"algo.tampo.{k}": "must match" for k in ("temps", "norm", "norm_tau", "ema_alpha", "top_p", "scope",
+                                                       "warmup_steps")},
+         "rollout.temperature_schedule": "must match"}
 
 
 def test_every_config_key_declares_a_resume_rule():
@@ -52,6 +57,7 @@ def test_a_field_without_a_rule_in_a_group_without_one_is_found():
 def test_the_rules_are_the_table_of_the_code_before_except_the_forgotten_engine_options():
     before = json.loads(FIXTURE.read_text())
     now = {k: r[0] for k, r in resume_rules().items()}
+    assert {k: now[k] for k in ADDED} == ADDED
     changed = {k for k in before if before[k] != now.get(k)}
     assert changed == FORGOTTEN and all(now[k] == "may change" for k in FORGOTTEN)
     assert all(before[k] == "must match" for k in FORGOTTEN)  # what refused the resume
