@@ -252,17 +252,25 @@ def test_partial_rollout_tokens_carry_two_versions():
 #: keys pinned for the comparison with the golden fixture (recorded before they existed: their old behaviour).
 GOLDEN_PINNED = ["trainer.max_staleness=0", "engine.kv_reuse=false"]
 #: metrics the fixture's code did not log yet (their values at k = 0 are checked below).
+#: tolerance of the golden comparison across CPUs (see the test): far below any real change, above kernel rounding.
+CROSS_CPU_REL, CROSS_CPU_ABS = 1e-5, 1e-6  # abs: rounding-size metrics (engine_logprob_diff 2e-7, approx_kl 1e-15)
 NEW_AT_K0 = {"async/groups_stale_dropped": 0.0, "async/staleness_mean": 0.0, "async/staleness_max": 0.0}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["grpo", "tgrl"])
-def test_max_staleness_0_equals_the_golden_synchronous_run_exactly(tmp_path, name):
+def test_max_staleness_0_equals_the_golden_synchronous_run(tmp_path, name):
     from golden import run
 
     golden = json.loads((Path(__file__).parent / "fixtures" / "golden_k0.json").read_text())[name]
     got = run(name, tmp_path / name, GOLDEN_PINNED)
-    assert got["weights"] == golden["weights"]  # float64 sums and sums of squares of every tensor, exactly
+    # float64 sums and sums of squares of every tensor. Bit-exact only on the CPU the fixture was recorded on: another
+    # CPU's kernels (AVX2 vs AVX-512 GEMMs and reductions) move the last bits (measured on an AVX-512 machine: weight
+    # sums 2e-8 relative, entropy 2e-7, a KL of 2e-15 against 5e-15), while any real change of what is sampled or
+    # trained moves rewards exactly and weights by far more than 1e-5.
+    assert set(got["weights"]) == set(golden["weights"])
+    for key, want in golden["weights"].items():
+        assert got["weights"][key] == pytest.approx(want, rel=CROSS_CPU_REL, abs=CROSS_CPU_ABS), key
     assert len(got["metrics"]) == len(golden["metrics"]) == 3
     for row, want in zip(got["metrics"], golden["metrics"]):
         want = dict(want)
@@ -272,7 +280,12 @@ def test_max_staleness_0_equals_the_golden_synchronous_run_exactly(tmp_path, nam
             # is that times the informative count / 2
             old = want.pop("tgrl/delta_R")
             assert row["tgrl/delta_R"] * row["tgrl/delta_R_groups"] / 2 == pytest.approx(old, abs=1e-12)
-        assert {k: row.get(k) for k in want} == want
+        assert set(want) <= set(row), sorted(set(want) - set(row))
+        for key, value in want.items():
+            if isinstance(value, float):
+                assert row[key] == pytest.approx(value, rel=CROSS_CPU_REL, abs=CROSS_CPU_ABS), key
+            else:
+                assert row[key] == value, key
         for key, value in NEW_AT_K0.items():
             if key in row:
                 assert row[key] == value, key
