@@ -55,6 +55,10 @@ def mcp_loopback_security() -> Any:
 
 
 # ------------------------------------------------------------------------------------------------ the gate
+#: headers the gate decides on: sent twice, a request is refused (400 ``duplicate_header``), never read first-wins
+_SINGLE_HEADERS = ("host", "origin", "authorization")
+
+
 class AccessGate:
     """Pure-ASGI gate of every HTTP request and WebSocket handshake (see the module docstring): ``Host`` (no
     tokens), ``Origin``, then the credential; the caller's client name goes to ``scope[CLIENT_KEY]``. A refusal is
@@ -72,7 +76,11 @@ class AccessGate:
         tokens = self.settings.clients()
         host, origin = headers.get("host"), headers.get("origin")
         refusal: tuple[int, str, str, dict[str, str] | None] | None = None
-        if not tokens and not is_loopback_host(host):
+        repeated = [name for name in _SINGLE_HEADERS if len(headers.getlist(name)) > 1]
+        if repeated:  # ambiguous: a proxy may read the last, we would read the first (RFC 9110 allows one)
+            refusal = (400, "duplicate_header", f"the {', '.join(repeated)} header is sent more than once (one "
+                                                "is allowed)", None)
+        elif not tokens and not is_loopback_host(host):
             refusal = (421, "host_not_allowed", f"Host {host!r} is not a loopback name or address: a server "
                                                 "without a token serves only this machine's loopback", None)
         elif origin is not None and not self._origin_ok(origin, host):

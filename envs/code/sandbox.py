@@ -92,6 +92,11 @@ class SandboxLimits:
                 "nofile": self.nofile}}
 
 
+LIMIT_FLOORS = {"nproc": 2, "nofile": 4, "checker_memory_mb": 64}
+"""Least values of :class:`SandboxLimits` fields with which the sandbox still starts a run (measured with a full
+isolation run of HumanEval/0: ``nproc=1``, ``nofile=1`` or ``checker_memory_mb=1`` fail every run as "could not judge",
+an infra error; 2, 4 and 64 judge). :func:`capped_limits` refuses a client's value below one."""
+
 SANDBOX_LIMITS_ENV = "AGENT_RL_SANDBOX_LIMITS"
 """Environment variable holding the caps (a JSON object of :class:`SandboxLimits` fields, and ``plus_wall_s``);
 ``python -m servers.serve --sandbox-limits`` sets it for the server and its env workers."""
@@ -168,8 +173,8 @@ def capped_limits(limits: SandboxLimits | dict[str, Any] | None, where: str = "l
     ``env_kwargs``, can only hold a dict), so it is the caller's own, trusted choice.
 
     Raises:
-        ValueError: a value above its cap, or not a positive number (names ``where.<field>``, the value and the
-            cap); TypeError: an unknown field, or ``limits`` of another type.
+        ValueError: a value above its cap or below its floor (:data:`LIMIT_FLOORS`), not a positive number, or a
+            fraction for a whole-number field (names ``where.<field>``, the value and the cap); TypeError: an unknown field, or ``limits`` of another type.
     """
     if isinstance(limits, SandboxLimits):
         return limits
@@ -181,11 +186,17 @@ def capped_limits(limits: SandboxLimits | dict[str, Any] | None, where: str = "l
     if unknown:
         raise TypeError(f"{where}: unknown sandbox limits {unknown}; known: {', '.join(asdict(SandboxLimits()))}")
     bad = []
+    fields = asdict(SandboxLimits())
     for key, value in given.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             bad.append(f"{where}.{key}={value!r} (a positive number)")
+        elif isinstance(fields[key], int) and not isinstance(value, int):
+            bad.append(f"{where}.{key}={value!r} (a whole number)")  # setrlimit takes ints: else every run fails
         elif value > caps[key]:
             bad.append(f"{where}.{key}={value!r} is above the server's cap {caps[key]!r}")
+        elif value < LIMIT_FLOORS.get(key, 0):
+            bad.append(f"{where}.{key}={value!r} is below the sandbox's floor {LIMIT_FLOORS[key]} (it could not "
+                       "start a run)")
     if bad:
         raise ValueError("sandbox limits refused: " + "; ".join(bad) + " (clients can tighten limits, not loosen "
                          f"them; the caps are the server's: --sandbox-limits / ${SANDBOX_LIMITS_ENV})")

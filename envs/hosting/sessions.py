@@ -264,7 +264,7 @@ class SessionManager:
         self.sessions[session.session_id] = session
         try:
             observation, info = await self.pool.open(session.session_id, env_id, env_kwargs=env_kwargs, seed=seed,
-                                                     options=options)
+                                                     options=options, owner=owner)
         except BaseException:
             self.sessions.pop(session.session_id, None)
             raise

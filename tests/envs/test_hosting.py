@@ -19,6 +19,7 @@ CALC = "agent_rl/Calculator-v0"
 class FakeWorker:
     name: str
     sessions: dict = field(default_factory=dict)
+    owners: dict = field(default_factory=dict)
     keys: OrderedDict = field(default_factory=OrderedDict)
     alive: bool = True
     idle_since: float = 0.0
@@ -53,6 +54,26 @@ def test_placement_policy():
     for k in ("a", "b", "c", "a"):
         remember(w, k, keys_per_worker=2)
     assert list(w.keys) == ["c", "a"]
+
+
+def test_placement_groups_only_declared_caches_of_one_client():
+    assert task_key(CALC, None, {"index": 0}, "alice", worker_cache=False) is None  # no cache: never grouped
+    alice, bob = task_key(CALC, None, {"index": 0}, "alice"), task_key(CALC, None, {"index": 0}, "bob")
+    assert alice != bob
+    group = FakeWorker("group", sessions={"s1": alice}, owners={"s1": "alice"}, keys=OrderedDict({alice: None}))
+    started: list[FakeWorker] = []
+
+    def new() -> FakeWorker:
+        started.append(FakeWorker(f"new{len(started)}"))
+        return started[-1]
+
+    kw = {"max_workers": 2, "max_sessions_per_worker": 4, "new_worker": new}
+    assert place([group], alice, owner="alice", **kw) is group
+    assert place([group], bob, owner="bob", **kw).name == "new0"  # bob's same task: never alice's worker
+    full = {**kw, "max_workers": 1}  # the operator's --workers 1: a client shares only its own worker
+    assert place([group], None, owner="alice", **full) is group
+    with pytest.raises(AtCapacity, match="another client"):
+        place([group], None, owner="bob", **full)
 
 
 def test_env_host_ops_and_kept_envs():

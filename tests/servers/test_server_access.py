@@ -267,6 +267,25 @@ def test_a_server_without_a_token_refuses_foreign_hosts_and_origins():
     asyncio.run(main())
 
 
+def test_a_repeated_credential_or_origin_header_is_refused():
+    """Two ``Authorization`` (or ``Origin``) headers are ambiguous (RFC 9110 allows one): a proxy that checks the
+    last one and a server that reads the first would act for different clients. Today the first won: ``Bearer
+    <alice>`` then ``Bearer <bob>`` (or a wrong token) was alice, an allowed then a foreign ``Origin`` passed."""
+    async def main() -> None:
+        app = make_app(tokens={"alice": "a-token-1234", "bob": "b-token-5678"})
+        async with serve_asgi(app) as c:
+            alice, bob = ("Authorization", "Bearer a-token-1234"), ("Authorization", "Bearer b-token-5678")
+            for headers in ([alice, bob], [alice, ("Authorization", "Bearer wrong")], [bob, alice],
+                            [alice, ("Origin", "http://127.0.0.1"), ("Origin", "http://evil.example")],
+                            [alice, ("authorization", "Bearer a-token-1234")]):
+                r = await c.get("/sessions", headers=headers)
+                assert (r.status_code, r.json()["code"]) == (400, "duplicate_header"), headers
+                assert headers[-1][0].lower() in r.json()["detail"].lower()
+            assert (await c.get("/sessions", headers=[alice])).status_code == 200
+
+    asyncio.run(main())
+
+
 def test_a_websocket_from_a_foreign_origin_is_refused_unless_allowed():
     app = make_app(allowed_origins=["http://localhost:3000"])
     port = free_port()

@@ -44,6 +44,14 @@ async def mcp_reset(client, env_kwargs):
     ({"limits": LOOSER}, ["limits.nproc=1000", "limits.memory_mb=65536", "limits.cpu_s=3600", "limits.wall_s=3600"]),
     ({"limits": {"memory_mb": 2048}}, ["limits.memory_mb=2048 is above the server's cap 1024"]),
     ({"plus_wall_s": 1e9}, ["plus_wall_s=1000000000.0"]),
+    # whole-number limits given as fractions: accepted before, then every step was a 500 env_infra_error
+    # (setrlimit refuses a float); below the floors the sandbox cannot start (nproc 1, nofile 1,
+    # checker_memory_mb 1: 500 env_infra_error on every step; nproc 2, nofile 4, checker_memory_mb 64 judge)
+    ({"limits": {"nproc": 3.5, "cpu_s": 1.5, "memory_mb": 1e-9}},
+     ["limits.nproc=3.5 (a whole number)", "limits.cpu_s=1.5 (a whole number)", "limits.memory_mb=1e-09"]),
+    ({"limits": {"nproc": 1, "nofile": 1, "checker_memory_mb": 1}},
+     ["limits.nproc=1 is below the sandbox's floor 2", "limits.nofile=1 is below the sandbox's floor 4",
+      "limits.checker_memory_mb=1 is below the sandbox's floor 64"]),
     ({"root": "/etc"}, ["env_kwargs root name host paths"]),
     ({"data_root": "/"}, ["env_kwargs data_root name host paths"]),
 ])
