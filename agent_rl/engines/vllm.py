@@ -33,7 +33,8 @@ pins its own torch and transformers, so it lives in its own venv: ``bash scripts
 - Files and processes: each engine owns ``<engine.sync_dir>/agent_rl-vllm-<pid>-<n>/`` (default: the system temp
   folder, not ``/dev/shm``, which a container may cap at 64 MiB), with ``owner.json`` naming this process and vLLM's
   engine processes. :meth:`VLLMEngine.close` shuts vLLM down and removes the folder; it runs at interpreter exit and
-  on SIGTERM/SIGINT too (handlers installed from the main thread, chaining to the previous ones). vLLM's engine
+  on SIGTERM/SIGINT too (handlers installed from the main thread, chaining to the previous ones; a signal the process
+  ignores, e.g. SIGINT of a job a non-interactive shell started in the background, stays ignored). vLLM's engine
   processes outlive a SIGKILLed parent, so a small watchdog process (:data:`_WATCHDOG`) kills them when the
   parent is gone; and each start sweeps the folders (and still-living engine processes) of dead owners.
 """

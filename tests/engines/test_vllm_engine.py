@@ -309,8 +309,15 @@ def test_close_leaves_nothing(policy, tmp_path):
         eng.generate([[1]], [1.0], max_new_tokens=1)
 
 
+# The child starts as a program run from a terminal does: SIGINT raises KeyboardInterrupt, SIGTERM kills. A process
+# inherits ignored signals, and a non-interactive shell starts its background jobs (`cmd &`, `nohup cmd &`) with
+# SIGINT and SIGQUIT ignored; Python then leaves SIGINT ignored, so does the engine (it keeps an ignored signal
+# ignored), and a suite launched that way saw the SIGINT child sleep on. SIGUSR1 dumps its stacks (faulthandler).
 _CHILD = textwrap.dedent("""
-    import json, os, sys, time
+    import faulthandler, json, os, signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     from agent_rl.engines import get_engine
     from agent_rl.learner.config import ModelConfig
     from agent_rl.models import load_policy
@@ -388,10 +395,38 @@ def test_signal_closes_the_engine(tmp_path, signum, multiprocessing):
     proc, (info,) = _start_child(tmp_path, 1, multiprocessing)
     time.sleep(2)
     proc.send_signal(signum)
-    rc = proc.wait(timeout=120)
+    try:
+        rc = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:  # fail with what the child was doing: its stacks and signal dispositions
+        status = Path(f"/proc/{proc.pid}/status").read_text() if proc.poll() is None else ""
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        proc.wait()
+        sig = " ".join(line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+        pytest.fail(f"the child did not exit within 120 s of {signal.Signals(signum).name} ({sig}); its log:\n"
+                    + (tmp_path / "child.log").read_text()[-4000:])
     assert rc != 0  # the signal's own ending: killed by SIGTERM, KeyboardInterrupt for SIGINT
     assert not Path(info["folder"]).exists()
     assert _wait_until(lambda: _gone(info["procs"]) and not _vllm_procs(since), 30), _vllm_procs(since)
+
+
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_signal_handlers_chain_to_the_defaults_and_leave_ignored_signals_ignored(inherited):
+    """The engine's SIGTERM/SIGINT handlers go over Python's defaults (and chain to them); a signal the process
+    ignores (SIGINT of a background job or under nohup) stays ignored."""
+    code = textwrap.dedent(f"""
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN if {inherited == "ignored"} else signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        from agent_rl.engines import vllm
+        vllm._install_handlers()
+        print(signal.getsignal(signal.SIGINT) is (signal.SIG_IGN if {inherited == "ignored"} else vllm._on_signal),
+              signal.getsignal(signal.SIGTERM) is vllm._on_signal, sorted(int(s) for s in vllm._PREVIOUS_HANDLERS))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    chained = [int(signal.SIGTERM)] if inherited == "ignored" else sorted([int(signal.SIGINT), int(signal.SIGTERM)])
+    assert out.stdout.strip().split(None, 2) == ["True", "True", str(chained)], out.stderr[-2000:]
 
 
 # ------------------------------------------------------------------------------------------ the trainer
