@@ -33,6 +33,7 @@ from agent_rl.models import model_context_length
 from agent_rl.rollout import get_prompt
 from agent_rl.rollout.config import RolloutConfig, TaskSamplerConfig
 from agent_rl.rollout.tools import get_tool_call_format
+from envs.families import family_of
 from envs.wrappers import WRAPPER_KWARGS
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -127,6 +128,10 @@ class DataConfig:
     is passed to envs as ``data_root`` and to an auto-started server as ``$AGENT_RL_DATA``."""
 
 
+#: ``trainer.warm_start`` values (:func:`resolve_warm_start`)
+WARM_STARTS = ("auto", "bc", "none")
+
+
 @dataclass
 class TrainerConfig:
     """The training loop (``trainer=default``)."""
@@ -197,8 +202,17 @@ class TrainerConfig:
     """Asynchronous rollouts (algorithms.md section 7, docs/training.md "Asynchronous rollouts"): k >= 1 lets the
     rollout side produce groups for up to k steps ahead while the learner updates, and admits a group only if every
     token's staleness (step - 1 - its policy version) is <= k; 0 = synchronous (today's run exactly)."""
+    warm_start: str = "auto"
+    """Behaviour-cloning warm start before RL (issue 35, docs/training.md "Warm start"): bc = clone the env's expert
+    on train-split tasks (``sft.*``; checkpoints under ``DIR/checkpoints/warm_start/``, rows of kind ``sft`` in the
+    same metrics.jsonl), then RL from the cloned weights; none = RL from ``model.*``; auto = bc for the embedded
+    default model (``model=smollm2`` without ``model.path``) on an env with an expert (ALFWorld, TextWorld,
+    WebShop), none otherwise. Resolved to bc | none when the config is loaded (:func:`resolve_warm_start`)."""
 
     def __post_init__(self) -> None:
+        if self.warm_start not in WARM_STARTS:
+            raise ValueError(f"trainer.warm_start={self.warm_start!r} is not valid; valid values: "
+                             f"{', '.join(WARM_STARTS)}")
         if self.total_steps < 1 or self.tasks_per_step < 1 or self.save_every < 1:
             raise ValueError("trainer.total_steps, tasks_per_step, save_every must be >= 1")
         parse_save_episodes(self.save_episodes)  # ValueError naming the valid values
@@ -239,6 +253,9 @@ class SFTConfig:
     """End the target response with the tokenizer's EOS (the chat template's end-of-turn)."""
     concurrency: int = 8
     """Expert episodes played at once while collecting."""
+    lr: float = 0.0
+    """AdamW learning rate of the cloning steps (0 = ``optim.lr``; ``model=smollm2`` sets 5e-5, the rate its
+    TextWorld cloning used, docs/learning.md); ``optim.lora_lr`` for a LoRA adapter as in RL."""
     expert_kwarg: str | None = None
     """Env constructor kwarg that turns ``info["expert_action"]`` on; None = the env family's (``envs.families``:
     ``expert`` for every built-in env with an expert, and for an env that describes none); "" = the env always
@@ -580,6 +597,7 @@ def check_trainable(cfg: Config) -> list[str]:
     """
     notes: list[str] = []
     _import_all("trainer.imports", cfg.trainer.imports)
+    notes += resolve_warm_start(cfg)  # issue 35: trainer.warm_start auto -> bc | none, bc without an expert refused
     try:
         _registry_checks(cfg)
     except ValueError as exc:
@@ -631,6 +649,38 @@ def check_trainable(cfg: Config) -> list[str]:
                      "min(exp(old_logp - logp_beh), cap) and so corrects it (auto: tis only when "
                      "trainer.max_staleness >= 1)")
     return notes
+
+
+def resolve_warm_start(cfg: Config) -> list[str]:
+    """``trainer.warm_start`` resolved in place: auto -> bc for the embedded default model (``model.name=smollm2``,
+    no ``model.path``) on an env whose family describes an expert (``envs.families``: ALFWorld's handcoded expert,
+    TextWorld's walkthroughs, WebShop's oracle) with text actions, else none. Returns the note to print.
+
+    Raises:
+        ConfigError: ``bc`` on an env without an expert (a family that describes none, e.g. math and code; an env
+            that describes no family, unless ``sft.expert_kwarg`` names its expert kwarg) or with tool-call actions.
+    """
+    t = cfg.trainer
+    family = family_of(cfg.env.id)
+    # the env has an expert: its family names the expert kwarg, or (an env without a family) sft.expert_kwarg is set
+    expert = bool(family.expert_kwarg) if family is not None else cfg.sft.expert_kwarg is not None
+    if t.warm_start == "auto":
+        t.warm_start = "bc" if (cfg.model.name == "smollm2" and not cfg.model.path and expert and
+                                cfg.env.action_format == "text") else "none"
+        if t.warm_start == "bc":
+            return [f"trainer.warm_start=auto -> bc: model={cfg.model.name} is the embedded default and {cfg.env.id} "
+                    "has an expert; it is cloned first (sft.*), then RL (trainer.warm_start=none: RL only)"]
+        return []
+    if t.warm_start == "bc":
+        if not expert:
+            why = (f"its family ({family.name}, envs.families) describes no expert" if family is not None else
+                   "it describes no env family (envs.families.register_family) and sft.expert_kwarg is not set")
+            raise ConfigError(f"trainer.warm_start=bc clones the env's expert, but {cfg.env.id} has none: {why}; "
+                              "use trainer.warm_start=none (or auto)")
+        if cfg.env.action_format != "text":
+            raise ConfigError("trainer.warm_start=bc needs env.action_format=text: the env experts give text "
+                              "commands, and their tool-call form (docs/tools.md) is not written yet")
+    return []
 
 
 def _async_checks(cfg: Config) -> list[str]:

@@ -111,18 +111,26 @@ class Backend(Protocol):
 
 
 # ------------------------------------------------------------------------------------------------ the loop
-async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[str, Any]:
+async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase: str = "rl",
+              checkpoints: Path | None = None, eval_at_start: bool = True) -> dict[str, Any]:
     """Run steps ``start..total_steps`` of ``backend`` (``start`` = 1, or the step after the checkpoint
     ``trainer.resume`` names); returns the last step's logged row ({} when nothing was left to train).
+
+    The phase hooks (issue 35, a warm-started run is two calls: :mod:`agent_rl.warm_start`): ``phase`` is written on
+    the eval rows (``agent_rl.logging.PHASES``; only its own rows are dropped on a restart), ``checkpoints`` the
+    folder of the phase's ``step_N`` (default ``DIR/checkpoints``; ``trainer.resume=auto`` looks there), its panels
+    go to ``DIR/eval/step_N`` (``rl``) or ``DIR/eval/<phase>/step_N``; ``eval_at_start=False`` skips the step-0 panel
+    (the RL phase after a warm start: the warm start's last panel played the same weights).
 
     Raises:
         FirstStepFailed: every episode of the first step failed.
         ConfigError: the eval panel is not held out (before anything starts).
     """
     t = cfg.trainer
-    evaluator = TrainingEval(cfg, out, progress)  # ConfigError before any server or actor starts
+    ckpt_dir = checkpoints or out / "checkpoints"  # issue 35 phase hook
+    evaluator = TrainingEval(cfg, out, progress, folder=out / "eval" / phase if phase != "rl" else None)
     sampler = TaskSampler(cfg.env.id, cfg.env.sampler, env_kwargs=cfg.env_kwargs, seed=t.seed)
-    ckpt = resume_path(cfg, out)
+    ckpt = resume_path(cfg, out, folder=ckpt_dir)
     start = checkpoint_step(ckpt) + 1 if ckpt is not None else 1
     record: dict[str, Any] = {}
     logger: MetricsLogger | None = None
@@ -145,11 +153,12 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
             return {}
         await backend.open()
         logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard=t.tensorboard,
-                               progress=False)  # one line per step; the live display is `progress`
-        if start == 1 and evaluator.due(0, total):  # the panel before training, logged as step 0
+                               progress=False, phase=phase)  # one line per step; the live display is `progress`
+        if start == 1 and eval_at_start and evaluator.due(0, total):  # the panel before training, as step 0
             record = logger.log(0, evaluator.metrics(0, await backend.evaluate(0, evaluator)), kind="eval")
         keep_episodes = parse_save_episodes(t.save_episodes)
         idle_steps = 0  # steps that trained on nothing (every group dropped or filtered)
+        no_signal_steps = 0  # steps whose groups all had equal rewards (issue 35: said on the step's line and at the end)
         for step in range(start, total + 1):
             # 1. Collect the step's complete groups (TGRL: 1 at T0 + 3 at T1 each; warm-up all at T1).
             t_high = t_rule.t_high(step) if t_rule is not None else None
@@ -201,15 +210,22 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
             # 7. Log; 8. checkpoint (the data position excludes tasks drawn but not trained: a resume replays them).
             progress.end()
             record = logger.log(step, metrics, kind=backend.kind)
+            if no_learning_signal(metrics):
+                no_signal_steps += 1
+                print(f"step {step}: {NO_SIGNAL} in all {int(metrics.get('rollout/groups', 0))} group(s); "
+                      "every advantage is 0, the update changes nothing", file=sys.stderr)
             if step % t.save_every == 0 or step == total:
                 progress.phase(f"step {step}/{total} checkpoint")
                 ckpt_extra = checkpoint_extra(cfg, step, sampler.position - backend.pending_tasks,
                                               t_high_state=t_rule.state_dict() if t_rule is not None else None)
                 ckpt_extra["policy_version"] = step  # the engines' version counter (section 7: v = s after step s)
                 ckpt_extra["groups_in_flight"] = int(getattr(backend, "groups_in_flight", 0))
-                await backend.save(out / "checkpoints" / f"step_{step}", ckpt_extra)
-                prune_checkpoints(out / "checkpoints", t.keep_checkpoints)
+                await backend.save(ckpt_dir / f"step_{step}", ckpt_extra)
+                prune_checkpoints(ckpt_dir, t.keep_checkpoints)
         warn_idle_run(idle_steps, total - start + 1)
+        if backend.kind == "train" and no_signal_steps:
+            print(f"WARNING: {no_signal_steps} of {total - start + 1} step(s) had {NO_SIGNAL} "
+                  f"({no_signal_steps / (total - start + 1):.0%})", file=sys.stderr)
         return record
     finally:
         progress.end()
@@ -238,6 +254,16 @@ def warn_idle_step(step: int, dropped_groups: int, filtered_groups: int) -> None
     """The loud line of a step that trains on nothing (a run that never trains must not look like one that did)."""
     print(f"WARNING: step {step} trains on nothing (0 episodes: {dropped_groups} group(s) dropped, {filtered_groups} "
           "filtered as all-equal by DAPO dynamic sampling); no update", file=sys.stderr)
+
+
+#: the words a step without a learning signal is reported in (its line, the run's end, summary.md)
+NO_SIGNAL = "no learning signal (all rewards equal)"
+
+
+def no_learning_signal(metrics: dict[str, Any]) -> bool:
+    """Whether a ``train`` step's every group had zero reward variance (``rollout/groups_equal_frac`` = 1 over >= 1
+    group; ``agent_rl.rollout.orchestrator.rollout_metrics``): every group advantage is 0. False for other rows."""
+    return bool(metrics.get("rollout/groups")) and metrics.get("rollout/groups_equal_frac") == 1.0
 
 
 def warn_idle_run(idle_steps: int, steps: int) -> None:

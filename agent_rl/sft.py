@@ -254,12 +254,18 @@ class BehaviourCloningBackend:
     capabilities = dataclasses.replace(BACKENDS["local"], prefetch=False)  # no episodes are played per step
     pending_tasks = 0
 
-    def __init__(self, cfg: Config, out: Path, progress: Any, config_file: Path | None = None) -> None:
+    def __init__(self, cfg: Config, out: Path, progress: Any, config_file: Path | None = None, *,
+                 rows_file: Path | None = None, optim: Any = None, measure_loss: bool = True) -> None:
         self.cfg, self.sft, self.out, self.progress = cfg, cfg.sft, out, progress
+        self.rows_file = rows_file or out / "sft_rows.pt"  # the collected rows (a warm start's: in its checkpoints)
+        self.measure_loss = measure_loss  # the loss over all rows before training (a warm start skips it: its cost)
         seed_everything(cfg.trainer.seed)
         set_torch_threads(cfg.engine.num_threads)
         self.model, self.tokenizer = load_run_policy(cfg, progress, config_file, train=True)
-        self.cloner = BehaviourCloner(self.model, cfg.optim, micro_batch_size=self.sft.micro_batch_size,
+        optim = optim or cfg.optim
+        if self.sft.lr > 0:  # sft.lr: the cloning rate (model=smollm2 sets it; 0 = optim.lr)
+            optim = dataclasses.replace(optim, lr=self.sft.lr)
+        self.cloner = BehaviourCloner(self.model, optim, micro_batch_size=self.sft.micro_batch_size,
                                       device=resolve_device(cfg.trainer.device))
         self.batch: RolloutBatch | None = None
         self.collect_metrics: dict[str, float] = {}
@@ -277,7 +283,7 @@ class BehaviourCloningBackend:
 
     async def start(self, ckpt: Path | None) -> dict[str, Any] | None:
         cfg, sft = self.cfg, self.sft
-        rows_file = self.out / "sft_rows.pt"
+        rows_file = self.rows_file
         if rows_file.is_file():
             saved = torch.load(rows_file, weights_only=False)
             self.batch, self.collect_metrics = saved["batch"], saved["metrics"]
@@ -291,6 +297,7 @@ class BehaviourCloningBackend:
             self.collect_metrics["time/collect_s"] = time.perf_counter() - t0
             self.batch = build_rollout_batch(episodes, pad_token_id=pad_token_id(self.tokenizer),
                                              mode=cfg.rollout.mode)
+            rows_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = rows_file.with_suffix(".tmp")
             torch.save({"batch": self.batch, "metrics": self.collect_metrics}, tmp)
             tmp.replace(rows_file)
@@ -307,7 +314,7 @@ class BehaviourCloningBackend:
                 print("resume: trainer.resume_weights_only=true: the optimizer (AdamW moments) and the LR warm-up "
                       f"(optim.warmup={cfg.optim.warmup}) restart; weights and step from {ckpt}", file=sys.stderr)
             self.before = extra.get("loss_before")
-        if self.before is None:
+        if self.before is None and self.measure_loss:
             self.before = self.cloner.evaluate(self.batch)
         return extra
 
@@ -364,14 +371,15 @@ class BehaviourCloningBackend:
             if self.engine is not None:
                 close_engine(self.engine)
 
-    def summary(self) -> dict[str, Any]:
-        """``sft_summary.json``: rows, steps, loss and token accuracy before and after, the collection numbers."""
+    def summary(self, checkpoints: Path | None = None) -> dict[str, Any]:
+        """``sft_summary.json``: rows, steps, loss and token accuracy before and after, the collection numbers, the
+        last checkpoint (under ``checkpoints``, default ``DIR/checkpoints``)."""
         assert self.batch is not None and self.before is not None
         after = self.cloner.evaluate(self.batch)
         return {"rows": self.batch.num_rows, "steps": self.total_steps, "loss_before": self.before["loss"],
                 "loss_after": after["loss"], "token_acc_before": self.before["token_acc"],
                 "token_acc_after": after["token_acc"], "response_tokens": after["tokens"], **self.collect_metrics,
-                "checkpoint": str(latest_checkpoint(self.out) or ""), "sft": asdict(self.sft)}
+                "checkpoint": str(latest_checkpoint(checkpoints or self.out) or ""), "sft": asdict(self.sft)}
 
 
 # ------------------------------------------------------------------------------------------------ the run

@@ -19,9 +19,10 @@ class TrainingEval:
         ConfigError: the panel's split or dataset is the one the run trains on (eval tasks must be held out).
     """
 
-    def __init__(self, cfg: Any, out: Path, progress: Any) -> None:
+    def __init__(self, cfg: Any, out: Path, progress: Any, *, folder: Path | None = None) -> None:
         self.every = int(cfg.trainer.eval_every)
         self.out, self.progress = out, progress
+        self.folder = folder or out / "eval"  # DIR/eval/step_N (a warm start's: DIR/eval/warm_start/step_N)
         self.panels: list[Any] = []
         self.cfg = copy.deepcopy(cfg)
         self.cfg.eval.policy = "model"
@@ -55,10 +56,10 @@ class TrainingEval:
         return self.metrics(step, await self.results(step, pool, engine))
 
     async def results(self, step: int, pool: Any, engine: Any, *, progress: Any = None) -> list[dict[str, Any]]:
-        """Evaluate the panel with ``engine`` on the env ``pool``; writes ``DIR/eval/step_<step>/<panel>.json|.png``;
+        """Evaluate the panel with ``engine`` on the env ``pool``; writes ``<folder>/step_<step>/<panel>.json|.png``;
         returns one result dict per panel (the JSON content). ``progress``: the display to report turns and episodes
         to (default this evaluator's). The Ray backend runs this on rollout worker 0."""
-        return await evaluate(self.cfg, pool, engine, panels=self.panels, folder=self.out / "eval" / f"step_{step}",
+        return await evaluate(self.cfg, pool, engine, panels=self.panels, folder=self.folder / f"step_{step}",
                               progress=self.progress if progress is None else progress)
 
     def metrics(self, step: int, results: list[dict[str, Any]]) -> dict[str, float]:
