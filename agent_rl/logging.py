@@ -48,6 +48,8 @@ KINDS: tuple[str, ...] = ("train", "sft", "eval")
 PHASES: tuple[str, ...] = ("warm_start", "rl")
 #: the phase of a row of each kind that is not an eval row
 KIND_PHASE = {"sft": "warm_start", "train": "rl"}
+#: the words a training step without a learning signal is reported in (its line, the run's end, summary.md)
+NO_SIGNAL = "no learning signal (all rewards equal)"
 #: metric names of evaluation rows
 EVAL_PREFIX = "eval/"
 # What the progress bar shows.

@@ -37,7 +37,7 @@ from agent_rl.config import BackendCapabilities, Config
 from agent_rl.episodes import parse_save_episodes, save_step_episodes
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner.config import t_high_value
-from agent_rl.logging import MetricsLogger
+from agent_rl.logging import NO_SIGNAL, MetricsLogger
 from agent_rl.rollout import RolloutResult, TaskSampler, build_rollout_batch
 from agent_rl.runtime import (checkpoint_extra, checkpoint_step, pad_token_id, prune_checkpoints, resume_path,
                               t_high_state)
@@ -254,10 +254,6 @@ def warn_idle_step(step: int, dropped_groups: int, filtered_groups: int) -> None
     """The loud line of a step that trains on nothing (a run that never trains must not look like one that did)."""
     print(f"WARNING: step {step} trains on nothing (0 episodes: {dropped_groups} group(s) dropped, {filtered_groups} "
           "filtered as all-equal by DAPO dynamic sampling); no update", file=sys.stderr)
-
-
-#: the words a step without a learning signal is reported in (its line, the run's end, summary.md)
-NO_SIGNAL = "no learning signal (all rewards equal)"
 
 
 def no_learning_signal(metrics: dict[str, Any]) -> bool:
