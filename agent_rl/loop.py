@@ -37,7 +37,7 @@ from agent_rl.config import BackendCapabilities, Config
 from agent_rl.episodes import parse_save_episodes, save_step_episodes
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner.config import t_high_value
-from agent_rl.logging import NO_SIGNAL, MetricsLogger
+from agent_rl.logging import KIND_PHASE, NO_SIGNAL, MetricsLogger
 from agent_rl.rollout import RolloutResult, TaskSampler, build_rollout_batch
 from agent_rl.runtime import (checkpoint_extra, checkpoint_step, pad_token_id, prune_checkpoints, resume_path,
                               t_high_state)
@@ -111,24 +111,27 @@ class Backend(Protocol):
 
 
 # ------------------------------------------------------------------------------------------------ the loop
-async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase: str = "rl",
-              checkpoints: Path | None = None, eval_at_start: bool = True) -> dict[str, Any]:
+async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase: str | None = None,
+              checkpoints: Path | None = None, eval_dir: Path | None = None,
+              eval_at_start: bool = True) -> dict[str, Any]:
     """Run steps ``start..total_steps`` of ``backend`` (``start`` = 1, or the step after the checkpoint
     ``trainer.resume`` names); returns the last step's logged row ({} when nothing was left to train).
 
     The phase hooks (issue 35, a warm-started run is two calls: :mod:`agent_rl.warm_start`): ``phase`` is written on
-    the eval rows (``agent_rl.logging.PHASES``; only its own rows are dropped on a restart), ``checkpoints`` the
-    folder of the phase's ``step_N`` (default ``DIR/checkpoints``; ``trainer.resume=auto`` looks there), its panels
-    go to ``DIR/eval/step_N`` (``rl``) or ``DIR/eval/<phase>/step_N``; ``eval_at_start=False`` skips the step-0 panel
-    (the RL phase after a warm start: the warm start's last panel played the same weights).
+    the eval rows (``agent_rl.logging.PHASES``; default: the backend kind's, ``warm_start`` for behaviour cloning,
+    ``rl`` for RL; only its own rows are dropped on a restart), ``checkpoints`` the
+    folder of the phase's ``step_N`` (default ``DIR/checkpoints``; ``trainer.resume=auto`` looks there), ``eval_dir``
+    that of its panels' files (default ``DIR/eval``: ``step_N/<panel>.json``); ``eval_at_start=False`` skips the
+    step-0 panel (the RL phase after a warm start: the warm start's last panel played the same weights).
 
     Raises:
         FirstStepFailed: every episode of the first step failed.
         ConfigError: the eval panel is not held out (before anything starts).
     """
     t = cfg.trainer
-    ckpt_dir = checkpoints or out / "checkpoints"  # issue 35 phase hook
-    evaluator = TrainingEval(cfg, out, progress, folder=out / "eval" / phase if phase != "rl" else None)
+    phase = phase or KIND_PHASE[backend.kind]  # issue 35 phase hooks
+    ckpt_dir = checkpoints or out / "checkpoints"
+    evaluator = TrainingEval(cfg, out, progress, folder=eval_dir)
     sampler = TaskSampler(cfg.env.id, cfg.env.sampler, env_kwargs=cfg.env_kwargs, seed=t.seed)
     ckpt = resume_path(cfg, out, folder=ckpt_dir)
     start = checkpoint_step(ckpt) + 1 if ckpt is not None else 1
@@ -158,7 +161,7 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
             record = logger.log(0, evaluator.metrics(0, await backend.evaluate(0, evaluator)), kind="eval")
         keep_episodes = parse_save_episodes(t.save_episodes)
         idle_steps = 0  # steps that trained on nothing (every group dropped or filtered)
-        no_signal_steps = 0  # steps whose groups all had equal rewards (issue 35: said on the step's line and at the end)
+        no_signal_steps = 0  # steps whose groups all had equal rewards (issue 35: said on its line and at the end)
         for step in range(start, total + 1):
             # 1. Collect the step's complete groups (TGRL: 1 at T0 + 3 at T1 each; warm-up all at T1).
             t_high = t_rule.t_high(step) if t_rule is not None else None

@@ -108,7 +108,8 @@ def learning_signal(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """Over the ``train`` rows: how many had a learning signal (some group with unequal rewards:
     ``rollout/groups_equal_frac`` < 1), how many had none (:data:`agent_rl.logging.NO_SIGNAL`: every group's
     rewards equal), and how many updated (``actor/grad_norm`` > 0)."""
-    known = [r for r in steps if isinstance(r.get("rollout/groups_equal_frac"), (int, float)) and r.get("rollout/groups")]
+    known = [r for r in steps
+             if isinstance(r.get("rollout/groups_equal_frac"), (int, float)) and r.get("rollout/groups")]
     none = sum(r["rollout/groups_equal_frac"] >= 1.0 for r in known)
     grad = sum(isinstance(r.get("actor/grad_norm"), (int, float)) and r["actor/grad_norm"] > 0 for r in steps)
     return {"steps": len(steps), "measured": len(known), "with_signal": len(known) - none, "no_signal": none,
@@ -135,7 +136,8 @@ def _pct(v: Any) -> str:
 def what_happened(summary: dict[str, Any]) -> str:
     """The summary's short "what happened" paragraph: each panel's success (and invalid actions) before the warm
     start, after it and after RL, the training rollouts' first -> last step, the learning-signal steps."""
-    labels = {("warm_start", True): "before the warm start", ("warm_start", False): "after the warm start ({n} cloning steps)",
+    labels = {("warm_start", True): "before the warm start",
+              ("warm_start", False): "after the warm start ({n} cloning steps)",
               ("rl", True): "before RL", ("rl", False): "after RL step {step}"}
     parts = []
     for panel, evals in summary["panels"].items():

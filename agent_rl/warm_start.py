@@ -91,7 +91,8 @@ def run_warm_start(cfg: Config, out: Path, progress: Progress, config_file: Path
     t0 = time.perf_counter()
     backend = BehaviourCloningBackend(ws, out, progress, config_file, rows_file=folder / "rows.pt",
                                       measure_loss=False)
-    asyncio.run(run(ws, out, backend, progress, phase="warm_start", checkpoints=folder))
+    asyncio.run(run(ws, out, backend, progress, phase="warm_start", checkpoints=folder,
+                    eval_dir=out / "eval" / WARM_START_DIR))
     ckpt = latest_checkpoint(folder)
     if ckpt is None:  # the loop saves its last step whatever trainer.save_every says
         raise RuntimeError(f"the warm start wrote no checkpoint under {folder}")
