@@ -253,9 +253,10 @@ class SFTConfig:
     """End the target response with the tokenizer's EOS (the chat template's end-of-turn)."""
     concurrency: int = 8
     """Expert episodes played at once while collecting."""
-    lr: float = 0.0
-    """AdamW learning rate of the cloning steps (0 = ``optim.lr``; ``model=smollm2`` sets 5e-5, the rate its
-    TextWorld cloning used, docs/learning.md); ``optim.lora_lr`` for a LoRA adapter as in RL."""
+    lr: float = 5.0e-5
+    """AdamW learning rate of the cloning steps (0 = ``optim.lr``). 5e-5: the rate SmolLM2's TextWorld cloning used
+    (docs/learning.md; the RL presets' 1e-6 would barely move it in a warm start's few steps); ``model=tiny`` sets
+    1e-3, its ``optim.lr``. ``optim.lora_lr`` for a LoRA adapter as in RL."""
     expert_kwarg: str | None = None
     """Env constructor kwarg that turns ``info["expert_action"]`` on; None = the env family's (``envs.families``:
     ``expert`` for every built-in env with an expert, and for an env that describes none); "" = the env always

@@ -19,7 +19,7 @@ row names its phase in a ``phase`` field (the warm start's panels at its step 0 
 it; RL's at its steps), so the two step-0 panels of a warm-started run are two rows; ``sft`` rows are of phase
 ``warm_start`` and ``train`` rows of ``rl`` by their kind. An eval row without ``phase`` (written before phases) is
 ``rl``, or ``warm_start`` in a file with ``sft`` rows and no ``train`` rows (:func:`row_phase`). Rows sort by phase,
-then step, then kind.
+then step, then kind; a file without any ``phase`` field (written before phases) is read as one phase, as before.
 
 A step repeats when a resumed run logs it again (a crash after the row, before the checkpoint): the row written last
 wins, per (phase, kind, step). Lines written before rows had a kind are read as what they hold (see
@@ -104,6 +104,11 @@ def row_phase(row: dict[str, Any], legacy_eval_phase: str = "rl") -> str:
     return KIND_PHASE.get(str(row.get("kind")), legacy_eval_phase)
 
 
+def _phase_key(row: dict[str, Any], legacy: str) -> str:
+    """:func:`row_phase`, or "" for every row of a file without phases (``legacy`` "")."""
+    return row_phase(row, legacy) if legacy else ""
+
+
 def _legacy_eval_phase(rows: list[dict[str, Any]]) -> str:
     kinds = {r.get("kind") for r in rows}
     return "warm_start" if "sft" in kinds and "train" not in kinds else "rl"
@@ -136,14 +141,16 @@ def read_metrics(path: str | Path, kind: str | None = None) -> list[dict[str, An
         if isinstance(line, dict):
             parsed.extend(row_kinds(line))
     legacy = _legacy_eval_phase(parsed)
+    if not any("phase" in row for row in parsed):  # a file written before phases: one phase, ordered as before
+        legacy = ""
     rows: dict[tuple[str, str, int], dict[str, Any]] = {}
     for row in parsed:
-        key = (row_phase(row, legacy), str(row["kind"]), row["step"])
+        key = (_phase_key(row, legacy), str(row["kind"]), row["step"])
         rows.pop(key, None)  # the later row replaces the earlier one
         rows[key] = row
     order = {k: i for i, k in enumerate(KINDS)}
-    phases = {p: i for i, p in enumerate(PHASES)}
-    out = sorted(rows.values(), key=lambda r: (phases[row_phase(r, legacy)], r["step"],
+    phases = {p: i for i, p in enumerate(("", *PHASES))}
+    out = sorted(rows.values(), key=lambda r: (phases[_phase_key(r, legacy)], r["step"],
                                                order.get(str(r["kind"]), len(KINDS))))
     return [r for r in out if kind is None or r["kind"] == kind]
 

@@ -22,7 +22,8 @@ class TrainingEval:
     def __init__(self, cfg: Any, out: Path, progress: Any, *, folder: Path | None = None) -> None:
         self.every = int(cfg.trainer.eval_every)
         self.out, self.progress = out, progress
-        self.folder = folder or out / "eval"  # DIR/eval/step_N (a warm start's: DIR/eval/warm_start/step_N)
+        # DIR/eval/step_N (a warm start's: DIR/eval/warm_start/step_N)
+        self.folder = folder if folder is not None else out / "eval" if out is not None else None
         self.panels: list[Any] = []
         self.cfg = copy.deepcopy(cfg)
         self.cfg.eval.policy = "model"
