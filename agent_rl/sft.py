@@ -255,10 +255,12 @@ class BehaviourCloningBackend:
     pending_tasks = 0
 
     def __init__(self, cfg: Config, out: Path, progress: Any, config_file: Path | None = None, *,
-                 rows_file: Path | None = None, optim: Any = None, measure_loss: bool = True) -> None:
+                 rows_file: Path | None = None, optim: Any = None, measure_loss: bool = True,
+                 zero_shot_cache: bool = False) -> None:
         self.cfg, self.sft, self.out, self.progress = cfg, cfg.sft, out, progress
         self.rows_file = rows_file or out / "sft_rows.pt"  # the collected rows (a warm start's: in its checkpoints)
         self.measure_loss = measure_loss  # the loss over all rows before training (a warm start skips it: its cost)
+        self.zero_shot_cache = zero_shot_cache  # the step-0 panel of model.* from the panel cache (TrainingEval)
         seed_everything(cfg.trainer.seed)
         set_torch_threads(cfg.engine.num_threads)
         self.model, self.tokenizer = load_run_policy(cfg, progress, config_file, train=True)
@@ -357,7 +359,9 @@ class BehaviourCloningBackend:
         if not self._synced:
             self.engine.sync_weights(base_module(self.model))
             self._synced = True
-        return await evaluator.results(step, self.pool, self.engine)
+        # the step-0 panel of the unmodified model.* (the warm start's zero-shot panel) is a cached result
+        cache = self.zero_shot_cache and step == 0 and not self.cfg.model.path
+        return await evaluator.results(step, self.pool, self.engine, cache=cache)
 
     async def save(self, path: Path, extra: dict[str, Any]) -> None:
         save_checkpoint(path, self.model, self.tokenizer, self.cloner,

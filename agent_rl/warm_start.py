@@ -90,7 +90,7 @@ def run_warm_start(cfg: Config, out: Path, progress: Progress, config_file: Path
     ws = warm_start_config(cfg)
     t0 = time.perf_counter()
     backend = BehaviourCloningBackend(ws, out, progress, config_file, rows_file=folder / "rows.pt",
-                                      measure_loss=False)
+                                      measure_loss=False, zero_shot_cache=True)
     asyncio.run(run(ws, out, backend, progress, phase="warm_start", checkpoints=folder,
                     eval_dir=out / "eval" / WARM_START_DIR))
     ckpt = latest_checkpoint(folder)
