@@ -206,3 +206,38 @@ def test_a_run_killed_in_either_phase_resumes_there(phase, uninterrupted: Path, 
         assert "warm start" not in err.split("plan:")[-1].split("\n", 1)[1]  # no second warm start
         assert f"resumed from {out}/checkpoints/step_1 at step 2" in err
     assert _rows(out) == _rows(uninterrupted)  # the same rows, each once, with the uninterrupted run's numbers
+
+
+def test_the_zero_shot_panel_is_played_once_then_read_from_the_cache(tmp_path: Path, monkeypatch) -> None:
+    """The warm start's step-0 panel (the unmodified model.*): played and stored the first time, read back the
+    second (no env pool, no engine: playing would fail), replayed when a key part changes."""
+    import asyncio
+
+    from agent_rl.eval.training import TrainingEval
+    from agent_rl.models import load_policy
+    from agent_rl.progress import Progress
+    from agent_rl.runtime import build_engine, open_env_pool
+
+    monkeypatch.setenv("AGENT_RL_CACHE", str(tmp_path / "cache"))
+    over = ["env=alfworld", "model=tiny", "env_server.mode=local", "trainer.eval_every=1", "trainer.eval_tasks=1",
+            "eval.max_turns=1", "engine.max_new_tokens=4", "env.kwargs.task_types=[pick_and_place_simple]"]
+    cfg = load_config(over)
+    try:
+        ev = TrainingEval(cfg, tmp_path / "a", Progress(enabled=False))
+    except FileNotFoundError:
+        pytest.skip("no ALFWorld data")
+    model, tok = load_policy(cfg.model)
+
+    async def play() -> list:
+        async with open_env_pool(cfg, tmp_path) as pool:
+            return await ev.results(0, pool, build_engine(cfg, model, tok), cache=True)
+
+    played = asyncio.run(play())
+    assert len(list((tmp_path / "cache" / "panels").glob("*.json"))) == 1
+    again = TrainingEval(cfg, tmp_path / "b", Progress(enabled=False))
+    got = asyncio.run(again.results(0, None, None, cache=True))
+    assert got == json.loads(json.dumps(played))
+    assert json.loads((tmp_path / "b" / "eval" / "step_0" / "alfworld_valid_unseen.json").read_text()) == got[0]
+    other = TrainingEval(load_config([*over, "engine.max_new_tokens=5"]), tmp_path / "c", Progress(enabled=False))
+    with pytest.raises(AttributeError):  # another key: it plays (here on no pool)
+        asyncio.run(other.results(0, None, None, cache=True))
