@@ -16,8 +16,9 @@ Each JSONL line is one row: ``{"step": int, "kind": KIND, <metric>: float | null
 A run has up to two phases (:data:`PHASES`, issue 35): ``warm_start`` (behaviour cloning, ``trainer.warm_start=bc``
 or ``agent_rl.sft``: ``sft`` rows, steps 1..K, its own counter) then ``rl`` (``train`` rows, steps 1..N). An ``eval``
 row names its phase in a ``phase`` field (the warm start's panels at its step 0 = before cloning and step K = after
-it; RL's at its steps), so the two step-0 panels of a warm-started run are two rows; ``sft`` rows are of phase
-``warm_start`` and ``train`` rows of ``rl`` by their kind. An eval row without ``phase`` (written before phases) is
+it; RL's at its steps), so the two step-0 panels of a warm-started run are two rows; the training loop writes the
+field on its ``sft`` and ``train`` rows too (without it they are of phase ``warm_start`` and ``rl`` by their kind).
+An eval row without ``phase`` (written before phases) is
 ``rl``, or ``warm_start`` in a file with ``sft`` rows and no ``train`` rows (:func:`row_phase`). Rows sort by phase,
 then step, then kind; a file without any ``phase`` field (written before phases) is read as one phase, as before.
 
@@ -193,8 +194,8 @@ class MetricsLogger:
         start_step: first step of this process (1, or the resumed step). The file's rows of steps >= ``start_step``
             (a crashed run logged past its last checkpoint: those steps run again) are dropped; at 1 (a run from
             the start) every row, the step-0 evaluation included; with ``phase``, only that phase's rows.
-        phase: the run's phase (:data:`PHASES`), written on every eval row; None: rows without one, and a fresh
-            start drops every row of the file.
+        phase: the run's phase (:data:`PHASES`), written on every row (so a file written with phases is read by
+            phase, :func:`read_metrics`); None: rows without one, and a fresh start drops every row of the file.
         tensorboard: write ``out_dir/tb`` events.
         progress: tqdm bar (else one plain line per training step).
     """
@@ -239,7 +240,7 @@ class MetricsLogger:
             raise ValueError(f"an eval row holds only {EVAL_PREFIX} names; got {sorted(rest)[:5]}")
         rows = []
         if kind != "eval":
-            row: dict[str, Any] = {"step": step, "kind": kind}
+            row: dict[str, Any] = {"step": step, "kind": kind, **({"phase": self.phase} if self.phase else {})}
             if kind == "train":
                 row.update((name, _clean(rest.get(name))) for name in SECTION6_METRICS)
             for name, value in sorted(rest.items()):

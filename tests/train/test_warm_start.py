@@ -81,9 +81,9 @@ def _log_two_phases(out: Path) -> None:
 def test_read_metrics_keeps_two_step_zero_panels_and_orders_by_phase(tmp_path: Path) -> None:
     _log_two_phases(tmp_path)
     rows = read_metrics(tmp_path / "metrics.jsonl")
-    assert [(r["kind"], r["step"], r.get("phase")) for r in rows] == [
-        ("eval", 0, "warm_start"), ("sft", 1, None), ("sft", 2, None), ("eval", 2, "warm_start"),
-        ("eval", 0, "rl"), ("train", 1, None), ("train", 2, None), ("eval", 2, "rl")]
+    assert [(r["kind"], r["step"], r["phase"]) for r in rows] == [
+        ("eval", 0, "warm_start"), ("sft", 1, "warm_start"), ("sft", 2, "warm_start"), ("eval", 2, "warm_start"),
+        ("eval", 0, "rl"), ("train", 1, "rl"), ("train", 2, "rl"), ("eval", 2, "rl")]
     assert [r["eval/p/success"] for r in read_metrics(tmp_path / "metrics.jsonl", "eval")] == [0.0, 0.25, 0.5, 0.75]
 
 
