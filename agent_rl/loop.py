@@ -8,21 +8,22 @@ One step, top to bottom (:func:`run`)::
 Every run is this loop: RL on one process (:class:`agent_rl.local.LocalBackend`), RL on Ray actors
 (:class:`agent_rl.distributed.backend.RayBackend`), behaviour cloning
 (:class:`agent_rl.sft.BehaviourCloningBackend`: expert rows collected once, then epochs over them, cross-entropy
-updates). A backend does the work of each step; the loop decides the order, the cadence (``trainer.eval_every``,
-``trainer.save_every``, ``trainer.keep_checkpoints``), what is logged and what a checkpoint holds. What a backend
-cannot do is declared in :data:`agent_rl.config.BACKENDS` and refused when the config is loaded, never a silent
-difference.
+updates). The loop decides the order, the cadence (``trainer.eval_every``, ``trainer.save_every``,
+``trainer.keep_checkpoints``), what is logged and what a checkpoint holds; it never branches on the backend's kind.
+*When* episodes are played is the run's schedule (:mod:`agent_rl.rollout.schedule`, chosen once from the config:
+synchronous rounds, a staleness-bounded stream, fixed expert rows); *where* is the backend's player (what
+``Backend.open`` returns). What a backend cannot do is declared in :data:`agent_rl.config.BACKENDS` and refused when
+the config is loaded, never a silent difference.
 
 ``collect`` returns complete groups, each with the policy version that sampled it (``RolloutResult.versions``;
-every turn carries its own, ``Turn.policy_version``), and the tasks drawn but not trained yet (``pending_tasks``:
-prefetched resets, or groups produced ahead under ``trainer.max_staleness``) stay out of a checkpoint's data
-position, so a resume plays them again. Asynchronous rollouts (``trainer.max_staleness`` >= 1, algorithms.md section
-7) live behind ``collect`` and ``sync``: the backend's :class:`agent_rl.rollout.producer.AsyncProducer` keeps
-playing groups while ``update`` runs, ``collect`` returns the step's admitted groups, ``sync`` gives the producer the
-new version; the loop also syncs after a step that trained nothing (the version is the step count) and saves the
-version counter and the groups in flight in each checkpoint. ``update`` hides the learner's strategy (one learner,
-DDP ranks, FSDP, LoRA) and ``sync`` the weights' way to the engines, whose lifecycle (build, sync, close) is the
-backend's.
+every turn carries its own, ``Turn.policy_version``), and the tasks drawn but not trained yet (the schedule's
+``pending_tasks``: prefetched resets, or groups produced ahead under ``trainer.max_staleness``) stay out of a
+checkpoint's data position, so a resume plays them again. Asynchronous rollouts (``trainer.max_staleness`` >= 1,
+algorithms.md section 7) are the stream schedule: its :class:`agent_rl.rollout.producer.AsyncProducer` keeps playing
+groups while ``update`` runs, ``collect`` returns the step's admitted groups, ``sync`` gives the producer the new
+version (also after a step that trained nothing: the version is the step count); each checkpoint saves the version
+counter and the groups in flight. ``update`` hides the learner's strategy (one learner, DDP ranks, FSDP, LoRA); the
+engines' lifecycle (build, sync, close) is the backend's.
 """
 
 from __future__ import annotations
@@ -30,18 +31,20 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from agent_rl.algos import AdaptiveHighTemperature
-from agent_rl.config import BackendCapabilities, Config
+from agent_rl.config import Config
 from agent_rl.episodes import parse_save_episodes, save_step_episodes
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner.config import t_high_value
 from agent_rl.logging import KIND_PHASE, NO_SIGNAL, MetricsLogger
-from agent_rl.rollout import RolloutResult, TaskSampler, build_rollout_batch
+from agent_rl.rollout import TaskSampler, build_rollout_batch
+from agent_rl.rollout.schedule import ExpertRows, Player, Schedule, choose_schedule
 from agent_rl.runtime import (checkpoint_extra, checkpoint_step, pad_token_id, prune_checkpoints, resume_path,
                               t_high_state)
-from agent_rl.types import RolloutBatch, Task
+from agent_rl.temperature import STATE_KEY as TEMPERATURE_STATE_KEY, StepTemperature
+from agent_rl.types import RolloutBatch
 
 
 class FirstStepFailed(RuntimeError):
@@ -49,56 +52,41 @@ class FirstStepFailed(RuntimeError):
     can train. The CLI prints it as one line."""
 
 
+class SkipUpdate(Exception):
+    """Raised by ``Backend.update`` for a batch it cannot train (Ray: fewer groups than learner ranks); the message
+    says why. The step is loud and trains nothing."""
+
+
 class Backend(Protocol):
-    """What the loop asks of a backend, in the order it asks (one process, Ray actors, behaviour cloning).
+    """What the loop asks of a backend, in the order it asks (one process, Ray actors, behaviour cloning). *When*
+    episodes are played is the schedule's (:mod:`agent_rl.rollout.schedule`); a backend offers *where*.
 
     Attributes:
         kind: the ``metrics.jsonl`` row kind of a step (``train`` | ``sft``).
-        capabilities: what it can do (:class:`agent_rl.config.BackendCapabilities`; ``prefetch`` is the one the
-            loop calls optionally).
         tokenizer: the policy's tokenizer (rows, the episode store).
         total_steps: the run's last step (``trainer.total_steps``; behaviour cloning: epochs x optimizer steps per
             epoch, known after :meth:`start`).
-        pending_tasks: tasks drawn from the sampler and not trained on yet (the checkpoint's data position leaves
-            them out, so a resume plays them again).
-        lr: the learning rate of the next optimiser step.
+        lr: the learning rate of the next optimiser step (printed at a resume).
     """
 
     kind: str
-    capabilities: BackendCapabilities
     tokenizer: Any
     total_steps: int
-    pending_tasks: int
     lr: float
 
     async def start(self, ckpt: Path | None) -> dict[str, Any] | None:
         """Build the learner side and restore checkpoint ``ckpt`` into it and the engines (None: a fresh run);
         returns the checkpoint's ``extra`` dict."""
 
-    async def open(self) -> None:
+    async def open(self) -> Player | ExpertRows:
         """Bring up what playing episodes needs (env pool or servers, rollout workers), once there is a step to
-        run."""
-
-    async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]],
-                      t_high: float | None = None) -> RolloutResult:
-        """The step's complete groups, tasks drawn with ``sample_tasks(n)``; ``RolloutResult.batch`` set when the
-        backend builds its rows itself (behaviour cloning). ``t_high``: the T1 of the step's TGRL groups (the loop's
-        pick under ``algo.t_high=auto``); None = the fixed ``algo.t_high``."""
-
-    def prefetch(self, tasks: list[Task]) -> None:
-        """Start the next step's env resets now (``capabilities.prefetch``)."""
-
-    def cannot_update(self, batch: RolloutBatch) -> str | None:
-        """Why this batch cannot be trained (Ray: fewer groups than learner ranks), else None."""
+        run; returns where the step's groups are played (behaviour cloning: its fixed rows)."""
 
     async def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
-        """One update on ``batch``; returns its metrics."""
+        """One update on ``batch``; returns its metrics. Raises :class:`SkipUpdate` for a batch it cannot train."""
 
     async def token_stats(self) -> dict[str, Any] | None:
         """The last update's per-token tensors, (B, L) in the batch's row order (the episode store)."""
-
-    async def sync(self, version: int) -> None:
-        """Give the engines the weights after ``version`` updates."""
 
     async def evaluate(self, step: int, evaluator: TrainingEval) -> list[dict[str, Any]]:
         """The in-training panel with the current weights; one result dict per panel."""
@@ -137,24 +125,28 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
     start = checkpoint_step(ckpt) + 1 if ckpt is not None else 1
     record: dict[str, Any] = {}
     logger: MetricsLogger | None = None
-    # algo.t_high=auto: the adaptive T1 (algorithms.md section 3), picked here before each collect, observed after
-    # each update, saved in every checkpoint's extra.json
-    t_rule = AdaptiveHighTemperature(cfg.algo) if backend.kind == "train" and cfg.algo.t_high == "auto" else None
+    schedule: Schedule | None = None
     try:
         extra = await backend.start(ckpt)
         total = backend.total_steps
-        resumed_in_flight = 0  # groups in flight at the checkpoint: played again now (section 7, Checkpoints)
         if extra is not None:
             sampler.load_state_dict(extra.get("sampler", {"position": 0}))
-            resumed_in_flight = int(extra.get("groups_in_flight", 0))
-            if t_rule is not None:
-                t_rule.load_state_dict(t_high_state(extra, ckpt))
             print(f"resumed from {ckpt} at step {start} (actor/lr {backend.lr:.6g})", file=sys.stderr)
         if start > total:
             print(f"nothing to train: the checkpoint is at step {start - 1} and trainer.total_steps={total}; "
                   "raise trainer.total_steps to train further", file=sys.stderr)
             return {}
-        await backend.open()
+        schedule = choose_schedule(cfg, await backend.open(), progress, total_steps=total, version=start - 1)
+        # algo.t_high=auto: the adaptive T1 (algorithms.md section 3), picked before each collect, observed after
+        # each update, saved in every checkpoint's extra.json
+        t_rule = AdaptiveHighTemperature(cfg.algo) if cfg.algo.t_high == "auto" and schedule.plays_episodes else None
+        if t_rule is not None and extra is not None:
+            t_rule.load_state_dict(t_high_state(extra, ckpt))
+        # [tampo hook] the step temperature of the non-TGRL algorithms (algorithms.md 8): TAMPO's meta-policy draw or
+        # rollout.temperature_schedule; drawn here (the driver), observed after each update, saved in extra.json
+        temp_rule = StepTemperature.from_config(cfg) if schedule.plays_episodes else None
+        if temp_rule is not None and extra is not None:
+            temp_rule.load_state_dict(extra, ckpt)
         logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard=t.tensorboard,
                                progress=False, phase=phase)  # one line per step; the live display is `progress`
         if start == 1 and eval_at_start and evaluator.due(0, total):  # the panel before training, as step 0
@@ -165,68 +157,63 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
         for step in range(start, total + 1):
             # 1. Collect the step's complete groups (TGRL: 1 at T0 + 3 at T1 each; warm-up all at T1).
             t_high = t_rule.t_high(step) if t_rule is not None else None
-            result = await backend.collect(step, sampler.sample, t_high=t_high)
+            if temp_rule is not None:  # [tampo hook] the step's one temperature travels as t_high (non-TGRL)
+                t_high = temp_rule.temperature(step)
+            result = await schedule.collect(step, sampler.sample, t_high=t_high)
             metrics: dict[str, Any] = dict(result.metrics)
-            if backend.kind == "train":  # asynchronous rollouts' counters (0 in synchronous runs)
-                metrics.setdefault("async/groups_stale_dropped", 0.0)
-                if step == start and extra is not None:
-                    metrics["async/groups_replayed_after_resume"] = float(resumed_in_flight)
-            if backend.kind == "train" and cfg.algo.is_tgrl:  # the step's T1, fixed or picked (section 3)
+            if temp_rule is not None:  # [tampo hook] tampo/t, tampo/pi/<T>, ... (or rollout/temperature)
+                metrics.update(temp_rule.step_metrics(step))
+            if step == start and extra is not None and schedule.plays_episodes:  # section 7, Checkpoints
+                metrics["async/groups_replayed_after_resume"] = float(extra.get("groups_in_flight", 0))
+            if schedule.plays_episodes and cfg.algo.is_tgrl:  # the step's T1, fixed or picked (section 3)
                 metrics["tgrl/t_high"] = t_high if t_high is not None else t_high_value(cfg.algo)
             check_dropped_groups(step, start, result.failures, bool(result.episodes) or result.batch is not None,
                                  result.filtered_groups)
-            if step < total and backend.capabilities.prefetch:  # next step's env resets run during this update
-                backend.prefetch(sampler.sample(t.tasks_per_step))
+            schedule.prefetch(step, sampler.sample)  # the next step's env resets run during this update
             # 2. The rows (``build_rollout_batch``, the one place RL rows are made).
             batch = result.batch
             if batch is None and result.episodes:
                 batch = build_rollout_batch(result.episodes, pad_token_id=pad_token_id(backend.tokenizer),
                                             mode=cfg.rollout.mode)
-            refused = backend.cannot_update(batch) if batch is not None else None
-            if batch is not None and refused is None:
-                # 3. Update, 4. store the step's episodes with the learner's per-token numbers, 5. sync the engines.
-                progress.phase(f"step {step}/{total} update")
-                update_metrics = await backend.update(batch, step)
+            update_metrics, refused = await _update(backend, schedule, batch, step, progress, total)
+            if update_metrics is not None:  # 3. updated; 4. store the step's episodes; 5. sync the engines
                 metrics.update(update_metrics)
-                if backend.kind == "train":
-                    metrics.setdefault("time/overlap_s", 0.0)  # rollouts during the update (max_staleness >= 1)
                 if t_rule is not None and "tgrl/delta_R" in update_metrics:
-                    t_rule.observe(step, update_metrics["tgrl/delta_R"])
+                    t_rule.observe(step, update_metrics["tgrl/delta_R"],
+                                   informative_groups=update_metrics.get("tgrl/delta_R_groups"))
+                if temp_rule is not None:  # [tampo hook] A_B -> EMA, once per RL step (8.5)
+                    metrics.update(temp_rule.observe(step, metrics))
                 if result.episodes:
                     stats = await backend.token_stats() if keep_episodes != 0 else None
                     await asyncio.to_thread(save_step_episodes, out, step, result.episodes, t.save_episodes,
                                             tokenizer=backend.tokenizer, batch=batch, token_stats=stats, seed=t.seed)
-                await backend.sync(step)
-                metrics["batch/rows"] = batch.num_rows
             else:  # loud: a run that never trains must not look like one that did
                 idle_steps += 1
-                metrics["batch/rows"] = 0
-                if t.max_staleness > 0 and backend.kind == "train":  # v = s after step s, trained or not (section 7)
-                    await backend.sync(step)
-                if refused is not None:
-                    print(f"WARNING: step {step} trains on nothing: {refused}; no update", file=sys.stderr)
-                else:
-                    warn_idle_step(step, result.dropped_groups, result.filtered_groups)
+                warn_idle_step(step, result.dropped_groups, result.filtered_groups, refused)
+            metrics["batch/rows"] = batch.num_rows if update_metrics is not None else 0
+            await schedule.sync(step, trained=update_metrics is not None)  # v = s after step s (section 7)
             # 6. Evaluate when due (the panel plays with the weights the engines now hold).
             if evaluator.due(step, total):
                 metrics.update(evaluator.metrics(step, await backend.evaluate(step, evaluator)))
             # 7. Log; 8. checkpoint (the data position excludes tasks drawn but not trained: a resume replays them).
             progress.end()
-            record = logger.log(step, metrics, kind=backend.kind)
+            record = logger.log(step, {**metrics, **schedule.step_metrics()}, kind=backend.kind)
             if no_learning_signal(metrics):
                 no_signal_steps += 1
                 print(f"step {step}: {NO_SIGNAL} in all {int(metrics.get('rollout/groups', 0))} group(s); "
                       "every advantage is 0, the update changes nothing", file=sys.stderr)
             if step % t.save_every == 0 or step == total:
                 progress.phase(f"step {step}/{total} checkpoint")
-                ckpt_extra = checkpoint_extra(cfg, step, sampler.position - backend.pending_tasks,
+                ckpt_extra = checkpoint_extra(cfg, step, sampler.position - schedule.pending_tasks,
                                               t_high_state=t_rule.state_dict() if t_rule is not None else None)
+                if temp_rule is not None and temp_rule.state_dict() is not None:  # [tampo hook]
+                    ckpt_extra[TEMPERATURE_STATE_KEY] = temp_rule.state_dict()
                 ckpt_extra["policy_version"] = step  # the engines' version counter (section 7: v = s after step s)
-                ckpt_extra["groups_in_flight"] = int(getattr(backend, "groups_in_flight", 0))
+                ckpt_extra["groups_in_flight"] = schedule.groups_in_flight
                 await backend.save(ckpt_dir / f"step_{step}", ckpt_extra)
                 prune_checkpoints(ckpt_dir, t.keep_checkpoints)
         warn_idle_run(idle_steps, total - start + 1)
-        if backend.kind == "train" and no_signal_steps:
+        if schedule.plays_episodes and no_signal_steps:  # RL steps only (behaviour cloning plays none)
             print(f"WARNING: {no_signal_steps} of {total - start + 1} step(s) had {NO_SIGNAL} "
                   f"({no_signal_steps / (total - start + 1):.0%})", file=sys.stderr)
         return record
@@ -234,7 +221,26 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
         progress.end()
         if logger is not None:
             logger.close()
-        await backend.close()
+        try:
+            if schedule is not None:
+                await schedule.aclose()
+        finally:
+            await backend.close()
+
+
+async def _update(backend: Backend, schedule: Schedule, batch: RolloutBatch | None, step: int, progress: Any,
+                  total: int) -> tuple[dict[str, float] | None, str | None]:
+    """The step's update: ``(metrics with the schedule's time/overlap_s, None)``; ``(None, why)`` when there is no
+    batch (``why`` None) or the backend cannot train it (:class:`SkipUpdate`)."""
+    if batch is None:
+        return None, None
+    progress.phase(f"step {step}/{total} update")
+    mark = schedule.update_started()
+    try:
+        metrics = await backend.update(batch, step)
+    except SkipUpdate as why:
+        return None, str(why)
+    return {**metrics, **schedule.update_metrics(mark)}, None
 
 
 # ------------------------------------------------------------------------------------------------ loud steps
@@ -253,8 +259,12 @@ def check_dropped_groups(step: int, start: int, failures: list[Any], has_rows: b
                               f"first reason: {failures[0]}")
 
 
-def warn_idle_step(step: int, dropped_groups: int, filtered_groups: int) -> None:
-    """The loud line of a step that trains on nothing (a run that never trains must not look like one that did)."""
+def warn_idle_step(step: int, dropped_groups: int, filtered_groups: int, refused: str | None = None) -> None:
+    """The loud line of a step that trains on nothing (a run that never trains must not look like one that did);
+    ``refused``: why the backend could not train the step's batch."""
+    if refused is not None:
+        print(f"WARNING: step {step} trains on nothing: {refused}; no update", file=sys.stderr)
+        return
     print(f"WARNING: step {step} trains on nothing (0 episodes: {dropped_groups} group(s) dropped, {filtered_groups} "
           "filtered as all-equal by DAPO dynamic sampling); no update", file=sys.stderr)
 

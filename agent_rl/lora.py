@@ -58,14 +58,52 @@ def check_targets(model: nn.Module, target_modules: list[str] | tuple[str, ...])
 
     Raises:
         ValueError: a name of ``target_modules`` matches no ``nn.Linear`` of ``model`` (the message names the
-            missing ones and the available ones, :func:`linear_module_names`).
+            missing ones and the available ones, :func:`linear_module_names`); or one adapts a weight tied to another
+            parameter (``lm_head`` of a tied-embedding model: :func:`tied_targets` says why it is refused).
     """
     available = linear_module_names(model)
     missing = [t for t in target_modules if t not in available]
+    name = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
     if missing:
-        name = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
         raise ValueError(f"model.lora.target_modules {missing} are not modules of this model ({name}); its linear "
                          f"modules are {available} (lm_head is the output projection, usually not adapted)")
+    tied = tied_targets(model, target_modules)
+    if tied:
+        pairs = "; ".join(f"{path} (its weight is tied to {', '.join(others)})" for path, others in tied.items())
+        raise ValueError(
+            f"model.lora.target_modules adapts {pairs} in this model ({name}, tie_word_embeddings=True): a merged W + (alpha / r) B A cannot be written into the one shared matrix "
+            "without moving the embedding too (peft #2018), so the rollout workers, vLLM and the checkpoint would "
+            "not play the policy the learner trains. Leave those modules out of model.lora.target_modules")
+
+
+def tied_targets(model: nn.Module, target_modules: list[str] | tuple[str, ...]) -> dict[str, list[str]]:
+    """``{module path: [other parameter names of the same tensor]}`` for the ``nn.Linear`` modules of ``model`` that
+    ``target_modules`` adapts (leaf name match, as peft's) and whose weight is shared with another parameter: on a
+    ``tie_word_embeddings=True`` model (SmolLM2, Qwen2.5 0.5B/1.5B) ``lm_head.weight`` is ``model.embed_tokens.weight``.
+
+    Why such targets are refused rather than merged (:func:`check_targets`): a tied model stores one matrix for the
+    input embedding E and the output head, so the adapted policy (head E + s B A, embedding E) has no tied
+    representation. ``merged_state_dict`` would give two entries for one tensor and ``load_state_dict`` keeps
+    whichever comes last (the embedding moves by s B A: logits off by 5.5 on SmolLM2, 1.4 on the tests' tiny tied
+    Llama); vLLM's tied architectures skip ``lm_head.weight`` on load (the adapter is lost); peft's own
+    ``merge_and_unload`` unties the model and flips ``config.tie_word_embeddings`` (a different architecture with a
+    vocab x hidden matrix more). peft's ``LoraConfig(ensure_weight_tying=True)`` (installed 0.21's
+    ``BaseTuner._check_tied_modules``) ties adapters only when the embedding itself is adapted (``embed_tokens`` in
+    targets, not a linear module here) or for ``modules_to_save``, so it does not cover a head-only LoRA either.
+    Untied models (``tie_word_embeddings=False``) may adapt ``lm_head``: it is an ordinary linear layer there."""
+    inner = base_module(model)
+    names_of: dict[int, list[str]] = {}
+    for pname, p in inner.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(pname)
+    wanted = set(target_modules)
+    out: dict[str, list[str]] = {}
+    for path, mod in inner.named_modules():
+        if not (isinstance(mod, nn.Linear) and path and path.rsplit(".", 1)[-1] in wanted):
+            continue
+        others = [n for n in names_of.get(id(mod.weight), []) if n != f"{path}.weight"]
+        if others:
+            out[path] = others
+    return out
 
 
 def apply_lora(model: nn.Module, lora: Any) -> nn.Module:

@@ -185,7 +185,7 @@ def smollm2_tokenizer():
     return tokenizer
 
 
-def _finish_tokenizer(tokenizer):
+def finish_tokenizer(tokenizer):
     """Ensure a pad token (the learner right-pads, the engine left-pads with it) and a chat template."""
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -257,7 +257,7 @@ def load_policy(cfg: ModelConfig, *, train: bool = False) -> tuple[torch.nn.Modu
 
     dtype = _DTYPES[cfg.dtype]
     if cfg.name == "tiny" and not cfg.path:
-        tokenizer = _finish_tokenizer(smollm2_tokenizer())
+        tokenizer = finish_tokenizer(smollm2_tokenizer())
         model = build_tiny(cfg, tokenizer).to(dtype)
     else:
         if cfg.path:
@@ -266,7 +266,7 @@ def load_policy(cfg: ModelConfig, *, train: bool = False) -> tuple[torch.nn.Modu
             source = str(prepare_smollm2())
         else:
             source = cfg.name
-        tokenizer = _finish_tokenizer(AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code))
+        tokenizer = finish_tokenizer(AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code))
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, trust_remote_code=cfg.trust_remote_code, attn_implementation=cfg.attn_implementation
         )

@@ -19,6 +19,8 @@ CURVES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tgrl/delta_R", ("tgrl/delta_R",)),
     ("JS mean", ("credit/js_mean",)),
 )
+#: the temperature a run chose per step: TGRL's T1 (picked under ``algo.t_high=auto``), TAMPO's draw, a schedule's value
+TEMPERATURE_KEYS = ("tgrl/t_high", "tampo/t", "rollout/temperature")
 TABLE_KEYS = ("reward/mean", "success/rate", "tgrl/delta_R", "actor/entropy", "actor/clipfrac", "actor/approx_kl",
               "credit/js_mean", "episode/turns_mean", "episode/invalid_action_frac", "throughput/tokens_per_s",
               "time/rollout_s", "time/update_s")
@@ -88,6 +90,9 @@ def summarize_run(records: list[dict[str, Any]], out: Path) -> dict[str, Any]:
         "rollouts": {k: [steps[0].get(k), steps[-1].get(k)] if steps else [None, None]
                      for k in ("success/rate", "episode/invalid_action_frac")},
         "last": {k: steps[-1].get(k) for k in TABLE_KEYS} if steps else {},
+        # per step, only for the keys whose value moves over the run or is chosen by a rule (a fixed T1 logs one
+        # value every step: still shown, one number)
+        "temperatures": {k: list(zip(*_series(steps, k))) for k in TEMPERATURE_KEYS if _series(steps, k)[0]},
     }
 
 
@@ -173,6 +178,10 @@ def write_summary(summary: dict[str, Any], path: Path, header: str = "") -> str:
     for panel, e in summary["eval"].items():
         lines.append(f"- eval {panel}: success {100 * e['before']:.1f}% (step {e['first_step']}) -> "
                      f"{100 * e['after']:.1f}% (step {e['last_step']})")
+    for key, pairs in summary.get("temperatures", {}).items():
+        values = {round(t, 6) for _, t in pairs}
+        per_step = ", ".join(f"{s}: {t:g}" for s, t in pairs) if len(values) > 1 else f"{pairs[0][1]:g} every step"
+        lines.append(f"- temperature per step ({key}): {per_step}")
     lines += ["- curves: curves.png; per-step numbers: metrics.jsonl; TensorBoard: tb/", "",
               "| metric (last step) | value |", "|---|---|"]
     lines += [f"| {k} | {_fmt(v)} |" for k, v in summary["last"].items()]

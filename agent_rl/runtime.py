@@ -27,7 +27,11 @@ import numpy as np
 import torch
 import yaml
 
-from agent_rl.config import CONFIG_DIR, Config, ConfigError, config_dict, fit_prompt_budget, to_yaml
+from agent_rl.compose import config_dict, to_yaml
+
+from agent_rl.config import CONFIG_DIR, Config, ConfigError
+
+from agent_rl.trainable import fit_prompt_budget
 from agent_rl.engines import engine_kwargs, get_engine
 from agent_rl.envclient import HTTPEnvPool, LocalEnvPool
 from agent_rl.learner.checkpoint import STATE_FILES, incomplete_message, latest_checkpoint, missing_state
@@ -36,6 +40,7 @@ from agent_rl.models import load_policy
 from agent_rl.rollout import RolloutConfig, RolloutOrchestrator, get_prompt
 from agent_rl.types import Episode, Generation
 from envs.families import describe
+from servers.launch import ServerLaunch, new_token
 from servers.wait import ServerExited, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,7 +85,7 @@ def config_groups_help() -> str:
     groups = sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir())
     lines = ["Config groups (group=option):"]
     lines += [f"  {g.name}: {', '.join(sorted(f.stem for f in g.glob('*.yaml')))}" for g in groups]
-    lines.append("Any other key: dotted key=value (e.g. trainer.total_steps=2); see agent_rl/config.py.")
+    lines.append("Any other key: dotted key=value (e.g. trainer.total_steps=2); see agent_rl/config.py (the schema).")
     return "\n".join(lines)
 
 
@@ -208,7 +213,7 @@ def checkpoint_extra(cfg: Config, step: int, position: int, *, t_high_state: dic
                      ) -> dict[str, Any]:
     """The ``extra.json`` of a checkpoint, one format for every backend: the ``step`` it ends, the task sampler's
     ``position`` (tasks drawn before the next step), the run's resolved ``config``, which a resume compares with
-    its own (:func:`agent_rl.config.compare_for_resume`), and under ``algo.t_high=auto`` the adaptive-T1 state
+    its own (:func:`agent_rl.resume.compare_for_resume`), and under ``algo.t_high=auto`` the adaptive-T1 state
     (``t_high_state``, key :data:`T_HIGH_STATE_KEY`), so a resumed run picks the T1 an uninterrupted one would."""
     extra = {"step": int(step), "sampler": {"position": int(position)}, "config": config_dict(cfg)}
     if t_high_state is not None:
@@ -290,7 +295,8 @@ def prune_checkpoints(folder: Path, keep: int) -> None:
 # ------------------------------------------------------------------------------------------------ env servers
 class EnvServerProcess:
     """The run's own env server (``env_server.urls`` empty): ``python -m servers.serve --env <env.id>`` on a free
-    127.0.0.1 port. :meth:`start` waits for ``/health`` (``servers.wait.wait_healthy``); a server that dies is
+    127.0.0.1 port (``servers.launch.ServerLaunch``, the Ray replicas' launch too), with ``env_server.token`` or a
+    token made for the run (:attr:`token`), passed in its environment, never on its command line. :meth:`start` waits for ``/health`` (``servers.wait.wait_healthy``); a server that dies is
     started again on the same port by :func:`supervise_env_server` (the URL the env client holds stays valid), at
     most ``env_server.max_restarts`` times."""
 
@@ -299,19 +305,14 @@ class EnvServerProcess:
         self.cfg, self.log_path = cfg, log_path
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "servers.serve", "--env", cfg.env.id, "--host", "127.0.0.1",
-               "--port", str(self.port)]
-        cmd += [arg for mod in es.imports for arg in ("--import", mod)]
-        cmd += ["--workers", str(es.workers)] if es.workers > 0 else []
-        cmd += ["--max-sessions", str(es.max_sessions)] if es.max_sessions > 0 else []
-        cmd += ["--token", es.token] if es.token else []
-        self.cmd = cmd
-        env = dict(os.environ)
-        if cfg.data.root:
-            env["AGENT_RL_DATA"] = cfg.data.root
+        # env_server.token, else one made for the run: the server is never open to other users of the machine
+        self.token = es.token or new_token()
         self.repo = str(REPO)
-        env["PYTHONPATH"] = self.repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.env = env
+        self.launch = ServerLaunch([cfg.env.id], self.port, self.token, imports=list(es.imports),
+                                   workers=es.workers, max_sessions=es.max_sessions, data_root=cfg.data.root or "",
+                                   pythonpath=self.repo)
+        self.cmd = self.launch.command  # no token in it: the token is in the child's environment
+        self.env = self.launch.environment()
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self.starts = 0  # successful starts (healthy)
@@ -394,17 +395,17 @@ def _tail(path: Path, n: int = 3000) -> str:
         return ""
 
 
-def make_env_pool(cfg: Config, urls: list[str] | None = None) -> Any:
+def make_env_pool(cfg: Config, urls: list[str] | None = None, token: str | None = None) -> Any:
     """The env client: ``LocalEnvPool`` (``env_server.mode=local``) or ``HTTPEnvPool`` over ``urls`` (default
-    ``env_server.urls``; the Ray workers pass the replicas' URLs). No server is started here (see
-    :func:`open_env_pool`)."""
+    ``env_server.urls``; the Ray workers pass the replicas' URLs) with ``token`` (default ``env_server.token``; the
+    run's own server's or replicas' token otherwise). No server is started here (see :func:`open_env_pool`)."""
     es = cfg.env_server
     if es.mode == "local":
         kwargs: dict[str, Any] = {"mode": es.local_kind, "imports": list(es.imports)}
         if es.local_workers > 0:
             kwargs["max_workers"] = es.local_workers
         return LocalEnvPool(**kwargs)
-    return HTTPEnvPool(list(es.urls if urls is None else urls), token=es.token)
+    return HTTPEnvPool(list(es.urls if urls is None else urls), token=token or es.token)
 
 
 @contextlib.asynccontextmanager
@@ -424,7 +425,7 @@ async def open_env_pool(cfg: Config, out: Path) -> AsyncIterator[Any]:
             main_task = asyncio.current_task()
             assert main_task is not None
             supervisor = asyncio.create_task(supervise_env_server(server, main_task.cancel))
-        pool = make_env_pool(cfg, urls)
+        pool = make_env_pool(cfg, urls, server.token if server is not None else None)
         try:
             yield pool
         except asyncio.CancelledError:

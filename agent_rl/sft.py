@@ -1,8 +1,9 @@
 """Behaviour cloning: ``python -m agent_rl.sft env=textworld env.kwargs.family=coin_collector sft.num_episodes=8 ...``
 
 Warm-starts a policy on expert episodes, in the exact rows RL trains on, through the one training loop
-(:func:`agent_rl.loop.run` over :class:`BehaviourCloningBackend`: its collect and its update differ, the logging and
-checkpoint cadence are the loop's, ``trainer.save_every`` and ``trainer.eval_every`` included):
+(:func:`agent_rl.loop.run` over :class:`BehaviourCloningBackend`: its schedule, fixed expert rows
+(:class:`agent_rl.rollout.schedule.ExpertRows`), and its update differ, the logging and checkpoint cadence are the
+loop's, ``trainer.save_every`` and ``trainer.eval_every`` included):
 
 1. **Collect** (once) ``sft.num_episodes`` expert episodes through the env client of the run (``env_server.mode``
    http or local, :func:`agent_rl.runtime.open_env_pool`), tasks from the run's ``TaskSampler`` (``env.sampler``,
@@ -45,23 +46,26 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from agent_rl import algos
-from agent_rl.config import BACKENDS, Config, ConfigError, SFTConfig, load_config, to_yaml
+from agent_rl.cli import run_cli
+from agent_rl.compose import load_config, to_yaml
+from agent_rl.config import Config, ConfigError, SFTConfig
 from agent_rl.engines import set_torch_threads
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner.checkpoint import (IncompleteCheckpoint, latest_checkpoint, load_checkpoint,
                                          recover_checkpoints, save_checkpoint)
 from agent_rl.learner.learner import lr_scheduler, policy_trunk, response_positions, restore_optimizer
-from agent_rl.loop import run
+from agent_rl.loop import FirstStepFailed, run
 from agent_rl.lora import base_module, is_lora
 from agent_rl.progress import Progress
 from agent_rl.rollout import GroupSpec, RolloutResult, TaskSampler, build_rollout_batch
 from agent_rl.rollout.policies import ExpertPolicy, ScriptedEngine
 from agent_rl.rollout.prompts import format_ids
+from agent_rl.rollout.schedule import ExpertRows
 from agent_rl.runtime import (build_engine, build_orchestrator, check_output_dir, close_engine, config_groups_help,
                               load_run_policy, open_env_pool, pad_token_id, resolve_device, seed_everything,
                               set_data_root)
@@ -246,13 +250,11 @@ def step_rows(num_rows: int, batch_size: int, seed: int, step: int) -> torch.Ten
 # ------------------------------------------------------------------------------------------------ the backend
 class BehaviourCloningBackend:
     """Behaviour cloning on the loop (:class:`agent_rl.loop.Backend`): :meth:`start` collects the expert rows once
-    (or reloads ``DIR/sft_rows.pt``); each step's collect is that step's rows (:func:`step_rows`), its update one
-    :class:`BehaviourCloner` step. The env pool and an engine are opened only for the in-training eval panel
-    (``trainer.eval_every``)."""
+    (or reloads ``DIR/sft_rows.pt``); :meth:`open` returns them as the run's schedule (:class:`ExpertRows`: step s
+    trains ``rows(s)``, :func:`step_rows`), each update is one :class:`BehaviourCloner` step. The env pool and an
+    engine are opened only for the in-training eval panel (``trainer.eval_every``)."""
 
     kind = "sft"
-    capabilities = dataclasses.replace(BACKENDS["local"], prefetch=False)  # no episodes are played per step
-    pending_tasks = 0
 
     def __init__(self, cfg: Config, out: Path, progress: Any, config_file: Path | None = None, *,
                  rows_file: Path | None = None, optim: Any = None, measure_loss: bool = True,
@@ -287,7 +289,7 @@ class BehaviourCloningBackend:
         cfg, sft = self.cfg, self.sft
         rows_file = self.rows_file
         if rows_file.is_file():
-            saved = torch.load(rows_file, weights_only=False)
+            saved = await asyncio.to_thread(torch.load, rows_file, weights_only=False)
             self.batch, self.collect_metrics = saved["batch"], saved["metrics"]
             print(f"reusing the {self.batch.num_rows} rows of {rows_file}", file=sys.stderr)
         else:
@@ -301,7 +303,7 @@ class BehaviourCloningBackend:
                                              mode=cfg.rollout.mode)
             rows_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = rows_file.with_suffix(".tmp")
-            torch.save({"batch": self.batch, "metrics": self.collect_metrics}, tmp)
+            await asyncio.to_thread(torch.save, {"batch": self.batch, "metrics": self.collect_metrics}, tmp)
             tmp.replace(rows_file)
         print(f"expert episodes: {json.dumps(self.collect_metrics)}; rows: {self.batch.num_rows}", file=sys.stderr)
         self.per_epoch = math.ceil(self.batch.num_rows / sft.batch_size)
@@ -309,7 +311,8 @@ class BehaviourCloningBackend:
         extra = None
         if ckpt is not None:
             try:  # a missing learner.pt / rng.pt is refused unless trainer.resume_weights_only=true
-                extra = load_checkpoint(ckpt, self.model, self.cloner, weights_only=cfg.trainer.resume_weights_only)
+                extra = await asyncio.to_thread(load_checkpoint, ckpt, self.model, self.cloner,
+                                                weights_only=cfg.trainer.resume_weights_only)
             except IncompleteCheckpoint as exc:
                 raise ConfigError(str(exc)) from None
             if cfg.trainer.resume_weights_only:
@@ -317,18 +320,19 @@ class BehaviourCloningBackend:
                       f"(optim.warmup={cfg.optim.warmup}) restart; weights and step from {ckpt}", file=sys.stderr)
             self.before = extra.get("loss_before")
         if self.before is None and self.measure_loss:
-            self.before = self.cloner.evaluate(self.batch)
+            self.before = await asyncio.to_thread(self.cloner.evaluate, self.batch)
         return extra
 
-    async def open(self) -> None:
+    async def open(self) -> ExpertRows:
+        """The step's rows (:class:`ExpertRows`); the env pool and an engine only for the in-training panel."""
         if self.cfg.trainer.eval_every > 0:  # the in-training panel plays episodes: an env pool and an engine
             self._pool_cm = open_env_pool(self.cfg, self.out)
             self.pool = await self._pool_cm.__aenter__()
             self.engine = build_engine(self.cfg, base_module(self.model), self.tokenizer)
+        return ExpertRows(self.rows)
 
-    async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]],
-                      t_high: float | None = None) -> RolloutResult:
-        """The rows of optimizer step ``step`` (``RolloutResult.batch``; no episodes are played, ``t_high`` unused)."""
+    def rows(self, step: int) -> RolloutResult:
+        """The rows of optimizer step ``step`` (``RolloutResult.batch``; no episodes are played)."""
         assert self.batch is not None
         rows = step_rows(self.batch.num_rows, self.sft.batch_size, self.cfg.trainer.seed, step)
         metrics = {"sft/epoch": float((step - 1) // self.per_epoch + 1)}
@@ -336,15 +340,9 @@ class BehaviourCloningBackend:
             metrics.update(self.collect_metrics)
         return RolloutResult(episodes=[], metrics=metrics, batch=self.batch.select_rows(rows))
 
-    def prefetch(self, tasks: list[Task]) -> None:  # not a capability of this backend
-        raise NotImplementedError("behaviour cloning plays no episodes per step")
-
-    def cannot_update(self, batch: RolloutBatch) -> str | None:
-        return None
-
     async def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        metrics = dict(self.cloner.train_step(batch, torch.arange(batch.num_rows)))
+        metrics = dict(await asyncio.to_thread(self.cloner.train_step, batch, torch.arange(batch.num_rows)))
         metrics["time/step_s"] = time.perf_counter() - t0
         self._synced = False
         return metrics
@@ -352,10 +350,8 @@ class BehaviourCloningBackend:
     async def token_stats(self) -> dict[str, Any] | None:
         return None
 
-    async def sync(self, version: int) -> None:  # the engine (eval only) is synced before it plays
-        pass
-
     async def evaluate(self, step: int, evaluator: TrainingEval) -> list[dict[str, Any]]:
+        """The panel with the current weights (the engine is synced here, before it plays: eval only)."""
         if not self._synced:
             self.engine.sync_weights(base_module(self.model))
             self._synced = True
@@ -364,8 +360,8 @@ class BehaviourCloningBackend:
         return await evaluator.results(step, self.pool, self.engine, cache=cache)
 
     async def save(self, path: Path, extra: dict[str, Any]) -> None:
-        save_checkpoint(path, self.model, self.tokenizer, self.cloner,
-                        {**extra, "loss_before": self.before, "kind": "sft"})
+        await asyncio.to_thread(save_checkpoint, path, self.model, self.tokenizer, self.cloner,
+                                {**extra, "loss_before": self.before, "kind": "sft"})
 
     async def close(self) -> None:
         try:
@@ -421,11 +417,8 @@ def main(overrides: list[str] | None = None) -> dict[str, Any]:
 
 
 def cli() -> None:
-    try:
-        main()
-    except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    """``python -m agent_rl.sft``: :func:`main`, errors as every command line prints them (:mod:`agent_rl.cli`)."""
+    run_cli(main, run_errors=(FirstStepFailed,))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,12 @@ from typing import Any
 
 import torch
 
-from agent_rl.config import Config, ConfigError, compare_for_resume, load_config, to_yaml
+from agent_rl.cli import run_cli
+from agent_rl.compose import load_config, to_yaml
+
+from agent_rl.config import Config, ConfigError
+
+from agent_rl.resume import compare_for_resume
 from agent_rl.learner.checkpoint import latest_checkpoint, recover_checkpoints
 from agent_rl.local import LocalBackend
 from agent_rl.loop import FirstStepFailed, run
@@ -150,18 +155,16 @@ def with_device_preset(overrides: list[str]) -> tuple[list[str], str]:
 
 
 def cli() -> None:
-    """``python -m agent_rl.train``: :func:`main`, with a config error printed as one line ``config error: what,
-    where, the valid choices`` (exit code 2, no traceback). Every check that can run before training raises
-    ConfigError (:func:`agent_rl.config.load_config`, the output dir, the resume path and config)."""
-    try:
+    """``python -m agent_rl.train``: :func:`main`, a config error printed as one line ``config error: what, where,
+    the valid choices`` (exit code 2, no traceback; :func:`agent_rl.cli.run_cli`). Every check that can run before
+    training raises ConfigError (:func:`agent_rl.compose.load_config`, the output dir, the resume path and
+    config)."""
+
+    def run() -> None:
         overrides, notice = with_device_preset(sys.argv[1:])
         main(overrides, notice=notice)
-    except ConfigError as exc:
-        print(f"config error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, no traceback
-        raise SystemExit(2) from None
-    except FirstStepFailed as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        raise SystemExit(1) from None
+
+    run_cli(run, run_errors=(FirstStepFailed,))
 
 
 if __name__ == "__main__":

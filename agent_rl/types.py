@@ -41,7 +41,7 @@ class Generation:
     cached_tokens: int = 0
     policy_version: int | None = None
     """The version of the weights that sampled it (algorithms.md section 7, "Versions"), stamped by an engine that
-    knows it (:class:`agent_rl.rollout.producer.VersionedEngine`); None: the orchestrator's current version."""
+    knows it (:class:`agent_rl.engines.VersionedEngine`); None: the orchestrator's current version."""
 
 
 @dataclass

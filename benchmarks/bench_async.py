@@ -11,8 +11,9 @@ loading, Ray start-up and step 1's cold start are left out). Per configuration t
 (mean over steps 2..N) and its ratio to k = 0 of the same backend, ``time/rollout_s`` (the time the step waited
 for its groups), ``time/update_s``, ``time/overlap_s`` (rollouts running during the update), staleness mean/max
 (``async/staleness_*``, trained tokens) and the groups discarded for staleness (``async/groups_stale_dropped``,
-summed). At k = 0 it also reports the rollout and update shares of the step (``rollout_s / wall``,
-``update_s / wall``): the speed-up async can give is bounded by the smaller share.
+summed) and the event loop's longest stall over the run (``async/loop_stall_max_s``, k >= 1: a blocking call on
+the loop stops every group in flight). At k = 0 it also reports the rollout and update shares of the step
+(``rollout_s / wall``, ``update_s / wall``): the speed-up async can give is bounded by the smaller share.
 
 On one machine both backends share its cores: the local backend runs rollout and update as two threads of one
 process, Ray as two processes; the numbers are ratios on that machine, not absolute times.
@@ -87,13 +88,15 @@ def run_one(args: argparse.Namespace, backend: str, k: int, work: Path) -> dict[
             "overlap_s": mean("time/overlap_s"), "staleness_mean": mean("async/staleness_mean", rows),
             "staleness_max": max(float(r.get("async/staleness_max", 0.0)) for r in rows),
             "stale_dropped": sum(float(r.get("async/groups_stale_dropped", 0.0)) for r in rows),
+            "loop_stall_max_s": max((float(r["async/loop_stall_max_s"]) for r in rows
+                                     if "async/loop_stall_max_s" in r), default=float("nan")),
             "reward": mean("reward/mean", rows)}
 
 
 def table(results: list[dict[str, Any]]) -> str:
     base = {r["backend"]: r["wall_s"] for r in results if r["k"] == 0 and "wall_s" in r}
     lines = [f"{'backend':8} {'k':>2} {'wall/step s':>11} {'x k=0':>6} {'rollout s':>9} {'update s':>8} "
-             f"{'overlap s':>9} {'stale mean':>10} {'max':>4} {'discarded':>9}  shares (k=0)"]
+             f"{'overlap s':>9} {'stale mean':>10} {'max':>4} {'discarded':>9} {'loop stall s':>12}  shares (k=0)"]
     for r in results:
         if "error" in r:
             lines.append(f"{r['backend']:8} {r['k']:>2} failed: {r['error']}")
@@ -104,7 +107,7 @@ def table(results: list[dict[str, Any]]) -> str:
             shares = f"rollout {r['rollout_s'] / r['wall_s']:.2f}, update {r['update_s'] / r['wall_s']:.2f}"
         lines.append(f"{r['backend']:8} {r['k']:>2} {r['wall_s']:>11.2f} {ratio:>6.2f} {r['rollout_s']:>9.2f} "
                      f"{r['update_s']:>8.2f} {r['overlap_s']:>9.2f} {r['staleness_mean']:>10.2f} "
-                     f"{r['staleness_max']:>4.0f} {r['stale_dropped']:>9.0f}  {shares}")
+                     f"{r['staleness_max']:>4.0f} {r['stale_dropped']:>9.0f} {r['loop_stall_max_s']:>12.3f}  {shares}")
     return "\n".join(lines)
 
 

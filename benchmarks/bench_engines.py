@@ -105,7 +105,7 @@ def _time_sync_variants(engine, model, syncs: int) -> dict[str, float]:
 
     from safetensors.torch import save_file
 
-    from agent_rl.engines.vllm import _state_for_vllm
+    from agent_rl.engines.vllm import state_for_vllm
 
     out: dict[str, float] = {}
     if Path("/dev/shm").is_dir():
@@ -116,7 +116,7 @@ def _time_sync_variants(engine, model, syncs: int) -> dict[str, float]:
             for _ in range(syncs):
                 _perturb(model)
                 t0 = time.perf_counter()
-                save_file(_state_for_vllm(model, engine.dtype, engine.untie), str(shm / "model.safetensors"))
+                save_file(state_for_vllm(model, engine.dtype, engine.untie), str(shm / "model.safetensors"))
                 engine.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(shm)})
                 engine.llm.reset_prefix_cache()
                 times.append(time.perf_counter() - t0)
@@ -129,7 +129,7 @@ def _time_sync_variants(engine, model, syncs: int) -> dict[str, float]:
     for _ in range(syncs):
         _perturb(model)
         t0 = time.perf_counter()
-        items = list(_state_for_vllm(model, engine.dtype, engine.untie).items())
+        items = list(state_for_vllm(model, engine.dtype, engine.untie).items())
         engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
         engine.llm.reset_prefix_cache()
         times.append(time.perf_counter() - t0)

@@ -10,7 +10,7 @@ lost.
 
 Faults (``--faults``, comma-separated; default all):
 
-* ``worker_kill``    SIGKILL one env worker process of the server while its sessions are mid-episode.
+* ``worker_kill``    SIGKILL the env worker processes of the server while its sessions are mid-episode.
 * ``server_restart`` SIGKILL the whole server mid-rollout, then bring it back on the same port (``--target compose``:
                      SIGKILL the container's main process; its ``restart: unless-stopped`` policy restarts it).
 * ``sigstop``        SIGSTOP the server (compose: ``pause``) for ``--stop-s`` seconds, past the client's deadline
@@ -365,7 +365,7 @@ async def run_training(args: argparse.Namespace, fault: str, url: str | None, in
                        extra: list[str] | None = None) -> tuple[Outcome, Path]:
     """Train ``--steps`` steps against ``url`` (None: the trainer's auto-started server) while ``inject(observer,
     outcome)`` runs; fills the outcome's counters."""
-    from agent_rl.config import load_config
+    from agent_rl.compose import load_config
     from agent_rl.local import LocalBackend
     from agent_rl.loop import run
     from agent_rl.progress import Progress
@@ -426,10 +426,12 @@ async def fault_worker_kill(args, server) -> Outcome:
         while obs.step < args.fault_step:
             await asyncio.sleep(0.05)
         live = await sessions_mid_episode(server.url)
-        pid = live[0]["worker_pid"]
-        await server.kill_worker(pid)
+        # GET /sessions names no worker pids (issue 32); every worker then holds the live sessions' ones
+        pids = (await get_json(server.url + "/health"))["worker_pids"]
+        for pid in pids:
+            await server.kill_worker(pid)
         out.injected = True
-        out.note = f"killed worker pid {pid} holding {sum(s['worker_pid'] == pid for s in live)} live session(s)"
+        out.note = f"killed every worker (pids {pids}) while {len(live)} session(s) were mid-episode"
 
     outcome, _ = await run_training(args, "worker_kill", server.url, inject)
     await after_run(outcome, server.url, args)

@@ -10,11 +10,15 @@ Each (algo, seed) run is ``python -m agent_rl.train`` (the library, in this proc
 up to one uninterrupted run); before the first chunk and after each one, the latest policy plays the held-out panel
 (test-split games ``0..panel-1``) greedily (T = 0) in-process. ``--algos`` entries are config overrides joined by
 ``+``: ``grpo``, ``tgrl``, ``tgrl+credit=uniform`` (mixed groups, uniform credit: the ablation),
-``tgrl+credit=tp+schedule=linear``. ``--train`` passes further overrides to every run (e.g. ``model.path=...`` for a
+``tgrl+credit=tp+schedule=linear``, ``tampo`` (algorithms.md section 8), ``grpo+rollout.temperature_schedule=linear:0.9:1.5:8``
+(GRPO's linear temperature schedule over 8 steps: give the length, the runs are trained in resumed chunks; ``:`` is
+part of the value, ``+`` separates overrides). ``--train`` passes further overrides to every run (e.g. ``model.path=...`` for a
 behaviour-cloned start, ``trainer.tasks_per_step=4``).
 
 ``results.json``: ``{algo: {seed: {"step": [...], "eval_success": [...], "wall_s": [...], "entropy": [...],
-"eval_invalid_frac": [...], "eval_mean_turns": [...]}}}`` (the panel's invalid-action fraction and mean turns)
+"eval_invalid_frac": [...], "eval_mean_turns": [...], "train_step", "temperature", "delta_R", "delta_R_groups",
+"success_high", "success_low": [...]}}}`` (the panel's invalid-action fraction and mean turns; per training step the
+temperature the method chose, :func:`per_step_choices`, and TGRL's exploration gain)
 (entropy: the learner's ``actor/entropy`` of the last training step before each evaluation; None at step 0).
 """
 
@@ -124,7 +128,7 @@ def cached_evaluate(cfg: Any, checkpoint: Path | None, args: argparse.Namespace,
 
 
 def run_one(env: str, algo: str, seed: int, args: argparse.Namespace, out: Path) -> dict[str, list]:
-    from agent_rl.config import load_config
+    from agent_rl.compose import load_config
     from agent_rl.learner.checkpoint import latest_checkpoint
     from agent_rl.logging import read_metrics
     from agent_rl.train import main as train_main
@@ -164,7 +168,24 @@ def run_one(env: str, algo: str, seed: int, args: argparse.Namespace, out: Path)
         curve["wall_s"].append(wall)
         curve["entropy"].append(records[-1].get("actor/entropy"))
         print(f"{algo} seed {seed}: step {step} success {success:.2f} (train wall {wall:.0f} s)", flush=True)
+    curve.update(per_step_choices(read_metrics(run_dir / "metrics.jsonl", "train")))
     return curve
+
+
+#: the temperature a method chose per training step: TGRL's T1, TAMPO's draw, a schedule's value (first present)
+TEMPERATURE_KEYS = ("tampo/t", "tgrl/t_high", "rollout/temperature")
+
+
+def per_step_choices(records: list[dict[str, Any]]) -> dict[str, list]:
+    """Per training step of one run: ``train_step``, ``temperature`` (:data:`TEMPERATURE_KEYS`, None for a fixed-T
+    method without one), and TGRL's ``delta_R``, ``delta_R_groups`` (informative groups), ``success_high`` /
+    ``success_low`` (None for the other algorithms)."""
+    def col(key: str) -> list:
+        return [r.get(key) for r in records]
+    temps = [next((r[k] for k in TEMPERATURE_KEYS if k in r), None) for r in records]
+    return {"train_step": col("step"), "temperature": temps, "delta_R": col("tgrl/delta_R"),
+            "delta_R_groups": col("tgrl/delta_R_groups"), "success_high": col("tgrl/success_high"),
+            "success_low": col("tgrl/success_low")}
 
 
 def steps_to(curve: dict[str, list], threshold: float, key: str = "step") -> float | None:
@@ -242,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.eval_checkpoints:
-        from agent_rl.config import load_config
+        from agent_rl.compose import load_config
 
         cfg = load_config([f"env={args.env}", f"model={args.model}", *args.train,
                            *[f"env.kwargs.{k}={v}" for k, v in args.env_kwargs.items()]])

@@ -19,6 +19,12 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
+PATH_KWARGS = ("root", "data_root", "data_dir")
+"""Constructor kwargs of the built-in envs that name a host path (the data root, a data folder). Where the data
+lives is the machine's choice: an env server refuses them from clients (``servers.settings.ServerSettings.
+refused_env_kwargs``); ``tests/servers/test_server_sandbox.py`` checks every registered env's constructor against
+this list."""
+
 
 def cache_dir() -> Path:
     """Writable cache directory (``$AGENT_RL_CACHE`` or ``~/.cache/agent_rl``), created on demand."""

@@ -29,6 +29,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from envs.jsondepth import MAX_JSON_DEPTH, JSONTooDeep, loads_bounded
+
 __all__ = ["ACTION_FORMATS", "PYTHON_TOOL", "TOOLS_BY_NAME", "ToolCall", "ToolCallError", "check_action_format",
            "command_tool", "decode_action", "encode_call", "encode_invalid", "function_tool", "invalid_call_text",
            "named_tools", "require_call", "run_python", "task_tool_step", "tool_names"]
@@ -99,15 +101,19 @@ def decode_action(action: str, tools: Sequence[dict[str, Any]]) -> ToolCall | No
     """The call that ``action`` encodes, checked against ``tools``; None when ``action`` is a plain text reply.
 
     Raises:
-        ToolCallError: an :func:`encode_invalid` action (its reason), a JSON object without a string ``name``,
-            ``arguments`` that are not an object, an unknown tool (names the declared ones), or arguments the
-            tool's JSON schema refuses (the validator's message).
+        ToolCallError: an :func:`encode_invalid` action (its reason), JSON nested deeper than
+            :data:`envs.jsondepth.MAX_JSON_DEPTH` (refused before parsing, valid or not: a call that cannot be
+            read), a JSON object without a string ``name``, ``arguments`` that are not an object, an unknown tool
+            (names the declared ones), or arguments the tool's JSON schema refuses (the validator's message). Never
+            anything else: whatever the text, a call that cannot be read is this error, never an env failure.
     """
     text = action.strip()
     if not text.startswith("{"):
         return None
     try:
-        obj = json.loads(text)
+        obj = loads_bounded(text, MAX_JSON_DEPTH, "the tool call")
+    except JSONTooDeep as exc:
+        raise ToolCallError(str(exc)) from None
     except ValueError:
         return None  # text that merely starts with a brace is a reply, not a call
     if not isinstance(obj, dict):
@@ -121,7 +127,8 @@ def decode_action(action: str, tools: Sequence[dict[str, Any]]) -> ToolCall | No
         raise ToolCallError(f"the call's name must be a non-empty string, got {name!r}")
     if isinstance(arguments, str):  # some models write the arguments as a JSON string (OpenAI's wire format)
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
+            where = f"the arguments of {name}"
+            arguments = loads_bounded(arguments, MAX_JSON_DEPTH, where) if arguments.strip() else {}
         except ValueError as exc:
             raise ToolCallError(f"the arguments of {name} are not JSON ({exc})") from None
     if not isinstance(arguments, dict):
@@ -132,7 +139,10 @@ def decode_action(action: str, tools: Sequence[dict[str, Any]]) -> ToolCall | No
     import jsonschema  # deferred: only tool envs need it
 
     validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+    try:
+        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+    except RecursionError:  # a declared schema that recurses (the arguments are bounded above)
+        raise ToolCallError(f"the arguments of {name} could not be checked (too deeply nested)") from None
     if errors:
         first = errors[0]
         where = ".".join(str(p) for p in first.absolute_path)

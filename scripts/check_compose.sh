@@ -98,6 +98,8 @@ for project in $({ $engine ps -a --format '{{ index .Labels "com.docker.compose.
     done
   fi
 done
+# the servers' token (required by docker-compose.yml); the trainer and the eval scripts send it from the environment
+export AGENT_RL_SERVER_TOKEN="${AGENT_RL_SERVER_TOKEN:-$("$PY" -c 'import secrets; print(secrets.token_urlsafe(32))')}"
 down  # a clean start: no container or cache volume of this project left from an earlier run
 
 # ---------------------------------------------------------------- build

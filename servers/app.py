@@ -4,8 +4,9 @@
 
 Layout: ``routers/`` (thin routes of our session API), ``openenv.py`` (each env's OpenEnv surface, HTTP and WS, under
 ``/envs/<env id>``), ``mcp.py`` (its MCP server, ``/envs/<env id>/mcp``), ``errors.py`` (one error mapping for every
-surface), ``dependencies.py`` (the session manager from ``lifespan``, the token), ``sessions.py`` (the server's
-settings), ``schemas.py`` (bodies); sessions, env worker processes and their errors are :mod:`envs.hosting` (shared
+surface), ``access.py`` (who may call: the gate in front of every surface, each client's own sessions),
+``dependencies.py`` (the session manager from ``lifespan``, the caller), ``settings.py`` (the server's settings),
+``schemas.py`` (bodies); sessions, env worker processes and their errors are :mod:`envs.hosting` (shared
 with the in-process client), and every surface uses the same ones.
 Errors are HTTP codes with a JSON body ``{"detail": str, "code": str}``, never an error inside a 200. Every answer is
 valid UTF-8 JSON: a lone UTF-16 surrogate in a request is a 422 (``servers.schemas``), and any text an answer echoes
@@ -31,17 +32,18 @@ import envs  # noqa: F401  (registers the built-in ids)
 from envs.hosting import SessionManager
 from envs.hosting.errors import HTTP_ERRORS, EnvNotReady
 from envs.hosting.jsonable import scrub_text, to_jsonable
-from servers.dependencies import require_token
+from servers.access import AccessGate
+from servers.dependencies import get_client
 from servers.errors import describe_error
 from servers.mcp import EnvMCP
 from servers.middleware import BodyGuardMiddleware
 from servers.openenv import EnvFacts, build_router, openenv_path
 from servers.routers import meta, sessions
-from servers.sessions import ServerSettings
+from servers.settings import ServerSettings
 
 __all__ = ["create_app"]
 
-_HTTP_CODES = {400: "invalid_task", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
+_HTTP_CODES = {400: "invalid_task", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
                413: "action_too_large", 501: "not_implemented"}
 
 
@@ -67,15 +69,17 @@ def create_app(
         max_sessions: live sessions at most (503 + ``Retry-After`` beyond).
         session_ttl_s: idle sessions are closed after this many seconds.
         workers: worker processes at most (``None``: ``max_sessions``, one process per live session).
-        token: bearer token required on every route except ``/health``.
+        token: the token of one client, required on every route but the health checks (``servers.access``).
         max_action_bytes: largest action in UTF-8 bytes (413 beyond).
         imports: modules to import first (in the server and in every worker), e.g. a user's module that calls
             ``gymnasium.register``.
-        **settings: other :class:`servers.sessions.ServerSettings` fields (``prestart_workers``, ``check_envs``,
-            ``env_timeout_s``, ``max_sessions_per_worker``, ``max_resets_per_worker``, ``max_worker_rss_mb``).
+        **settings: other :class:`servers.settings.ServerSettings` fields (``prestart_workers``, ``check_envs``,
+            ``env_timeout_s``, ``max_sessions_per_worker``, ``max_resets_per_worker``, ``max_worker_rss_mb``;
+            ``tokens``: ``{client name: token}`` instead of ``token``; ``allowed_origins``: browser origins allowed).
 
     Raises:
-        ValueError: an env id is not registered (the message lists the registered ``agent_rl/`` ids).
+        ValueError: an env id is not registered (the message lists the registered ``agent_rl/`` ids), or a setting
+            is invalid (an empty token included).
     """
     imports = list(imports)
     for name in imports:
@@ -112,10 +116,12 @@ def create_app(
     app = FastAPI(title="agent_rl env server", version="0.1.0", lifespan=lifespan,
                   description=f"Sessions of gymnasium text envs: {', '.join(env_ids)}")
     app.state.settings = config
-    app.add_middleware(BodyGuardMiddleware, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(BodyGuardMiddleware, max_body_bytes=config.max_body_bytes,
+                       max_json_depth=config.max_json_depth)
+    app.add_middleware(AccessGate, settings=config)  # outermost: Host, Origin, token before any body is read
     app.include_router(meta.router)
-    app.include_router(meta.envs_router, dependencies=[Depends(require_token)])
-    app.include_router(sessions.router, dependencies=[Depends(require_token)])
+    app.include_router(meta.envs_router, dependencies=[Depends(get_client)])
+    app.include_router(sessions.router, dependencies=[Depends(get_client)])
     # OpenEnv (HTTP, WS) and MCP under each env's path; a one-env server answers them at its root too (not /health)
     for env_id in env_ids:
         app.include_router(build_router(env_id, facts[env_id]), prefix=openenv_path(env_id))

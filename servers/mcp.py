@@ -19,7 +19,12 @@ Which episode a call plays: its ``session_id`` argument, else the episode that `
 session (the ``Mcp-Session-Id`` of a client that did the initialize handshake); a client of the stateless protocol
 (no MCP session; the SDK's default ``mode="auto"`` against this server) passes the ``session_id`` that reset
 answered. An MCP session that ends (the client's ``DELETE``) closes its episode's session; an unclosed one expires
-with the server's TTL, like any session. Token: as every route (``Authorization: Bearer <token>``), else 401.
+with the server's TTL, like any session. Token: as every route (``Authorization: Bearer <token>``), else 401
+(``servers.access.AccessGate``). Every episode belongs to the caller's client and to this env
+(``servers.access.ClientSessions``): a ``session_id`` of another client or another env is ``session_not_found``
+(404) for a play or close, and a reset with it opens a new session, the other untouched; an MCP session itself
+answers only the client that opened it (the SDK's session ownership, from ``scope["user"]``). Without a token the
+SDK's DNS-rebinding protection is on (loopback ``Host`` only).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import mcp_types as types
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
@@ -40,7 +47,7 @@ from starlette.responses import JSONResponse
 from envs.hosting import SessionManager, SessionNotFound
 from envs.hosting.errors import EnvFailed, EnvRejected, http_error
 from envs.hosting.jsonable import lone_surrogate
-from servers.dependencies import token_ok
+from servers.access import CLIENT_KEY, ClientSessions, mcp_loopback_security
 from servers.errors import describe_error
 from servers.openenv import EnvFacts, close_quietly
 
@@ -112,8 +119,10 @@ class EnvMCP:
         self.manager = manager
         self.transport = StreamableHTTPSessionManager(
             app=self.server, json_response=True,
-            # the token guards this server; a bound container port has a Host header no allow-list can know
-            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            # no token: loopback Host and Origin only (the SDK's DNS-rebinding protection, behind servers.access's
+            # gate); with tokens the token guards it (a container's port has a Host header no allow-list can know)
+            security_settings=(TransportSecuritySettings(enable_dns_rebinding_protection=False)
+                               if self.settings.clients() else mcp_loopback_security()),
             session_idle_timeout=self.settings.session_ttl_s, max_sessions=None,
             max_request_body_size=self.settings.max_body_bytes)
         async with self.transport.run():
@@ -125,19 +134,34 @@ class EnvMCP:
                 self.bound.clear()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
-        if not token_ok(headers.get("authorization"), self.settings.token):
-            await JSONResponse({"detail": "missing or wrong bearer token", "code": "unauthorized"}, status_code=401,
+        client = scope.get(CLIENT_KEY)
+        if client is None:  # servers.access.AccessGate authenticates every request before it gets here
+            await JSONResponse({"detail": "missing or wrong token", "code": "unauthorized"}, status_code=401,
                                headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
             return
         if self.transport is None:
             await JSONResponse({"detail": "MCP is not running", "code": "not_ready"}, status_code=503)(
                 scope, receive, send)
             return
+        # the SDK's own session ownership: an MCP session answers only the client that opened it (another
+        # client's request with its Mcp-Session-Id is a 404, as for an unknown one)
+        scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=client, scopes=[]))
         await self.transport.handle_request(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
         if scope.get("method") == "DELETE" and headers.get(SESSION_HEADER) in self.bound:  # the MCP session ended
             assert self.manager is not None
-            await close_quietly(self.manager, self.bound.pop(headers[SESSION_HEADER]))
+            sessions = ClientSessions(self.manager, client, self.env_id)
+            if sessions.owns(self.bound[headers[SESSION_HEADER]]):
+                await close_quietly(sessions, self.bound.pop(headers[SESSION_HEADER]))
+
+    def sessions(self, ctx: Any) -> ClientSessions:
+        """The calling client's sessions of this env (``servers.access.ClientSessions``)."""
+        assert self.manager is not None
+        request = getattr(ctx, "request", None)
+        client = request.scope.get(CLIENT_KEY) if request is not None else None
+        if client is None:
+            raise MCPError(code=types.INVALID_REQUEST, message="no authenticated client")
+        return ClientSessions(self.manager, client, self.env_id)
 
     # ---- tools ---------------------------------------------------------------------------------------------
     async def env_tools(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -190,8 +214,7 @@ class EnvMCP:
                 sid, mcp_sid = self._episode(ctx, arguments)
                 if sid is None:
                     raise _invalid("no episode to close: pass session_id")
-                assert self.manager is not None
-                await self.manager.close(sid)
+                await self.sessions(ctx).close(sid)
                 if mcp_sid and self.bound.get(mcp_sid) == sid:
                     del self.bound[mcp_sid]
                 return types.CallToolResult(content=[types.TextContent(type="text", text="closed")],
@@ -221,20 +244,23 @@ class EnvMCP:
         options = dict(arguments.get("options") or {})
         options.update({k: arguments[k] for k in ("split", "index") if arguments.get(k) is not None})
         sid, mcp_sid = self._episode(ctx, arguments)
-        if sid is not None and sid in self.manager.sessions and sid not in self._made_with:
-            raise _invalid(f"session {sid!r} was not opened by this MCP server's reset (it belongs to another "
-                           "client: a reset here would replace it); call reset without session_id")
+        sessions = self.sessions(ctx)
+        if sid is not None and not sessions.owns(sid):  # unknown, expired, another client's or env's: a new one
+            sid = None
+        if sid is not None and sid not in self._made_with:
+            raise _invalid(f"session {sid!r} was not opened by this MCP server's reset (a reset here would replace "
+                           "it); call reset without session_id")
         seed, reply = arguments.get("seed"), None
-        if sid is not None and sid in self.manager.sessions and self._made_with.get(sid) == (env_kwargs, options):
+        if sid is not None and self._made_with.get(sid) == (env_kwargs, options):
             # the same task again: in place (another task: a new session, placed where that task is loaded)
             with contextlib.suppress(SessionNotFound):
-                reply = await self.manager.reset(sid, seed=seed, options=options or None)
+                reply = await sessions.reset(sid, seed=seed, options=options or None)
         if reply is None:
             if sid is not None:
-                await close_quietly(self.manager, sid)
+                await close_quietly(sessions, sid)
                 self._made_with.pop(sid, None)
-            sid, obs, info = await self.manager.create(self.env_id, seed=seed, options=options or None,
-                                                       env_kwargs=env_kwargs)
+            sid, obs, info = await sessions.create(self.env_id, seed=seed, options=options or None,
+                                                   env_kwargs=env_kwargs)
         else:
             obs, info = reply
         self._made_with[sid] = (env_kwargs, options)
@@ -267,7 +293,7 @@ class EnvMCP:
         if len(action.encode("utf-8")) > self.settings.max_action_bytes:
             raise _invalid(f"action longer than max_action_bytes={self.settings.max_action_bytes}")
         try:
-            reply = await self.manager.step(sid, action)
+            reply = await self.sessions(ctx).step(sid, action)
         except EnvFailed:
             self._made_with.pop(sid, None)
             raise

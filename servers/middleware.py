@@ -1,10 +1,15 @@
-"""Pure-ASGI request-body guard: 413 for bodies over the limit (before parsing them), 422 for bodies that are not
-valid UTF-8 (FastAPI would answer those 400). The body is read once, bounded, and replayed to the app."""
+"""Pure-ASGI request-body guard, in front of every HTTP route (our session API, OpenEnv, MCP): 413 for bodies over
+the limit (before reading them whole), 422 for bodies that are not valid UTF-8 (FastAPI would answer those 400),
+400 ``json_too_deep`` for JSON nested deeper than the limit (counted before parsing: deep JSON raised RecursionError
+in the parser, in pickling to the worker or in the 422 handler, a plain-text 500), 400 ``invalid_json`` for a body
+that is not JSON. The body is read once, bounded, and replayed to the app."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from envs.jsondepth import MAX_JSON_DEPTH, json_depth
 
 __all__ = ["BodyGuardMiddleware"]
 
@@ -17,11 +22,14 @@ async def _send_json(send: Any, status: int, payload: Any) -> None:
 
 
 class BodyGuardMiddleware:
-    """Reject request bodies larger than ``max_body_bytes`` (413) or not valid UTF-8 (422)."""
+    """Reject request bodies larger than ``max_body_bytes`` (413), not valid UTF-8 (422), nested deeper than
+    ``max_json_depth`` (400 ``json_too_deep``) or not JSON (400 ``invalid_json``); an empty body passes (routes
+    whose body is optional)."""
 
-    def __init__(self, app: Any, max_body_bytes: int) -> None:
+    def __init__(self, app: Any, max_body_bytes: int, max_json_depth: int = MAX_JSON_DEPTH) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_json_depth = max_json_depth
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
@@ -55,6 +63,17 @@ class BodyGuardMiddleware:
                                                      "msg": f"request body is not valid UTF-8: {exc.reason}",
                                                      "input": None}]})
             return
+        if body.strip():
+            depth = json_depth(body, self.max_json_depth)
+            if depth > self.max_json_depth:
+                await _send_json(send, 400, {"detail": f"request body nested deeper than {self.max_json_depth} "
+                                                       "levels (refused before parsing)", "code": "json_too_deep"})
+                return
+            try:
+                json.loads(body)
+            except ValueError as exc:
+                await _send_json(send, 400, {"detail": f"request body is not JSON: {exc}", "code": "invalid_json"})
+                return
         replayed = False
 
         async def replay() -> dict[str, Any]:

@@ -34,9 +34,11 @@ answers; on WS an ``{"type": "error", "data": {"message", "code", "status", "err
 ``code`` is OpenEnv's (``CAPACITY_REACHED``, ``VALIDATION_ERROR``, ``SESSION_ERROR``, ``EXECUTION_ERROR``,
 ``INVALID_JSON``, ``UNKNOWN_TYPE``) and ``status``/``error_code`` are what our API answers for the same situation
 (``servers.errors.describe_error``). Capacity is counted in sessions, not connections: a reset when the server holds
-``max_sessions`` answers ``CAPACITY_REACHED`` (status 503) and the connection stays open for a retry. The token (``--token``) is checked on every route but ``health``: ``Authorization:
-Bearer <token>``, or Basic with the token as password, which is what openenv-core's client sends for a base URL
-``http://user:<token>@host:port/envs/<env id>`` (it takes no headers).
+``max_sessions`` answers ``CAPACITY_REACHED`` (status 503) and the connection stays open for a retry. A token
+(``--token``, ``--token-file``) is checked on every route but ``health``, by ``servers.access.AccessGate`` before
+any route: ``Authorization: Bearer <token>``, or Basic with the token as password, which is what openenv-core's
+client sends for a base URL ``http://user:<token>@host:port/envs/<env id>`` (it takes no headers). Every session a
+surface opens belongs to the caller's client and to this env (``servers.access.ClientSessions``).
 
 Implemented here rather than with openenv-core's ``HTTPEnvServer``: that server makes each env in the server
 process (a thread per session), keeps its own session table, capacity and reaper, and answers every env failure
@@ -64,7 +66,9 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from envs.hosting import SessionManager, SessionNotFound
 from envs.hosting.errors import EnvFailed, http_error
 from envs.hosting.jsonable import lone_surrogate, to_jsonable
-from servers.dependencies import get_manager, require_token, token_ok
+from envs.jsondepth import MAX_JSON_DEPTH, json_depth
+from servers.access import CLIENT_KEY, ClientSessions
+from servers.dependencies import get_client, get_manager
 from servers.errors import describe_error
 from servers.schemas import ErrorResponse, UnprocessableResponse
 
@@ -288,7 +292,7 @@ def observation(obs: Any, info: dict[str, Any], *, session_id: str | None, termi
     return out
 
 
-async def close_quietly(manager: SessionManager, session_id: str | None) -> None:
+async def close_quietly(manager: SessionManager | ClientSessions, session_id: str | None) -> None:
     """Close a session that may already be gone (expired, or closed by an env failure)."""
     if session_id is not None:
         with contextlib.suppress(SessionNotFound):
@@ -370,8 +374,10 @@ class WSSession:
     a reset of the same task (options and env kwargs) resets it in place, a reset of another task opens a new one
     (placed where that task is loaded) and closes the old one."""
 
-    def __init__(self, manager: SessionManager, env_id: str, max_action_bytes: int, max_message_bytes: int) -> None:
-        self.manager = manager
+    def __init__(self, manager: ClientSessions, env_id: str, max_action_bytes: int, max_message_bytes: int,
+                 max_json_depth: int = MAX_JSON_DEPTH) -> None:
+        self.manager = manager  # the connection's client's sessions of env_id (servers.access)
+        self.max_json_depth = max_json_depth
         self.env_id = env_id
         self.max_action_bytes = max_action_bytes
         self.max_message_bytes = max_message_bytes
@@ -395,10 +401,15 @@ class WSSession:
         if len(raw) > self.max_message_bytes:
             return _message_error(f"message larger than {self.max_message_bytes} bytes", "VALIDATION_ERROR",
                                   status=413, error_code="body_too_large"), False
+        depth = json_depth(raw, self.max_json_depth)
+        if depth > self.max_json_depth:  # before parsing: json.loads raised RecursionError and dropped the connection
+            return _message_error(f"message nested deeper than {self.max_json_depth} levels (refused before "
+                                  "parsing)", "VALIDATION_ERROR", status=400, error_code="json_too_deep"), False
         try:
             message = json.loads(raw)
         except ValueError as exc:
-            return _message_error(f"Invalid JSON: {exc}", "INVALID_JSON"), False
+            return _message_error(f"Invalid JSON: {exc}", "INVALID_JSON", status=400,
+                                  error_code="invalid_json"), False
         if not isinstance(message, dict):
             return _message_error("a message is a JSON object {\"type\": ..., \"data\": ...}",
                                   "VALIDATION_ERROR"), False
@@ -436,7 +447,7 @@ class WSSession:
     def state(self) -> dict[str, Any]:
         """OpenEnv ``State`` (``episode_id``, ``step_count``) and what the connection holds: its session, the
         episodes it started, whether the current one is over."""
-        session = self.manager.sessions.get(self.session_id) if self.session_id else None
+        session = self.manager.get(self.session_id) if self.manager.owns(self.session_id) else None
         return {"episode_id": self.episode_id, "step_count": self.step_count,
                 "session_id": self.session_id if session else None, "env_id": self.env_id,
                 "episodes": self.episodes, "done": session.done if session else False}
@@ -527,14 +538,15 @@ async def serve_ws(websocket: WebSocket, env_id: str) -> None:
     """The OpenEnv ``/ws`` channel of ``env_id`` (see the module docstring)."""
     app = websocket.app
     settings = app.state.settings
-    if not token_ok(websocket.headers.get("authorization"), settings.token):
+    client = websocket.scope.get(CLIENT_KEY)
+    if client is None:  # servers.access.AccessGate authenticates every handshake before it gets here
         await websocket.send_denial_response(JSONResponse(
-            {"detail": "missing or wrong bearer token", "code": "unauthorized"}, status_code=401,
+            {"detail": "missing or wrong token", "code": "unauthorized"}, status_code=401,
             headers={"WWW-Authenticate": "Bearer"}))
         return
-    manager: SessionManager = app.state.manager
     await websocket.accept()
-    conn = WSSession(manager, env_id, settings.max_action_bytes, settings.max_body_bytes)
+    conn = WSSession(ClientSessions(app.state.manager, client, env_id), env_id, settings.max_action_bytes,
+                     settings.max_body_bytes, settings.max_json_depth)
     try:
         while True:
             raw = await _receive(websocket, settings.session_ttl_s)
@@ -562,10 +574,10 @@ _422 = {"model": UnprocessableResponse, "description": "validation errors, or th
 def build_router(env_id: str, facts: EnvFacts, *, health: bool = True) -> APIRouter:
     """The OpenEnv routes of ``env_id`` (mount under :func:`openenv_path`; ``health=False`` for the root alias)."""
     router = APIRouter(tags=[f"OpenEnv {env_id}"])
-    auth = [Depends(require_token)]
+    auth = [Depends(get_client)]
 
-    async def _stateless(request: Request, body: ResetBody) -> tuple[SessionManager, str, Any, dict[str, Any]]:
-        manager = get_manager(request)
+    async def _stateless(request: Request, body: ResetBody) -> tuple[ClientSessions, str, Any, dict[str, Any]]:
+        manager = ClientSessions(get_manager(request), get_client(request, None), env_id)
         request.state.opening = True
         sid, obs, info = await manager.create(env_id, seed=body.seed, options=body.reset_options(),
                                               env_kwargs=body.env_kwargs)

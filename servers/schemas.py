@@ -108,7 +108,6 @@ class SessionInfo(BaseModel):
     done: bool = Field(description="the current episode ended; step is 409 until reset")
     busy: bool
     worker: int | None = Field(description="index of the worker process holding it")
-    worker_pid: int | None = Field(default=None, description="process id of that worker")
 
 
 class SessionsResponse(BaseModel):
@@ -152,6 +151,8 @@ class ErrorResponse(BaseModel):
     detail: str
     code: str = Field(description="machine-readable: session_not_found, unknown_env, episode_over, session_busy, "
                                   "action_too_large, at_capacity, env_error, env_timeout, unauthorized, body_too_large, "
+                                  "invalid_json (400: the body is not JSON), json_too_deep (400: nested deeper than "
+                                  "max_json_depth), "
                                   "invalid_request (422: the env rejected env_kwargs, seed or options), "
                                   "session_exists (409: a live session has the client-chosen session_id)")
 

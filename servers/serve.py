@@ -1,11 +1,15 @@
 """Command line entry point of the env server (what the tests, the Dockerfiles and docker-compose run).
 
     python -m servers.serve --env agent_rl/ALFWorld-v0 --host 127.0.0.1 --port 8001
-    python -m servers.serve --import mypkg.myenv --env mypkg/MyEnv-v0 --token "$TOKEN"
+    AGENT_RL_SERVER_TOKEN=... python -m servers.serve --import mypkg.myenv --env mypkg/MyEnv-v0 --host 0.0.0.0
+    python -m servers.serve --env agent_rl/Code-v0 --token-file tokens.txt   # one "name: token" a line
 
 Serves our session API and, for each env, OpenEnv (HTTP and ``WS /ws``) and MCP under ``/envs/<env id>`` (``GET
 /envs`` lists the paths; a one-env server answers them at its root too). Binds 127.0.0.1 unless ``--host`` says
-otherwise. ``GET /health`` answers 200 once the server is ready: every
+otherwise; a non-loopback ``--host`` needs a token. Tokens (``servers.access``): ``$AGENT_RL_SERVER_TOKEN`` or
+``--token`` (one client; the variable keeps it out of ``ps``), or ``--token-file`` (named clients, each owning its
+sessions); an empty token exits with status 2 and a message. The variable is removed from the server's environment
+before any env worker starts (env code never sees it). ``GET /health`` answers 200 once the server is ready: every
 served env has made and reset one session with its defaults; if one cannot (missing or empty data), the server
 exits with status 3 and one last line naming the env, the resolved data path and the counts found.
 """
@@ -14,10 +18,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
+
+from servers.launch import TOKEN_ENV
+from servers.tokens import is_loopback_bind, read_token_file
 
 __all__ = ["build_parser", "main"]
 
@@ -31,9 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="module to import first, e.g. one that calls gymnasium.register (repeatable)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--token", default=os.environ.get("AGENT_RL_SERVER_TOKEN") or None,
-                   help="token required on every route but the health checks, on every surface (Authorization: "
-                        "Bearer <token>, or Basic with it as password; default $AGENT_RL_SERVER_TOKEN)")
+    p.add_argument("--token", default=None,
+                   help="token of one client, required on every route but the health checks, on every surface "
+                        "(Authorization: Bearer <token>, or Basic with it as password; default "
+                        f"${TOKEN_ENV}, which keeps it off the command line). Without a token the server serves "
+                        "loopback only")
+    p.add_argument("--token-file", default=None, metavar="FILE",
+                   help="clients told apart by their tokens: one 'name: token' a line ('#' comments); each client "
+                        "reaches only the sessions it opened")
+    p.add_argument("--allow-origin", action="append", default=[], dest="allowed_origins", metavar="ORIGIN",
+                   help="a browser origin allowed to call (repeatable, e.g. http://localhost:3000; '*': any); "
+                        "requests with any other Origin but the server's own are refused (403)")
     p.add_argument("--max-sessions", type=int, default=64, help="live sessions at most (503 beyond)")
     p.add_argument("--workers", type=int, default=None,
                    help="env worker processes at most (default: max-sessions, one process per session)")
@@ -43,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env-timeout", type=float, default=600.0, help="seconds one env call may take")
     p.add_argument("--reset-nice", type=int, default=10,
                    help="run resets this many nice levels below steps (needs CAP_SYS_NICE; 0: off)")
+    p.add_argument("--sandbox-limits", default=None, metavar="KEY=VALUE,...",
+                   help="caps of the code sandbox, per run (e.g. memory_mb=512,nproc=16,cpu_s=10,wall_s=20; or a "
+                        "JSON object): client env_kwargs may tighten a limit, never exceed its cap (4xx naming it); "
+                        "default: the sandbox's defaults (envs.code.sandbox.SandboxLimits), or "
+                        "$AGENT_RL_SANDBOX_LIMITS")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a connection may take to send a whole request head (then it is closed)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -51,22 +74,46 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Parse ``argv``, build the app with :func:`servers.app.create_app` and run it with uvicorn."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # the token: --token, else $AGENT_RL_SERVER_TOKEN (removed from the environment: env workers never inherit it)
+    from_env = os.environ.pop(TOKEN_ENV, None)
+    token = args.token if args.token is not None else (from_env if args.token_file is None else None)
+    if token is not None and not token.strip():
+        parser.error(f"an empty token ({'--token' if args.token is not None else '$' + TOKEN_ENV} is set but "
+                     "empty) would let an empty credential in: give a token, or none for a loopback-only server")
+    if token is not None and args.token_file is not None:
+        parser.error("--token and --token-file: give one of them")
+    try:  # a token file or bind that cannot serve: one line and exit code 2, before anything heavy is imported
+        tokens = read_token_file(args.token_file) if args.token_file is not None else None
+    except ValueError as exc:
+        parser.error(str(exc))
+    if token is None and tokens is None and not is_loopback_bind(args.host):
+        parser.error(f"--host {args.host} without a token: a server without a token serves only loopback "
+                     f"(127.0.0.1, ::1); set ${TOKEN_ENV}, --token or --token-file to bind another address")
     import uvicorn
 
     from servers.app import create_app
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # a bad --import, --env or setting: one line and exit code 2, not a traceback
+        if args.sandbox_limits is not None:  # before any worker starts: they inherit it
+            from envs.code.sandbox import SANDBOX_LIMITS_ENV, parse_sandbox_limits
+
+            os.environ[SANDBOX_LIMITS_ENV] = json.dumps(parse_sandbox_limits(args.sandbox_limits))
         for name in args.imports:
             importlib.import_module(name)
         app = create_app(args.env_ids, max_sessions=args.max_sessions, session_ttl_s=args.ttl, workers=args.workers,
-                         token=args.token, max_action_bytes=args.max_action_bytes, imports=args.imports,
+                         token=token, tokens=tokens, allowed_origins=[o.rstrip("/") for o in args.allowed_origins],
+                         max_action_bytes=args.max_action_bytes, imports=args.imports,
                          prestart_workers=args.prestart_workers, env_timeout_s=args.env_timeout,
                          reset_nice=args.reset_nice)
     except (ImportError, ValueError) as exc:
         parser.error(str(exc))
+    from servers.protocol import header_timeout_protocol
+
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           access_log=False, timeout_graceful_shutdown=30))
+                                           access_log=False, timeout_graceful_shutdown=30,
+                                           http=header_timeout_protocol(args.header_timeout),
+                                           ws_max_size=4 * app.state.settings.max_body_bytes))  # beyond: 1009
     try:
         server.run()
     except SystemExit:  # uvicorn exits 3 itself when the startup fails

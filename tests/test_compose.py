@@ -177,6 +177,7 @@ def test_the_engine_resolves_the_compose_file_and_its_host_ports(ports):
     engine = require_engine()
     env = {k: v for k, v in os.environ.items() if k not in ("AGENT_RL_ALFWORLD_PORT", "AGENT_RL_WEBSHOP_PORT",
                                                                   "AGENT_RL_BIND")}
+    env.setdefault("AGENT_RL_SERVER_TOKEN", "tok-compose-config")  # required by the file (no open server)
     run = subprocess.run([*engine, "config"], cwd=ROOT, env={**env, **ports}, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -8,8 +8,13 @@ import re
 import pytest
 import torch
 
-from agent_rl.config import (RESUME_APPLIED, ConfigError, compare_for_resume, config_dict, fit_prompt_budget,
-                             load_config)
+from agent_rl.compose import config_dict, load_config
+
+from agent_rl.config import ConfigError
+
+from agent_rl.resume import RESUME_APPLIED, compare_for_resume
+
+from agent_rl.trainable import fit_prompt_budget
 from agent_rl.engines.vllm import vllm_build
 from agent_rl.models import TINY_MAX_POSITIONS
 

@@ -13,6 +13,10 @@ What the learner calls, by spec section:
     0/3 logprobs_from_logits, entropy_from_logits, js_divergence_from_logits (chunked, (N, V) -> (N,)),
        js_divergence_rows (one chunk, torch.compile-friendly)
     3  tgrl_advantages, tgrl_token_weights, tgrl_delta_r, tgrl_metrics; AdaptiveHighTemperature (algo.t_high=auto)
+    8  TAMPO: virtual_logprobs (chunk (n, V) -> (n, K)), episode_virtual_likelihoods, tampo_normalise (sparsemax /
+       softmax / argmax), tampo_statistic (the batch statistic A_B), tampo_episode_sums (its additive part, per
+       learner rank), tampo_meta_policy, tampo_nucleus, tampo_draw; TampoMetaPolicy (the driver's state);
+       parse_temperature_schedule, scheduled_temperature (rollout.temperature_schedule)
     4  schedule_value(kind, step, total_steps, ...) -> S
     5  apply_credit(name, CreditInputs(...), S, level) -> (advantages (B, T), loss_mask (B, T));
        tp_mask, turn_tp_mask, forking_mask, entropy_adv, empg_advantages
@@ -98,6 +102,9 @@ from .pipeline import (
     token_advantages,
 )
 from .schedules import schedule_progress, schedule_value
+from .tampo import (TAMPO_NORMS, TAMPO_SCOPES, TAMPO_SUM_PREFIX, tampo_sum_metrics, TampoMetaPolicy, episode_virtual_likelihoods,
+                    parse_temperature_schedule, scheduled_temperature, sparsemax, tampo_draw, tampo_episode_sums,
+                    tampo_meta_policy, tampo_normalise, tampo_nucleus, tampo_statistic, virtual_logprobs)
 from .tgrl import (AdaptiveHighTemperature, masked_row_quantile, tgrl_advantages, tgrl_delta_r, tgrl_metrics,
                    tgrl_token_weights)
 
@@ -138,6 +145,23 @@ __all__ = [
     "tgrl_delta_r",
     "tgrl_metrics",
     "masked_row_quantile",
+    # TAMPO (algorithms.md section 8)
+    "TAMPO_NORMS",
+    "TAMPO_SCOPES",
+    "virtual_logprobs",
+    "episode_virtual_likelihoods",
+    "sparsemax",
+    "tampo_normalise",
+    "tampo_statistic",
+    "tampo_episode_sums",
+    "TAMPO_SUM_PREFIX",
+    "tampo_sum_metrics",
+    "tampo_meta_policy",
+    "tampo_nucleus",
+    "tampo_draw",
+    "TampoMetaPolicy",
+    "parse_temperature_schedule",
+    "scheduled_temperature",
     # schedules (algorithms.md section 4)
     "schedule_value",
     "schedule_progress",

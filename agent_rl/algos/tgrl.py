@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._groups import (as_float, check_1d, check_2d, episode_reduce, group_ids, segment_mean,
+from ._groups import (as_float, check_1d, check_2d, episode_reduce, flat_range, group_ids, segment_mean,
                       segment_quantile, trajectory_ids)
 from .advantages import compute_advantages
 
@@ -158,8 +158,9 @@ def tgrl_advantages(
     return torch.where(keep, adv, 0.0)
 
 
-def _high_low_means(values: Tensor, group_index: Tensor, is_high: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per group: mean of ``values`` over high rows, over low rows, and whether the group has both. All (n_groups,)."""
+def _high_low_means(values: Tensor, group_index: Tensor, is_high: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per group: mean of ``values`` over high rows, over low rows, whether the group has both, and whether it is
+    informative (both, and its values not all equal: ``flat_range``, the one zero-variance test). All (n_groups,)."""
     inv, n = group_ids(group_index)
     v = as_float(values).double()
     h = is_high.bool()
@@ -169,7 +170,10 @@ def _high_low_means(values: Tensor, group_index: Tensor, is_high: Tensor) -> tup
     sum_h = z.clone().index_add_(0, inv, torch.where(h, v, 0.0))
     sum_l = z.clone().index_add_(0, inv, torch.where(h, 0.0, v))
     both = (cnt_h > 0) & (cnt_l > 0)
-    return sum_h / cnt_h.clamp_min(1.0), sum_l / cnt_l.clamp_min(1.0), both
+    vmax = torch.full((n,), -torch.inf, dtype=torch.float64, device=v.device).scatter_reduce(0, inv, v, "amax")
+    vmin = torch.full((n,), torch.inf, dtype=torch.float64, device=v.device).scatter_reduce(0, inv, v, "amin")
+    informative = both & ~flat_range(vmax, vmin)
+    return sum_h / cnt_h.clamp_min(1.0), sum_l / cnt_l.clamp_min(1.0), both, informative
 
 
 def _per_episode(
@@ -183,26 +187,29 @@ def _per_episode(
 
 @torch.no_grad()
 def tgrl_delta_r(
-    rewards: Tensor, group_index: Tensor, is_high: Tensor, episode_index: Tensor | None = None
-) -> float:
-    """Exploration gain ``delta_R = mean R(high) - mean R(low)`` per group, averaged over the groups that have both
-    high and low episodes (algorithms.md §3 step 2, metric ``tgrl/delta_R``). 0.0 when no group has both (e.g. in
-    warm-up).
+    rewards: Tensor, group_index: Tensor, is_high: Tensor, episode_index: Tensor | None = None,
+    *, with_count: bool = False
+) -> float | tuple[float, int]:
+    """Exploration gain ``delta_R = mean R(high) - mean R(low)`` per group, averaged over the step's *informative*
+    groups: those with both high and low episodes whose G rewards are not all equal (algorithms.md §3 step 2 and
+    "Uninformative steps (revised)", metric ``tgrl/delta_R``; a flat group's gain is 0 and only diluted the mean).
+    0.0 when no group is informative (e.g. in warm-up, or a step in which nothing won).
 
     Args:
         rewards: (B,) float. group_index: (B,) int. is_high: (B,) bool.
         episode_index: (B,) int, optional: count each episode once (per-turn mode).
+        with_count: also return the number of informative groups (``tgrl/delta_R_groups``).
     Returns:
-        python float, in reward units.
+        python float, in reward units (``(delta_R, n_informative)`` with ``with_count``).
     Raises:
         ValueError: an ``episode_index`` value spanning several groups.
     """
     r, g, h, _ = _per_episode(rewards, group_index, is_high, episode_index)
     check_1d("rewards", r)
-    mean_h, mean_l, both = _high_low_means(r, g, h)
-    if not bool(both.any()):
-        return 0.0
-    return float((mean_h - mean_l)[both].mean())
+    mean_h, mean_l, _, informative = _high_low_means(r, g, h)
+    n = int(informative.sum())
+    value = float((mean_h - mean_l)[informative].mean()) if n else 0.0
+    return (value, n) if with_count else value
 
 
 @torch.no_grad()
@@ -213,8 +220,8 @@ def tgrl_metrics(
     success: Tensor | None = None,
     episode_index: Tensor | None = None,
 ) -> dict[str, float]:
-    """The TGRL step metrics of algorithms.md §3 step 2 and §6: ``tgrl/delta_R``, ``tgrl/success_high``,
-    ``tgrl/success_low``.
+    """The TGRL step metrics of algorithms.md §3 step 2 and §6: ``tgrl/delta_R``, ``tgrl/delta_R_groups`` (the
+    number of informative groups it averages over), ``tgrl/success_high``, ``tgrl/success_low``.
 
     Args:
         rewards: (B,) float. group_index: (B,) int. is_high: (B,) bool.
@@ -228,8 +235,10 @@ def tgrl_metrics(
     h = h.bool()
     s = s.double()
     n_h, n_l = int(h.sum()), int((~h).sum())
+    delta_r, n_informative = tgrl_delta_r(r, g, h, with_count=True)
     return {
-        "tgrl/delta_R": tgrl_delta_r(r, g, h),
+        "tgrl/delta_R": delta_r,
+        "tgrl/delta_R_groups": float(n_informative),
         "tgrl/success_high": float(s[h].mean()) if n_h else 0.0,
         "tgrl/success_low": float(s[~h].mean()) if n_l else 0.0,
     }
@@ -299,16 +308,19 @@ class AdaptiveHighTemperature:
             self._steps[n] = [self._pick(n), None]
         return self.ladder[self._steps[n][0]]
 
-    def observe(self, step: int, delta_r: float) -> None:
+    def observe(self, step: int, delta_r: float, informative_groups: float | None = None) -> None:
         """Record ``tgrl/delta_R`` of 1-based ``step`` (after its update). Warm-up steps are ignored; so is a
-        non-finite value (the step then counts as picked but unobserved).
+        non-finite value, and (revised rule, algorithms.md §3 "Uninformative steps") a step with
+        ``informative_groups == 0`` (``tgrl/delta_R_groups``: no group's rewards varied): it is no observation, the
+        step counts as picked but unobserved and the discount clock still advances. ``informative_groups=None``:
+        the count is unknown, the value is taken.
 
         Raises:
             ValueError: ``step`` (after warm-up) had no pick (:meth:`t_high` was never asked for it), or was
                 observed already.
         """
         n = step - self.warmup_steps
-        if n < 1 or not math.isfinite(float(delta_r)):
+        if n < 1 or not math.isfinite(float(delta_r)) or (informative_groups is not None and informative_groups <= 0):
             return
         if n not in self._steps:
             raise ValueError(f"step {step} has no T1 pick to observe (ask t_high({step}) before its rollout)")

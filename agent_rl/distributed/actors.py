@@ -10,7 +10,6 @@ import asyncio
 import ctypes
 import os
 import signal
-import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from agent_rl.distributed.data_parallel import DataParallel, init_process_group
-from agent_rl.engines import set_torch_threads
+from agent_rl.engines import VersionedEngine, set_torch_threads
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner import Learner
 from agent_rl.distributed.fsdp import FullyShardedDataParallel, learner_memory
@@ -33,10 +32,11 @@ from agent_rl.memory import peak_rss_bytes, rss_bytes
 from agent_rl.models import load_policy
 from agent_rl.progress import Progress
 from agent_rl.rollout import GroupSpec, RolloutResult, group_temperatures
-from agent_rl.rollout.producer import VersionedEngine
+from agent_rl.rollout.schedule import plays_ahead
 from agent_rl.runtime import (build_engine, build_orchestrator, close_engine, free_port, import_modules,
                               make_env_pool, seed_everything)
 from agent_rl.types import Task
+from servers.launch import ServerLaunch
 from servers.wait import ServerExited, wait_healthy
 
 
@@ -191,10 +191,11 @@ class RolloutWorker:
             randomness of a turn is keyed by its step, group id, slot and turn (``agent_rl.rollout.orchestrator``),
             so a group samples the same episodes on any worker, with any M, and as the local backend does.
         env_urls: env-server URLs (``env_server.mode=http``); ignored in local mode.
+        env_token: the servers' token (the run's replicas' own; ``None``: ``env_server.token``).
     """
 
-    def __init__(self, cfg: Any, index: int, env_urls: list[str]) -> None:
-        self.cfg, self.index, self.env_urls = cfg, index, list(env_urls)
+    def __init__(self, cfg: Any, index: int, env_urls: list[str], env_token: str | None = None) -> None:
+        self.cfg, self.index, self.env_urls, self.env_token = cfg, index, list(env_urls), env_token
         self.version = -1
         # the orchestrator's event loop, in its own thread (Ray may run actor methods where a loop is running)
         self._loop = asyncio.new_event_loop()
@@ -222,14 +223,14 @@ class RolloutWorker:
         if torch.cuda.is_available() and cfg.rollout.worker_gpus > 0:
             self.model.to("cuda:0")
         self.engine = build_engine(cfg, self.model, self.tokenizer)
-        if cfg.trainer.max_staleness > 0:  # weights swapped between two engine calls, generations stamped
+        if plays_ahead(cfg):  # weights swapped between two engine calls, generations stamped
             self.engine = VersionedEngine(self.engine, self.version)
         self.pool = self._run(self._make_pool())  # made on the orchestrator's event loop, which uses it
         self.orchestrator = build_orchestrator(cfg, self.pool, self.engine)
         self._ready = True
 
     async def _make_pool(self) -> Any:
-        return make_env_pool(self.cfg, self.env_urls)
+        return make_env_pool(self.cfg, self.env_urls, self.env_token)
 
     def set_weights(self, version: int, weights: dict[str, torch.Tensor]) -> int:
         """Load the policy weights of learner version ``version`` (the number of updates behind them) into the
@@ -322,31 +323,27 @@ def _die_with_parent() -> None:
 
 
 class EnvServerReplica:
-    """One env-server replica (a Ray actor): ``python -m servers.serve`` as a child process of this actor, bound to
-    all interfaces of its node; :meth:`url` announces ``http://<node ip>:<port>``. The child is started with
+    """One env-server replica (a Ray actor): ``python -m servers.serve`` as a child process of this actor, launched
+    as the local backend's run server is (``servers.launch.ServerLaunch``: the token in the child's environment,
+    never on its command line); :meth:`url` announces ``http://<host>:<port>``. The child is started with
     ``PR_SET_PDEATHSIG`` = SIGKILL, so killing the actor kills its server too (the server is a process, as the
-    local backend's auto-started one; only ``servers.wait``, standard library, is imported here)."""
+    local backend's auto-started one; only ``servers.launch`` and ``servers.wait``, standard library, are imported
+    here).
 
-    def __init__(self, env_ids: list[str], imports: list[str], token: str | None, max_sessions: int, workers: int,
-                 data_root: str = "") -> None:
-        env = dict(os.environ)
-        if data_root:
-            env["AGENT_RL_DATA"] = data_root
-        if token:
-            env["AGENT_RL_SERVER_TOKEN"] = token
-        self.port = free_port("")
-        cmd = [sys.executable, "-m", "servers.serve", "--host", "0.0.0.0", "--port", str(self.port),
-               "--log-level", "warning"]
-        for env_id in env_ids:
-            cmd += ["--env", env_id]
-        for name in imports:
-            cmd += ["--import", name]
-        if max_sessions > 0:
-            cmd += ["--max-sessions", str(max_sessions)]
-        if workers > 0:
-            cmd += ["--workers", str(workers)]
-        self.proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509 (Linux prctl only)
-        self._url = f"http://{node_ip()}:{self.port}"
+    Binding: ``loopback`` is chosen by the backend (``RayBackend.open``) from the topology: ``127.0.0.1`` when the
+    Ray cluster has one node (every rollout worker is on this machine), else this node's IP (the address other
+    nodes reach it at; never ``0.0.0.0``). Either way the replica has a token, the run's (``env_server.token``, else one
+    the run made with ``servers.launch.new_token``), which the rollout workers send.
+    """
+
+    def __init__(self, env_ids: list[str], imports: list[str], token: str, max_sessions: int, workers: int,
+                 data_root: str = "", loopback: bool = True) -> None:
+        bind = "127.0.0.1" if loopback else node_ip()
+        self.port = free_port(bind)
+        self.launch = ServerLaunch(env_ids, self.port, token, host=bind, imports=imports, workers=workers,
+                                   max_sessions=max_sessions, log_level="warning", data_root=data_root)
+        self.proc = self.launch.start(preexec_fn=_die_with_parent)  # noqa: PLW1509 (Linux prctl only)
+        self._url = f"http://{bind}:{self.port}"
 
     def url(self, timeout_s: float = 120.0) -> str:
         """The replica's base URL once ``/health`` answers (``servers.wait.wait_healthy``; ``RuntimeError`` when the

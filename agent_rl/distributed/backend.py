@@ -20,7 +20,7 @@ sessions, the orchestrator re-runs those episodes and ``HTTPEnvPool`` opens new 
 Same numbers as the local backend with N = 1 (docs/scaling.md, Determinism): every worker samples with the local
 ``engine.seed`` and per-row keys (step and round, group, slot, turn), so the episodes do not depend on M or on timing.
 
-What it does not do (``agent_rl.config.BACKENDS["ray"]``): no env-reset prefetch across steps. A step with fewer kept
+What it does not do: no env-reset prefetch across steps (``RayPlayer.prefetch`` is None). A step with fewer kept
 groups than learner ranks skips the update (loud). ``DIR/checkpoints`` must be on a file system rank 0 and the driver
 share (one node, or NFS).
 """
@@ -33,7 +33,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
@@ -41,14 +41,17 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agent_rl import algos
-from agent_rl.config import BACKENDS, Config
+from agent_rl.config import Config
 from agent_rl.distributed.actors import EnvServerReplica, LearnerRank, LearnerSpec, RolloutWorker
 from agent_rl.distributed.data_parallel import shard_indices, take_shard, unshard_rows
 from agent_rl.eval.training import TrainingEval
-from agent_rl.rollout import RolloutResult, collect_groups, group_temperatures, merge_parallel_results
-from agent_rl.rollout.producer import AsyncProducer, warmup_horizon
+from agent_rl.loop import SkipUpdate
+from agent_rl.rollout import RolloutResult, merge_parallel_results
+from agent_rl.rollout.orchestrator import sum_counters
+from agent_rl.rollout.schedule import plays_ahead
 from agent_rl.runtime import REPO, import_modules, load_run_policy, seed_everything
 from agent_rl.types import RolloutBatch, Task
+from servers.launch import new_token
 
 #: times one step replaces dead rollout workers before giving up.
 MAX_WORKER_RESTARTS = 3
@@ -89,7 +92,8 @@ def merge_learner_metrics(ranks: list[dict[str, float]], batch: RolloutBatch) ->
     global denominator / N: module docstring of data_parallel), ``actor/grad_norm``, ``actor/lr``, ``schedule/S``,
     ``actor/optimizer_steps`` are equal on every rank (rank 0's), ``time/update_s``, ``async/staleness_max`` and the
     ``perf/`` memory metrics the ranks' maximum, the :data:`TRAINED_TOKEN_MEANS` (``async/staleness_mean``,
-    ``async/behaviour_weight_*``) the trained-token-weighted mean, TGRL group metrics recomputed on the whole batch,
+    ``async/behaviour_weight_*``) the trained-token-weighted mean, the additive ``tampo_sum/*`` summed (TAMPO's
+    driver divides by the batch's episodes), TGRL group metrics recomputed on the whole batch,
     every other metric the response-token-weighted mean over ranks."""
     weights = [max(m.get("batch/response_tokens", 1.0), 1e-9) for m in ranks]
     out: dict[str, float] = {}
@@ -104,7 +108,7 @@ def merge_learner_metrics(ranks: list[dict[str, float]], batch: RolloutBatch) ->
         elif key in TRAINED_TOKEN_MEANS:  # means over trained tokens: weighted by each rank's trained tokens
             tw = [m.get("batch/response_tokens", 0.0) * m.get("credit/trained_token_frac", 0.0) for m in ranks]
             out[key] = sum(v * w for v, w in zip(vals, tw)) / sum(tw) if sum(tw) > 0 else 0.0
-        elif key == "batch/response_tokens":
+        elif key == "batch/response_tokens" or key.startswith(algos.TAMPO_SUM_PREFIX):  # [tampo hook] additive
             out[key] = sum(vals)
         else:
             out[key] = sum(v * w for v, w in zip(vals, weights)) / sum(weights)
@@ -126,7 +130,7 @@ class RayBackend:
     """
 
     kind = "train"
-    capabilities = BACKENDS["ray"]
+
     def __init__(self, cfg: Config, out: Path, progress: Any, config_file: Path | None = None) -> None:
         self.cfg, self.out, self.progress = cfg, out, progress
         import_modules(cfg.trainer.imports)
@@ -140,42 +144,27 @@ class RayBackend:
         self.ranks: list[Any] = []
         self.workers: list[Any] = []
         self.urls = list(cfg.env_server.urls)
+        self.env_token: str | None = None  # the replicas' token when this run starts them (open)
         self.version = 0  # updates behind the workers' weights
+        self.lr = 0.0  # the next optimiser step's (read from rank 0 at a resume)
         self.weights: Any = None
         self.incarnation = [0] * cfg.rollout.num_workers
         self.restarts = 0  # worker replacements not yet reported in a step's metrics
-        self.producer: AsyncProducer | None = None  # trainer.max_staleness >= 1 (rollout/producer.py)
-        self._t_high: float | None = None
-        self._next_worker = 0
-        self._counters: dict[str, dict[str, float]] = {}  # per worker actor: its stream's totals
         self.versions_log: Any = None
         self._split: list[Any] = []  # the last update's (rows, episodes) per rank
         self._rows = 0  # the last update's batch rows
 
-    @property
-    def pending_tasks(self) -> int:
-        """Tasks drawn and not trained (asynchronous rollouts; 0 when synchronous: this backend never prefetches)."""
-        return self.producer.pending_tasks if self.producer is not None else 0
-
-    @property
-    def groups_in_flight(self) -> int:
-        return self.producer.groups_in_flight if self.producer is not None else 0
-
-    @property
-    def lr(self) -> float:
-        return float(ray.get(self.ranks[0].lr.remote()))
-
     # ------------------------------------------------------------------ start: learner ranks, resume
     async def start(self, ckpt: Path | None) -> dict[str, Any] | None:
         """Ray, the learner ranks (packed) in their process group, and ``ckpt`` loaded on every rank (whatever N
-        wrote it)."""
+        wrote it). Every Ray call is awaited: nothing blocks the event loop."""
         t = self.cfg.trainer
         self.started = _ray_init(self.cfg)
         gpu = t.learner_gpus > 0
         bundle = {"CPU": t.learner_cpus, **({"GPU": t.learner_gpus} if gpu else {})}
         pg_learn = placement_group([bundle] * t.num_learners, strategy="PACK")
         self.groups.append(pg_learn)
-        ray.get(pg_learn.ready(), timeout=600)
+        await asyncio.wait_for(pg_learn.ready(), timeout=600)
         spec = LearnerSpec.from_config(self.cfg, device="cuda" if gpu else "cpu")
         Rank = ray.remote(LearnerRank)
         self.ranks = [Rank.options(num_cpus=t.learner_cpus, num_gpus=t.learner_gpus,
@@ -183,224 +172,100 @@ class RayBackend:
                                        placement_group=pg_learn, placement_group_bundle_index=i)).remote(
             i, t.num_learners, spec) for i in range(t.num_learners)]
         self.actors += self.ranks
-        addr, port = ray.get(self.ranks[0].address.remote())
-        backend = ray.get([rk.setup.remote(addr, port) for rk in self.ranks])[0]
+        addr, port = await self.ranks[0].address.remote()
+        backend = (await asyncio.gather(*[rk.setup.remote(addr, port) for rk in self.ranks]))[0]
         print(f"{t.num_learners} learner rank(s) on {_nodes(pg_learn)} node(s), process group: {backend}",
               file=sys.stderr)
         if ckpt is None:
             return None
-        extra = ray.get([rk.load.remote(str(ckpt), t.resume_weights_only) for rk in self.ranks])[0]
+        extra = (await asyncio.gather(*[rk.load.remote(str(ckpt), t.resume_weights_only) for rk in self.ranks]))[0]
         self.version = int(extra["step"])
+        self.lr = float(await self.ranks[0].lr.remote())
         return extra
 
     # ------------------------------------------------------------------ open: env replicas, rollout workers
-    async def open(self) -> None:
+    async def open(self) -> RayPlayer:
         """Env-server replicas (http mode without URLs: spread over nodes), then the rollout workers loaded with
         weight version ``start - 1`` (the updates behind them)."""
         es = self.cfg.env_server
         if es.mode == "http" and not self.urls:
             pg_env = placement_group([{"CPU": es.replica_cpus}] * es.replicas, strategy="SPREAD")
             self.groups.append(pg_env)
-            ray.get(pg_env.ready(), timeout=600)
+            await asyncio.wait_for(pg_env.ready(), timeout=600)
             Replica = ray.remote(EnvServerReplica)
+            # the replicas' token: env_server.token, else one made for this run (the rollout workers get it as an
+            # actor argument, never in the saved config); loopback when every worker is on this one node
+            self.env_token = es.token or new_token()
+            loopback = sum(1 for n in await asyncio.to_thread(ray.nodes) if n.get("Alive")) <= 1
             replicas = [Replica.options(num_cpus=es.replica_cpus, name=f"agent_rl-env-{i}",
                                         scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=pg_env, placement_group_bundle_index=i)).remote(
-                [self.cfg.env.id], list(es.imports), es.token, es.max_sessions, es.workers, self.cfg.data.root)
+                [self.cfg.env.id], list(es.imports), self.env_token, es.max_sessions, es.workers, self.cfg.data.root,
+                loopback)
                 for i in range(es.replicas)]
             self.actors += replicas
-            self.urls = ray.get([a.url.remote(es.startup_timeout_s) for a in replicas])
+            self.urls = list(await asyncio.gather(*[a.url.remote(es.startup_timeout_s) for a in replicas]))
             print(f"env-server replicas on {_nodes(pg_env)} node(s): {', '.join(self.urls)}", file=sys.stderr)
-        self.weights = self._rank0_weights()
-        self.workers = [self._new_worker(i) for i in range(self.cfg.rollout.num_workers)]
+        self.weights = await self._rank0_weights()
+        self.workers = [await self._new_worker(i) for i in range(self.cfg.rollout.num_workers)]
         self.versions_log = open(self.out / "weight_versions.jsonl", "a", encoding="utf-8")
-        t, algo = self.cfg.trainer, self.cfg.algo
-        if t.max_staleness > 0:
-            self.producer = AsyncProducer(
-                self._play_group, self._load_weights, self._sum_counters,
-                lambda step: group_temperatures(algo, step, self._t_high), max_staleness=t.max_staleness,
-                tasks_per_step=t.tasks_per_step, total_steps=self.total_steps,
-                max_replays=self.cfg.rollout.max_stale_replays, partial=self.cfg.rollout.partial,
-                filter_groups=algo.dapo_dynamic_sampling, max_extra_rounds=algo.dapo_max_extra_rounds,
-                version=self.version, horizon=lambda step: warmup_horizon(algo, step, self.total_steps))
+        return RayPlayer(self)
 
-    # ------------------------------------------------------------------ asynchronous rollouts (max_staleness >= 1)
-    async def _play_group(self, spec: Any) -> Any:
-        """One group on the least recently used worker (round robin; the workers are threaded actors, so groups
-        play concurrently on each); a worker that dies is replaced (once per death, whichever group sees it first)
-        and the group played again on it."""
-        min_version = self.producer.version if self.producer is not None else self.version
-        for attempt in range(MAX_WORKER_RESTARTS + 1):
-            i = self._next_worker % len(self.workers)
-            self._next_worker += 1
-            worker = self.workers[i]
-            try:
-                res = await worker.play_group.remote(spec.task, spec.temperatures, min_version)
-            except RayActorError:
-                if attempt == MAX_WORKER_RESTARTS:
-                    raise
-                if self.workers[i] is worker:
-                    print(f"warning: rollout worker {i} died; replacing it and re-running its groups",
-                          file=sys.stderr)
-                    self._replace(i)
-                continue
-            self._counters[f"{i}-{self.incarnation[i]}"] = res["counters"]
-            for ep in res["episodes"]:
-                for turn in ep.turns:
-                    self.progress.turn(len(turn.response_ids))
-                self.progress.episode(ep.won)
-            return res["episodes"]
-        raise AssertionError("unreachable")
-
-    async def _load_weights(self, version: int) -> None:
-        """Rank 0's weights after ``version`` steps to every worker (each swaps them between two engine calls)."""
-        self.weights = self._rank0_weights()
-        self.version = version
-        await asyncio.gather(*[w.set_weights.remote(version, self.weights) for w in self.workers])
-
-    def _sum_counters(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for counters in self._counters.values():
-            for key, value in counters.items():
-                out[key] = out.get(key, 0.0) + value
-        return out
-
-    def _new_worker(self, i: int) -> Any:
+    async def _new_worker(self, i: int) -> Any:
         """Worker i (named ``agent_rl-rollout-<i>-<incarnation>``) loaded with the current weights; a worker that
         dies while loading is replaced too."""
-        r = self.cfg.rollout
+        r, t = self.cfg.rollout, self.cfg.trainer
         Worker = ray.remote(RolloutWorker)
         while True:
-            threads = {"max_concurrency": self.cfg.trainer.tasks_per_step * (self.cfg.trainer.max_staleness + 1) + 4}
+            threads = {"max_concurrency": t.tasks_per_step * (t.max_staleness + 1) + 4}
             w = Worker.options(num_cpus=r.worker_cpus, num_gpus=r.worker_gpus,
-                               **(threads if self.cfg.trainer.max_staleness > 0 else {}),  # async: groups at once
-                               name=f"agent_rl-rollout-{i}-{self.incarnation[i]}").remote(self.cfg, i, self.urls)
+                              **(threads if plays_ahead(self.cfg) else {}),  # a stream: groups at once
+                              name=f"agent_rl-rollout-{i}-{self.incarnation[i]}").remote(self.cfg, i, self.urls,
+                                                                                         self.env_token)
             self.incarnation[i] += 1
             try:
-                ray.get(w.set_weights.remote(self.version, self.weights))
+                await w.set_weights.remote(self.version, self.weights)
                 return w
             except RayActorError:
                 self.restarts += 1
                 if self.restarts > MAX_WORKER_RESTARTS * self.total_steps:
                     raise
 
-    def _replace(self, i: int) -> None:
+    async def replace(self, i: int) -> None:
+        """Worker i died: a new one with the current weights in its place."""
         self.restarts += 1
         ray.kill(self.workers[i], no_restart=True)
-        self.workers[i] = self._new_worker(i)
+        self.workers[i] = await self._new_worker(i)
 
-    # ------------------------------------------------------------------ collect
-    async def collect(self, step: int, sample_tasks: Callable[[int], list[Task]],
-                      t_high: float | None = None) -> RolloutResult:
-        cfg, n_workers = self.cfg, self.cfg.rollout.num_workers
-        temps = group_temperatures(cfg.algo, step, t_high)  # the driver's T1 pick travels with the tasks
-        self.progress.phase(f"step {step}/{self.total_steps} rollout", total=cfg.trainer.tasks_per_step * len(temps))
-        if self.producer is not None:  # asynchronous: the step's admitted groups (rollout/producer.py)
-            self._t_high = t_high
-            result = await self.producer.collect(step, sample_tasks)
-            result.metrics["rollout/worker_restarts"] = float(self.restarts)
-            self.restarts = 0
-            for ep in result.episodes:  # the oldest weight version each kept episode was sampled with
-                self.versions_log.write(json.dumps({
-                    "step": step, "group": ep.task.group_id, "temperature": ep.temperature,
-                    "weight_version": min((t.policy_version for t in ep.turns), default=0)}) + "\n")
-            self.versions_log.flush()
-            return result
-        step_restarts = 0
-        used: list[tuple[int, int]] = []  # (worker, weight version) of every group played
-        played: list[tuple[int, int, Any]] = []  # (worker, version, episode) for weight_versions.jsonl
+    # ------------------------------------------------------------------ update
+    async def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+        """The ranks' update on their shards of ``batch`` (whole groups), awaited.
 
-        async def play(tasks: list[Task], seed_key: int) -> RolloutResult:
-            """One round: contiguous chunks of ``tasks``, one per worker, in parallel; a dead worker is replaced
-            and its chunk played again."""
-            nonlocal step_restarts
-            t0 = time.perf_counter()
-            chunks = [tasks[i * len(tasks) // n_workers:(i + 1) * len(tasks) // n_workers] for i in range(n_workers)]
-            results: list[dict[str, Any] | None] = [None] * n_workers
-            pending = {i: self.workers[i].play.remote(chunks[i], step, seed_key, self.version, t_high)
-                       for i in range(n_workers) if chunks[i]}
-            while pending:
-                i, ref = next(iter(pending.items()))
-                try:
-                    results[i] = ray.get(ref)
-                    del pending[i]
-                    for ep in results[i]["result"].episodes:  # the phase's counts, as the local callbacks give
-                        for turn in ep.turns:
-                            self.progress.turn(len(turn.response_ids))
-                        self.progress.episode(ep.won)
-                except RayActorError as exc:
-                    step_restarts += 1
-                    if step_restarts > MAX_WORKER_RESTARTS:
-                        raise RuntimeError(f"step {step}: rollout workers died {step_restarts} times") from exc
-                    print(f"warning: step {step}: rollout worker {i} died ({type(exc).__name__}); replacing it "
-                          f"and re-running its {len(chunks[i])} group(s)", file=sys.stderr)
-                    self._replace(i)
-                    pending[i] = self.workers[i].play.remote(chunks[i], step, seed_key, self.version, t_high)
-            done = [res for res in results if res is not None]
-            for res in done:
-                used.append((res["worker"], res["weight_version"]))
-                played.extend((res["worker"], res["weight_version"], ep) for ep in res["result"].episodes)
-            return merge_parallel_results([res["result"] for res in done], wall_s=time.perf_counter() - t0)
-
-        result = await collect_groups(play, sample_tasks, cfg.trainer.tasks_per_step, len(temps), step,
-                                      filter_groups=cfg.algo.dapo_dynamic_sampling,
-                                      max_extra_rounds=cfg.algo.dapo_max_extra_rounds)
-        versions = [v for _, v in used]
-        result.metrics["rollout/weight_version"] = float(min(versions)) if versions else float(self.version)
-        result.metrics["rollout/weight_lag"] = float(step - 1 - min(versions)) if versions else 0.0  # 0: on-policy
-        result.metrics["rollout/worker_restarts"] = float(self.restarts)  # since the last logged step
-        self.restarts = 0
-        kept = {id(ep) for ep in result.episodes}
-        by_episode = {id(ep): v for _, v, ep in played}
-        result.versions = [by_episode[id(result.episodes[i])]
-                           for i in range(0, len(result.episodes), len(temps))]
-        for worker, version, ep in played:  # the weight version every kept episode was sampled with
-            if id(ep) in kept:
-                self.versions_log.write(json.dumps({"step": step, "worker": worker, "group": ep.task.group_id,
-                                                    "temperature": ep.temperature,
-                                                    "weight_version": version}) + "\n")
-        self.versions_log.flush()
-        return result
-
-    def prefetch(self, tasks: list[Task]) -> None:  # not a capability of this backend (BACKENDS["ray"])
-        raise NotImplementedError("the Ray backend does not prefetch env resets")
-
-    # ------------------------------------------------------------------ update, sync
-    def cannot_update(self, batch: RolloutBatch) -> str | None:
+        Raises:
+            SkipUpdate: fewer groups than learner ranks (each needs a whole group).
+        """
         n_groups, n_learners = len(set(batch.group_index.tolist())), self.cfg.trainer.num_learners
         if n_groups < n_learners:
-            return f"{n_groups} group(s) for {n_learners} learner ranks (each needs a whole group)"
-        return None
-
-    async def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
-        self._split = shard_indices(batch, self.cfg.trainer.num_learners)  # once: the shards and their inverse
+            raise SkipUpdate(f"{n_groups} group(s) for {n_learners} learner ranks (each needs a whole group)")
+        self._split = shard_indices(batch, n_learners)  # once: the shards and their inverse
         shards = [take_shard(batch, rows, eps) for rows, eps in self._split]
-        refs = [rk.update.remote(s, step, self.total_steps) for rk, s in zip(self.ranks, shards)]
-        if self.producer is not None:  # awaited: the producer keeps the workers playing meanwhile
-            t0, a0 = time.perf_counter(), self.producer.active_seconds()
-            rank_metrics = list(await asyncio.gather(*refs))
-            overlap = min(self.producer.active_seconds() - a0, time.perf_counter() - t0)
-        else:
-            rank_metrics = ray.get(refs)
+        rank_metrics = list(await asyncio.gather(*[rk.update.remote(s, step, self.total_steps)
+                                                   for rk, s in zip(self.ranks, shards)]))
         self._rows = batch.num_rows
-        merged = merge_learner_metrics(rank_metrics, batch)
-        if self.producer is not None:
-            merged["time/overlap_s"] = overlap
-        return merged
+        return merge_learner_metrics(rank_metrics, batch)
 
     async def token_stats(self) -> dict[str, Any] | None:
         """The ranks' per-token numbers put back in the batch's row order."""
-        stats = ray.get([rk.last_token_stats.remote() for rk in self.ranks])
+        stats = await asyncio.gather(*[rk.last_token_stats.remote() for rk in self.ranks])
         return {key: unshard_rows([st[key] for st in stats], [rows for rows, _ in self._split], self._rows)
                 for key in stats[0]}
 
-    async def sync(self, version: int) -> None:
-        if self.producer is not None:  # rollout.partial=false: after the groups in flight (AsyncProducer.sync)
-            await self.producer.sync(version)
-            return
+    async def load_weights(self, version: int) -> None:
+        """Rank 0's weights after ``version`` steps to every worker (object store: one copy per node; each worker
+        swaps them between two engine calls)."""
+        self.weights = await self._rank0_weights()
         self.version = version
-        self.weights = self._rank0_weights()  # object store: one copy per node
-        ray.get([w.set_weights.remote(version, self.weights) for w in self.workers])
+        await asyncio.gather(*[w.set_weights.remote(version, self.weights) for w in self.workers])
 
     # ------------------------------------------------------------------ evaluate, save, close
     async def evaluate(self, step: int, evaluator: TrainingEval) -> list[dict[str, Any]]:
@@ -408,39 +273,37 @@ class RayBackend:
         self.progress.phase(f"eval at step {step} ({', '.join(p.name for p in evaluator.panels)}, rollout worker 0)")
         for attempt in range(MAX_WORKER_RESTARTS + 1):
             try:
-                results = ray.get(self.workers[0].evaluate.remote(step, str(self.out)))
+                results = await self.workers[0].evaluate.remote(step, str(self.out))
                 break
             except RayActorError:
                 if attempt == MAX_WORKER_RESTARTS:
                     raise
                 print(f"warning: rollout worker 0 died during the eval at step {step}; replacing it", file=sys.stderr)
-                self._replace(0)
+                await self.replace(0)
         self.progress.end()
         return results
 
     async def save(self, path: Path, extra: dict[str, Any]) -> None:
         if self.cfg.trainer.learner_strategy == "fsdp":  # every rank writes its DCP shards, rank 0 the rest
-            ray.get([rk.save.remote(str(path), extra) for rk in self.ranks])
+            await asyncio.gather(*[rk.save.remote(str(path), extra) for rk in self.ranks])
         else:
-            ray.get(self.ranks[0].save.remote(str(path), extra))
+            await self.ranks[0].save.remote(str(path), extra)
 
-    def _rank0_weights(self) -> Any:
+    async def _rank0_weights(self) -> Any:
         """The object ref of rank 0's full weights (fsdp: every rank takes part in the gather, layer by layer, and
         only rank 0 returns a copy; the other ranks' calls are awaited for their errors)."""
         if self.cfg.trainer.learner_strategy != "fsdp":
             return self.ranks[0].get_weights.remote()
         refs = [rk.get_weights.remote() for rk in self.ranks]
-        ray.get(refs[1:])
+        await asyncio.gather(*refs[1:])
         return refs[0]
 
     async def close(self) -> None:
-        if self.producer is not None:
-            await self.producer.aclose()
         if self.versions_log is not None:
             self.versions_log.close()
         for w in self.workers:
             try:
-                ray.get(w.close.remote(), timeout=30)
+                await asyncio.wait_for(w.close.remote(), timeout=30)
             except Exception:  # noqa: BLE001 (a dead worker: nothing to close)
                 pass
         for a in self.actors + self.workers:
@@ -449,3 +312,110 @@ class RayBackend:
             remove_placement_group(g)
         if self.started:
             ray.shutdown()
+
+
+class RayPlayer:
+    """Where the Ray backend plays groups (:class:`agent_rl.rollout.schedule.Player`): its rollout workers. A round
+    is split in contiguous chunks, one per worker, played in parallel; a group of the stream goes to the least
+    recently used worker (threaded actors: groups play concurrently on each). A dead worker is replaced and its
+    groups played again. No env-reset prefetch."""
+
+    prefetch = None
+
+    def __init__(self, backend: RayBackend) -> None:
+        self.b = backend
+        self.min_version = backend.version  # the stream's bound: the version every worker has loaded
+        self._next_worker = 0
+        self._counters: dict[str, dict[str, float]] = {}  # per worker actor: its stream's totals
+        self._played: list[tuple[int, int, Any]] = []  # this step's (worker, version, episode) of the rounds
+        self._used: list[int] = []  # this step's weight version of every chunk played
+
+    async def play_round(self, tasks: list[Task], step: int, seed_key: int, t_high: float | None) -> RolloutResult:
+        """One round: contiguous chunks of ``tasks``, one per worker, in parallel; a dead worker is replaced and its
+        chunk played again (at most ``MAX_WORKER_RESTARTS`` times a round)."""
+        b, n_workers = self.b, self.b.cfg.rollout.num_workers
+        restarts = 0
+        t0 = time.perf_counter()
+        chunks = [tasks[i * len(tasks) // n_workers:(i + 1) * len(tasks) // n_workers] for i in range(n_workers)]
+        results: list[dict[str, Any] | None] = [None] * n_workers
+        pending = {i: b.workers[i].play.remote(chunks[i], step, seed_key, b.version, t_high)
+                   for i in range(n_workers) if chunks[i]}
+        while pending:
+            i, ref = next(iter(pending.items()))
+            try:
+                results[i] = await ref
+                del pending[i]
+                for ep in results[i]["result"].episodes:  # the phase's counts, as the local callbacks give
+                    for turn in ep.turns:
+                        b.progress.turn(len(turn.response_ids))
+                    b.progress.episode(ep.won)
+            except RayActorError as exc:
+                restarts += 1
+                if restarts > MAX_WORKER_RESTARTS:
+                    raise RuntimeError(f"step {step}: rollout workers died {restarts} times") from exc
+                print(f"warning: step {step}: rollout worker {i} died ({type(exc).__name__}); replacing it "
+                      f"and re-running its {len(chunks[i])} group(s)", file=sys.stderr)
+                await b.replace(i)
+                pending[i] = b.workers[i].play.remote(chunks[i], step, seed_key, b.version, t_high)
+        done = [res for res in results if res is not None]
+        for res in done:
+            self._used.append(res["weight_version"])
+            self._played.extend((res["worker"], res["weight_version"], ep) for ep in res["result"].episodes)
+        return merge_parallel_results([res["result"] for res in done], wall_s=time.perf_counter() - t0)
+
+    async def play_group(self, spec: Any) -> Any:
+        """One group of the stream on the least recently used worker; a worker that dies is replaced (once per
+        death, whichever group sees it first) and the group played again on it."""
+        b = self.b
+        for attempt in range(MAX_WORKER_RESTARTS + 1):
+            i = self._next_worker % len(b.workers)
+            self._next_worker += 1
+            worker = b.workers[i]
+            try:
+                res = await worker.play_group.remote(spec.task, spec.temperatures, self.min_version)
+            except RayActorError:
+                if attempt == MAX_WORKER_RESTARTS:
+                    raise
+                if b.workers[i] is worker:
+                    print(f"warning: rollout worker {i} died; replacing it and re-running its groups",
+                          file=sys.stderr)
+                    await b.replace(i)
+                continue
+            self._counters[f"{i}-{b.incarnation[i]}"] = res["counters"]
+            for ep in res["episodes"]:
+                for turn in ep.turns:
+                    b.progress.turn(len(turn.response_ids))
+                b.progress.episode(ep.won)
+            return res["episodes"]
+        raise AssertionError("unreachable")
+
+    async def load_weights(self, version: int) -> None:
+        await self.b.load_weights(version)
+        self.min_version = version
+
+    def counters(self) -> dict[str, float]:
+        return sum_counters(self._counters.values())
+
+    def collected(self, step: int, result: RolloutResult) -> None:
+        """The step's worker restarts into its metrics, and the weight version of every kept episode into
+        ``weight_versions.jsonl`` (rounds: the worker's and the version it played with, plus
+        ``rollout/weight_version`` and ``rollout/weight_lag``; the stream: its oldest turn's)."""
+        b = self.b
+        if not plays_ahead(b.cfg):
+            versions, self._used = self._used, []
+            result.metrics["rollout/weight_version"] = float(min(versions)) if versions else float(b.version)
+            result.metrics["rollout/weight_lag"] = float(step - 1 - min(versions)) if versions else 0.0  # 0: on-policy
+        result.metrics["rollout/worker_restarts"] = float(b.restarts)  # since the last logged step
+        b.restarts = 0
+        kept = {id(ep) for ep in result.episodes}
+        for worker, version, ep in self._played:
+            if id(ep) in kept:
+                b.versions_log.write(json.dumps({"step": step, "worker": worker, "group": ep.task.group_id,
+                                                 "temperature": ep.temperature, "weight_version": version}) + "\n")
+        if plays_ahead(b.cfg):
+            for ep in result.episodes:  # the oldest weight version each kept episode was sampled with
+                b.versions_log.write(json.dumps({
+                    "step": step, "group": ep.task.group_id, "temperature": ep.temperature,
+                    "weight_version": min((t.policy_version for t in ep.turns), default=0)}) + "\n")
+        b.versions_log.flush()
+        self._played = []

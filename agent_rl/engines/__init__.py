@@ -7,6 +7,7 @@ from agent_rl.engines.base import (Engine, default_eos_token_ids, engine_names, 
                                    row_seed, set_torch_threads)
 from agent_rl.engines.config import EngineConfig, engine_kwargs
 from agent_rl.engines.hf import HFEngine
+from agent_rl.engines.versioned import VersionedEngine
 
 __all__ = ["Engine", "EngineConfig", "HFEngine", "default_eos_token_ids", "engine_kwargs", "engine_names", "get_engine",
-           "register_engine", "row_seed", "set_torch_threads"]
+           "register_engine", "row_seed", "set_torch_threads", "VersionedEngine"]

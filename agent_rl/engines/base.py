@@ -89,6 +89,18 @@ def default_eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return ids
 
 
+def special_stop_ids(tokenizer: Any, stop: list[str] | None) -> list[int]:
+    """Ids of the stop strings that ``tokenizer`` holds as one special token (Hermes-2-Pro's ``</tool_call>``): an
+    engine that matches stop strings on text decoded without special tokens (vLLM with ``skip_special_tokens``)
+    never sees them, so it must stop on these ids too. Sorted; empty when there are none."""
+    try:
+        added = tokenizer.get_added_vocab()
+        special = set(tokenizer.all_special_ids)
+    except Exception:  # noqa: BLE001 (a tokenizer without added vocabulary: no special stop tokens)
+        return []
+    return sorted({added[s] for s in stop or [] if s in added and added[s] in special})
+
+
 EngineFactory = Callable[..., Engine]
 _ENGINES: dict[str, EngineFactory] = {}
 
@@ -125,7 +137,7 @@ def engine_names() -> list[str]:
 def set_torch_threads(num_threads: int) -> None:
     """Give this process ``num_threads`` torch intra-op threads (0 = leave as is).
 
-    The issue measured that with two busy threads torch's OpenMP can stall badly in tiny ops: when the engine and the
+    Measured: with two busy threads torch's OpenMP can stall badly in tiny ops: when the engine and the
     learner share the machine with env servers or other workers, give each process one (or few) threads.
     """
     import torch

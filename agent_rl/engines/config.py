@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from agent_rl.resume_rules import MAY_CHANGE
 
 
 @dataclass
@@ -20,40 +22,40 @@ class EngineConfig:
     distribution (``agent_rl.algos.truncate_logits``), so what is sampled is what is learned."""
     top_k: int = 0
     """Top-k sampling (0 = off; TGRL uses off); truncation shared with the learner like ``top_p``."""
-    batch_size: int = 32
+    batch_size: int = field(default=32, metadata=MAY_CHANGE)
     """hf: prompts per forward batch (prompts are sorted by length and cut into batches of this size)."""
-    num_threads: int = 0
+    num_threads: int = field(default=0, metadata=MAY_CHANGE)
     """torch intra-op threads of the trainer process (0 = leave torch's default). With the engine and the learner
     in one process and env servers on the same cores, 1-2 threads avoid OpenMP stalls in tiny ops."""
-    gpu_memory_utilization: float = 0.4
+    gpu_memory_utilization: float = field(default=0.4, metadata=MAY_CHANGE)
     """vllm on GPU: its share of GPU memory (weights + KV cache; the learner shares the GPU) when kv_cache_gb is 0."""
-    kv_cache_gb: float = 0.0
+    kv_cache_gb: float = field(default=0.0, metadata=MAY_CHANGE)
     """vllm: KV cache size in GiB (vLLM's ``kv_cache_memory_bytes``: on CPU its cache, on GPU in place of the
     gpu_memory_utilization share); 0 = that share on GPU, 1 GiB on CPU."""
     max_model_len: int = 0
     """vllm: longest prompt + response it accepts (0 = the model's context); the prompt budget is capped to fit
     (``rollout.max_prompt_tokens + max_new_tokens <= max_model_len``); longer than the model's context is refused."""
-    enforce_eager: bool = False
+    enforce_eager: bool = field(default=False, metadata=MAY_CHANGE)
     """vllm: no CUDA graphs / torch.compile (faster start, slower decoding; vLLM's default is false)."""
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = field(default=1, metadata=MAY_CHANGE)
     """vllm: devices the model is sharded over."""
-    sleep_mode: bool = False
+    sleep_mode: bool = field(default=False, metadata=MAY_CHANGE)
     """vllm on CUDA: free its GPU memory (weights to CPU, KV cache dropped) during each learner update; refused on
     vLLM's CPU build, which has no sleep mode."""
-    multiprocessing: bool = True
+    multiprocessing: bool = field(default=True, metadata=MAY_CHANGE)
     """vllm: its engine core in a process of its own (vLLM's default) or in the trainer's (starts faster; CUDA only
     for training: vLLM's CPU build in-process takes over the process's OpenMP threads and fails when the rollout
     calls it from worker threads, so it is refused there)."""
-    sync_dir: str = ""
+    sync_dir: str = field(default="", metadata=MAY_CHANGE)
     """vllm: folder of its sync folders (the weights file of each sync, the in-memory model it starts from); "" = the
     system temp folder. A container's /dev/shm may hold only 64 MiB: not the default. Folders of dead runs are
     removed at the next start."""
-    kv_reuse: bool = True
+    kv_reuse: bool = field(default=True, metadata=MAY_CHANGE)
     """hf: keep each live episode's keys/values between its turns and prefill only the new tokens (the prompt's
     start that matches the kept token ids is reused; ``agent_rl.engines.hf``). Trajectory mode reuses every earlier
     turn; per-turn mode only the prompt's start before the history window. Exact: the same tokens are sampled.
     vllm ignores it (its prefix cache does this by itself)."""
-    kv_reuse_max_tokens: int = 32768
+    kv_reuse_max_tokens: int = field(default=32768, metadata=MAY_CHANGE)
     """hf: most tokens kept over all episodes between calls; beyond it whole episodes are evicted, least recently
     used first, and prefill from scratch at their next turn. Memory per token: 2 * layers * kv_heads * head_dim *
     dtype bytes (SmolLM2-135M float32: 46 KiB, so the default is about 1.4 GiB)."""

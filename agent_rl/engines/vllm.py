@@ -58,7 +58,8 @@ from typing import Any
 import torch
 
 from agent_rl import models
-from agent_rl.engines.base import check_episode_ids, default_eos_token_ids, register_engine, row_seed
+from agent_rl.engines.base import (check_episode_ids, default_eos_token_ids, register_engine, row_seed,
+                                     special_stop_ids)
 from agent_rl.lora import merged_state_dict
 from agent_rl.types import Generation
 
@@ -160,7 +161,7 @@ def model_head_size(model_cfg: Any) -> int | None:
 
 
 def check_config(cfg: Any, context: int | None) -> list[str]:
-    """Refuse at load time an ``engine=vllm`` config that cannot run here (``agent_rl.config.check_trainable`` calls
+    """Refuse at load time an ``engine=vllm`` config that cannot run here (``agent_rl.trainable.check_trainable`` calls
     it). ``context`` is the model's context length when known.
 
     Returns:
@@ -401,7 +402,7 @@ def _tied_names(model: torch.nn.Module) -> list[str]:
     return tied
 
 
-def _state_for_vllm(model: torch.nn.Module, dtype: torch.dtype, untie: bool = False) -> dict[str, torch.Tensor]:
+def state_for_vllm(model: torch.nn.Module, dtype: torch.dtype, untie: bool = False) -> dict[str, torch.Tensor]:
     """The policy's tensors to hand vLLM, on CPU, floating ones in its ``dtype``. A tensor tied to an earlier one
     (``lm_head.weight`` of tied embeddings) is left out (vLLM ties it itself; safetensors refuses shared storage), or
     with ``untie`` written as a copy of its own (vLLM then holds an untied model: see :class:`VLLMEngine`)."""
@@ -433,7 +434,7 @@ def _write_model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.d
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    save_file(_state_for_vllm(model, dtype, untie), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(state_for_vllm(model, dtype, untie), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -602,12 +603,15 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        # a stop string held as a special token is invisible to vLLM's stop check (it matches the text decoded
+        # without special tokens): stop on its id as on an EOS (the id is kept in the output, as EOS is)
+        stop_ids = sorted(set(self.eos_token_ids) | set(special_stop_ids(self.tokenizer, stop)))
         params = []
         for i, t in enumerate(temperatures):
             greedy = t <= 0
             params.append(SamplingParams(
                 temperature=float(t), top_p=1.0 if greedy else top_p, top_k=-1 if greedy or top_k <= 0 else top_k,
-                max_tokens=max_new_tokens, stop=stop or None, stop_token_ids=list(self.eos_token_ids), logprobs=0,
+                max_tokens=max_new_tokens, stop=stop or None, stop_token_ids=stop_ids, logprobs=0,
                 seed=int(row_seeds[i]) % 2**63, include_stop_str_in_output=True, skip_special_tokens=True,
                 repetition_penalty=1.0 if repetition_penalties is None else float(repetition_penalties[i])))
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
@@ -642,7 +646,7 @@ class VLLMEngine:
             if old != self._weights_file:
                 old.unlink()
         tmp = self._weights_file.with_suffix(".tmp")
-        save_file(_state_for_vllm(model, self.dtype, self.untie), str(tmp), metadata={"format": "pt"})
+        save_file(state_for_vllm(model, self.dtype, self.untie), str(tmp), metadata={"format": "pt"})
         os.replace(tmp, self._weights_file)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.sync_folder)})
         self.llm.reset_prefix_cache()

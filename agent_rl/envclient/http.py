@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import os
 import re
 import time
 import uuid
@@ -14,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from agent_rl.aio import gather_all
 from agent_rl.envclient.base import (
     EnvClientError,
     EnvServerError,
@@ -24,6 +26,7 @@ from agent_rl.envclient.base import (
     client_error,
 )
 from envs.hosting.jsonable import lone_surrogate, to_jsonable
+from servers.launch import TOKEN_ENV
 
 __all__ = ["DEFAULT_TIMEOUT", "HTTPEnvPool"]
 
@@ -60,7 +63,8 @@ class HTTPEnvPool:
 
     Args:
         urls: one base URL or several (``"http://127.0.0.1:8001"``).
-        token: bearer token of the servers (``--token``).
+        token: bearer token of the servers (``--token``); ``None``: ``$AGENT_RL_SERVER_TOKEN`` when set (the
+            variable ``servers.serve`` reads, ``servers.launch.TOKEN_ENV``), else none.
         timeout: ``httpx.Timeout`` per phase (see ``DEFAULT_TIMEOUT``).
         max_connections: connection pool size; size it to the rollout concurrency.
         retries: extra attempts after a connect error or a 503.
@@ -88,6 +92,7 @@ class HTTPEnvPool:
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
         headers = {"Authorization": f"Bearer {token}"} if token else None
         self._client = httpx.AsyncClient(
             timeout=timeout,
@@ -260,7 +265,7 @@ class HTTPEnvPool:
                 return  # still unreachable: keep it for the next try
             self._orphans.pop(session_id, None)
 
-        await asyncio.gather(*(one(s, u) for s, u in list(self._orphans.items())))
+        await gather_all(*(one(s, u) for s, u in list(self._orphans.items())))  # cancelled or failed: none left running
         return len(self._orphans)
 
     def _reap_orphans_soon(self) -> None:

@@ -36,14 +36,16 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoTokenizer
 
-from agent_rl.config import ConfigError, load_config
+from agent_rl.cli import run_cli
+from agent_rl.compose import load_config
+from agent_rl.config import ConfigError
 from agent_rl.engines import set_torch_threads
 from agent_rl.eval import pass_at_k
-from agent_rl.models import _finish_tokenizer, load_policy, smollm2_tokenizer
+from agent_rl.models import finish_tokenizer, load_policy, smollm2_tokenizer
 from agent_rl.progress import Progress
 from agent_rl.rollout.orchestrator import GroupSpec, RolloutOrchestrator
 from agent_rl.rollout.policies import ScriptedEngine, make_policy
-from agent_rl.rollout.prompts.base import _PROMPTS
+from agent_rl.rollout.prompts.base import has_prompt
 from agent_rl.runtime import (build_engine, build_orchestrator, close_engine, open_env_pool, resolve_device,
                               seed_everything, set_data_root)
 from agent_rl.types import Episode, Generation, Task
@@ -346,7 +348,7 @@ def split_overrides(overrides: list[str]) -> list[str]:
             out.append(ov)
     if prompt is not None:
         env = next((ov.partition("=")[2] for ov in out if ov.startswith("env=")), "alfworld")
-        name = f"{prompt}_{env}" if f"{prompt}_{env}" in _PROMPTS else prompt
+        name = f"{prompt}_{env}" if has_prompt(f"{prompt}_{env}") else prompt
         out.append(f"env.prompt={name}")
     return out
 
@@ -354,8 +356,8 @@ def split_overrides(overrides: list[str]) -> list[str]:
 def load_tokenizer_only(cfg: Any) -> Any:
     """A tokenizer for scripted policies without loading the model (SmolLM2's for the built-in models)."""
     if cfg.model.path or cfg.model.name not in ("smollm2", "tiny"):
-        return _finish_tokenizer(AutoTokenizer.from_pretrained(cfg.model.path or cfg.model.name))
-    return _finish_tokenizer(smollm2_tokenizer())
+        return finish_tokenizer(AutoTokenizer.from_pretrained(cfg.model.path or cfg.model.name))
+    return finish_tokenizer(smollm2_tokenizer())
 
 
 async def _run(cfg: Any, out: Path, progress: Any) -> list[dict[str, Any]]:
@@ -402,9 +404,6 @@ def main(overrides: list[str] | None = None) -> dict[str, Any]:
 
 
 def cli() -> None:
-    """``python -m agent_rl.eval``: :func:`main`; a config error is one message (exit code 2)."""
-    try:
-        main()
-    except (ConfigError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    """``python -m agent_rl.eval``: :func:`main`; a config error (or a panel's ``ValueError``: an unknown split or
+    dataset) is one line ``config error: ...`` (exit code 2, :mod:`agent_rl.cli`)."""
+    run_cli(main, config_errors=(ConfigError, ValueError))

@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-ALGO_NAMES = ("tgrl", "grpo", "drgrpo", "dapo", "rloo", "ppo", "gspo")
+from agent_rl.resume_rules import MAY_CHANGE, applied
+
+ALGO_NAMES = ("tgrl", "grpo", "drgrpo", "dapo", "rloo", "ppo", "gspo", "tampo")
 #: estimators whose baseline is the task's group: with group_size 1 every advantage is 0.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "gigpo")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
@@ -23,6 +25,41 @@ BEHAVIOUR_CORRECTIONS = ("auto", "tis", "mask", "none")
 def _check(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not valid; valid values: {', '.join(allowed)}")
+
+
+@dataclass
+class TampoConfig:
+    """TAMPO's meta-policy over sampling temperatures (``algo.tampo.*``, algorithms.md section 8; Dang et al., ICLR
+    2026, arXiv 2602.11779). Read only when ``algo.name=tampo``."""
+
+    temps: list[float] = field(default_factory=lambda: [0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5])
+    """The K candidate temperatures, strictly increasing, each > 0."""
+    norm: str = "sparsemax"
+    """Normalisation of an episode's virtual likelihoods across candidates: sparsemax | softmax | argmax (8.3)."""
+    norm_tau: float = 1.0
+    """Scale of the normalisation (hat_ell = norm(ell / norm_tau)); the paper gives none (open)."""
+    ema_alpha: float = 0.05
+    """EMA rate of the batch statistic, once per RL step (8.5; the paper's table 2: 0.01 / 0.05 / 0.1)."""
+    top_p: float = 0.7
+    """Nucleus of the meta-policy draw (8.7; the paper's table 3: 0 (greedy) / 0.5 / 0.7 / 0.9)."""
+    scope: str = "step"
+    """step: one T for every group started in the RL step (the paper's reading); group: each group draws its own."""
+    warmup_steps: int = 0
+    """W: the first W steps draw uniformly over the candidates (open; 0 = off)."""
+
+    def __post_init__(self) -> None:
+        self.temps = [float(t) for t in self.temps]
+        if not self.temps or any(t <= 0 for t in self.temps) or any(b <= a for a, b in zip(self.temps,
+                                                                                             self.temps[1:])):
+            raise ValueError(f"algo.tampo.temps={self.temps} must be a non-empty, strictly increasing list of "
+                             "temperatures > 0")
+        _check("algo.tampo.norm", self.norm, ("sparsemax", "softmax", "argmax"))
+        _check("algo.tampo.scope", self.scope, ("step", "group"))
+        if not self.norm_tau > 0 or not 0.0 < self.ema_alpha <= 1.0 or not 0.0 <= self.top_p <= 1.0:
+            raise ValueError(f"algo.tampo: norm_tau={self.norm_tau} must be > 0, ema_alpha={self.ema_alpha} in "
+                             f"(0, 1], top_p={self.top_p} in [0, 1]")
+        if self.warmup_steps < 0:
+            raise ValueError(f"algo.tampo.warmup_steps={self.warmup_steps} must be >= 0")
 
 
 @dataclass
@@ -41,15 +78,16 @@ class AlgoConfig:
     loss_max_len: int = 0
     """L_max of ``seq_mean_token_sum_norm`` (set it to engine.max_new_tokens); 0 = the longest response of the
     batch (rows are prompt + response, so the padded row length would be wrong)."""
-    clip_low: float = 0.2
+    clip_low: float = field(default=0.2, metadata=applied("Learner._micro_loss: the policy loss's clip range"))
     """PPO clip range below 1 (eps_low)."""
-    clip_high: float = 0.2
+    clip_high: float = field(default=0.2, metadata=applied("Learner._micro_loss: the policy loss's clip range"))
     """PPO clip range above 1 (eps_high; DAPO clip-higher uses 0.28)."""
-    dual_clip: float = 3.0
+    dual_clip: float = field(default=3.0, metadata=applied("Learner._micro_loss: the policy loss's dual clip"))
     """Dual-clip constant c for A < 0 (Ye et al. 2020)."""
-    kl_coef: float = 0.0
+    kl_coef: float = field(default=0.0, metadata=applied(
+        "Learner._micro_loss: the KL term (its reference is the run's initial policy, model.*)"))
     """Weight of the k3 KL to a frozen reference model (0 = no reference model is kept)."""
-    ent_coef: float = 0.0
+    ent_coef: float = field(default=0.0, metadata=applied("Learner._micro_loss: the entropy bonus"))
     """Entropy bonus weight (loss -= ent_coef * entropy)."""
     std: str = "sample"
     """GRPO std: sample (N-1) | population."""
@@ -83,17 +121,17 @@ class AlgoConfig:
     js_quantile_clip: bool = True
     """Clip JS weights to the trajectory's 5th..95th percentiles (TGRL step 4). The one key for it: the ``js``
     credit rule and TGRL's JS stage both read it."""
-    logits_chunk_size: int = 1024
+    logits_chunk_size: int = field(default=1024, metadata=MAY_CHANGE)
     """Tokens per chunk of every logits-sized computation (the (n, V) logits and from them log-probs, entropy, JS, in
     the no-grad and the grad pass): bounds memory to a few (chunk, V) buffers."""
-    compile_js: bool = False
+    compile_js: bool = field(default=False, metadata=MAY_CHANGE)
     """``torch.compile`` the JS in fixed-size chunks (of ``logits_chunk_size`` rows): measured 2.7x faster on CPU after
     a one-off compile of ~30 s per process (needs a C compiler); worth it for long runs, off for tests."""
     low_rows_in_denominator: bool = True
     """TGRL low rows (advantage 0) still count in the token-mean denominator (reference code)."""
     high_repetition_penalty: float = 1.0
     """Repetition penalty on high rows at sampling time (reference code uses 1.05; rollout side)."""
-    adv_clip: float = 10.0
+    adv_clip: float = field(default=10.0, metadata=applied("Learner._plan: the clamp of the token advantages"))
     """Clamp of the TGRL token advantage (algorithms.md section 3, step 5)."""
     ppo_epochs: int = 1
     """Passes over the batch per step."""
@@ -101,9 +139,9 @@ class AlgoConfig:
     """Optimiser steps per epoch: the batch's groups are shuffled and split into this many mini-batches of whole
     groups (every row of an episode in one). 1 = one step per batch (old log-probs then equal the new ones and the
     PPO clip never binds); TGRL's reference recipe uses 4. Capped at the number of groups in the batch."""
-    micro_batch_size: int = 4
+    micro_batch_size: int = field(default=4, metadata=MAY_CHANGE)
     """Rows per forward/backward (gradient accumulation inside a mini-batch) when ``micro_batch_tokens`` is 0."""
-    micro_batch_tokens: int = 0
+    micro_batch_tokens: int = field(default=0, metadata=MAY_CHANGE)
     """Token budget of a micro-batch (0 = off: ``micro_batch_size`` rows each). On: the rows are sorted by length and
     packed so that each micro-batch's padded size (rows x longest row) stays within this many tokens (a row longer
     than the budget goes alone), like verl's dynamic batch size; the loss is the same (every micro-batch divides by
@@ -126,15 +164,20 @@ class AlgoConfig:
     """L_max of the overlong shaping (0 = engine max_new_tokens, filled in by the root config)."""
     dapo_overlong_cache_len: int = 0
     """L_c of the overlong shaping (0 = L_max // 5, DAPO's 4096 of 20480, filled in by the root config)."""
-    behaviour_correction: str = "auto"
+    behaviour_correction: str = field(default="auto", metadata=applied(
+        "Learner._micro_loss: the behaviour weights of the policy-gradient term (auto: resolved by the resumed run's "
+        "trainer.max_staleness)"))
     """Off-policy correction of the policy-gradient term by the behaviour weight w = min(exp(old_logp - logp_beh), C)
     (algorithms.md section 7; ``logp_beh`` = the batch's ``engine_logprobs``): auto | tis | mask | none. ``auto``:
     ``tis`` when ``trainer.max_staleness`` > 0, ``none`` when it is 0 (synchronous runs unchanged);
     :func:`resolve_behaviour_correction`. ``tis``: truncated importance sampling, each token's policy-gradient loss
     times w (Yao et al. 2025); ``mask``: tokens with exp(old_logp - logp_beh) > C get weight 0, the others 1 (AReaL,
     Fu et al. 2025); ``none``: weight 1."""
-    behaviour_weight_cap: float = 2.0
+    behaviour_weight_cap: float = field(default=2.0, metadata=applied(
+        "Learner._micro_loss: the cap C of the behaviour weights"))
     """C, the cap of the behaviour weight (must be > 1)."""
+    tampo: TampoConfig = field(default_factory=TampoConfig)
+    """``algo=tampo``: the meta-policy over sampling temperatures (algorithms.md section 8)."""
 
     def __post_init__(self) -> None:
         _check("algo.name", self.name, ALGO_NAMES)
@@ -206,13 +249,22 @@ class AlgoConfig:
         other algorithms. The one place the rule lives: sampling and the learner both ask here."""
         return self.is_tgrl and step <= self.warmup_steps
 
+    @property
+    def is_tampo(self) -> bool:
+        return self.name == "tampo"
+
     def group_temperatures(self, step: int, t_high: float | None = None) -> list[tuple[float, bool]]:
         """``(temperature, is_high)`` of the G episodes of a group at 1-based ``step``: TGRL ``n_low`` at ``t_low``
         then ``n_high`` at T1 (warm-up: all G at T1, all flagged high); the others ``group_size`` at ``temperature``
         (flagged low). T1 is ``t_high`` when given (``algo.t_high=auto``: the step's pick of
-        ``agent_rl.algos.AdaptiveHighTemperature``), else :func:`t_high_value`."""
+        ``agent_rl.algos.AdaptiveHighTemperature``), else :func:`t_high_value`. For the other algorithms a given
+        ``t_high`` is the step's one temperature instead of ``temperature``: TAMPO's draw (algorithms.md 8) or
+        ``rollout.temperature_schedule`` (``agent_rl.temperature.StepTemperature``)."""
         if not self.is_tgrl:
-            return [(float(self.temperature), False)] * self.group_size
+            t = float(self.temperature) if t_high is None else float(t_high)
+            if t <= 0:
+                raise ValueError(f"the step's temperature {t} must be > 0")
+            return [(t, False)] * self.group_size
         t1 = float(t_high) if t_high is not None else t_high_value(self)
         if t1 <= 0:
             raise ValueError(f"t_high={t_high} must be > 0")
@@ -261,10 +313,9 @@ def resolve_behaviour_correction(algo: AlgoConfig, max_staleness: int) -> str:
     is then exactly the uncorrected one). Returns ``"tis"``, ``"mask"`` or ``"none"``.
 
     Raises:
-        ValueError: ``max_staleness < 0`` or an unknown ``algo.behaviour_correction``.
+        ValueError: an unknown ``algo.behaviour_correction`` (``max_staleness`` is validated once, by
+            ``TrainerConfig``).
     """
-    if isinstance(max_staleness, bool) or int(max_staleness) != max_staleness or max_staleness < 0:
-        raise ValueError(f"max_staleness={max_staleness!r} must be an integer >= 0 (trainer.max_staleness)")
     _check("algo.behaviour_correction", algo.behaviour_correction, BEHAVIOUR_CORRECTIONS)
     if algo.behaviour_correction == "auto":
         return "tis" if max_staleness > 0 else "none"
@@ -315,19 +366,27 @@ class ScheduleConfig:
 class OptimConfig:
     """AdamW (Loshchilov & Hutter 2019) with linear warm-up then constant learning rate."""
 
-    lr: float = 1e-6
+    lr: float = field(default=1e-6, metadata=applied(
+        "Learner.load_state_dict -> restore_optimizer: every param group's lr and initial_lr, and the LR schedule "
+        "rebuilt at the restored optimiser step (logged as actor/lr)"))
     """Peak learning rate."""
-    weight_decay: float = 0.01
+    weight_decay: float = field(default=0.01, metadata=applied("restore_optimizer: every param group's weight_decay"))
     """Decoupled weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata=applied(
+        "restore_optimizer: every param group's betas"))
     """Adam betas."""
-    eps: float = 1e-8
+    eps: float = field(default=1e-8, metadata=applied("restore_optimizer: every param group's eps"))
     """Adam epsilon."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = field(default=1.0, metadata=applied(
+        "Learner._optimise: the gradient-norm clip of every optimiser step"))
     """Global gradient-norm clip (0 = off)."""
-    warmup: int = 0
+    warmup: int = field(default=0, metadata=applied(
+        "restore_optimizer: the warm-up schedule rebuilt from the config at the restored optimiser step (logged as "
+        "actor/lr)"))
     """Optimiser steps of linear LR warm-up."""
-    lora_lr: float = 0.0
+    lora_lr: float = field(default=0.0, metadata=applied(
+        "Learner / BehaviourCloner -> OptimConfig.for_lora, then restore_optimizer: the LoRA adapter's lr and "
+        "initial_lr (model.lora.rank > 0; logged as actor/lr)"))
     """Peak learning rate of the LoRA adapter (``model.lora.rank > 0``), which then replaces ``lr``; 0 = derived:
     ``LORA_LR_FACTOR`` (10) x ``optim.lr``, i.e. 1e-5 under the presets' full fine-tuning 1e-6 (``model=tiny``'s
     preset sets 3e-3: 10x its 1e-3 overshoots, docs/training.md "LoRA").
@@ -404,11 +463,11 @@ class ModelConfig:
     """Local directory that overrides ``name`` for hub models (a saved checkpoint, a pre-downloaded model)."""
     dtype: str = "float32"
     """Weights dtype: float32 | bfloat16 | float16 (the learner keeps fp32 master weights on CPU)."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = field(default=False, metadata=MAY_CHANGE)
     """Recompute activations in backward (GPU presets turn it on)."""
     trust_remote_code: bool = False
     """Passed to ``from_pretrained`` for hub models."""
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = field(default="sdpa", metadata=MAY_CHANGE)
     """Attention kernel (sdpa | eager | flash_attention_2)."""
     tiny_hidden_size: int = 64
     """``model=tiny``: hidden size."""

@@ -63,6 +63,9 @@ class StepAdvantages:
     returns: Tensor | None
     S: float
     plan: algos.AdvantagePlan
+    episode_advantages: Tensor | None = None
+    """(E,) the episode-level base advantages (indexed by ``episode_index``) when the estimator is episode-level,
+    else None (TAMPO's A_i, algorithms.md 8.4)."""
 
 
 @dataclass
@@ -77,6 +80,9 @@ class OldPolicyOutputs:
         js: TGRL's token JS divergence between softmax(z / T0) and softmax(z / T1) (0 where not computed).
         values: old values of the value head (``algo=ppo``), else None.
         ref_logprobs: reference-model log-probs (``algo.kl_coef > 0``), else None.
+        virtual_logprobs: ``algo=tampo``: (B, L, K) log-probs of the sampled tokens at each candidate
+            ``algo.tampo.temps[k]`` from the same logits (``agent_rl.algos.virtual_logprobs``, algorithms.md 8.2),
+            else None.
     """
 
     logprobs: Tensor
@@ -84,6 +90,7 @@ class OldPolicyOutputs:
     js: Tensor
     values: Tensor | None = None
     ref_logprobs: Tensor | None = None
+    virtual_logprobs: Tensor | None = None
 
 
 #: policy-loss metrics that compare the new policy with the old one (reported from optimiser steps 2..n).
@@ -172,7 +179,8 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], o
     (``state["scheduler"]["last_epoch"]``); the config gives every hyper-parameter: each param group's ``lr`` /
     ``initial_lr`` (``optim.lr``), ``weight_decay``, ``betas`` and ``eps`` are written over the restored ones, and
     the schedule (``optim.warmup``) is rebuilt at the restored step. A resume under the same config restores the
-    exact learning rate; a resume that changes these keys (``agent_rl.config.RESUME_APPLIED``) applies them.
+    exact learning rate; a resume that changes these keys (``agent_rl.resume.RESUME_APPLIED``, declared on the
+    fields) applies them.
 
     Args:
         optimizer: the learner's (fresh) optimizer over the same parameters. state: ``{"optimizer": ...,
@@ -330,6 +338,10 @@ class Learner:
         adv = self.advantages(b, old, step=step, total_steps=total_steps)
         advantages, loss_mask, returns, S = adv.advantages, adv.loss_mask, adv.returns, adv.S
 
+        # TAMPO (algorithms.md 8.2-8.4): the additive part of the batch statistic, from the old-policy pass (before
+        # the update) and the episode GRPO advantages; the driver sums ranks, divides by N and moves the EMA
+        tampo_metrics = self._tampo_sums(b, old, adv) if self.algo.is_tampo else {}
+
         # 3. PPO epochs over mini-batches with gradient accumulation
         stats = self._optimise(b, old, advantages, loss_mask, returns)
 
@@ -348,6 +360,7 @@ class Learner:
             "credit/js_mean": float((old.js * high_tok).sum() / high_tok.sum().clamp_min(1.0)),
             "schedule/S": float(S),
             **self._async_metrics(b, old, loss_mask, step),
+            **tampo_metrics,
             **algos.tgrl_metrics(b.rewards, b.group_index, b.is_high, success=success,
                                  episode_index=b.episode_index),
         }
@@ -471,9 +484,13 @@ class Learner:
         """Old log-probs, entropy, JS, old values, reference log-probs; each (B, L), 0 off the response mask."""
         bsz, seq = b.input_ids.shape
         zeros = lambda: torch.zeros(bsz, seq, dtype=torch.float32, device=self.device)  # noqa: E731
+        tampo_temps = list(self.algo.tampo.temps) if self.algo.is_tampo else None
+        self._tampo_pass_s = 0.0  # time/tampo_s: the candidates' log-probs of this pass
         out = OldPolicyOutputs(logprobs=zeros(), entropy=zeros(), js=zeros(),
                                values=zeros() if self.value_head is not None else None,
-                               ref_logprobs=zeros() if self.ref_model is not None or self.ref_is_base else None)
+                               ref_logprobs=zeros() if self.ref_model is not None or self.ref_is_base else None,
+                               virtual_logprobs=None if tampo_temps is None else torch.zeros(
+                                   bsz, seq, len(tampo_temps), dtype=torch.float32, device=self.device))
         chunk = self.algo.logits_chunk_size
         was_training = self.model.training
         self.model.eval()
@@ -492,13 +509,17 @@ class Learner:
                 # JS rows: TGRL's high rows; with credit=js on another algo, every row (at algo.t_low / t_high)
                 high = b.is_high[rows][rr] if self.algo.is_tgrl else torch.ones_like(rr, dtype=torch.bool)
                 _, lm_head = policy_trunk(self.model)
-                lp, ent, js = [], [], torch.zeros(rr.numel(), device=self.device)
+                lp, ent, js, vlp = [], [], torch.zeros(rr.numel(), device=self.device), []
                 for a in range(0, rr.numel(), chunk):
                     with self._autocast():
                         z = lm_head(h[a:a + chunk])  # (n, V) logits of this chunk only
                     t = temps[a:a + chunk]
                     lp.append(algos.logprobs_from_logits(self._truncate(z, t), tokens[a:a + chunk], t))
                     ent.append(algos.entropy_from_logits(z, t))
+                    if tampo_temps is not None:  # TAMPO 8.2: every candidate from these logits, (n, K)
+                        t_v = time.perf_counter()
+                        vlp.append(algos.virtual_logprobs(z, tokens[a:a + chunk], tampo_temps))
+                        self._tampo_pass_s += time.perf_counter() - t_v
                     sel = high[a:a + chunk]
                     if with_js and bool(sel.any()):
                         if self.algo.t_high == "auto":  # each high row's own T1 (the pick of its step)
@@ -512,6 +533,8 @@ class Learner:
                 out.logprobs[grow, gcol] = torch.cat(lp)
                 out.entropy[grow, gcol] = torch.cat(ent)
                 out.js[grow, gcol] = js
+                if out.virtual_logprobs is not None:
+                    out.virtual_logprobs[grow, gcol] = torch.cat(vlp)
                 if self.value_head is not None:
                     out.values[grow, gcol] = self.value_head(h.float()).squeeze(-1)
                 if out.ref_logprobs is not None:
@@ -617,7 +640,27 @@ class Learner:
         advantages, loss_mask = algos.token_advantages(
             plan, self._credit_inputs(b, old, base_adv, rm), quantile_clip=algo.js_quantile_clip,
             credit_kwargs=self.credit.kwargs)
-        return StepAdvantages(advantages=advantages, loss_mask=loss_mask, returns=returns, S=plan.S, plan=plan)
+        return StepAdvantages(advantages=advantages, loss_mask=loss_mask, returns=returns, S=plan.S, plan=plan,
+                              episode_advantages=ep_adv if base_adv.dim() == 1 and not algo.uses_critic
+                              and not algos.ADV_ESTIMATORS.meta(algo.adv_estimator).get("row_level", False)
+                              else None)
+
+    def _tampo_sums(self, b: RolloutBatch, old: OldPolicyOutputs, adv: StepAdvantages) -> dict[str, float]:
+        """``tampo_sum/*`` of this batch (or rank shard): :func:`agent_rl.algos.tampo_episode_sums` of the episodes'
+        token-mean virtual likelihoods (the union of an episode's turn rows) and GRPO advantages, plus
+        ``time/tampo_s`` (this and the candidates' log-probs of the no-grad pass)."""
+        t0 = time.perf_counter()
+        if adv.episode_advantages is None or old.virtual_logprobs is None:
+            raise ValueError(f"algo=tampo needs an episode-level advantage estimator (grpo), got "
+                             f"algo.adv_estimator={self.algo.adv_estimator}")
+        tc = self.algo.tampo
+        ell, n_tok = algos.episode_virtual_likelihoods(old.virtual_logprobs, b.response_mask, b.episode_index)
+        episodes = torch.unique(b.episode_index)  # (E,) ascending: the order of ell's rows
+        sums = algos.tampo_episode_sums(ell, adv.episode_advantages[episodes], tc.temps, tc.norm, tc.norm_tau,
+                                        n_tokens=n_tok)
+        out = algos.tampo_sum_metrics(sums, tc.temps)
+        out["time/tampo_s"] = time.perf_counter() - t0 + getattr(self, "_tampo_pass_s", 0.0)
+        return out
 
     def _plan(self, step: int, total_steps: int) -> algos.AdvantagePlan:
         """The step's advantage plan (``algos.advantage_plan``) at the schedule's strength S: it decides both whether

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_rl.algos.tampo import parse_temperature_schedule
+from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH
+
 ROLLOUT_MODES = ("turn", "trajectory")
 SAMPLER_KINDS = ("index", "seed")
 
@@ -33,34 +36,40 @@ class RolloutConfig:
     """Stop strings of generation (the closing action tag)."""
     max_action_chars: int = 512
     """Actions sent to the env are cut to this many characters."""
-    episode_retries: int = 2
+    episode_retries: int = field(default=2, metadata=MAY_CHANGE)
     """An episode whose env calls still fail after the client's own retries is re-run from the same task this many
     times; then its whole group is dropped (``rollout/dropped_groups``)."""
-    retry_backoff_s: float = 1.0
+    retry_backoff_s: float = field(default=1.0, metadata=MAY_CHANGE)
     """Wait before re-running a failed episode (doubled at each further re-run)."""
-    env_timeout_s: float = 300.0
+    env_timeout_s: float = field(default=300.0, metadata=MAY_CHANGE)
     """Deadline of one env call (reset or step) as seen by the orchestrator."""
-    max_concurrent_episodes: int = 0
+    max_concurrent_episodes: int = field(default=0, metadata=MAY_CHANGE)
     """Episodes in flight at once (0 = all episodes of the step)."""
-    gen_batch_size: int = 0
+    gen_batch_size: int = field(default=0, metadata=MAY_CHANGE)
     """Prompts per engine call at most (0 = every prompt waiting)."""
-    gen_wait_s: float = 0.02
+    gen_wait_s: float = field(default=0.02, metadata=MAY_CHANGE)
     """Once a prompt waits, how long generation waits for more episodes to ask (unless all live ones already do)."""
-    num_workers: int = 1
+    num_workers: int = field(default=1, metadata=MAY_CHANGE)
     """trainer.backend=ray: rollout workers (each an engine replica playing its share of the step's groups)."""
-    worker_cpus: float = 1.0
+    worker_cpus: float = field(default=1.0, metadata=MAY_CHANGE)
     """trainer.backend=ray: CPUs per rollout worker."""
-    worker_gpus: float = 0.0
+    worker_gpus: float = field(default=0.0, metadata=MAY_CHANGE)
     """trainer.backend=ray: GPUs per rollout worker (> 0: its engine runs on its GPU)."""
-    partial: bool = False
+    partial: bool = field(default=False, metadata=MAY_CHANGE)
     """Partial rollouts (``trainer.max_staleness`` >= 1): an episode in flight at a weight sync continues with the new
     weights (each turn keeps its own version); false: a sync waits until the episodes in flight finish under the
     weights they started with (algorithms.md section 7)."""
-    max_stale_replays: int = 2
+    temperature_schedule: str = field(default="", metadata=MUST_MATCH)
+    """The sampling temperature over the run for the non-TGRL algorithms (algorithms.md 8, an ablation of TAMPO):
+    ``""`` = off (``algo.temperature`` every step) or ``linear:T_start:T_end[:steps]`` (step 1 at T_start, step
+    ``steps`` (default: the run's last) and after at T_end, e.g. ``linear:0.9:1.5``; give ``steps`` to a run trained
+    in resumed chunks); ``agent_rl.algos.parse_temperature_schedule``."""
+    max_stale_replays: int = field(default=2, metadata=MAY_CHANGE)
     """A group discarded for staleness (``trainer.max_staleness``) is played again as a fresh group at most this many
     times, then dropped (``async/groups_stale_dropped``)."""
 
     def __post_init__(self) -> None:
+        parse_temperature_schedule(self.temperature_schedule)  # ValueError naming the valid forms
         if self.num_workers < 1:
             raise ValueError("rollout.num_workers must be >= 1")
         if self.max_stale_replays < 0:

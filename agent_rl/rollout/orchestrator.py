@@ -36,24 +36,30 @@ import contextlib
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
 import torch
 
+from agent_rl.aio import gather_all
 from agent_rl.algos import dapo_keep_groups
 from agent_rl.engines.base import row_seed
 from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.parsing import parse_action
 from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, render_followup
 from agent_rl.rollout.prompts.tools import ToolPrompt
-from agent_rl.rollout.tools import TemplateTools, get_tool_call_format, tool_messages
+from agent_rl.rollout.tools import (TemplateTools, decode_for_parsing, get_tool_call_format, prompt_opens_reasoning,
+                                    reasoning_markers, reasoning_open, strip_reasoning, tool_messages)
 from agent_rl.types import Episode, Generation, Task, Turn
 
 T = TypeVar("T")
 _EPISODE_IDS = itertools.count()  # episode attempt ids, unique in the process (engines key caches by them)
 #: per-step token counts of generation (summed over rounds and workers): prompt tokens computed, tokens sampled,
 #: prompt tokens whose keys/values came from the engine's cache (``engine.kv_reuse``, vLLM's prefix cache).
+MAX_REASONING_RESUMES = 8
+"""How many times one tools-mode reply resumes after a stop string fired inside a reasoning block."""
+_PROMPT_TAIL_TOKENS = 64  # the prompt tokens read to see whether the generation prompt opened a reasoning block
+
 TOKEN_COUNTS = ("throughput/prefill_tokens", "throughput/decode_tokens", "throughput/kv_reuse_tokens")
 
 
@@ -177,6 +183,12 @@ class GenerationBatcher:
                     await asyncio.wait_for(self._arrived.wait(), self.wait_s)
                 except asyncio.TimeoutError:
                     break
+            for row in [r for r in self._pending if r[2].done()]:  # its episode was cancelled: not generated
+                self._pending.remove(row)
+                self._episode_ids.pop(row[2], None)
+            if not self._pending:
+                self._wakeup.set()
+                continue
             take = len(self._pending) if self.batch_size <= 0 else min(self.batch_size, len(self._pending))
             batch, self._pending = self._pending[:take], self._pending[take:]
             seed = None if self.seed is None else self.seed + self._calls
@@ -255,6 +267,12 @@ class RolloutOrchestrator:
         self.policy, self.on_turn, self.on_episode = policy, on_turn, on_episode
         self.high_repetition_penalty = float(high_repetition_penalty)
         self.tokenizer = engine.tokenizer
+        self._reasoning = reasoning_markers(self.tokenizer)
+        markup = tuple(self.tool_format.markup) if self.tool_format is not None else ()
+        self._call_markup = (markup[0], markup[1]) if len(markup) == 2 else None  # a call block: its text is data
+        self._keep = tuple(self.tool_format.markup if self.tool_format is not None else ()) + tuple(
+            m for pair in self._reasoning for m in pair)
+        self._eos_ids = set(getattr(engine, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
         stop = list(self.tool_format.stop) if self.tool_format is not None else list(cfg.stop)
         self.gen_kwargs = dict(max_new_tokens=max_new_tokens, top_p=top_p, top_k=top_k, stop=stop or None,
                                batch_size=cfg.gen_batch_size, seed=seed, wait_s=cfg.gen_wait_s)
@@ -268,9 +286,8 @@ class RolloutOrchestrator:
         self.policy_version = 0
         """The version of the engine's weights (algorithms.md section 7): set by the backend at each weight sync; a
         turn records it when its generation is requested, unless the engine stamps its own
-        (``Generation.policy_version``, :class:`agent_rl.rollout.producer.VersionedEngine`)."""
+        (``Generation.policy_version``, :class:`agent_rl.engines.VersionedEngine`)."""
         if cfg.mode == "trajectory":
-            self._eos_ids = set(getattr(engine, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
             render_followup(self.tokenizer, "probe")  # a template that cannot be spliced is refused here, by name
             if self.tool_format is not None:
                 render_followup(self.tokenizer, "probe", role=self._tool_role)
@@ -348,13 +365,16 @@ class RolloutOrchestrator:
         """The role of the env's answer to a call: ``tool``, or ``user`` for a template without that role."""
         return "tool" if TemplateTools.of(self.tokenizer).tool_role else "user"
 
-    def parse(self, text: str, ctx: TurnContext) -> tuple[str, bool]:
+    def parse(self, text: str, ctx: TurnContext, reasoning_open_at_start: bool = False) -> tuple[str, bool]:
         """``(env action, well_formed)`` of a reply: in tools mode (the env declared tools) the tool-call format's
-        reading (:attr:`agent_rl.rollout.tools.ToolCallParse.action`; not well formed when a call cannot be read),
-        else :func:`parse_action` (math/code: the whole answer, lines kept)."""
+        reading (:attr:`agent_rl.rollout.tools.ToolCallParse.action`; not well formed when a call cannot be read) of
+        the reply without its reasoning blocks (:func:`agent_rl.rollout.tools.strip_reasoning`: a call drafted while
+        thinking is never played; ``reasoning_open_at_start``: the prompt opened a block), else
+        :func:`parse_action` (math/code: the whole answer, lines kept)."""
         raw = bool(getattr(self.prompt, "raw_actions", False))
         if self.tool_format is not None and ctx.tools:
-            parsed = self.tool_format.parse(text)
+            parsed = self.tool_format.parse(strip_reasoning(text, self._reasoning, reasoning_open_at_start,
+                                                              self._call_markup))
             action = parsed.action
             if not parsed.calls and parsed.error is None and not raw:  # a text reply: cut as text actions are
                 action = " ".join(action.split())[:self.cfg.max_action_chars]
@@ -372,15 +392,57 @@ class RolloutOrchestrator:
             well_formed = True
         else:
             assert self._batcher is not None
-            gen = await self._batcher.generate(prompt_ids, temperature,
-                                               self.high_repetition_penalty if is_high else 1.0,
-                                               key=(task.group_id, slot, ctx.step), episode_id=episode_id)
-            action, well_formed = self.parse(gen.text, ctx)
+            penalty = self.high_repetition_penalty if is_high else 1.0
+            key = (task.group_id, slot, ctx.step)
+            if self.tool_format is not None and ctx.tools:
+                gen, opened = await self._generate_tool_turn(prompt_ids, temperature, penalty, key, episode_id)
+                action, well_formed = self.parse(gen.text, ctx, opened)
+            else:
+                gen = await self._batcher.generate(prompt_ids, temperature, penalty, key=key, episode_id=episode_id)
+                action, well_formed = self.parse(gen.text, ctx)
         if gen.policy_version is None:
             gen.policy_version = version
         if self.on_turn is not None:
             self.on_turn(gen)
         return gen, action, well_formed
+
+    async def _generate_tool_turn(self, prompt_ids: list[int], temperature: float, penalty: float,
+                                  key: tuple[int, ...], episode_id: str | None) -> tuple[Generation, bool]:
+        """One tools-mode reply: ``(generation, whether the prompt opened a reasoning block)``.
+
+        The text is decoded from the sampled ids with the format's markup and the reasoning markers kept
+        (:func:`agent_rl.rollout.tools.decode_for_parsing`: a tokenizer may hold ``<tool_call>`` as a special token,
+        which the engine's text drops). A stop string that fired inside an open reasoning block (a call drafted while
+        thinking) does not end the reply: generation resumes from the prompt plus the ids so far (key
+        ``key + (resume,)``, same episode, so kept caches serve it), at most :data:`MAX_REASONING_RESUMES` times,
+        and the pieces are one generation of at most ``max_new_tokens`` ids (cut there: ``"length"``). The check
+        is the orchestrator's, on the ids, so it is the same for every engine.
+        """
+        assert self._batcher is not None
+        max_new = int(self.gen_kwargs["max_new_tokens"])
+        stops = [s for s in self.tool_format.stop] if self.tool_format is not None else []
+        tail = decode_for_parsing(self.tokenizer, prompt_ids[-_PROMPT_TAIL_TOKENS:], self._keep)
+        opened = prompt_opens_reasoning(tail, self._reasoning)
+        first = gen = await self._batcher.generate(prompt_ids, temperature, penalty, key=key, episode_id=episode_id)
+        ids, logprobs = list(gen.token_ids), list(gen.logprobs)
+        text = decode_for_parsing(self.tokenizer, ids, self._keep)
+        for resume in range(1, MAX_REASONING_RESUMES + 1):
+            stopped_by_string = gen.finish_reason == "stop" and not (ids and ids[-1] in self._eos_ids) and any(
+                s in text[-(len(s) + 16):] for s in stops)
+            thinking = reasoning_open(text, self._reasoning, opened, self._call_markup)
+            if not stopped_by_string or len(ids) >= max_new or not thinking:
+                break
+            gen = await self._batcher.generate(prompt_ids + ids, temperature, penalty, key=key + (resume,),
+                                               episode_id=episode_id)
+            ids += gen.token_ids
+            logprobs += gen.logprobs
+            text = decode_for_parsing(self.tokenizer, ids, self._keep)
+        finish = gen.finish_reason
+        if len(ids) > max_new:  # a prefix of a sample is a sample: cut at the turn's budget
+            ids, logprobs, finish = ids[:max_new], logprobs[:max_new], "length"
+            text = decode_for_parsing(self.tokenizer, ids, self._keep)
+        return Generation(token_ids=ids, logprobs=logprobs, text=text, finish_reason=finish,
+                          cached_tokens=first.cached_tokens, policy_version=first.policy_version), opened
 
     async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
         """One attempt at an episode; raises :class:`EnvCallFailed` on env failure."""
@@ -494,14 +556,20 @@ class RolloutOrchestrator:
                 finally:
                     batcher.episode_finished()
 
-        try:
-            jobs = [[asyncio.ensure_future(one(g.task, temp, high, slot)) for slot, (temp, high) in
-                     enumerate(g.temperatures)] for g in groups]
-            results = [await asyncio.gather(*group_jobs) for group_jobs in jobs]
+        try:  # structured: cancelled or failed, every episode is cancelled and has finished before this returns
+            flat = await gather_all(*(one(g.task, temp, high, slot) for g in groups
+                                      for slot, (temp, high) in enumerate(g.temperatures)))
+        except BaseException:
+            server.cancel()  # no episode is left to wait for a generation
+            raise
         finally:
             batcher.close()
-            await server
+            with contextlib.suppress(asyncio.CancelledError):
+                await server
             self._batcher = None
+        sizes = [len(g.temperatures) for g in groups]
+        starts = np.cumsum([0, *sizes]).tolist()
+        results = [flat[a:a + n] for a, n in zip(starts, sizes)]
         kept: list[Episode] = []
         dropped = 0
         failures: list[str] = []
@@ -564,7 +632,7 @@ class RolloutOrchestrator:
                 finally:
                     batcher.episode_finished()
 
-        eps = list(await asyncio.gather(*(one(t, h, slot) for slot, (t, h) in enumerate(spec.temperatures))))
+        eps = await gather_all(*(one(t, h, slot) for slot, (t, h) in enumerate(spec.temperatures)))
         self._failed_episodes += sum(ep.failure is not None for ep in eps)
         return eps
 
@@ -636,14 +704,13 @@ async def collect_groups(play: Callable[[list[Task], int], Awaitable[RolloutResu
         wall += res.metrics["time/rollout_s"]
         env_wait += res.metrics["time/env_wait_frac"] * res.metrics["time/rollout_s"]
         tokens += res.metrics["throughput/tokens_per_s"] * res.metrics["time/rollout_s"]
-        for name in TOKEN_COUNTS:
-            counts[name] = counts.get(name, 0.0) + res.metrics.get(name, 0.0)
+        counts = sum_counters([counts, res.metrics], TOKEN_COUNTS)
         generate += res.metrics["time/generate_s"]
         retries += res.metrics["rollout/episode_retries"]
         failed += res.metrics["rollout/failed_episodes"]
         for i in range(0, len(res.episodes), group_size):
             group = res.episodes[i:i + group_size]
-            if filter_groups and _all_equal([ep.reward for ep in group]):
+            if filter_groups and all_equal([ep.reward for ep in group]):
                 total.filtered_groups += 1
             else:
                 kept.append(group)
@@ -668,6 +735,14 @@ async def collect_groups(play: Callable[[list[Task], int], Awaitable[RolloutResu
     return total
 
 
+def sum_counters(parts: Iterable[Mapping[str, float]], keys: Iterable[str] | None = None) -> dict[str, float]:
+    """Key-wise totals of counter dicts (rounds, Ray workers' chunks or streams): ``keys`` (default: every key seen),
+    a key missing from a part counting 0. The one place counters such as :data:`TOKEN_COUNTS` add up."""
+    parts = list(parts)
+    names = list(keys) if keys is not None else list(dict.fromkeys(k for part in parts for k in part))
+    return {name: sum(part.get(name, 0.0) for part in parts) for name in names}
+
+
 def merge_parallel_results(results: Sequence[RolloutResult], *, wall_s: float) -> RolloutResult:
     """Several orchestrators' :meth:`RolloutOrchestrator.run_groups` results of one round played in parallel (the
     Ray workers' chunks) as one result: episodes and failures in the given order, counters and generation time
@@ -690,12 +765,12 @@ def merge_parallel_results(results: Sequence[RolloutResult], *, wall_s: float) -
         "time/env_calls_s": sum(m.get("time/env_calls_s", 0.0) for m in parts),
         "throughput/tokens_per_s": sum(m.get("throughput/tokens_per_s", 0.0) * b for m, b in zip(parts, busy)) /
         max(wall_s, 1e-9),
-        **{name: sum(m.get(name, 0.0) for m in parts) for name in TOKEN_COUNTS},
+        **sum_counters(parts, TOKEN_COUNTS),
     })
     return out
 
 
-def _all_equal(rewards: Sequence[float]) -> bool:
+def all_equal(rewards: Sequence[float]) -> bool:
     """DAPO filter of one group: its rewards are all equal within the estimators' tolerance (``dapo_keep_groups``:
     range <= 1e-6 * max(1, max |R|)), so float rounding does not keep a group whose advantages are all 0."""
     r = torch.tensor(rewards, dtype=torch.float64)
@@ -728,7 +803,7 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     for ep in episodes:
         groups.setdefault(ep.task.group_id, []).append(ep.reward)
     metrics["rollout/groups"] = float(len(groups))
-    metrics["rollout/groups_equal_frac"] = sum(map(_all_equal, groups.values())) / max(len(groups), 1)
+    metrics["rollout/groups_equal_frac"] = sum(map(all_equal, groups.values())) / max(len(groups), 1)
     by_type: dict[str, list[bool]] = {}
     for ep in episodes:
         if ep.task_type:

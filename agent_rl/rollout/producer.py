@@ -1,11 +1,13 @@
 """Asynchronous rollouts with bounded, group-aware staleness (algorithms.md section 7, ``trainer.max_staleness``).
 
-With ``k = trainer.max_staleness >= 1`` an :class:`AsyncProducer` (an asyncio task on the backend's event loop) keeps
+With ``k = trainer.max_staleness >= 1`` an :class:`AsyncProducer` (an asyncio task on the run's event loop, built by
+the one staleness-bounded schedule, :class:`agent_rl.rollout.schedule.StalenessStream`) keeps
 starting groups while the learner's update runs in a worker thread; the training loop's ``collect`` takes the step's
 groups from it in order of completion. The rules, exactly as the spec's section 7:
 
 - **Versions.** The engine's weights have version v = the number of completed steps whose weights it holds
-  (:class:`VersionedEngine` stamps every generation with the version it started under; ``Turn.policy_version``).
+  (:class:`agent_rl.engines.VersionedEngine` stamps every generation with the version it started under;
+  ``Turn.policy_version``).
 - **Throttle.** A group starts only if it can be trained within the bound: with engine version v, groups are
   started for the steps up to ``min(v + 1 + k, total_steps)`` (``tasks_per_step`` each, minus what the current
   step already took), so the producer is at most k steps ahead of the learner. A group's temperatures are fixed
@@ -39,12 +41,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from agent_rl.rollout.orchestrator import GroupSpec, RolloutResult, _all_equal, rollout_metrics
+from agent_rl.rollout.orchestrator import GroupSpec, RolloutResult, all_equal, rollout_metrics
 from agent_rl.types import Episode, Task
 
 #: a replayed task's group id is its first group id + replays x this (group ids must stay distinct in a stream).
@@ -56,40 +57,6 @@ def warmup_horizon(algo: Any, step: int, total_steps: int) -> int:
     is in the warm-up (``algo.in_warmup``: its groups are all at T1 and trained with plain GRPO), else
     ``total_steps``."""
     return int(algo.warmup_steps) if algo.in_warmup(step) else int(total_steps)
-
-
-class VersionedEngine:
-    """An engine whose weights carry a version (algorithms.md section 7): every ``generate`` call stamps its
-    generations with the version the call started under (``Generation.policy_version``), and :meth:`sync` swaps
-    the weights between two calls (a lock), so no call ever samples with half-loaded weights. Other attributes are
-    the wrapped engine's.
-
-    Args:
-        engine: the engine (hf with its own copy of the policy, or vllm: its own process).
-        version: the version of the weights it holds now.
-    """
-
-    def __init__(self, engine: Any, version: int = 0) -> None:
-        self.engine, self.version = engine, int(version)
-        self._lock = threading.Lock()
-
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            version = self.version
-            gens = self.engine.generate(*args, **kwargs)
-        for gen in gens:
-            gen.policy_version = version
-        return gens
-
-    def sync(self, load: Callable[[], None], version: int) -> None:
-        """Run ``load()`` (the weight copy into the engine) between two engine calls and set the version (blocking:
-        call it in a worker thread from an event loop)."""
-        with self._lock:
-            load()
-            self.version = int(version)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
 
 
 @dataclass
@@ -181,7 +148,7 @@ class StepAdmission:
                 return "stale_replay"
             self.given_up.append(group)
             return "stale_dropped"
-        if self.filter_groups and _all_equal([ep.reward for ep in group.episodes]):
+        if self.filter_groups and all_equal([ep.reward for ep in group.episodes]):
             self.filtered += 1
             self.consumed += 1
             return "filtered"
@@ -240,8 +207,6 @@ class AsyncProducer:
                  total_steps: int, max_replays: int = 2, partial: bool = False, filter_groups: bool = False,
                  max_extra_rounds: int = 0, version: int = 0,
                  horizon: Callable[[int], int] | None = None) -> None:
-        if max_staleness < 1:
-            raise ValueError(f"AsyncProducer needs max_staleness >= 1, got {max_staleness}")
         self.play_group, self.load_weights, self.counters = play_group, load_weights, counters
         self.temperatures = temperatures
         self.k, self.per_step, self.total_steps = int(max_staleness), int(tasks_per_step), int(total_steps)

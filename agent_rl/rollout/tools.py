@@ -67,6 +67,10 @@ class ToolCallFormat(Protocol):
     name: str
     stop: tuple[str, ...]
     """Stop strings of generation in tools mode (the end of one call)."""
+    markup: tuple[str, ...]
+    """The strings that mark a call (``<tool_call>``...): a tokenizer may hold them as special tokens, which a
+    decode without special tokens drops, so replies are decoded for parsing with them kept
+    (:func:`decode_for_parsing`)."""
 
     def parse(self, text: str) -> ToolCallParse: ...
 
@@ -143,6 +147,7 @@ class HermesFormat:
 
     name = "hermes"
     stop = ("</tool_call>",)
+    markup = ("<tool_call>", "</tool_call>")
     _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)\Z", re.DOTALL)
 
     def parse(self, text: str) -> ToolCallParse:
@@ -189,6 +194,7 @@ class Llama3JsonFormat:
     name = "llama3_json"
     stop: tuple[str, ...] = ()  # the call ends the turn (<|eot_id|> / <|eom_id|>, the engine's EOS)
     _TAG = "<|python_tag|>"
+    markup = (_TAG,)
 
     def parse(self, text: str) -> ToolCallParse:
         body = text.strip()
@@ -233,6 +239,121 @@ def _hermes() -> HermesFormat:
 @register_tool_call_format("llama3_json")
 def _llama3_json() -> Llama3JsonFormat:
     return Llama3JsonFormat()
+
+
+# ------------------------------------------------------------------------------------------ reasoning blocks
+KNOWN_REASONING_MARKERS: tuple[tuple[str, str], ...] = (
+    ("<think>", "</think>"),  # DeepSeek-R1, Qwen3, QwQ, SmolLM3
+    ("<thinking>", "</thinking>"),
+    ("<reasoning>", "</reasoning>"),
+    ("<seed:think>", "</seed:think>"),  # Seed-OSS
+    ("\u25c1think\u25b7", "\u25c1/think\u25b7"),  # Kimi
+    ("<|begin_of_thought|>", "<|end_of_thought|>"),
+)
+"""``(open, close)`` of the reasoning blocks models write; ``<think>`` always counts, the others when the
+tokenizer's chat template or added vocabulary names them (:func:`reasoning_markers`)."""
+
+
+def reasoning_markers(tokenizer: Any) -> tuple[tuple[str, str], ...]:
+    """The reasoning blocks of ``tokenizer``'s model: ``<think>...</think>`` and every known pair
+    (:data:`KNOWN_REASONING_MARKERS`) whose opening marker its chat template or added vocabulary holds."""
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else ""
+    try:
+        added = set(tokenizer.get_added_vocab())
+    except Exception:  # noqa: BLE001 (a tokenizer without added vocabulary)
+        added = set()
+    return tuple(pair for i, pair in enumerate(KNOWN_REASONING_MARKERS)
+                 if i == 0 or pair[0] in template or pair[0] in added)
+
+
+def _reasoning_spans(text: str, markers: Sequence[tuple[str, str]], open_at_start: bool,
+                     call: tuple[str, str] | None = None) -> tuple[list[tuple[int, int]], bool]:
+    """``(spans of text inside reasoning blocks, markers included; whether a block is still open at the end)``.
+    ``open_at_start``: the prompt already opened a block (a template whose generation prompt ends in ``<think>``).
+    Blocks do not nest (as the models write them) and end at their own close marker (``</thinking>`` inside
+    ``<think>`` is text); ``call``: the format's ``(open, close)`` call markup, whose blocks outside reasoning are
+    data (a program that prints ``<think>`` opens nothing). One pass over the markers, linear in ``len(text)``."""
+    if not markers:
+        return [], open_at_start
+    pattern = re.compile("|".join(re.escape(m) for pair in (*markers, *([call] if call else [])) for m in pair))
+    close_of = {open_: close for open_, close in markers}
+    spans: list[tuple[int, int]] = []
+    start: int | None = 0 if open_at_start else None
+    # the prompt opened a block: any close ends it (which marker the template wrote is not known here)
+    want: str | set[str] | None = {close for _, close in markers} if open_at_start else None
+    in_call = False
+    for match in pattern.finditer(text):
+        marker = match.group(0)
+        if start is None and call is not None and marker in call:  # a call outside reasoning: its text is data
+            in_call = marker == call[0]
+        elif start is None and in_call:
+            continue
+        elif start is None and marker in close_of:
+            start, want = match.start(), close_of[marker]
+        elif start is not None and (marker == want or isinstance(want, set) and marker in want):
+            spans.append((start, match.end()))  # a block ends at its own close only ("</thinking>" in <think>...)
+            start = want = None
+    if start is not None:
+        spans.append((start, len(text)))
+    return spans, start is not None
+
+
+def strip_reasoning(text: str, markers: Sequence[tuple[str, str]], open_at_start: bool = False,
+                    call: tuple[str, str] | None = None) -> str:
+    """``text`` without its reasoning blocks (an unclosed last block: to the end): a call drafted while thinking is
+    never played. ``"<think>draft <tool_call>..</tool_call></think> <tool_call>real</tool_call>"`` ->
+    ``" <tool_call>real</tool_call>"`` (``call``: see :func:`_reasoning_spans`)."""
+    spans, _ = _reasoning_spans(text, markers, open_at_start, call)
+    if not spans:
+        return text
+    pieces, last = [], 0
+    for start, end in spans:
+        pieces.append(text[last:start])
+        last = end
+    pieces.append(text[last:])
+    return "".join(pieces)
+
+
+def reasoning_open(text: str, markers: Sequence[tuple[str, str]], open_at_start: bool = False,
+                   call: tuple[str, str] | None = None) -> bool:
+    """Whether a reasoning block is open at the end of ``text`` (a stop string that ends it fired while thinking)."""
+    return _reasoning_spans(text, markers, open_at_start, call)[1]
+
+
+def prompt_opens_reasoning(prompt_tail: str, markers: Sequence[tuple[str, str]]) -> bool:
+    """Whether the generation prompt opened a reasoning block (DeepSeek-R1's and Qwen3-Thinking's end in
+    ``<think>``): the prompt's text ends, spaces aside, with an opening marker. A marker earlier in the prompt is in
+    the conversation, the env's text included (a problem, a tool's output, which are data), and opens nothing."""
+    tail = prompt_tail.rstrip()
+    return any(tail.endswith(open_) for open_, _ in markers)
+
+
+def decode_for_parsing(tokenizer: Any, ids: Sequence[int], keep: Sequence[str]) -> str:
+    """``ids`` decoded without special tokens, except the strings of ``keep`` (a format's :attr:`markup`, reasoning
+    markers), written where their tokens are even when the tokenizer holds them as special tokens (Hermes-2-Pro's
+    ``<tool_call>``: a plain ``decode(skip_special_tokens=True)`` drops them and the call is lost; vllm PR #25281,
+    verl #4757). Linear in ``len(ids)``."""
+    try:
+        added = tokenizer.get_added_vocab()
+    except Exception:  # noqa: BLE001 (a tokenizer without added vocabulary: nothing special to keep)
+        added = {}
+    kept = {added[s]: s for s in keep if s in added}
+    if not kept:
+        return tokenizer.decode(list(ids), skip_special_tokens=True)
+    pieces: list[str] = []
+    run: list[int] = []
+    for token in ids:
+        if token in kept:
+            if run:
+                pieces.append(tokenizer.decode(run, skip_special_tokens=True))
+                run = []
+            pieces.append(kept[token])
+        else:
+            run.append(token)
+    if run:
+        pieces.append(tokenizer.decode(run, skip_special_tokens=True))
+    return "".join(pieces)
 
 
 # ------------------------------------------------------------------------------------------ chat templates

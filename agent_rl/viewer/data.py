@@ -27,6 +27,8 @@ CURVES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("clip fraction", ("actor/clipfrac",)),
     ("delta_R (TGRL)", ("tgrl/delta_R",)),
     ("T1 (TGRL; algo.t_high=auto picks it per step)", ("tgrl/t_high",)),
+    ("temperature (TAMPO's draw per step; rollout.temperature_schedule)", ("tampo/t", "rollout/temperature")),
+    ("TAMPO meta-policy entropy", ("tampo/pi_entropy",)),
     ("JS mean", ("credit/js_mean",)),
     ("S (schedule)", ("schedule/S",)),
     ("trained token fraction", ("credit/trained_token_frac",)),

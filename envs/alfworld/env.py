@@ -101,7 +101,9 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         FileNotFoundError: no ALFWorld data under the data root (run ``python -m envs.fetch alfworld``).
     """
 
-    metadata = {"render_modes": ["ansi"]}
+    # worker_cache: games loaded in a process are cached there, so a group of one game shares a worker
+    # (envs.hosting.placement)
+    metadata = {"render_modes": ["ansi"], "worker_cache": True}
 
     def __init__(
         self,

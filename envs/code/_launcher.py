@@ -156,6 +156,9 @@ def _run_program(layout):
 
 def _launcher_main(layout):
     try:
+        for procs in layout.get("cgroup_procs", ()):  # the run's cgroup, before anything of the run is forked
+            with open(procs, "w") as f:
+                f.write("0")
         with open("/proc/sys/kernel/cap_last_cap") as f:
             last_cap = int(f.read())
         _build_root(layout)

@@ -28,7 +28,15 @@ from typing import Any, Sequence
 import gymnasium
 
 from envs.code.datasets import LOADERS, CodeTask, humanevalplus_expected, load_code
-from envs.code.sandbox import RunResult, SandboxLimits, raise_if_infra, run_tests
+from envs.code.sandbox import (
+    PLUS_WALL_S,
+    RunResult,
+    SandboxLimits,
+    capped_limits,
+    raise_if_infra,
+    run_tests,
+    sandbox_caps,
+)
 from envs.errors import EnvInfraError
 from envs.spaces import TextSpace, check_action
 from envs.tools import named_tools, task_tool_step
@@ -36,13 +44,33 @@ from envs.tools import named_tools, task_tool_step
 DEFAULT_INSTRUCTION = "Write the complete Python solution in a single ```python code block."
 TOOL_INSTRUCTION = ("You can run Python programs with the python tool to test your code. When done, write the "
                     "complete Python solution in a single ```python code block in a reply that calls no tool.")
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_FENCE_LANG = re.compile(r"[ \t]*([A-Za-z0-9_+-]*)")
+
+
+def fenced_blocks(response: str) -> list[tuple[str, str]]:
+    """``(language, body)`` of each closed Markdown code fence, in order: a line opening with three backticks (the
+    language is the word right after them), the body up to the next three backticks. What
+    ``re.findall(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", response, re.DOTALL)`` finds, in O(len(response))
+    (that pattern is quadratic on a response of unclosed fences without a newline: 64 KB took 6 s)."""
+    blocks, pos = [], 0
+    while True:
+        start = response.find("```", pos)
+        if start < 0:
+            break
+        newline = response.find("\n", start + 3)
+        end = response.find("```", newline + 1) if newline >= 0 else -1
+        if end < 0:  # no newline or no closing fence after it: no later fence can close either
+            break
+        language = _FENCE_LANG.match(response, start + 3, newline).group(1)
+        blocks.append((language, response[newline + 1 : end]))
+        pos = end + 3
+    return blocks
 _SYNTAX = {"SyntaxError", "IndentationError", "TabError"}
 
 
 def extract_code(response: str, entry_point: str = "") -> str:
     """Program text of a model response (see the module docstring for the rule). Pure function."""
-    blocks = [body for lang, body in _FENCE.findall(response) if lang.lower() in ("", "python", "py", "python3")]
+    blocks = [body for lang, body in fenced_blocks(response) if lang.lower() in ("", "python", "py", "python3")]
     if not blocks:
         # an unterminated fence (the model ran out of tokens): take everything after it
         start = re.search(r"```[ \t]*(?:python3?|py)?[ \t]*\n", response)
@@ -98,6 +126,8 @@ def summarize(result: RunResult, reward_mode: str = "all", max_test_details: int
     else:
         first = next((t for t in tests if not t["passed"]), {"status": "error"})
         reason = {"error": "runtime_error"}.get(first["status"], first["status"])
+    if result.limit_hit is not None and reason != "passed":  # the run went past a per-run cap (run_limits)
+        reason = {"memory": "memory", "cpu": "timeout"}.get(result.limit_hit, "crashed")
     all_passed = reason == "passed"
     if reward_mode == "all":
         reward = float(all_passed)
@@ -109,6 +139,7 @@ def summarize(result: RunResult, reward_mode: str = "all", max_test_details: int
         "status_counts": dict(counts), "tests": failed_first, "load_error": result.load_error,
         "stdout": result.stdout, "stderr": result.stderr, "stdout_bytes": result.stdout_bytes,
         "stderr_bytes": result.stderr_bytes, "isolation": result.isolation, "wall_s": round(result.wall_s, 3),
+        "run_limits": result.run_limits, "limit_hit": result.limit_hit, "peak_memory_mb": result.peak_memory_mb,
     }
 
 
@@ -120,8 +151,10 @@ class CodeEnv(gymnasium.Env[str, str]):
         root: data root (``data.root``); None uses ``envs.data.data_root``.
         reward_mode: ``all`` (1 iff every test passes) or ``fraction`` (passed / total).
         instruction: appended to the prompt after a blank line; "" for none.
-        limits: sandbox limits (a :class:`SandboxLimits` or a dict of its fields).
-        plus_wall_s: wall-clock budget of a HumanEval+ run (hundreds of inputs), seconds.
+        limits: sandbox limits (a :class:`SandboxLimits` or a dict of its fields), each at most the machine's cap
+            (:func:`envs.code.sandbox.sandbox_caps`: the defaults unless the server's ``--sandbox-limits`` says
+            more); above one, ``ValueError`` naming it.
+        plus_wall_s: wall-clock budget of a HumanEval+ run (hundreds of inputs), seconds (capped the same way).
         max_test_details: per-test dicts kept in ``info["tests"]`` (failures first).
         action_format: ``text`` or ``tools`` (see the module docstring).
         tools: tool names (``["python"]``) for ``action_format="tools"``; none keeps the env single-turn.
@@ -136,7 +169,7 @@ class CodeEnv(gymnasium.Env[str, str]):
         reward_mode: str = "all",
         instruction: str = DEFAULT_INSTRUCTION,
         limits: SandboxLimits | dict[str, Any] | None = None,
-        plus_wall_s: float = 60.0,
+        plus_wall_s: float = PLUS_WALL_S,
         max_test_details: int = 20,
         action_format: str = "text",
         tools: Sequence[str] = (),
@@ -155,7 +188,10 @@ class CodeEnv(gymnasium.Env[str, str]):
         self.root = root
         self.reward_mode = reward_mode
         self.instruction = instruction
-        self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
+        self.limits = capped_limits(limits)  # ValueError above the server's caps: a client cannot loosen them
+        cap = sandbox_caps()["plus_wall_s"]
+        if isinstance(plus_wall_s, bool) or not isinstance(plus_wall_s, (int, float)) or not 0 < plus_wall_s <= cap:
+            raise ValueError(f"plus_wall_s={plus_wall_s!r} must be a positive number at most the server's cap {cap}")
         self.plus_wall_s = plus_wall_s
         self.max_test_details = max_test_details
         self.observation_space = TextSpace(1_000_000)

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.code import _codec
+from envs.code.run_limits import POLL_S, RunAccount, RunCgroup
 from envs.errors import EnvInfraError
 
 _HERE = Path(__file__).resolve().parent
@@ -91,6 +92,118 @@ class SandboxLimits:
                 "nofile": self.nofile}}
 
 
+LIMIT_FLOORS = {"nproc": 2, "nofile": 4, "checker_memory_mb": 64}
+"""Least values of :class:`SandboxLimits` fields with which the sandbox still starts a run (measured with a full
+isolation run of HumanEval/0: ``nproc=1``, ``nofile=1`` or ``checker_memory_mb=1`` fail every run as "could not judge",
+an infra error; 2, 4 and 64 judge). :func:`capped_limits` refuses a client's value below one."""
+
+SANDBOX_LIMITS_ENV = "AGENT_RL_SANDBOX_LIMITS"
+"""Environment variable holding the caps (a JSON object of :class:`SandboxLimits` fields, and ``plus_wall_s``);
+``python -m servers.serve --sandbox-limits`` sets it for the server and its env workers."""
+
+PLUS_WALL_S = 60.0
+"""Default wall-clock budget (and cap) of a HumanEval+ run (hundreds of inputs), seconds."""
+
+
+def sandbox_caps() -> dict[str, float]:
+    """The largest value each limit may be given (``{field: cap}``): :class:`SandboxLimits`' defaults and
+    ``plus_wall_s`` = :data:`PLUS_WALL_S`, each replaced by what ``$AGENT_RL_SANDBOX_LIMITS`` says. The caps are the
+    machine's (the server's), never a client's: env kwargs can only tighten a limit below them.
+
+    Raises:
+        ValueError: ``$AGENT_RL_SANDBOX_LIMITS`` is not a JSON object of known fields with positive numbers.
+    """
+    caps: dict[str, float] = {**asdict(SandboxLimits()), "plus_wall_s": PLUS_WALL_S}
+    text = os.environ.get(SANDBOX_LIMITS_ENV, "").strip()
+    if not text:
+        return caps
+    try:
+        given = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"${SANDBOX_LIMITS_ENV} is not JSON: {exc}") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"${SANDBOX_LIMITS_ENV} must be a JSON object of limits, got {text[:80]!r}")
+    for key, value in given.items():
+        if key not in caps:
+            raise ValueError(f"${SANDBOX_LIMITS_ENV}: unknown limit {key!r}; known: {', '.join(caps)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"${SANDBOX_LIMITS_ENV}: {key} must be a positive number, got {value!r}")
+        caps[key] = value
+    return caps
+
+
+def parse_sandbox_limits(text: str) -> dict[str, float]:
+    """``"memory_mb=512,nproc=16"`` (or a JSON object) -> ``{"memory_mb": 512, "nproc": 16}``, checked as
+    :func:`sandbox_caps` checks them (what ``--sandbox-limits`` takes).
+
+    Raises:
+        ValueError: an unknown field, or a value that is not a positive number.
+    """
+    text = text.strip()
+    if text.startswith("{"):
+        given = json.loads(text)
+    else:
+        given = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, value = part.partition("=")
+            if not sep:
+                raise ValueError(f"--sandbox-limits takes key=value pairs, got {part!r}")
+            try:
+                given[key.strip()] = float(value) if "." in value else int(value)
+            except ValueError:
+                raise ValueError(f"--sandbox-limits: {key.strip()} must be a number, got {value!r}") from None
+    old = os.environ.get(SANDBOX_LIMITS_ENV)
+    os.environ[SANDBOX_LIMITS_ENV] = json.dumps(given)
+    try:
+        sandbox_caps()  # the same checks
+    except ValueError as exc:
+        raise ValueError(str(exc).replace(f"${SANDBOX_LIMITS_ENV}", "--sandbox-limits")) from None
+    finally:
+        if old is None:
+            os.environ.pop(SANDBOX_LIMITS_ENV)
+        else:
+            os.environ[SANDBOX_LIMITS_ENV] = old
+    return given
+
+
+def capped_limits(limits: SandboxLimits | dict[str, Any] | None, where: str = "limits") -> SandboxLimits:
+    """``limits`` as a :class:`SandboxLimits`: a dict of some of its fields (or None: the defaults) checked against
+    :func:`sandbox_caps`, so a client may tighten any limit, never loosen one past its cap. A :class:`SandboxLimits`
+    instance is returned as it is: only code builds one (JSON from a client, the session API's, OpenEnv's or MCP's
+    ``env_kwargs``, can only hold a dict), so it is the caller's own, trusted choice.
+
+    Raises:
+        ValueError: a value above its cap or below its floor (:data:`LIMIT_FLOORS`), not a positive number, or a
+            fraction for a whole-number field (names ``where.<field>``, the value and the cap); TypeError: an unknown field, or ``limits`` of another type.
+    """
+    if isinstance(limits, SandboxLimits):
+        return limits
+    if limits is not None and not isinstance(limits, dict):
+        raise TypeError(f"{where} must be an object of sandbox limits, got {type(limits).__name__}")
+    caps = sandbox_caps()
+    given = dict(limits or {})
+    unknown = sorted(set(given) - set(asdict(SandboxLimits())))
+    if unknown:
+        raise TypeError(f"{where}: unknown sandbox limits {unknown}; known: {', '.join(asdict(SandboxLimits()))}")
+    bad = []
+    fields = asdict(SandboxLimits())
+    for key, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            bad.append(f"{where}.{key}={value!r} (a positive number)")
+        elif isinstance(fields[key], int) and not isinstance(value, int):
+            bad.append(f"{where}.{key}={value!r} (a whole number)")  # setrlimit takes ints: else every run fails
+        elif value > caps[key]:
+            bad.append(f"{where}.{key}={value!r} is above the server's cap {caps[key]!r}")
+        elif value < LIMIT_FLOORS.get(key, 0):
+            bad.append(f"{where}.{key}={value!r} is below the sandbox's floor {LIMIT_FLOORS[key]} (it could not "
+                       "start a run)")
+    if bad:
+        raise ValueError("sandbox limits refused: " + "; ".join(bad) + " (clients can tighten limits, not loosen "
+                         f"them; the caps are the server's: --sandbox-limits / ${SANDBOX_LIMITS_ENV})")
+    defaults = {k: min(v, caps[k]) for k, v in asdict(SandboxLimits()).items()}
+    return SandboxLimits(**{**defaults, **given})
+
+
 def _source(name: str) -> str:
     """Self-contained source: _codec.py + the harness, minus the lines marked ``# sandbox: strip``."""
     parts = []
@@ -113,6 +226,8 @@ _NS_FLAGS = ["--net", "--mount", "--pid", "--ipc", "--fork", "--kill-child", "--
 SANDBOX_DIRS = ("/tmp", "/dev", "/proc")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 TMPFS = (("/tmp", "size=64m,mode=1777"), ("/dev/shm", "size=64m,mode=1777"))
+TMPFS_BYTES = 128 << 20
+"""What the run's tmpfs can hold together (``TMPFS``): charged to its cgroup beside its processes' memory."""
 
 # Run by the sandbox interpreter itself (-I -S, as the sandbox runs it): where its standard library is.
 _PATHS_PROBE = ("import json, sys, sysconfig\n"
@@ -215,20 +330,23 @@ def sandbox_layout(python: str) -> dict[str, list]:
 
 
 def _launch(level: str, python: str, uid: int | None, source: str, args: list[str], root: str,
-            close_fds: Any) -> list[str]:
+            close_fds: Any, cgroup_procs: Any = ()) -> list[str]:
     layout = {**sandbox_layout(python), "root": root, "uid": uid if level == "full" else None, "cwd": "/tmp",
-              "source": source, "args": list(args), "close_fds": list(close_fds)}
+              "source": source, "args": list(args), "close_fds": list(close_fds),
+              "cgroup_procs": list(cgroup_procs)}
     prefix = ["unshare", *(_NS_FLAGS if level == "full" else ["--user", "--map-root-user", *_NS_FLAGS])]
     return [*prefix, "--", python, "-I", "-S", "-c", f"{LAUNCHER_SOURCE}\n_launcher_main({layout!r})\n"]
 
 
 def launcher_argv(level: str, uid: int | None, source: str, args: list[str], root: str = "",
-                  close_fds: Any = ()) -> list[str]:
+                  close_fds: Any = (), cgroup_procs: Any = ()) -> list[str]:
     """Command that runs ``python -I -S -c source *args`` in the sandbox of ``level`` (``full``/``userns``/``none``)
     as ``uid``.
 
     ``root``: an empty directory the launcher mounts the program's root filesystem on (in its own mount namespace;
-    the host sees nothing there); ``close_fds``: descriptors only the program keeps (the launcher closes its copies).
+    the host sees nothing there); ``close_fds``: descriptors only the program keeps (the launcher closes its copies);
+    ``cgroup_procs``: ``cgroup.procs`` files the launcher joins before it forks the program (level ``full``: the
+    run's cgroup, :class:`envs.code.run_limits.RunCgroup`).
 
     Raises:
         RuntimeError: from :func:`sandbox_python` or :func:`sandbox_layout` (the interpreter cannot be run, or lives
@@ -237,7 +355,7 @@ def launcher_argv(level: str, uid: int | None, source: str, args: list[str], roo
     python = sandbox_python()
     if level == "none":
         return [python, "-I", "-S", "-c", source, *args]
-    return _launch(level, python, uid, source, args, root, close_fds)
+    return _launch(level, python, uid, source, args, root, close_fds, cgroup_procs)
 
 
 def _base_python() -> str:
@@ -393,6 +511,10 @@ class RunResult:
     outputs (record mode only). ``stdout``/``stderr``: the worker's first bytes; ``*_bytes`` their full size.
     ``checker_error`` (the checker wrote no verdict) and ``infra_error`` (the worker never started) mean the run
     could not judge the program: :func:`raise_if_infra` turns them into :class:`envs.errors.EnvInfraError`.
+    Per-run limits (:mod:`envs.code.run_limits`): ``run_limits`` is how they were held (``cgroup-v2``,
+    ``cgroup-v1`` or ``accounted``); ``limit_hit`` the one the run went past (``memory``: a process of it was
+    killed for memory; ``processes``; ``cpu``: CPU seconds of all its processes), ``None`` if none;
+    ``peak_memory_mb``/``peak_processes`` what was seen of the worker's run (MiB; None where unknown).
     """
 
     tests: list[dict[str, Any]] = field(default_factory=list)
@@ -410,6 +532,10 @@ class RunResult:
     isolation: str = ""
     wall_s: float = 0.0
     uids: list[int] = field(default_factory=list)
+    run_limits: str = ""
+    limit_hit: str | None = None
+    peak_memory_mb: float | None = None
+    peak_processes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -451,12 +577,17 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
         resp_r, resp_w = os.pipe()
         pipe_fds = [req_r, req_w, resp_r, resp_w]
         procs: list[tuple[subprocess.Popen, int]] = []
+        # the worker's run, all its processes together: a cgroup where the machine gives one (root), else accounted
+        # (its cgroup holds the processes' memory_mb plus what the tmpfs can hold: a single process still meets its
+        # RLIMIT_AS first, as a MemoryError)
+        group = RunCgroup.create((limits.memory_mb << 20) + TMPFS_BYTES, limits.nproc) if level == "full" else None
+        result.run_limits = f"cgroup-{group.mode}" if group is not None else "accounted"
         try:
             def start(source: str, fds: tuple[int, int], uid: int, stdin: Any, out: Any, err: Any,
-                      cfg: dict[str, Any]) -> subprocess.Popen:
+                      cfg: dict[str, Any], cgroup: RunCgroup | None = None) -> subprocess.Popen:
                 try:
                     launch = launcher_argv(level, uid, source, [str(fds[0]), str(fds[1]), json.dumps(cfg)],
-                                           str(root), fds)
+                                           str(root), fds, cgroup.procs if cgroup is not None else ())
                 except RuntimeError as exc:
                     raise EnvInfraError(str(exc), component="sandbox") from exc
                 try:
@@ -469,14 +600,20 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
                 return proc
 
             worker = start(WORKER_SOURCE, (req_r, resp_w), worker_uid, program_in, w_out, w_err,
-                           limits.for_worker())
+                           limits.for_worker(), group)
             checker = start(CHECKER_SOURCE, (req_w, resp_r), checker_uid, spec_in, c_out, c_err,
                             limits.for_checker())
             # the parent's copies must go now: a dead worker is then an immediate EOF for the checker
             while pipe_fds:
                 os.close(pipe_fds.pop())
-            if not _wait(checker, limits.wall_s):
-                result.timed_out = True
+            account = RunAccount(limits.memory_mb << 20, limits.nproc, limits.cpu_s,
+                                 uid=worker_uid if level == "full" else None, root_pid=worker.pid,
+                                 count_memory=group is None)
+            result.timed_out = not _wait_accounted(checker, worker, level, limits.wall_s, account, result,
+                                                   POLL_S if group is None else 5 * POLL_S)
+            result.peak_processes = account.peak_processes
+            if group is None:
+                result.peak_memory_mb = round(account.peak_memory_bytes / 2**20, 1)
         finally:  # whatever happened (even KeyboardInterrupt, or a failed start), nothing may outlive the run
             while pipe_fds:
                 os.close(pipe_fds.pop())
@@ -484,6 +621,12 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
                 _kill(proc, level)
                 if level == "full":
                     _kill_uid(uid)
+            if group is not None:
+                peak = group.peak_memory_bytes()
+                result.peak_memory_mb = None if peak is None else round(peak / 2**20, 1)
+                if group.oom_kills() and result.limit_hit is None:
+                    result.limit_hit = "memory"
+                group.destroy()
         result.worker_exit = worker.returncode
         result.stdout, result.stdout_bytes = _read_capped(w_out, excerpt_bytes)
         result.stderr, result.stderr_bytes = _read_capped(w_err, excerpt_bytes)
@@ -504,6 +647,25 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
                 result.checker_error = f"checker exit {checker.returncode}: {err[-1000:]}"
     result.wall_s = time.monotonic() - started
     return result
+
+
+def _wait_accounted(checker: subprocess.Popen, worker: subprocess.Popen, level: str, wall_s: float,
+                    account: RunAccount, result: RunResult, poll_s: float) -> bool:
+    """Wait up to ``wall_s`` for the checker; every ``poll_s`` read the worker's run (``account``) and kill the
+    worker's sandbox past a per-run cap (``result.limit_hit``; the checker then reports the program gone). False
+    on timeout."""
+    deadline = time.monotonic() + wall_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return checker.poll() is not None
+        if _wait(checker, min(poll_s, left)):
+            return True
+        if result.limit_hit is None and worker.poll() is None:
+            hit = account.over()
+            if hit is not None:
+                result.limit_hit = hit
+                _kill(worker, level)
 
 
 def raise_if_infra(result: RunResult) -> None:

@@ -210,7 +210,7 @@ class CalculatorEnv(gymnasium.Env[str, str]):
         if not _NUMBER.fullmatch(number):  # commas only as thousands separators: "1,2" is not 12
             return f"Error: {argument!r} is not a number", 0.0, False, False, self._info(invalid=True)
         given = float(number.replace(",", ""))
-        # by value at every magnitude: an absolute tolerance would call 1e-9 and 2e-9 equal (issue 10)
+        # by value at every magnitude: an absolute tolerance would call 1e-9 and 2e-9 equal
         self._won = math.isclose(given, self._solution, rel_tol=1e-6, abs_tol=0.0)
         observation = "Correct!" if self._won else f"Wrong: the answer is {format_number(self._solution)}."
         return observation, float(self._won), True, False, self._info(invalid=False)

@@ -153,7 +153,8 @@ class EnvHost:
         """What an open session's env declares, without touching its episode: ``("tools", None)`` -> its tools
         (the ``tools`` attribute of the unwrapped env, OpenAI-style function schemas; ``[]`` when it declares none);
         ``("tasks", None)`` -> its splits and their sizes, ``("tasks", {"split", "start", "stop"})`` -> task specs
-        (:mod:`envs.hosting.tasks`); ``None`` for an env without a task listing. A bad split or range is
+        (:mod:`envs.hosting.tasks`); ``None`` for an env without a task listing; ``("worker_cache", None)`` ->
+        whether the env declares ``metadata["worker_cache"]`` (a per-process task cache). A bad split or range is
         ``"rejected"``."""
         from envs.hosting import tasks
 
@@ -165,6 +166,8 @@ class EnvHost:
                 raise RuntimeError(f"{type(env).__name__}.tools must be a list of function schemas (dicts), "
                                 f"got {type(declared).__name__}")
             return to_jsonable(list(declared))
+        if what == "worker_cache":  # sessions of one task share a worker only for such envs (envs.hosting.placement)
+            return bool(getattr(env, "metadata", {}).get("worker_cache", False))
         if what == "tasks":
             try:
                 if params is None:

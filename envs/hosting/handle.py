@@ -30,6 +30,7 @@ class WorkerHandle:
     def __init__(self, index: int, ctx: Any, imports: Sequence[str], reset_nice: int = 0, keep_envs: int = 1) -> None:
         self.index = index
         self.sessions: dict[str, str | None] = {}  # session id -> its task key
+        self.owners: dict[str, str | None] = {}  # session id -> the client that opened it
         self.keys: OrderedDict[str, None] = OrderedDict()  # task keys recently opened here (LRU)
         self.resets = 0
         self.rss = 0

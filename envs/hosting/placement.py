@@ -1,12 +1,23 @@
 """Which worker gets a new session (measured in ``benchmarks/bench_env_server.py``).
 
-* A session whose task key (env id + env kwargs + reset options, :func:`task_key`) was recently opened by a live
-  worker goes to that worker if every session it holds plays that same task (and it holds fewer than
-  ``max_sessions_per_worker``), so a group of episodes of the same game pays the game load once (the env caches
-  loaded games per process), and no session ever waits behind another task's reset.
+A worker answers one request at a time, so two sessions on one worker queue behind each other: a slow step of one
+holds the other's step until it ends (measured: 1.8 s behind a 2 s step). Sessions therefore share a worker only
+where the env gains from it, and never across clients:
+
+* **Sharing is the env's choice.** An env whose class declares ``metadata["worker_cache"] = True`` caches loaded
+  tasks per process (ALFWorld: a game's PDDL -> SAS translation, 2-5 CPU-s, reused by every later reset of that
+  game in the process). Only for such envs has a session a task key (env id + env kwargs + reset options + owner,
+  :func:`task_key`); a session whose key a live worker recently opened goes to that worker if every session it
+  holds plays that same task of that same owner (and it holds fewer than ``max_sessions_per_worker``), so a group
+  of episodes of one game pays the game load once, and no session ever waits behind another task's reset or another
+  client's step. Every other env (Code-v0, Math, a user's env that declares nothing) has no key: its sessions are
+  never placed together by choice, so a slow step of one never holds another's.
 * Otherwise it goes to an idle worker (no sessions; its process and caches are reused), else a new worker is started
-  (up to ``max_workers``), else to the least-loaded worker. With ``max_workers >= max_sessions`` (the default) that
-  means one process per live session, so a reset never stalls another session's steps; the OS shares the cores.
+  (up to ``max_workers``), else, when ``max_workers`` is below the live sessions (the operator's ``--workers``), to
+  the least-loaded worker whose sessions all belong to the same owner: a client may slow only its own sessions;
+  when there is none, ``AtCapacity`` (503). With ``max_workers >= max_sessions`` (the default) that means one
+  process per live session (one per group for ``worker_cache`` envs), so a step or reset never stalls another
+  session's; the OS shares the cores.
 
 Pure functions over :class:`Placed` (what the policy reads of a worker), so the policy is testable without processes.
 """
@@ -28,6 +39,7 @@ class Placed(Protocol):
 
     alive: bool
     sessions: dict[str, str | None]  # session id -> its task key
+    owners: dict[str, str | None]  # session id -> the client that opened it
     keys: OrderedDict[str, None]  # task keys recently opened here (LRU)
     idle_since: float
 
@@ -35,22 +47,26 @@ class Placed(Protocol):
 W = TypeVar("W", bound=Placed)
 
 
-def task_key(env_id: str, env_kwargs: dict[str, Any] | None, options: dict[str, Any] | None) -> str | None:
-    """Key of the task a reset loads: ``None`` when the options select nothing (a seeded random task).
+def task_key(env_id: str, env_kwargs: dict[str, Any] | None, options: dict[str, Any] | None,
+             owner: str | None = None, *, worker_cache: bool = True) -> str | None:
+    """Key of the task a reset loads for ``owner``: ``None`` when the options select nothing (a seeded random task)
+    or the env does not declare a per-process cache (``worker_cache=False``: its sessions are never grouped).
 
-    Two sessions with the same key load the same game, so they are routed to a worker that has it cached.
+    Two sessions with the same key (same task, same client) are routed to a worker that has the task cached.
     """
-    if not options:
+    if not options or not worker_cache:
         return None
-    return json.dumps([env_id, env_kwargs or {}, options], sort_keys=True, default=str)
+    return json.dumps([env_id, env_kwargs or {}, options, owner], sort_keys=True, default=str)
 
 
 def place(workers: Sequence[W], key: str | None, *, max_workers: int, max_sessions_per_worker: int,
-          new_worker: Callable[[], W]) -> W:
-    """The worker for a new session with task ``key`` (see the module docstring); ``new_worker()`` starts one.
+          new_worker: Callable[[], W], owner: str | None = None) -> W:
+    """The worker for a new session of ``owner`` with task ``key`` (see the module docstring); ``new_worker()``
+    starts one.
 
     Raises:
-        AtCapacity: ``max_workers`` are alive and each holds ``max_sessions_per_worker`` sessions.
+        AtCapacity: ``max_workers`` are alive and none holds only ``owner``'s sessions with a free slot (of
+            ``max_sessions_per_worker``).
     """
     alive = [w for w in workers if w.alive]
     if key is not None:
@@ -65,9 +81,11 @@ def place(workers: Sequence[W], key: str | None, *, max_workers: int, max_sessio
         return max(idle, key=lambda w: w.idle_since)  # the most recently used: warmest caches
     if len(alive) < max_workers:
         return new_worker()
-    open_slots = [w for w in alive if len(w.sessions) < max_sessions_per_worker]
+    open_slots = [w for w in alive if len(w.sessions) < max_sessions_per_worker
+                  and all(o == owner for o in w.owners.values())]
     if not open_slots:
-        raise AtCapacity(f"all {len(alive)} workers hold {max_sessions_per_worker} sessions")
+        raise AtCapacity(f"all {len(alive)} workers hold {max_sessions_per_worker} sessions or another "
+                         "client's sessions")
     return min(open_slots, key=lambda w: len(w.sessions))
 
 

@@ -119,7 +119,11 @@ class WorkerPool:
             self._ctx.set_forkserver_preload(list(dict.fromkeys(modules)))
         self._workers: list[WorkerHandle] = []
         self._by_session: dict[str, WorkerHandle] = {}
-        self._made_with: dict[str, tuple[str, dict[str, Any] | None]] = {}  # session id -> (env id, env kwargs)
+        # session id -> (env id, env kwargs, owner)
+        self._made_with: dict[str, tuple[str, dict[str, Any] | None, str | None]] = {}
+        # env id -> whether its env declares a per-process task cache (``metadata["worker_cache"]``), learnt from
+        # its first open (the server's start-up check opens every served env once); unknown: not shared
+        self.worker_cache: dict[str, bool] = {}
         self._next_index = 0
         self.started_workers = 0
 
@@ -131,9 +135,13 @@ class WorkerPool:
         self._workers.append(worker)
         return worker
 
-    def _place(self, key: str | None) -> WorkerHandle:
-        return place(self._workers, key, max_workers=self.max_workers,
+    def _place(self, key: str | None, owner: str | None) -> WorkerHandle:
+        return place(self._workers, key, max_workers=self.max_workers, owner=owner,
                      max_sessions_per_worker=self.max_sessions_per_worker, new_worker=self._new_worker)
+
+    def _key(self, env_id: str, env_kwargs: dict[str, Any] | None, owner: str | None,
+             options: dict[str, Any] | None) -> str | None:
+        return task_key(env_id, env_kwargs, options, owner, worker_cache=self.worker_cache.get(env_id, False))
 
     def _remember(self, worker: WorkerHandle, key: str | None) -> None:
         remember(worker, key, self.keys_per_worker)
@@ -158,21 +166,29 @@ class WorkerPool:
         env_kwargs: dict[str, Any] | None = None,
         seed: int | None = None,
         options: dict[str, Any] | None = None,
+        owner: str | None = None,
     ) -> tuple[Any, dict[str, Any]]:
-        """``gymnasium.make(env_id, **env_kwargs)`` then ``reset(seed, options)`` in a worker.
+        """``gymnasium.make(env_id, **env_kwargs)`` then ``reset(seed, options)`` in a worker, for client ``owner``
+        (sessions of different owners never share a worker: :mod:`envs.hosting.placement`).
 
         Returns ``(observation, info)``. Raises ``AtCapacity`` or ``EnvFailed`` (the session is then not open).
         """
-        key = task_key(env_id, env_kwargs, options)
-        worker = self._place(key)
+        key = self._key(env_id, env_kwargs, owner, options)
+        worker = self._place(key, owner)
         worker.sessions[session_id] = key
+        worker.owners[session_id] = owner
         self._by_session[session_id] = worker
-        self._made_with[session_id] = (env_id, env_kwargs)
+        self._made_with[session_id] = (env_id, env_kwargs, owner)
         self._remember(worker, key)
         worker.resets += 1
         try:
             observation, info = await worker.call("open", session_id, (env_id, env_kwargs, seed, options),
                                                   self.timeout_s)
+            if env_id not in self.worker_cache:
+                declared = await worker.call("info", session_id, ("worker_cache", None), self.timeout_s)
+                self.worker_cache[env_id] = bool(declared)
+                worker.sessions[session_id] = key = self._key(env_id, env_kwargs, owner, options)
+                self._remember(worker, key)
         except BaseException:  # includes cancellation: the worker may still create the env, so close it there
             await self._release(session_id, send_close=True)
             raise
@@ -184,7 +200,7 @@ class WorkerPool:
         """``env.reset(seed=seed, options=options)`` of an open session -> ``(observation, info)``."""
         worker = self._worker_of(session_id)
         worker.resets += 1
-        key = task_key(*self._made_with[session_id], options)
+        key = self._key(*self._made_with[session_id], options)
         worker.sessions[session_id] = key
         self._remember(worker, key)
         observation, info = await worker.call("reset", session_id, (seed, options), self.timeout_s)
@@ -212,6 +228,7 @@ class WorkerPool:
         if worker is None:
             return
         worker.sessions.pop(session_id, None)
+        worker.owners.pop(session_id, None)
         if send_close and worker.alive:
             try:
                 await worker.call("close", session_id, None, self.timeout_s)

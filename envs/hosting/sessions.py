@@ -37,6 +37,7 @@ from envs.hosting.errors import (
 )
 from envs.hosting.jsonable import lone_surrogate
 from envs.hosting.pool import StepReply, WorkerPool, env_module
+from envs.jsondepth import MAX_JSON_DEPTH, value_depth
 
 __all__ = ["EnvBackend", "Session", "SessionManager", "SessionSettings"]
 
@@ -70,6 +71,9 @@ class SessionSettings:
     options) and refuse to start if one fails (:class:`EnvNotReady`). The env stays in its worker for reuse."""
     reset_nice: int = 10
     """Resets run this many nice levels below steps (needs CAP_SYS_NICE; 0: off), so they yield the cores to steps."""
+    refused_env_kwargs: tuple[str, ...] = ()
+    """Env kwargs a session may not be opened with (``EnvRejected``, HTTP 422 naming them): the server refuses
+    host paths (``envs.data.PATH_KWARGS``) from its clients; in-process callers are trusted (none)."""
 
     _kind = "session settings"
     _rules = "max_sessions, max_sessions_per_worker >= 1; workers, prestart_workers >= 0; ttl, env_timeout > 0"
@@ -120,6 +124,8 @@ class Session:
     episodes: int = 1
     done: bool = False
     busy: bool = False
+    owner: str | None = None
+    """The client that opened it (the HTTP server's client name; ``None``: the server's own, or no clients)."""
 
 
 class SessionManager:
@@ -233,14 +239,20 @@ class SessionManager:
         options: dict[str, Any] | None = None,
         env_kwargs: dict[str, Any] | None = None,
         session_id: str | None = None,
+        owner: str | None = None,
     ) -> tuple[str, Any, dict[str, Any]]:
         """Open a session: ``gymnasium.make`` + ``reset`` in a worker -> ``(session_id, observation, info)``.
 
         ``session_id``: the client's choice (default: a new uuid4 hex), so a client that lost the answer can still
-        close the session. Raises ``UnknownEnv`` (404), ``SessionExists`` (409), ``AtCapacity`` (503),
+        close the session. ``owner``: the client it belongs to (``Session.owner``; the server checks it,
+        ``servers.access.ClientSessions``). Raises ``UnknownEnv`` (404), ``SessionExists`` (409), ``AtCapacity`` (503),
         ``EnvFailed`` (500/504), ``InvalidText`` (422: a lone surrogate in any of the arguments).
         """
         _check_text(env_id=env_id, session_id=session_id, options=options, env_kwargs=env_kwargs)
+        refused = sorted(set(env_kwargs or {}) & set(self.settings.refused_env_kwargs))
+        if refused:
+            raise EnvRejected(f"env_kwargs {', '.join(refused)} name host paths, which the server chooses, not "
+                              f"the client (refused here: {', '.join(self.settings.refused_env_kwargs)})")
         if env_id not in (gymnasium.registry if self.settings.env_ids is None else self.settings.env_ids):
             served = "any registered id" if self.settings.env_ids is None else self.settings.env_ids
             raise UnknownEnv(f"env id {env_id!r} is not served here; served: {served}")
@@ -248,11 +260,11 @@ class SessionManager:
             raise SessionExists(f"a live session has the id {session_id!r}")
         if self.settings.max_sessions is not None and len(self.sessions) >= self.settings.max_sessions:
             raise AtCapacity(f"{len(self.sessions)} live sessions (max_sessions={self.settings.max_sessions})")
-        session = Session(session_id or uuid.uuid4().hex, env_id, busy=True)
+        session = Session(session_id or uuid.uuid4().hex, env_id, busy=True, owner=owner)
         self.sessions[session.session_id] = session
         try:
             observation, info = await self.pool.open(session.session_id, env_id, env_kwargs=env_kwargs, seed=seed,
-                                                     options=options)
+                                                     options=options, owner=owner)
         except BaseException:
             self.sessions.pop(session.session_id, None)
             raise
@@ -318,9 +330,13 @@ class SessionManager:
 
 
 def _check_text(**fields: Any) -> None:
-    """``InvalidText`` naming the first field (and where in it) that holds a lone UTF-16 surrogate: text that is
-    not Unicode never reaches an env (the HTTP server refuses it the same way while validating the body)."""
+    """``InvalidText`` naming the first field (and where in it) that holds a lone UTF-16 surrogate, or that is
+    nested deeper than :data:`envs.jsondepth.MAX_JSON_DEPTH`: text that is not Unicode never reaches an env, and
+    neither does a value that would raise ``RecursionError`` on its way (pickling to the worker; the HTTP server
+    refuses both the same way before parsing the body)."""
     for name, value in fields.items():
+        if value_depth(value) > MAX_JSON_DEPTH:
+            raise InvalidText(f"{name} nested deeper than {MAX_JSON_DEPTH} levels")
         found = lone_surrogate(value, name)
         if found:
             raise InvalidText(found)

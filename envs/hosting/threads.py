@@ -41,8 +41,10 @@ class ThreadEnvPool:
         """Nothing to start (threads start on first use)."""
 
     async def open(self, session_id: str, env_id: str, *, env_kwargs: dict[str, Any] | None = None,
-                   seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        """``make_env(env_id, **env_kwargs)`` then ``reset(seed, options)`` on a thread -> ``(observation, info)``."""
+                   seed: int | None = None, options: dict[str, Any] | None = None,
+                   owner: str | None = None) -> tuple[Any, dict[str, Any]]:
+        """``make_env(env_id, **env_kwargs)`` then ``reset(seed, options)`` on a thread -> ``(observation, info)``
+        (``owner``: unused; the threads run any session's calls side by side)."""
         self._owned.add(session_id)
         try:
             observation, info = await self._call("open", session_id, (env_id, env_kwargs, seed, options))

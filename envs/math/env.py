@@ -12,7 +12,8 @@ Contract (``gymnasium.Env[str, str]``):
   GSM8K's ``####``) is equivalent to the reference by math-verify or by the normalised string match, and so is every
   other final answer the response gives (several different boxed answers are a hedge: 0.0), else 0.0.
   ``info``: ``extracted``, ``answers``, ``reference``, ``correct`` (= ``won``), ``reason``
-  (``correct``/``wrong_answer``/``hedged``/``no_answer``), ``verifier`` (``math_verify``/``timeout``/``error: ...``),
+  (``correct``/``wrong_answer``/``hedged``/``no_answer``), ``verifier`` (``math_verify``/``timeout``/``too_long``/
+  ``error: ...``),
   ``string_match``, plus the reset info. Numbers compare by value (exact for exact rationals, else relative
   tolerance 1e-6: ``envs.math.grader.numbers_equal``); units, variables and marks are never dropped on one side
   only (``envs.math.grader.parts_conflict``, ``docs/math_code_envs.md``).
@@ -29,12 +30,13 @@ Contract (``gymnasium.Env[str, str]``):
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import gymnasium
 
 from envs.math.datasets import SPLITS, MathProblem, canonical_name, load_math
-from envs.math.grader import final_answers, strings_match
+from envs.math.grader import final_answers, question_nouns, strings_match
 from envs.math.pool import VerifierPool, default_pool
 from envs.spaces import TextSpace, check_action
 from envs.tools import named_tools, task_tool_step
@@ -48,15 +50,30 @@ TOOL_INSTRUCTION = ("You can run Python programs with the python tool. Please re
 MAX_FINAL_ANSWERS = 8
 """A response with more distinct final answers than this is graded 0 without checking them (``reason="hedged"``)."""
 
+MAX_ANSWER_CHARS = 1000
+"""A final answer longer than this (or than 4 times the reference, if that is more) is graded wrong without being
+parsed: the references are at most 210 characters (olympiadbench), and a long answer would only hold a verifier
+worker until its deadline. With :data:`MAX_FINAL_ANSWERS`, this bounds what one response costs."""
 
-def score_response(reference: str, response: str, pool: VerifierPool) -> dict[str, Any]:
+RESPONSE_DEADLINE_CHECKS = 2
+"""One response is graded within this many verifier deadlines (``pool.timeout_s`` each), extraction included: once
+it has passed, the answers left unchecked make the response wrong (``verifier="timeout"``; never a false 1.0). The
+final answer's check may start a verifier worker, whose import is not charged: the other answers get at least one
+deadline after it."""
+
+
+def score_response(reference: str, response: str, pool: VerifierPool, *,
+                   question: str | None = None) -> dict[str, Any]:
     """Grade a full model response against a bare reference answer.
 
     Every distinct final answer of the response (:func:`envs.math.grader.final_answers`: each boxed answer, a list
     written as adjacent boxes counting as one; else each ``####`` line) must be equivalent to the reference: one
     correct box among wrong ones is a hedge and scores 0 (``reason="hedged"``). Each answer is correct when the
     string match (:func:`envs.math.grader.strings_match`) or math-verify in the pool says so; the last answer is
-    checked first.
+    checked first. A word after a number counts as the bare number only when it is a unit or a noun the question
+    counts (``question``: :func:`envs.math.grader.question_nouns`; without it, units only). Extraction is linear in
+    ``len(response)``; at most :data:`MAX_FINAL_ANSWERS` answers of at most :data:`MAX_ANSWER_CHARS` characters are
+    checked, each under the pool's deadline, all within :data:`RESPONSE_DEADLINE_CHECKS` deadlines from the start.
 
     Returns a JSON-serialisable dict: ``reward`` (0.0/1.0), ``correct``, ``extracted`` (the last answer, str | None),
     ``answers`` (the distinct final answers, list of str), ``reference``, ``reason``
@@ -65,6 +82,7 @@ def score_response(reference: str, response: str, pool: VerifierPool) -> dict[st
     Raises:
         EnvInfraError: the verifier itself cannot judge (from :meth:`VerifierPool.check`).
     """
+    deadline = time.monotonic() + RESPONSE_DEADLINE_CHECKS * pool.timeout_s
     answers = final_answers(response)
     extracted = answers[-1] if answers else None
     out: dict[str, Any] = {"extracted": extracted, "answers": answers, "reference": reference,
@@ -73,10 +91,19 @@ def score_response(reference: str, response: str, pool: VerifierPool) -> dict[st
         return {**out, "reward": 0.0, "correct": False, "reason": "no_answer"}
     if len(answers) > MAX_FINAL_ANSWERS:
         return {**out, "reward": 0.0, "correct": False, "reason": "hedged"}
+    nouns = question_nouns(question)
+    max_chars = max(MAX_ANSWER_CHARS, 4 * len(reference))
     n_correct = 0
     for i, answer in enumerate(reversed(answers)):  # the final answer first: a wrong one settles it
-        string_ok = strings_match(reference, answer)
-        verdict, how = pool.check(reference, answer)
+        if i == 1:  # the first check may have started a worker (its import is not charged): one deadline more
+            deadline = max(deadline, time.monotonic() + pool.timeout_s)
+        if len(answer) > max_chars:
+            string_ok, verdict, how = False, False, "too_long"
+        elif time.monotonic() > deadline:  # the response's budget is spent: what is left is not judged
+            string_ok, verdict, how = False, False, "timeout"
+        else:
+            string_ok = strings_match(reference, answer, nouns)
+            verdict, how = pool.check(reference, answer, nouns)
         if i == 0:
             out.update(string_match=string_ok, verifier=how)
         if not (bool(verdict) or string_ok):
@@ -101,7 +128,8 @@ class MathEnv(gymnasium.Env[str, str]):
         n_workers: verifier processes shared by every MathEnv of this process with the same settings.
         action_format: ``text`` or ``tools`` (see the module docstring).
         tools: tool names (``["python"]``) for ``action_format="tools"``; none keeps the env single-turn.
-        tool_limits: sandbox limits of a ``python`` call (``envs.code.sandbox.SandboxLimits`` fields; default 10 s).
+        tool_limits: sandbox limits of a ``python`` call (``envs.code.sandbox.SandboxLimits`` fields; default 10 s),
+            each at most the machine's cap (``envs.code.sandbox.capped_limits``; above one, ``ValueError``).
     """
 
     metadata = {"render_modes": []}
@@ -116,10 +144,14 @@ class MathEnv(gymnasium.Env[str, str]):
         n_workers: int = 2,
         action_format: str = "text",
         tools: Sequence[str] = (),
-        tool_limits: dict[str, Any] | None = None,
+        tool_limits: Any = None,
     ) -> None:
         self.tools = named_tools(action_format, tools)  # ValueError for unknown names / tools without "tools"
         self.action_format = action_format
+        if tool_limits is not None:  # a client may tighten the sandbox, never loosen it past the server's caps
+            from envs.code.sandbox import capped_limits  # deferred: the sandbox's start-up code
+
+            tool_limits = capped_limits(tool_limits, "tool_limits")
         self.tool_limits = tool_limits
         names = [datasets] if isinstance(datasets, str) else list(datasets)
         try:
@@ -175,7 +207,7 @@ class MathEnv(gymnasium.Env[str, str]):
         if turn is not None:  # a tool call (or an invalid one): the episode goes on
             observation, extra = turn
             return observation, 0.0, False, False, {**self._info, **extra, "won": False}
-        result = score_response(self._problem.answer, action, self.pool)
+        result = score_response(self._problem.answer, action, self.pool, question=self._problem.problem)
         info = {**self._info, **result, "won": bool(result["correct"])}
         self._problem = None
         return "", float(result["reward"]), True, False, info

@@ -30,30 +30,50 @@ _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _BOX_START = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
 
-def _box_argument(text: str, i: int) -> tuple[str, int] | None:
-    """The argument of the box command ending at ``text[i]`` and the index just past it, or None when unclosed.
+_UNBRACED_ARGUMENT = re.compile(r"[^\s$]+")
 
-    ``{...}`` with balanced braces (escaped ``\\{ \\}`` do not count) or, without braces, the next token
-    (``\\boxed 5`` -> ``5``)."""
+
+def _closing_braces(text: str) -> dict[int, int]:
+    """Index of each ``{`` of ``text`` -> index of its matching ``}``, in one pass (a stack; escaped ``\\{ \\}``
+    do not count, an unmatched ``}`` is skipped). Unclosed ``{`` are absent. O(len(text)) time and memory."""
+    closing: dict[int, int] = {}
+    stack: list[int] = []
+    for match in re.finditer(r"(?<!\\)[{}]", text):
+        if match.group(0) == "{":
+            stack.append(match.start())
+        elif stack:
+            closing[stack.pop()] = match.start()
+    return closing
+
+
+def _box_argument(text: str, i: int, closing: dict[int, int] | None = None) -> tuple[int, int, int] | None:
+    """The argument of the box command ending at ``text[i]``: ``(start, end, after)`` with the argument
+    ``text[start:end]`` and ``after`` the index just past it, or None when unclosed.
+
+    ``{...}`` with balanced braces (``closing`` from :func:`_closing_braces`; computed here when not given) or,
+    without braces, the next token (``\\boxed 5`` -> ``5``). Linear in the argument when ``closing`` is given."""
     while i < len(text) and text[i] == " ":
         i += 1
     if i >= len(text):
         return None
     if text[i] != "{":  # "\boxed 5": the argument is the next token
-        match = re.match(r"[^\s$]+", text[i:])
-        return (match.group(0), i + match.end()) if match else None
-    depth = 0
-    for j in range(i, len(text)):
-        char = text[j]
-        if char == "\\":  # skip escaped braces "\{" "\}"
-            continue
-        if char == "{" and text[j - 1] != "\\":
-            depth += 1
-        elif char == "}" and text[j - 1] != "\\":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j].strip(), j + 1
-    return None
+        match = _UNBRACED_ARGUMENT.match(text, i)
+        return (i, match.end(), match.end()) if match else None
+    if closing is None:
+        closing = _closing_braces(text[i:])
+        j = closing.get(0)
+        return None if j is None else (i + 1, i + j, i + j + 1)
+    j = closing.get(i)
+    return None if j is None else (i + 1, j, j + 1)
+
+
+def _strip_span(text: str, start: int, end: int) -> tuple[int, int]:
+    """``text[start:end]`` without its leading and trailing whitespace, as a span."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
 
 
 def last_boxed(text: str) -> str | None:
@@ -67,48 +87,54 @@ def last_boxed(text: str) -> str | None:
         return None
     i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
     found = _box_argument(text, i)
-    return found[0] if found else None
+    return text[slice(*_strip_span(text, found[0], found[1]))] if found else None
 
 
-def _unwrap_box(content: str) -> str:
-    """``\\boxed{\\boxed{7}}``'s content ``\\boxed{7}`` -> ``7`` (a box that is exactly one box is that box)."""
+def _unwrap_box(text: str, start: int, end: int, closing: dict[int, int]) -> tuple[int, int]:
+    """The span of a box's content ``text[start:end]`` with nested boxes unwrapped: ``\\boxed{\\boxed{7}}``'s
+    content ``\\boxed{7}`` -> ``7`` (a box that is exactly one box is that box). Each level costs O(1) plus the
+    whitespace around it, so unwrapping n levels is linear, not quadratic."""
     while True:
-        match = _BOX_START.match(content)
+        start, end = _strip_span(text, start, end)
+        match = _BOX_START.match(text, start, end)
         if not match:
-            return content
-        found = _box_argument(content, match.end())
-        if found is None or content[found[1]:].strip():
-            return content
-        content = found[0]
+            return start, end
+        found = _box_argument(text, match.end(), closing)
+        if found is None or found[2] > end or text[found[2]:end].strip():
+            return start, end
+        start, end = found[0], found[1]
 
 
 # Boxes that a solution writes as one list ("\boxed{2}, \boxed{5}", "$\boxed{2}$ and $\boxed{5}$") form one answer
 # "2, 5": only a comma, semicolon, "and" or "or" (with spaces and $) between them. math-verify groups more loosely
 # (any 9 characters, or 70 with a separator somewhere), which would turn "\boxed{2}. On second thought, the
 # answer is \boxed{3}" into one list.
-_LIST_BETWEEN = re.compile(r"[\s$]*(?:[,;]|(?:[,;]?[\s$]*(?:and|or|\\text\{\s*(?:and|or)\s*\})))[\s$]*")
+# No two adjacent repeats over one class (``[\s$]*[,;]?[\s$]*`` was quadratic in a run of spaces between boxes).
+_LIST_WORD = r"(?:and|or|\\text\{\s*(?:and|or)\s*\})"
+_LIST_BETWEEN = re.compile(rf"[\s$]*(?:[,;][\s$]*(?:{_LIST_WORD}[\s$]*)?|{_LIST_WORD}[\s$]*)")
 
 
 def _box_groups(text: str) -> list[str]:
     """Every final answer written in boxes, in order: the content of each box (nested boxes unwrapped), adjacent
-    boxes of one list joined by ``", "``. An unclosed box ends the scan."""
+    boxes of one list joined by ``", "``. An unclosed box ends the scan. Linear in ``len(text)``: the braces are
+    matched once (:func:`_closing_braces`) and a box inside another box is not scanned again."""
+    closing = _closing_braces(text)
     boxes: list[tuple[int, int, str]] = []  # (start, end, content)
     pos = 0
     while True:
         match = _BOX_START.search(text, pos)
         if not match:
             break
-        found = _box_argument(text, match.end())
+        found = _box_argument(text, match.end(), closing)
         if found is None:
             break
-        boxes.append((match.start(), found[1], _unwrap_box(found[0])))
-        pos = found[1]
+        boxes.append((match.start(), found[2], text[slice(*_unwrap_box(text, found[0], found[1], closing))]))
+        pos = found[2]
     groups: list[list[str]] = []
     last_end = -1
     for start, end, content in boxes:
         if groups and _LIST_BETWEEN.fullmatch(text[last_end:start]):
-            if content != groups[-1][-1]:
-                groups[-1].append(content)
+            groups[-1].append(content)  # every box counts: "\boxed{7}, \boxed{7}" is a list of two
         else:
             groups.append([content])
         last_end = end
@@ -181,13 +207,47 @@ for _alias in ("kph", "kmh", "kmph"):
     _units(_alias, factors=(("kilometer", 1), ("hour", -1)))
 _POWER_WORDS = {"square": 2, "sq": 2, "cubic": 3, "cu": 3}
 _POWER_SUFFIX_WORDS = {"squared": 2, "cubed": 3}
-# Single words after a plain number that are NOT a unit and change the answer ("5 dozen" is 60, "5 more" is a
-# difference): such a word on one side only keeps the two apart.
-_QUALIFIERS = frozenset(
-    "dozen dozens score hundred hundreds thousand thousands million millions billion billions trillion half halves "
-    "quarter quarters third thirds fold times more less fewer greater smaller larger least most or and not no "
-    "about approx approximately roughly nearly almost around over under than plus minus maybe possibly "
-    "squared cubed".split())
+# Words that change a quantity when they follow a number ("5 dozen" is 60, "3 tens" is 30, "2 times" a factor,
+# "4 more" a difference). The one-sided rule below is an allow-list (known units, the question's nouns), so this
+# list is never what lets a word through: it only keeps such words out of the nouns taken from a question
+# (:func:`question_nouns`: "he has 3 tens and 4 ones" must not make "9 tens" equal 9).
+_QUANTITY_WORDS = frozenset(
+    "zero one two three four five six seven eight nine ten eleven twelve twenty thirty forty fifty sixty seventy "
+    "eighty ninety tens teens hundred thousand million billion trillion quadrillion lakh crore myriad grand "
+    "dozen score gross pair couple half halve halves third quarter fourth fifth sixth seventh eighth ninth tenth "
+    "hundredth thousandth millionth fold time times twice thrice more less fewer greater smaller larger least most "
+    "extra additional remaining left over under than plus minus total each per inverse reciprocal negative "
+    "positive square cube squared cubed power percent percentage factorial or and not no about approx "
+    "approximately roughly nearly almost around maybe possibly".split())
+_NOUN_AFTER_NUMBER = re.compile(
+    r"(?<![A-Za-z0-9.])\d+(?:[.,]\d+)*(?:\s|\$|~|\\[,;: ]|\\(?:text|mbox|textrm|mathrm)\s*\{)*"
+    r"([A-Za-z]{2,})(?![A-Za-z])"
+    r"|(?<![A-Za-z])[Hh]ow\s+many\s+([A-Za-z]{2,})(?![A-Za-z])")  # the noun a question asks for: "how many ways"
+
+
+def _word_forms(word: str) -> set[str]:
+    """``word`` and its singular/plural spellings (``apples`` <-> ``apple``, ``boxes`` <-> ``box``)."""
+    forms = {word, word + "s", word + "es"}
+    if len(word) > 3 and word.endswith("es"):
+        forms.add(word[:-2])
+    if len(word) > 2 and word.endswith("s"):
+        forms.add(word[:-1])
+    return forms
+
+
+def question_nouns(question: str | None) -> frozenset[str]:
+    """The nouns a question counts: each word written right after a number (``3 apples``, ``$12$ marbles``,
+    ``5\\text{ pens}``) or after "how many" (``how many ways``), lower-cased, except words that change a quantity
+    (``3 tens``, ``2 times``, ``4 more``:
+    :data:`_QUANTITY_WORDS`, in any of their :func:`_word_forms`). Linear in the question; empty for None."""
+    if not question:
+        return frozenset()
+    nouns = set()
+    for match in _NOUN_AFTER_NUMBER.finditer(question):
+        word = (match.group(1) or match.group(2)).lower()
+        if not _word_forms(word) & _QUANTITY_WORDS:
+            nouns.add(word)
+    return frozenset(nouns)
 
 
 def _lookup_unit(word: str) -> tuple[tuple[str, int], ...] | None:
@@ -432,22 +492,100 @@ def _connectives(body: str) -> list[str]:
     return words + ["," for _ in _top_level(body, ",")]
 
 
-def _unit_one_sided_ok(parts: AnswerParts) -> bool:
-    """Whether ``parts.unit`` may be ignored when the other answer has no unit: a known unit, or one plain word
-    (not a qualifier like ``dozen`` or ``more``) after a plain number."""
+def _unit_one_sided_ok(parts: AnswerParts, nouns: frozenset[str] = frozenset()) -> bool:
+    """Whether ``parts.unit`` may be ignored when the other answer has no unit: a known unit (``5\\text{ cm}``,
+    ``50\\%``), or words that are all nouns of the question (``nouns``, :func:`question_nouns`) after a plain
+    number (``10\\text{ apples}`` when the question counts apples). An allow-list: any other word (``9\\text{
+    tens}``, ``9\\text{ k}``, ``9\\text{ grand}``, ``9\\text{ inverse}``) may change the quantity."""
     if parts.unit is None or not parts.unit.startswith("text:"):
         return True
     words = parts.unit[len("text:"):].split()
-    return (len(words) == 1 and words[0].isalpha() and words[0] not in _QUALIFIERS
+    return (bool(words) and all(word.isalpha() and _word_forms(word) & nouns for word in words)
             and bool(_PLAIN_NUMBER.fullmatch(parts.body.replace(" ", ""))))
 
 
-def parts_conflict(a: AnswerParts, b: AnswerParts) -> str | None:
+_TEXT_GROUP = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|textup|textsf|texttt|mathrm|mbox|mathbf)\s*"
+                         r"\{([^{}]*)\}")
+_COMMAND = re.compile(r"\\[A-Za-z]+")
+_LETTERS = re.compile(r"[A-Za-z]+")
+
+
+def _text_words(body: str) -> tuple[list[str], bool] | None:
+    """The words of a body's text groups (lower-cased, sorted) and whether the body is nothing but text groups;
+    None when it has no text group. ``\\text{Eve lyn}`` -> ``(["eve", "lyn"], True)``."""
+    groups = _TEXT_GROUP.findall(body)
+    if not groups:
+        return None
+    words = sorted(word.lower() for group in groups for word in _LETTERS.findall(group))
+    only_text = not _TEXT_GROUP.sub("", body).strip(" ${}()")
+    return words, only_text
+
+
+def _words_conflict(a: str, b: str) -> bool:
+    """Words keep their identity: two bodies with text groups must have the same words (``\\text{Eve lyn}`` is
+    not ``\\text{Evelyn}``); a body that is only text must have the words the other side writes in letters
+    (``\\text{Evelyn}`` is not ``Eve lyn``, is ``Evelyn``). Case is ignored (``\\text{Monday}`` is ``monday``)."""
+    wa, wb = _text_words(a), _text_words(b)
+    if wa is not None and wb is not None:
+        return wa[0] != wb[0]
+    text, other = (wa, b) if wa is not None else (wb, a) if wb is not None else (None, "")
+    if text is None or not text[1]:
+        return False
+    letters = sorted(word.lower() for word in _LETTERS.findall(_COMMAND.sub(" ", other)))
+    return text[0] != letters
+
+
+_OUTER_OPEN = re.compile(r"^(?:\\\{|\\lbrace|\(|\[)")
+
+
+def list_elements(body: str) -> list[str]:
+    """The elements of a list, set, tuple or interval body: ``3, 5, 7, 7`` / ``\\{3, 5, 7, 7\\}`` /
+    ``(3, 5, 7, 7)`` -> ``["3", "5", "7", "7"]`` (split at top-level commas and semicolons, after thousands
+    separators are joined); one element for anything else. Linear in the body."""
+    s = re.sub(r"\\(?:left|right|big|Big|bigl|bigr)(?![A-Za-z])", "", join_thousands(body)).strip()
+    opening = _OUTER_OPEN.match(s)
+    if opening:
+        inner = s[opening.end():]
+        for close in ("\\}", "\\rbrace", ")", "]"):
+            if inner.endswith(close):
+                inner = inner[: -len(close)]
+                break
+        else:
+            inner = None
+        # the outer pair encloses everything only when the inside is balanced ("(1, 2) \cup (3, 4)" is not)
+        if inner is not None and _balanced(inner):
+            s = inner
+    cuts = sorted(_top_level(s, ",") + _top_level(s, ";"))
+    pieces, last = [], 0
+    for cut in cuts:
+        pieces.append(s[last:cut].strip())
+        last = cut + 1
+    pieces.append(s[last:].strip())
+    return pieces
+
+
+def _balanced(s: str) -> bool:
+    depth = 0
+    for c in s:
+        depth += c in "([{"
+        depth -= c in ")]}"
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def parts_conflict(a: AnswerParts, b: AnswerParts, nouns: frozenset[str] = frozenset()) -> str | None:
     """Why two split answers cannot be equal whatever their bodies are, or None when their bodies decide.
 
     - variables: ``x = 2`` vs ``y = 2`` differ; a variable on one side only (``x = 2`` vs ``2``) is allowed;
     - units: different units differ (``5 cm`` vs ``5 km``, ``30^\\circ`` vs ``30\\%``); a unit on one side only is
-      allowed when :func:`_unit_one_sided_ok` (``5\\text{ cm}`` vs ``5``; not ``5\\text{ dozen}`` vs ``5``);
+      allowed when :func:`_unit_one_sided_ok` (``5\\text{ cm}`` vs ``5``; not ``5\\text{ dozen}`` vs ``5``; a
+      word that is not a unit only when it is one of ``nouns``, the question's own: :func:`question_nouns`);
+    - lists keep their multiplicity: without an inequality, two lists with different numbers of elements
+      (:func:`list_elements`, two or more each) differ (``3, 5, 7, 7`` vs ``3, 5, 7``); one value against a list
+      of equal values (``\\frac{639}{40}`` vs ``15\\frac{39}{40}, \\frac{639}{40}``, MATH500's own solution)
+      is left to the values, as two equal boxes are;
+    - words keep their identity (:func:`_words_conflict`: ``\\text{Eve lyn}`` vs ``\\text{Evelyn}``);
     - marks inside the bodies (:func:`_marks`) must be the same sequence (``(30^\\circ, 60^\\circ)`` vs
       ``(30\\%, 60\\%)``, ``5'`` vs ``5''``, ``1, 2, \\ldots`` vs ``1, 2``);
     - a set in braces is not an interval or tuple (``\\{1, 2\\}`` vs ``(1, 2)``);
@@ -459,14 +597,21 @@ def parts_conflict(a: AnswerParts, b: AnswerParts) -> str | None:
     if a.unit != b.unit:
         if a.unit is not None and b.unit is not None:
             return f"different units {a.unit} and {b.unit}"
-        if not _unit_one_sided_ok(a) or not _unit_one_sided_ok(b):
+        if not _unit_one_sided_ok(a, nouns) or not _unit_one_sided_ok(b, nouns):
             return f"trailing text {a.unit or b.unit} on one side only"
     if _marks(a.body) != _marks(b.body):
         return f"different marks {_marks(a.body)} and {_marks(b.body)}"
     kinds = {_outer_kind(a.body), _outer_kind(b.body)}
     if kinds == {"set", "interval"}:
         return "a set is not an interval or tuple"
-    if _INEQUALITY.search(a.body) or _INEQUALITY.search(b.body):
+    inequality = bool(_INEQUALITY.search(a.body) or _INEQUALITY.search(b.body))
+    if not inequality:  # a single answer against a list of it written twice is left to the values (a hedge rule)
+        na, nb = len(list_elements(a.body)), len(list_elements(b.body))
+        if na != nb and min(na, nb) > 1:
+            return f"lists of {na} and {nb} elements"
+    if _words_conflict(a.body, b.body):
+        return "different words"
+    if inequality:
         ca, cb = _connectives(a.body), _connectives(b.body)
         if ca and cb and ca != cb:
             return f"different connectives {ca} and {cb}"
@@ -500,7 +645,7 @@ def _normalize_body(body: str) -> str:
     s = re.sub(r"^\((-?\d+|[A-Za-z])\)$", r"\1", s)
     if re.fullmatch(r"-?\d+\.\d*", s):  # 0.50 -> 0.5, 3.0 -> 3
         s = s.rstrip("0").rstrip(".")
-    if re.fullmatch(r"-?0+\d+", s):  # AIME's 051 is 51
+    if re.fullmatch(r"-?0\d+", s):  # AIME's 051 is 51 (not "0+\d+": quadratic on a long run of zeros)
         s = re.sub(r"^(-?)0+(?=\d)", r"\1", s)
     return s
 
@@ -528,11 +673,11 @@ def normalize_answer(answer: str) -> str:
     return out
 
 
-def strings_match(reference: str, answer: str) -> bool:
-    """String verdict: the parts do not conflict (:func:`parts_conflict`) and the normalised bodies are equal
-    and non-empty."""
+def strings_match(reference: str, answer: str, nouns: frozenset[str] = frozenset()) -> bool:
+    """String verdict: the parts do not conflict (:func:`parts_conflict`, with the question's ``nouns``) and the
+    normalised bodies are equal and non-empty."""
     ref, ans = split_answer(reference), split_answer(answer)
-    if parts_conflict(ref, ans):
+    if parts_conflict(ref, ans, frozenset(nouns)):
         return False
     a, b = _normalize_body(ref.body), _normalize_body(ans.body)
     return bool(a) and a == b
@@ -651,28 +796,29 @@ def _value_of_numeric_equation(expr: Any) -> Any:
     return parts[-1]
 
 
-def math_verify_equal(reference: str, answer: str, timeout_s: int = 5) -> bool:
+def math_verify_equal(reference: str, answer: str, timeout_s: int = 5, nouns: frozenset[str] = frozenset()) -> bool:
     """math-verify verdict for two bare answers (no ``\\boxed``). Runs in the calling process: use it only in a
     worker process (see :class:`envs.math.pool.VerifierPool`).
 
-    Both answers are split (:func:`split_answer`) and must not conflict (:func:`parts_conflict`); the bodies are
+    Both answers are split (:func:`split_answer`) and must not conflict (:func:`parts_conflict`, with the
+    question's ``nouns``); the bodies are
     parsed by :func:`_parse_latex` (bodies with digits separated only by spaces are not parsed: False, the string
     path decides). Numbers compare by value (:func:`numbers_equal`): exactly when both sides are exact rationals
     (``1/2004!`` is not ``1/2006!``), else with the relative tolerance :data:`REL_TOL`. Everything else goes to
     ``math_verify.verify`` (sets unordered, tuples and intervals ordered, matrices, relations, symbolic
     equality), except two of its joins that are refused here: an equation against a plain value counts only when
     it is an assignment (``a + b = 5``, its right side) or an equality of numbers (``2 + 1 = 3``), never
-    ``x + 1 = 3`` for ``3``; and the symbol ``E`` is not Euler's ``e``.
+    ``x + 1 = 3`` for ``3``; the symbol ``E`` is not Euler's ``e``; and a list the parser read as a set with
+    fewer elements than were written (``3, 5, 5``: duplicates) is compared as a multiset (:func:`_multisets_equal`).
 
     Raises:
         TimeoutError: parsing ran past ``timeout_s``.
     """
     import sympy
-    from math_verify import verify
     from math_verify.grader import is_assignment_relation, is_equation, is_relation
 
     ref, ans = split_answer(reference), split_answer(answer)
-    if parts_conflict(ref, ans) or not ref.body or not ans.body:
+    if parts_conflict(ref, ans, frozenset(nouns)) or not ref.body or not ans.body:
         return False
     if _SPACED_DIGITS.search(join_thousands(ref.body)) or _SPACED_DIGITS.search(join_thousands(ans.body)):
         return False
@@ -692,7 +838,45 @@ def math_verify_equal(reference: str, answer: str, timeout_s: int = 5) -> bool:
     if (gold == sympy.E and isinstance(pred, sympy.Symbol) and pred.name == "E") or (
             pred == sympy.E and isinstance(gold, sympy.Symbol) and gold.name == "E"):
         return False  # latex2sympy reads "e" as Euler's number; a symbol E (a point, choice (E)) is not it
+    if isinstance(gold, sympy.FiniteSet) or isinstance(pred, sympy.FiniteSet):
+        elements = list_elements(ref.body), list_elements(ans.body)
+        if min(map(len, elements)) > 1 and any(isinstance(v, sympy.FiniteSet) and len(v.args) != len(e)
+                                               for v, e in zip((gold, pred), elements)):
+            return _multisets_equal(*elements, timeout_s)  # the parser dropped duplicates: count them here
+    return _values_equal(gold, pred, timeout_s)
+
+
+MAX_MULTISET_ELEMENTS = 64
+"""A list with duplicates and more elements than this is not compared element by element (False)."""
+
+
+def _values_equal(gold: Any, pred: Any, timeout_s: int) -> bool:
+    """Two parsed values: by value when both are plain numbers (:func:`numbers_equal`), else ``math_verify.verify``."""
+    from math_verify import verify
+
     by_value = numbers_equal(gold, pred)
     if by_value is not None:
         return by_value
     return bool(verify(gold, pred, timeout_seconds=timeout_s))
+
+
+def _multisets_equal(gold: list[str], pred: list[str], timeout_s: int) -> bool:
+    """Whether two lists of element bodies are equal as multisets (each gold element matched to its own
+    predicted one; equality of values is an equivalence, so a greedy matching is exact). At most
+    :data:`MAX_MULTISET_ELEMENTS` elements, each parsed once."""
+    if len(gold) != len(pred) or len(gold) > MAX_MULTISET_ELEMENTS:
+        return False
+    try:
+        gold_values = [_parse_latex(g, timeout_s) for g in gold]
+        pred_values = [_parse_latex(p, timeout_s) for p in pred]
+    except TimeoutError:
+        raise
+    except Exception:  # an element the parser does not understand: no verdict
+        return False
+    unmatched = list(range(len(pred_values)))
+    for value in gold_values:
+        match = next((j for j in unmatched if _values_equal(value, pred_values[j], timeout_s)), None)
+        if match is None:
+            return False
+        unmatched.remove(match)
+    return True

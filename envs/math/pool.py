@@ -36,21 +36,23 @@ _CHECK_CPU_BUDGET_S = 60
 
 
 def _worker_main(inner_timeout_s: int) -> None:
-    """Worker loop over stdin/stdout, one JSON line each way: ``[reference, answer]`` -> ``[verdict, error]``."""
+    """Worker loop over stdin/stdout, one JSON line each way: ``[reference, answer, nouns]`` -> ``[verdict, error]``
+    (``nouns``: the question's nouns, :func:`envs.math.grader.question_nouns`; may be left out)."""
     from envs.math.grader import math_verify_equal
 
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # stray prints (sympy, logging) must not corrupt the protocol
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)
     for line in sys.stdin:
-        reference, answer = json.loads(line)
+        reference, answer, *rest = json.loads(line)
+        nouns = frozenset(rest[0]) if rest else frozenset()
         # CPU budget per check (SIGXCPU ends the process even inside C code): an orphaned worker, whose parent died
         # while it was stuck, does not spin forever
         usage = resource.getrusage(resource.RUSAGE_SELF)
         soft = int(usage.ru_utime + usage.ru_stime) + 1 + _CHECK_CPU_BUDGET_S
         resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
         try:
-            reply = [math_verify_equal(reference, answer, timeout_s=inner_timeout_s), None]
+            reply = [math_verify_equal(reference, answer, timeout_s=inner_timeout_s, nouns=nouns), None]
         except Exception as exc:  # any parser failure is a non-verdict, the caller falls back
             reply = [None, f"{type(exc).__name__}: {exc}"[:200]]
         out.write(json.dumps(reply) + "\n")
@@ -69,9 +71,9 @@ class _Worker:
         )
         self._buf = b""
 
-    def send(self, reference: str, answer: str) -> None:
+    def send(self, reference: str, answer: str, nouns: frozenset[str] = frozenset()) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write((json.dumps([reference, answer]) + "\n").encode())
+        self.process.stdin.write((json.dumps([reference, answer, sorted(nouns)]) + "\n").encode())
         self.process.stdin.flush()
 
     def recv(self, timeout_s: float) -> list | None:
@@ -211,8 +213,9 @@ class VerifierPool:
         self._idle.put(other)
         return self._fresh()
 
-    def check(self, reference: str, answer: str) -> tuple[bool | None, str]:
+    def check(self, reference: str, answer: str, nouns: frozenset[str] = frozenset()) -> tuple[bool | None, str]:
         """Verdict of math-verify for two bare answers, or ``(None, reason)`` when the ANSWER could not be judged.
+        ``nouns``: the question's nouns (:func:`envs.math.grader.question_nouns`), words that may follow a number.
 
         Reasons: ``"math_verify"`` (a verdict came back), ``"timeout"`` (this answer ran past ``timeout_s``),
         ``"error: ..."`` (math-verify raised on it, or a worker died twice on it). After a timeout or a dead worker a
@@ -233,7 +236,7 @@ class VerifierPool:
                 worker = self._fresh()
             for attempt in range(2):
                 try:
-                    worker.send(reference, answer)
+                    worker.send(reference, answer, nouns)
                     reply = worker.recv(self.timeout_s)
                 except (EOFError, OSError, ValueError) as exc:  # the worker died under this answer
                     self._forget(worker)

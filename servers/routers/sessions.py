@@ -1,5 +1,6 @@
-"""Session routes. Each one validates the request, calls the session manager, and serialises the result;
-errors are raised as exceptions that ``servers.app`` maps to HTTP codes."""
+"""Session routes. Each one validates the request, calls the caller's sessions (``servers.access.ClientSessions``:
+another client's session is 404 ``session_not_found``, untouched), and serialises the result; errors are raised as
+exceptions that ``servers.app`` maps to HTTP codes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from fastapi import APIRouter, HTTPException, Response, status
 
 from envs.hosting import SessionNotFound
-from servers.dependencies import Manager, Settings
+from servers.dependencies import Sessions, Settings
 from servers.schemas import (
     CreateSessionRequest,
     CreateSessionResponse,
@@ -31,55 +32,55 @@ _422 = {"model": UnprocessableResponse, "description": "validation errors, or th
 
 @router.post("", response_model=CreateSessionResponse, status_code=status.HTTP_201_CREATED,
              responses={404: _E, 409: _E, 422: _422, 500: _E, 503: _E, 504: _E})
-async def create_session(body: CreateSessionRequest, manager: Manager) -> CreateSessionResponse:
+async def create_session(body: CreateSessionRequest, sessions: Sessions) -> CreateSessionResponse:
     """Open a session on ``env_id`` and return its first observation and the env's declared ``tools`` (409 if the
     client-chosen ``session_id`` is taken by a live session)."""
-    session_id, observation, info = await manager.create(
+    session_id, observation, info = await sessions.create(
         body.env_id, seed=body.seed, options=body.options, env_kwargs=body.env_kwargs, session_id=body.session_id
     )
     try:
-        tools = await manager.info(session_id, "tools")
+        tools = await sessions.info(session_id, "tools")
     except BaseException:  # the env's tools attribute is broken (or the request was cancelled): no session kept
         with contextlib.suppress(SessionNotFound):
-            await manager.close(session_id)
+            await sessions.close(session_id)
         raise
     return CreateSessionResponse(session_id=session_id, observation=observation, info=info, tools=tools)
 
 
 @router.get("", response_model=SessionsResponse)
-async def list_sessions(manager: Manager) -> SessionsResponse:
-    """Live sessions."""
+async def list_sessions(sessions: Sessions) -> SessionsResponse:
+    """The caller's live sessions (every surface's: a WebSocket's and MCP's too), no other client's."""
     now = time.monotonic()
+    pool = sessions.manager.pool
     return SessionsResponse(sessions=[
         SessionInfo(session_id=s.session_id, env_id=s.env_id, created_at=s.created_at, idle_s=now - s.last_used,
-                    steps=s.steps, episodes=s.episodes, done=s.done, busy=s.busy,
-                    worker=manager.pool.worker_of(s.session_id), worker_pid=manager.pool.pid_of(s.session_id))
-        for s in manager.sessions.values()
+                    steps=s.steps, episodes=s.episodes, done=s.done, busy=s.busy, worker=pool.worker_of(s.session_id))
+        for s in sessions.list()
     ])
 
 
 @router.post("/{session_id}/step", response_model=StepResponse,
              responses={404: _E, 409: _E, 413: _E, 500: _E, 504: _E})
-async def step(session_id: str, body: StepRequest, manager: Manager, settings: Settings) -> StepResponse:
+async def step(session_id: str, body: StepRequest, sessions: Sessions, settings: Settings) -> StepResponse:
     """``env.step(action)``. 409 after the episode ended or while another request runs on this session."""
     if len(body.action.encode("utf-8", errors="surrogatepass")) > settings.max_action_bytes:
         raise HTTPException(413,
                             f"action longer than max_action_bytes={settings.max_action_bytes}")
-    reply = await manager.step(session_id, body.action)
+    reply = await sessions.step(session_id, body.action)
     return StepResponse(observation=reply.observation, reward=reply.reward, terminated=reply.terminated,
                         truncated=reply.truncated, info=reply.info)
 
 
 @router.post("/{session_id}/reset", response_model=ResetResponse,
              responses={404: _E, 409: _E, 422: _422, 500: _E, 504: _E})
-async def reset(session_id: str, body: ResetRequest, manager: Manager) -> ResetResponse:
+async def reset(session_id: str, body: ResetRequest, sessions: Sessions) -> ResetResponse:
     """Start a new episode in the same session (same env instance)."""
-    observation, info = await manager.reset(session_id, seed=body.seed, options=body.options)
+    observation, info = await sessions.reset(session_id, seed=body.seed, options=body.options)
     return ResetResponse(session_id=session_id, observation=observation, info=info)
 
 
 @router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT, responses={404: _E})
-async def close(session_id: str, manager: Manager) -> Response:
+async def close(session_id: str, sessions: Sessions) -> Response:
     """Close the session and free its env."""
-    await manager.close(session_id)
+    await sessions.close(session_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -7,9 +7,11 @@ import json
 import math
 
 import pytest
+import torch
 
 from agent_rl.algos import AdaptiveHighTemperature
-from agent_rl.config import ConfigError, load_config
+from agent_rl.compose import load_config
+from agent_rl.config import ConfigError
 from agent_rl.learner.config import AlgoConfig, t_high_value
 from agent_rl.rollout import group_temperatures
 
@@ -138,3 +140,43 @@ def test_config_accepts_auto_and_numbers():
     assert cfg.algo.group_temperatures(cfg.algo.warmup_steps + 1)[1] == (1.2, True)
     cfg = load_config(["env=choose_item", "model=tiny", "algo=tgrl", "algo.t_high=2"])
     assert cfg.algo.t_high == 2.0 and isinstance(cfg.algo.t_high, float)
+
+
+def test_revised_rule_a_step_with_no_informative_group_is_no_observation():
+    """algorithms.md section 3, "Uninformative steps (revised)": the hand sequence with an extra all-zero step at 1.4
+    before step 4 gives the same step-4 choice (1.4) as without it; the first rule (delta_R = 0 observed) picks 1.2."""
+    def rule_after(extra_step_observed: bool | None):
+        rule = AdaptiveHighTemperature(auto(warmup_steps=0, t_high_discount=0.9, t_high_ucb_c=1.0))
+        for step, delta in [(1, -0.5), (2, -0.25), (3, 0.0)]:
+            rule.t_high(step)
+            rule.observe(step, delta, informative_groups=2)
+        if extra_step_observed is not None:
+            assert rule.t_high(4) == 1.4  # the extra step (UCB picks 1.4 there too)
+            # rewards all zero: no informative group; the old rule observed delta_R = 0.0
+            rule.observe(4, 0.0, informative_groups=None if extra_step_observed else 0)
+        return rule
+
+    assert rule_after(None).t_high(4) == 1.4  # without the extra step
+    revised = rule_after(False)
+    # step 5 by hand (the discount clock advanced one step; nothing added): N = [0.729, 0.81, 0.9], sum 2.439
+    ln_sum = math.log(0.729 + 0.81 + 0.9)
+    scores = revised.scores(5)
+    assert scores == pytest.approx({1.0: -0.5 + math.sqrt(ln_sum / 0.729), 1.2: -0.25 + math.sqrt(ln_sum / 0.81),
+                                    1.4: math.sqrt(ln_sum / 0.9)}, abs=1e-12)
+    assert revised.t_high(5) == 1.4  # the same choice as without the extra step
+    assert revised.state_dict()["steps"][3] == [4, 1.4, None]  # picked but unobserved
+    old = rule_after(True)  # the first rule: a step where nothing won scored delta_R = 0 at 1.4
+    assert old.t_high(5) == 1.2
+
+
+def test_delta_r_over_informative_groups_only():
+    from agent_rl.algos import tgrl_delta_r, tgrl_metrics
+    # group 0: low 1 | high 1, 0, 0 (informative, delta_R = 1/3 - 1 = -2/3); group 1: all 0 (not informative)
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    high = torch.tensor([False, True, True, True] * 2)
+    assert tgrl_delta_r(rewards, groups, high, with_count=True) == (pytest.approx(-2 / 3), 1)
+    m = tgrl_metrics(rewards, groups, high)
+    assert m["tgrl/delta_R"] == pytest.approx(-2 / 3) and m["tgrl/delta_R_groups"] == 1.0
+    flat = tgrl_metrics(torch.zeros(8), groups, high)
+    assert flat["tgrl/delta_R"] == 0.0 and flat["tgrl/delta_R_groups"] == 0.0

@@ -49,11 +49,11 @@ def test_dapo_filter_and_tgrl_path_use_the_same_test():
 
 
 def test_rollout_filter_uses_the_same_test():
-    from agent_rl.rollout.orchestrator import _all_equal
+    from agent_rl.rollout.orchestrator import all_equal
 
-    assert _all_equal(R_NEAR.tolist())
-    assert not _all_equal([0.3] * 7 + [0.3 + 2e-6])
-    assert _all_equal([1.0])  # a single-row group cannot be learned from: filtered
+    assert all_equal(R_NEAR.tolist())
+    assert not all_equal([0.3] * 7 + [0.3 + 2e-6])
+    assert all_equal([1.0])  # a single-row group cannot be learned from: filtered
 
 
 def test_tolerance_boundary_and_relative_scale():

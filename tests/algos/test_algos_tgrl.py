@@ -156,7 +156,8 @@ def test_delta_r_hand():
     assert tgrl_delta_r(r[8:], g[8:], high[8:]) == 0.0  # no group with both kinds (warm-up)
     m = tgrl_metrics(r, g, high)
     # success = R > 0: high episodes 6 of 8 -> 0.75; low 1 of 2 -> 0.5
-    assert m == pytest.approx({"tgrl/delta_R": 1 / 6, "tgrl/success_high": 0.75, "tgrl/success_low": 0.5})
+    assert m == pytest.approx({"tgrl/delta_R": 1 / 6, "tgrl/delta_R_groups": 2.0, "tgrl/success_high": 0.75,
+                               "tgrl/success_low": 0.5})  # both groups with T0 and T1 vary: informative
 
 
 def test_delta_r_per_episode():

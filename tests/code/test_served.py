@@ -23,7 +23,7 @@ def test_math_and_code_over_http():
     async def main() -> None:
         app = create_app([MATH, CODE], max_sessions=4, prestart_workers=0)
         async with app.router.lifespan_context(app):
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver",
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost",
                                          timeout=120) as client:
                 r = await client.post("/sessions", json={"env_id": MATH, "options": {"dataset": "aime25", "index": 0}})
                 assert r.status_code == 201, r.text

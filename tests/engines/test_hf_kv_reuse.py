@@ -192,7 +192,7 @@ def test_end_episode_while_in_flight_and_argument_errors(tiny64):
     engine._in_flight.add("x")  # as if its generate call were running in the batcher's thread
     engine.end_episode("x")
     engine._in_flight.discard("x")
-    engine._ended.discard("x")
+    engine._ended.pop("x", None)  # (ids are never reused; this test reuses one)
     engine.generate(p[:1], [0.0], max_new_tokens=2, episode_ids=["x"])
     assert engine.cached_episodes == ["x"]
     engine.end_episode("x")
@@ -266,3 +266,68 @@ def test_smollm2_reuse_is_exact():
     for r in records:
         ref = _full_logprobs(model, r["prompt"], r["tokens"], r["temperature"])
         assert float((torch.tensor(r["logprobs"], dtype=torch.float64) - ref).abs().max()) < 1e-4
+
+
+def _data_copy(model):  # an in-place write through ``.data``: the parameters' version counters do not move
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.data.copy_(prm.data * 1.5)
+
+
+def _vector_to_parameters(model):  # rebinds every ``param.data`` to a slice of one vector (torch's own utility)
+    vec = torch.nn.utils.parameters_to_vector(model.parameters())
+    torch.nn.utils.vector_to_parameters(vec * 1.5, model.parameters())
+
+
+def _one_element(model):  # the smallest write: one weight of one layer, through ``.data``
+    w = model.model.layers[1].self_attn.v_proj.weight
+    w.data[0, 0] += 0.5
+
+
+def _data_rebind(model):
+    for prm in model.parameters():
+        prm.data = prm.data.clone() * 1.5
+
+
+@pytest.mark.parametrize("write", [_data_copy, _vector_to_parameters, _one_element, _data_rebind],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_caches_follow_writes_the_version_counters_do_not_see(tiny, write):
+    """vllm #9744's kind: after ``p.data.copy_(...)`` or ``vector_to_parameters`` (no ``_version`` bump, no sync) the
+    engine reused 42 of 49 cached tokens of the old weights and its log-probs were off by 1.1-1.5 nats. The kept
+    caches are keyed by a fingerprint of the weights' bits: nothing is reused, and tokens and log-probs are a fresh
+    engine's on the new weights (float32, the learner's dtype)."""
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    engine = HFEngine(model, tok)
+    p = _first_prompts(tok, 2)
+    g = engine.generate(p, [1.0, 1.0], max_new_tokens=6, row_seeds=[1, 2], episode_ids=["x", "y"])
+    nxt = [q + x.token_ids + [600, 601] for q, x in zip(p, g)]
+    write(model)
+    after = engine.generate(nxt, [1.0, 1.0], max_new_tokens=6, row_seeds=[3, 4], episode_ids=["x", "y"])
+    fresh = HFEngine(model, tok, kv_reuse=False).generate(nxt, [1.0, 1.0], max_new_tokens=6, row_seeds=[3, 4])
+    assert [x.cached_tokens for x in after] == [0, 0]
+    assert [x.token_ids for x in after] == [x.token_ids for x in fresh]
+    for a, f in zip(after, fresh):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(f.logprobs), atol=1e-5, rtol=0)
+    # the caches kept after the write are the new weights' and are reused again
+    nxt2 = [q + x.token_ids + [602] for q, x in zip(nxt, after)]
+    again = engine.generate(nxt2, [1.0, 1.0], max_new_tokens=3, row_seeds=[5, 6], episode_ids=["x", "y"])
+    assert [x.cached_tokens for x in again] == [len(q) - 2 for q in nxt2]  # all but the unfed last token and 602
+
+
+def test_weights_fingerprint_moves_with_every_bit_and_only_then():
+    from agent_rl.engines.hf import weights_fingerprint
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(1500, 1000).to(dtype)  # 1.5 M weights: two fingerprint chunks
+        f0 = weights_fingerprint(m)
+        assert weights_fingerprint(m) == f0  # a pure function of the bits (and storage)
+        w = m.weight.data.view(-1)
+        a, b = w[3].clone(), w[(1 << 20) + 3].clone()  # same position in two chunks
+        w[3], w[(1 << 20) + 3] = b, a
+        assert weights_fingerprint(m) != f0  # a swap moves it
+        w[3], w[(1 << 20) + 3] = a, b
+        assert weights_fingerprint(m) == f0
+        w[7] = torch.nextafter(w[7], torch.tensor(float("inf"), dtype=dtype))  # one ulp of one weight
+        assert weights_fingerprint(m) != f0

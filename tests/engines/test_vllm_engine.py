@@ -269,7 +269,7 @@ def test_tied_embeddings_sync(tmp_path):
     (a tied head is not re-packed by vLLM's in-place reload: it kept the old output weights, off by ~1e-3 here)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from agent_rl.engines.vllm import _state_for_vllm
+    from agent_rl.engines.vllm import state_for_vllm
 
     _, tok = _tiny()
     config = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -278,9 +278,9 @@ def test_tied_embeddings_sync(tmp_path):
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    state = _state_for_vllm(model, torch.float32)
+    state = state_for_vllm(model, torch.float32)
     assert "lm_head.weight" not in state and "model.embed_tokens.weight" in state
-    untied = _state_for_vllm(model, torch.float32, untie=True)  # vLLM's CPU build gets an untied copy
+    untied = state_for_vllm(model, torch.float32, untie=True)  # vLLM's CPU build gets an untied copy
     assert torch.equal(untied["lm_head.weight"], untied["model.embed_tokens.weight"])
     assert untied["lm_head.weight"].data_ptr() != untied["model.embed_tokens.weight"].data_ptr()
     prompt = _prompt(tok, "tied")
@@ -468,7 +468,7 @@ def test_lora_weight_sync_gives_vllm_the_merged_weights(tmp_path):
     for every engine, no adapter rank limits, nothing else to keep in sync). Before the sync it samples with the
     old adapter (off by far more than 1e-4), after it agrees with the peft model within 1e-4."""
     pytest.importorskip("peft")
-    from agent_rl.engines.vllm import _state_for_vllm
+    from agent_rl.engines.vllm import state_for_vllm
     from agent_rl.learner.config import LoRAConfig
     from agent_rl.lora import apply_lora, base_module
 
@@ -477,7 +477,7 @@ def test_lora_weight_sync_gives_vllm_the_merged_weights(tmp_path):
     torch.manual_seed(0)
     pm = apply_lora(model, LoRAConfig(rank=4, alpha=8.0)).eval()
     policy = base_module(pm)  # what the local backend hands its engine: the adapted transformers model
-    state = _state_for_vllm(policy, torch.float32)
+    state = state_for_vllm(policy, torch.float32)
     assert set(state) == plain_names  # no base_layer / lora_A / lora_B names reach vLLM
     prompt = _prompt(tok, " ".join(f"w{i}" for i in range(40)))
     with get_engine("vllm", policy, tok, dtype="float32", enforce_eager=True, multiprocessing=False,

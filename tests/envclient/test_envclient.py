@@ -54,7 +54,7 @@ def test_same_results_in_process_in_workers_and_over_http():
             in_workers = await play_problem0(pool)
         app = make_app()
         async with serve_asgi(app):
-            async with HTTPEnvPool("http://testserver", transport=httpx.ASGITransport(app=app)) as pool:
+            async with HTTPEnvPool("http://localhost", transport=httpx.ASGITransport(app=app)) as pool:
                 over_http = await play_problem0(pool)
         assert threaded[2][:4] == ("Result: 215", 0.0, False, False)
         assert threaded[3][:4] == ("Correct!", 1.0, True, False)
@@ -66,7 +66,7 @@ def test_user_env_and_env_errors_through_both_pools():
     async def main():
         app = make_app()
         async with serve_asgi(app):
-            http = HTTPEnvPool("http://testserver", transport=httpx.ASGITransport(app=app))
+            http = HTTPEnvPool("http://localhost", transport=httpx.ASGITransport(app=app))
             local = LocalEnvPool(max_workers=2, mode="thread", imports=["user_env_module"])
             for pool in (http, local):
                 r = await pool.reset(ECHO, env_kwargs={"prefix": "hi"})
@@ -89,7 +89,7 @@ def test_could_not_judge_and_non_str_actions_through_every_pool():
     async def main():
         app = make_app()
         async with serve_asgi(app):
-            pools = [HTTPEnvPool("http://testserver", transport=httpx.ASGITransport(app=app)),
+            pools = [HTTPEnvPool("http://localhost", transport=httpx.ASGITransport(app=app)),
                      LocalEnvPool(max_workers=1, mode="thread", imports=["user_env_module"]),
                      LocalEnvPool(max_workers=1, mode="process", imports=["user_env_module"])]
             for pool in pools:
@@ -115,7 +115,7 @@ def test_http_retries_on_503_until_a_slot_frees():
     async def main():
         app = make_app(max_sessions=1)
         async with serve_asgi(app):
-            pool = HTTPEnvPool("http://testserver", transport=httpx.ASGITransport(app=app), retries=5,
+            pool = HTTPEnvPool("http://localhost", transport=httpx.ASGITransport(app=app), retries=5,
                                backoff_s=0.05)
             first = await pool.reset(ECHO)
 
@@ -127,7 +127,7 @@ def test_http_retries_on_503_until_a_slot_frees():
             second = await pool.reset(ECHO)  # 503 + Retry-After: 1 -> waits, then succeeds
             await closer
             assert second.observation == "echo: ready"
-            no_retry = HTTPEnvPool("http://testserver", transport=httpx.ASGITransport(app=app), retries=0)
+            no_retry = HTTPEnvPool("http://localhost", transport=httpx.ASGITransport(app=app), retries=0)
             with pytest.raises(EnvUnavailable) as info:
                 await no_retry.reset(ECHO)
             assert info.value.status == 503
@@ -209,7 +209,7 @@ def test_lost_answers_leave_no_session_behind():
                 return False
 
             transport = LoseAnswers(httpx.ASGITransport(app=app), lose)
-            pool = HTTPEnvPool("http://testserver", transport=transport, retries=0)
+            pool = HTTPEnvPool("http://localhost", transport=transport, retries=0)
             with pytest.raises(EnvServerError):
                 await pool.reset(ECHO)
             assert len(manager.sessions) == 1 and list(pool.orphans) == list(manager.sessions)
@@ -222,7 +222,7 @@ def test_lost_answers_leave_no_session_behind():
             await pool.aclose()  # the final clean-up asks again: 404, nothing left to do
             assert pool.orphans == {} and pool.orphans_closed == 1 and transport.lost == 2
             # the server refuses a client-chosen id that a live session has, and a malformed one
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
                 body = {"env_id": ECHO, "session_id": "a" * 32}
                 assert (await c.post("/sessions", json=body)).status_code == 201
                 again = await c.post("/sessions", json=body)

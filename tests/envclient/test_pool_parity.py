@@ -40,7 +40,7 @@ async def open_pool(kind: str, max_sessions: int = 8) -> AsyncIterator[tuple[obj
     if kind == "http":
         app = make_app(max_sessions=max_sessions)
         async with serve_asgi(app):
-            async with HTTPEnvPool("http://testserver", transport=httpx.ASGITransport(app=app), retries=0) as pool:
+            async with HTTPEnvPool("http://localhost", transport=httpx.ASGITransport(app=app), retries=0) as pool:
                 yield pool, app.state.manager
     else:
         async with LocalEnvPool(max_workers=2, mode=kind, max_sessions=max_sessions,

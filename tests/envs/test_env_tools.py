@@ -16,7 +16,8 @@ import gymnasium
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
-from agent_rl.config import ConfigError, load_config
+from agent_rl.compose import load_config
+from agent_rl.config import ConfigError
 from envs.tools import decode_action, encode_call, encode_invalid
 
 # id, kwargs, reset options, (text command, the same as a call), a second command (to check nothing moved)
@@ -45,6 +46,9 @@ def textworld_game(tmp_path_factory):
         os.environ.pop("AGENT_RL_TEXTWORLD_GAMES", None)
     else:
         os.environ["AGENT_RL_TEXTWORLD_GAMES"] = old
+
+
+TOO_DEEP = "the tool call nested deeper than 64 levels (reached 65; refused before parsing)"
 
 
 def first_command(name: str, info: dict) -> tuple[str, dict]:
@@ -82,7 +86,10 @@ def test_a_call_plays_the_text_command_and_bad_calls_are_invalid(name, request):
                (encode_call("teleport", {"to": "x"}), f"unknown tool 'teleport'; the tools are: {names}"),
                (encode_call(tool, {"wrong": 1}), f"wrong arguments for {tool}: '{arg}' is a required property"),
                (encode_invalid("the <tool_call> block is not JSON (x)", "<tool_call>{"),
-                "the <tool_call> block is not JSON (x)")]
+                "the <tool_call> block is not JSON (x)"),
+               # JSON nested 1500 deep (1.5 KB), unterminated or whole: RecursionError in json.loads before
+               (f'{{"name": "{tool}", "arguments": ' + "[" * 1500, TOO_DEEP),
+               (f'{{"name": "{tool}", "arguments": {{"{arg}": ' + "[" * 1500 + "]" * 1500 + "}}", TOO_DEEP)]
         for action, reason in bad:
             o, r, term, trunc, i = tool_env.step(action)
             assert i["invalid_action"] is True and i["tool_error"] == reason, (action, i.get("tool_error"))
@@ -121,6 +128,9 @@ def test_math_with_the_python_tool_is_multi_turn(require_dataset):
     assert not term and not trunc
     o, r, term, trunc, i = env.step(encode_call("python", {"code": "print(3)"}))
     assert (r, term, trunc) == (0.0, False, True)
+    env.reset(seed=0, options=options)
+    o, r, term, trunc, i = env.step('{"name": "python", "arguments": {"code": ' + "[" * 1500)
+    assert i["invalid_action"] and i["tool_error"] == TOO_DEEP and not term
 
 
 def test_task_envs_without_tools_stay_single_turn():
@@ -143,6 +153,9 @@ def test_code_with_the_python_tool(require_dataset):
     assert i["invalid_action"] and i["tool_error"] == "wrong arguments for python: 'code' is a required property"
     o, r, term, trunc, i = env.step("I give up.")
     assert term and r == 0.0 and i["reason"] == "syntax_error"
+    env.reset(seed=0, options={"dataset": "mbpp", "index": 0})
+    o, r, term, trunc, i = env.step('{"name": "python", "arguments": ' + "[" * 1500)
+    assert i["invalid_action"] and i["tool_error"] == TOO_DEEP and not term
 
 
 @pytest.mark.parametrize("env_id", ["agent_rl/Calculator-v0", "agent_rl/ChooseItem-v0", "agent_rl/Math-v0",

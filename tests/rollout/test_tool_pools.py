@@ -19,7 +19,7 @@ from servers_helpers import CALC, make_app, serve_asgi  # noqa: E402
 from test_tool_calls import PROBLEM, TokenEngine, script, with_template  # noqa: E402
 
 from agent_rl.envclient import HTTPEnvPool, LocalEnvPool  # noqa: E402
-from agent_rl.models import _finish_tokenizer, smollm2_tokenizer  # noqa: E402
+from agent_rl.models import finish_tokenizer, smollm2_tokenizer  # noqa: E402
 from agent_rl.rollout import GroupSpec, RolloutConfig, RolloutOrchestrator, get_prompt  # noqa: E402
 from agent_rl.rollout.tools import get_tool_call_format  # noqa: E402
 from agent_rl.types import Task  # noqa: E402
@@ -32,7 +32,7 @@ async def open_pool(kind: str):
     if kind == "http":
         app = make_app()
         async with serve_asgi(app):
-            async with HTTPEnvPool("http://testserver", transport=httpx.ASGITransport(app=app), retries=0) as pool:
+            async with HTTPEnvPool("http://localhost", transport=httpx.ASGITransport(app=app), retries=0) as pool:
                 yield pool
     else:
         async with LocalEnvPool(max_workers=2, mode=kind) as pool:
@@ -41,7 +41,7 @@ async def open_pool(kind: str):
 
 @pytest.fixture(scope="module")
 def qwen():
-    return with_template(_finish_tokenizer(smollm2_tokenizer()), "qwen2_5")
+    return with_template(finish_tokenizer(smollm2_tokenizer()), "qwen2_5")
 
 
 def play(kind: str, tok):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from servers.launch import TOKEN_ENV
 from servers_helpers import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,10 +21,10 @@ def start_server(env_ids: list[str], extra: list[str], log: Path, token: str | N
     port = free_port()
     cmd = [sys.executable, "-m", "servers.serve", "--host", "127.0.0.1", "--port", str(port), "--log-level",
            "warning", *[a for e in env_ids for a in ("--env", e)], *extra]
-    if token:
-        cmd += ["--token", token]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)]),
-           "OMP_NUM_THREADS": "1"}
+    env = {**{k: v for k, v in os.environ.items() if k != TOKEN_ENV},
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)]), "OMP_NUM_THREADS": "1"}
+    if token:  # in the environment, as every launcher passes it (never on the command line)
+        env[TOKEN_ENV] = token
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

@@ -7,7 +7,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -19,13 +19,14 @@ from servers.app import create_app
 
 CALC = "agent_rl/Calculator-v0"
 ECHO = "user/Echo-v0"
+CACHED = "user/CachedEcho-v0"  # declares a per-process task cache: groups share a worker
 
 
-def make_app(**kwargs: Any):
-    """An app serving the calculator and the user's echo env (workers import ``user_env_module``)."""
+def make_app(env_ids: Sequence[str] = (CALC, ECHO), **kwargs: Any):
+    """An app serving ``env_ids`` (the calculator and the user's echo env; workers import ``user_env_module``)."""
     kwargs.setdefault("max_sessions", 8)
     kwargs.setdefault("prestart_workers", 0)
-    return create_app([CALC, ECHO], imports=["user_env_module"], **kwargs)
+    return create_app(list(env_ids), imports=["user_env_module"], **kwargs)
 
 
 @contextlib.asynccontextmanager
@@ -33,7 +34,7 @@ async def serve_asgi(app: Any, token: str | None = None) -> AsyncIterator[httpx.
     """Run the app's lifespan and yield a client talking to it in-process."""
     headers = {"Authorization": f"Bearer {token}"} if token else None
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver",
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost",
                                      headers=headers, timeout=60) as client:
             yield client
 

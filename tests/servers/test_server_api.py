@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from servers_helpers import CALC, ECHO, make_app, serve_asgi
+from servers_helpers import CACHED, CALC, ECHO, make_app, serve_asgi
 
 # Calculator problem 0 (hand-checked): "Tom saves 17 dollars a week for 13 weeks and spends 6 dollars. How many
 # dollars are left?" -> 17 * 13 - 6 = 221 - 6 = 215.
@@ -90,14 +90,14 @@ def test_openapi_documents_every_route_and_shape():
     run(main())
 
 
-def test_malformed_json_is_422():
+def test_malformed_json_is_400_invalid_json():
     async def main():
         async with serve_asgi(make_app()) as c:
             other = (await open_session(c))["session_id"]
             r = await c.post(f"/sessions/{other}/step", content=b'{"action": "go', headers={"content-type": "application/json"})
-            assert r.status_code == 422
+            assert (r.status_code, r.json()["code"]) == (400, "invalid_json")
             r = await c.post("/sessions", content=b"not json", headers={"content-type": "application/json"})
-            assert r.status_code == 422
+            assert (r.status_code, r.json()["code"]) == (400, "invalid_json")
             await assert_bystander_ok(c, other)
     run(main())
 
@@ -335,16 +335,17 @@ def test_a_slow_reset_does_not_stall_other_sessions():
 
 def test_same_task_goes_to_the_worker_that_loaded_it():
     async def main():
-        async with serve_asgi(make_app()) as c:
-            a = await open_session(c, CALC, options={"index": 5})
-            b = await open_session(c, CALC, options={"index": 5})
-            d = await open_session(c, CALC, options={"index": 6})
+        async with serve_asgi(make_app([CACHED])) as c:
+            # an env that declares a per-process cache (as ALFWorld does); see test_server_placement.py for the rest
+            a = await open_session(c, CACHED, options={"index": 5})
+            b = await open_session(c, CACHED, options={"index": 5})
+            d = await open_session(c, CACHED, options={"index": 6})
             workers = {s["session_id"]: s["worker"] for s in (await c.get("/sessions")).json()["sessions"]}
             assert workers[a["session_id"]] == workers[b["session_id"]] != workers[d["session_id"]]
             for s in (a, b, d):
                 await c.delete(f"/sessions/{s['session_id']}")
             # all workers idle now: index 6 goes back to the worker that had it, index 5 to its own
-            e = await open_session(c, CALC, options={"index": 6})
+            e = await open_session(c, CACHED, options={"index": 6})
             workers2 = {s["session_id"]: s["worker"] for s in (await c.get("/sessions")).json()["sessions"]}
             assert workers2[e["session_id"]] == workers[d["session_id"]]
             assert (await c.get("/health")).json()["started_workers"] == 2
@@ -425,11 +426,11 @@ def test_resets_run_at_lower_priority_than_steps():
 
 def test_a_session_never_joins_a_worker_busy_with_another_task():
     async def main():
-        async with serve_asgi(make_app()) as c:
-            a = await open_session(c, CALC, options={"index": 7})
+        async with serve_asgi(make_app([CACHED])) as c:
+            a = await open_session(c, CACHED, options={"index": 7})
             await c.delete(f"/sessions/{a['session_id']}")  # worker 0 is idle and remembers index 7
-            b = await open_session(c, CALC, options={"index": 8})  # takes the idle worker 0
-            d = await open_session(c, CALC, options={"index": 7})  # worker 0 knows 7 but plays 8: a new worker
+            b = await open_session(c, CACHED, options={"index": 8})  # takes the idle worker 0
+            d = await open_session(c, CACHED, options={"index": 7})  # worker 0 knows 7 but plays 8: a new worker
             workers = {s["session_id"]: s["worker"] for s in (await c.get("/sessions")).json()["sessions"]}
             assert (workers[b["session_id"]], workers[d["session_id"]]) == (0, 1)
     run(main())

@@ -402,3 +402,105 @@ def test_fuzz_mcp(server):
     assert http.get("/health").json()["sessions"] == 0
     http.close()
     assert statuses["tool_ok"] and statuses[200]
+
+
+# ------------------------------------------------------------- hostile bytes: nested, huge, non-UTF-8, truncated
+def _nested(depth: int, closed: bool, key: str) -> bytes:
+    inner = b"[" * depth + (b"]" * depth if closed else b"")
+    return b'{"%s": ' % key.encode() + inner + (b"}" if closed else b"")
+
+
+# (body, the code the server must answer it with: HTTP's ``code`` or the 422 list, the WS message's ``error_code``)
+HOSTILE = st.one_of(
+    st.builds(lambda d, c, k: (_nested(d, c, k), "json_too_deep"), st.sampled_from([65, 500, 900, 1500, 3000]),
+              st.booleans(), st.sampled_from(["options", "env_kwargs", "action", "params", "data", "x"])),  # nested
+    st.builds(lambda n, c: (c * n, "body_too_large"), st.integers(500_000, 2_000_000),
+              st.sampled_from([b"a", b"[", b'"', b" "])),  # huge
+    st.binary(min_size=1, max_size=200).filter(lambda b: not _is_utf8(b)).map(lambda b: (b, "not_utf8")),
+    st.builds(lambda body, cut: (body[:max(1, len(body) * cut // 100)], "invalid_json"),  # truncated
+              st.sampled_from([b'{"env_id": "agent_rl/Calculator-v0", "options": {"index": 0}}',
+                               b'{"action": "look", "metadata": {}}',
+                               b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}']),
+              st.integers(1, 99)),
+)
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def test_fuzz_hostile_bytes_on_every_surface(server):
+    """Nested (60-3000 deep, closed or not), huge (0.5-2 MB), non-UTF-8 and truncated bodies to the session API,
+    OpenEnv's HTTP routes and MCP, and as WebSocket frames (text and binary): every HTTP answer a 4xx with a JSON
+    ``code`` (never a 5xx), every frame answered with an OpenEnv error message on a connection that still plays;
+    the server healthy after, holding no session."""
+    from websockets.sync.client import connect
+
+    name, url, env_ids = server
+    problems: list[str] = []
+    statuses: Counter = Counter()
+    http = httpx.Client(base_url=url, timeout=120)
+    sid = http.post("/sessions", json={"env_id": env_ids[0], "seed": 0}).json()["session_id"]
+    base = f"/envs/{env_ids[0]}"
+    paths = ["/sessions", f"/sessions/{sid}/step", f"/sessions/{sid}/reset", f"{base}/reset", f"{base}/step",
+             f"{base}/mcp", f"{base}/tasks"]
+
+    @given(case=HOSTILE, path=st.sampled_from(paths))
+    @settings(max_examples=max(12, 6 * EXAMPLES), deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    def post(case, path):
+        body, expected = case
+        r = http.post(path, content=body, headers={"content-type": "application/json",
+                                                   "accept": "application/json, text/event-stream"})
+        statuses[r.status_code] += 1
+        where = f"POST {path} {body[:80]!r}... ({len(body)} bytes) -> {r.status_code}: {r.text[:200]}"
+        if r.status_code >= 500 or r.status_code < 400:
+            problems.append(f"{where}: not refused with a 4xx")
+            return
+        try:
+            answer = r.json()
+        except ValueError:
+            problems.append(f"{where}: not JSON")
+            return
+        code = "not_utf8" if r.status_code == 422 and isinstance(answer.get("detail"), list) else answer.get("code")
+        if code != expected and not (expected == "body_too_large" and r.status_code == 413):
+            problems.append(f"{where}: expected {expected}")
+
+    post()
+    frames: list[bytes] = []
+
+    ws_codes = {"not_utf8": "invalid_request"}  # a binary frame that is not UTF-8: INVALID_JSON, invalid_request
+    expected_ws: list[str] = []
+
+    @given(case=HOSTILE.filter(lambda c: len(c[0]) < 1_000_000), binary=st.booleans())
+    @settings(max_examples=max(12, 6 * EXAMPLES), deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    def collect(case, binary):
+        body, expected = case
+        frames.append(body if binary or not _is_utf8(body) else body.decode())
+        expected_ws.append(ws_codes.get(expected, expected))
+
+    collect()
+    with connect(url.replace("http://", "ws://") + f"{base}/ws", open_timeout=30, max_size=None) as ws:
+        for frame, expected in zip(frames, expected_ws):
+            ws.send(frame)
+            try:
+                answer = json.loads(ws.recv(timeout=60))
+            except Exception as exc:  # noqa: BLE001  (a dropped connection included)
+                problems.append(f"WS {str(frame)[:80]!r} ({len(frame)}) -> no answer ({exc!r})")
+                break
+            statuses[f"ws {answer.get('data', {}).get('error_code')}"] += 1
+            if answer.get("type") != "error" or answer["data"].get("error_code") != expected:
+                problems.append(f"WS {str(frame)[:80]!r} ({len(frame)}) -> {str(answer)[:200]}; expected {expected}")
+        ws.send(json.dumps({"type": "state"}))  # still playing
+        assert json.loads(ws.recv(timeout=60))["type"] == "state"
+    print(f"\nhostile bytes {name}: {dict(sorted(statuses.items(), key=str))}, {len(problems)} problems")
+    assert problems == [], "\n".join(problems[:20])
+    assert http.delete(f"/sessions/{sid}").status_code == 204
+    health = http.get("/health")
+    assert health.status_code == 200 and health.json()["sessions"] == 0, health.text
+    http.close()

@@ -160,7 +160,7 @@ async def open_pool(kind: str) -> AsyncIterator[object]:
     if kind == "http":
         app = make_app()
         async with serve_asgi(app):
-            async with HTTPEnvPool("http://testserver", transport=httpx.ASGITransport(app=app), retries=0) as pool:
+            async with HTTPEnvPool("http://localhost", transport=httpx.ASGITransport(app=app), retries=0) as pool:
                 yield pool
     else:
         async with LocalEnvPool(max_workers=2, mode=kind, imports=["user_env_module"]) as pool:

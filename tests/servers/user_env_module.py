@@ -95,3 +95,13 @@ class NoDataEnv(EchoEnv):
 
 
 gymnasium.register(id="user/NoData-v0", entry_point=NoDataEnv, max_episode_steps=20)
+
+
+class CachedEchoEnv(EchoEnv):
+    """:class:`EchoEnv` declaring a per-process task cache (``metadata["worker_cache"]``, as ALFWorld does): the
+    server may place one client's sessions of one task on one worker (``envs.hosting.placement``)."""
+
+    metadata = {"render_modes": [], "worker_cache": True}
+
+
+gymnasium.register(id="user/CachedEcho-v0", entry_point=CachedEchoEnv, max_episode_steps=20)

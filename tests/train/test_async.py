@@ -13,7 +13,8 @@ import torch
 
 from agent_rl.distributed.data_parallel import shard_indices, take_shard
 from agent_rl.rollout import build_rollout_batch
-from agent_rl.rollout.producer import AsyncProducer, PlayedGroup, StepAdmission, VersionedEngine, group_staleness
+from agent_rl.engines import VersionedEngine
+from agent_rl.rollout.producer import AsyncProducer, PlayedGroup, StepAdmission, group_staleness
 from agent_rl.types import Episode, Task, Turn
 
 
@@ -251,20 +252,40 @@ def test_partial_rollout_tokens_carry_two_versions():
 #: keys pinned for the comparison with the golden fixture (recorded before they existed: their old behaviour).
 GOLDEN_PINNED = ["trainer.max_staleness=0", "engine.kv_reuse=false"]
 #: metrics the fixture's code did not log yet (their values at k = 0 are checked below).
+#: tolerance of the golden comparison across CPUs (see the test): far below any real change, above kernel rounding.
+CROSS_CPU_REL, CROSS_CPU_ABS = 1e-5, 1e-6  # abs: rounding-size metrics (engine_logprob_diff 2e-7, approx_kl 1e-15)
 NEW_AT_K0 = {"async/groups_stale_dropped": 0.0, "async/staleness_mean": 0.0, "async/staleness_max": 0.0}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["grpo", "tgrl"])
-def test_max_staleness_0_equals_the_golden_synchronous_run_exactly(tmp_path, name):
+def test_max_staleness_0_equals_the_golden_synchronous_run(tmp_path, name):
     from golden import run
 
     golden = json.loads((Path(__file__).parent / "fixtures" / "golden_k0.json").read_text())[name]
     got = run(name, tmp_path / name, GOLDEN_PINNED)
-    assert got["weights"] == golden["weights"]  # float64 sums and sums of squares of every tensor, exactly
+    # float64 sums and sums of squares of every tensor. Bit-exact only on the CPU the fixture was recorded on: another
+    # CPU's kernels (AVX2 vs AVX-512 GEMMs and reductions) move the last bits (measured on an AVX-512 machine: weight
+    # sums 2e-8 relative, entropy 2e-7, a KL of 2e-15 against 5e-15), while any real change of what is sampled or
+    # trained moves rewards exactly and weights by far more than 1e-5.
+    assert set(got["weights"]) == set(golden["weights"])
+    for key, want in golden["weights"].items():
+        assert got["weights"][key] == pytest.approx(want, rel=CROSS_CPU_REL, abs=CROSS_CPU_ABS), key
     assert len(got["metrics"]) == len(golden["metrics"]) == 3
     for row, want in zip(got["metrics"], golden["metrics"]):
-        assert {k: row.get(k) for k in want} == want
+        want = dict(want)
+        if "tgrl/delta_R" in want and "tgrl/delta_R_groups" in row:
+            # redefined since the recording (algorithms.md 3, "Uninformative steps (revised)"): the mean over the
+            # informative groups only; the fixture's mean over both groups (each with T0 and T1 rows, no warm-up)
+            # is that times the informative count / 2
+            old = want.pop("tgrl/delta_R")
+            assert row["tgrl/delta_R"] * row["tgrl/delta_R_groups"] / 2 == pytest.approx(old, abs=1e-12)
+        assert set(want) <= set(row), sorted(set(want) - set(row))
+        for key, value in want.items():
+            if isinstance(value, float):
+                assert row[key] == pytest.approx(value, rel=CROSS_CPU_REL, abs=CROSS_CPU_ABS), key
+            else:
+                assert row[key] == value, key
         for key, value in NEW_AT_K0.items():
             if key in row:
                 assert row[key] == value, key
@@ -275,7 +296,7 @@ ACCEPTANCE = ["env=choose_item", "model=tiny", "algo=grpo", "env_server.mode=loc
               "trainer.total_steps=3", "trainer.tasks_per_step=2", "trainer.progress=false",
               "trainer.tensorboard=false"]
 ASYNC_KEYS = ("async/staleness_mean", "async/staleness_max", "async/behaviour_weight_mean",
-              "async/groups_stale_dropped", "time/overlap_s")
+              "async/groups_stale_dropped", "time/overlap_s", "async/loop_stall_max_s")
 
 
 def check_async_rows(out: Path, k: int = 1) -> list[dict]:
@@ -287,6 +308,7 @@ def check_async_rows(out: Path, k: int = 1) -> list[dict]:
         missing = [key for key in ASYNC_KEYS if key not in row]
         assert not missing, (row["step"], missing)
         assert 0 <= row["async/staleness_max"] <= k and row["time/overlap_s"] >= 0.0
+        assert row["async/loop_stall_max_s"] >= 0.0
     return rows
 
 
@@ -346,7 +368,9 @@ def test_an_error_while_starting_groups_reaches_collect_instead_of_hanging():
 
 
 def test_config_refuses_what_cannot_work_and_resume_may_change_the_bound(capsys):
-    from agent_rl.config import ConfigError, load_config, may_change_on_resume
+    from agent_rl.compose import load_config
+    from agent_rl.config import ConfigError
+    from agent_rl.resume import may_change_on_resume
 
     base = ["env=choose_item", "model=tiny", "env_server.mode=local"]
     cfg = load_config([*base, "trainer.max_staleness=2", "rollout.partial=true", "rollout.max_stale_replays=0"])

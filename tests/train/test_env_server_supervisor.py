@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from agent_rl import runtime
-from agent_rl.config import load_config
+from agent_rl.compose import load_config
 from agent_rl.runtime import EnvServerProcess, env_server, open_env_pool, supervise_env_server
 
 pytestmark = pytest.mark.slow  # end to end: env server processes (fast tier: pytest -m 'not slow')
@@ -31,6 +31,11 @@ def test_killed_server_is_restarted_on_the_same_url_then_given_up(tmp_path: Path
         with env_server(cfg, tmp_path / "server.log") as server:
             assert isinstance(server, EnvServerProcess)
             first_pid = server.proc.pid
+            # a token made for the run (no env_server.token), in the child's environment, not on its command line
+            assert server.token and server.token.encode() not in Path(f"/proc/{first_pid}/cmdline").read_bytes()
+            assert httpx.get(server.url + "/sessions", timeout=10).status_code == 401
+            assert httpx.get(server.url + "/sessions", timeout=10,
+                             headers={"Authorization": f"Bearer {server.token}"}).status_code == 200
             watch = asyncio.create_task(supervise_env_server(server, lambda: failures.append("stop"),
                                                              interval_s=0.1))
             os.kill(first_pid, signal.SIGKILL)

@@ -13,7 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_rl.config import RESUME_APPLIED, Config, ConfigError, config_dict, may_change_on_resume
+from agent_rl.compose import config_dict
+
+from agent_rl.config import Config, ConfigError
+
+from agent_rl.resume import RESUME_APPLIED, may_change_on_resume
 from agent_rl.learner.config import OptimConfig
 from agent_rl.train import main
 

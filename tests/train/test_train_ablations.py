@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent_rl import algos
-from agent_rl.config import load_config
+from agent_rl.compose import load_config
 from agent_rl.logging import read_metrics
 from agent_rl.rollout.orchestrator import group_temperatures
 from agent_rl.train import main

@@ -38,7 +38,9 @@ def test_auto_logs_t_high_every_step_and_samples_at_it(tmp_path):
     state = extra["tgrl_t_high"]
     assert state["ladder"] == [1.0, 1.2, 1.4]
     assert [s[:2] for s in state["steps"]] == [[1, 1.0], [2, 1.2], [3, 1.4]]
-    assert [s[2] for s in state["steps"]] == pytest.approx([r["tgrl/delta_R"] for r in rows[1:]])
+    # a step with no informative group is no observation (algorithms.md 3, revised): None in the state
+    assert [s[2] for s in state["steps"]] == [pytest.approx(r["tgrl/delta_R"]) if r["tgrl/delta_R_groups"] > 0
+                                              else None for r in rows[1:]]
     # a checkpoint without the state cannot resume an auto run (it could not pick what the run would)
     del extra["tgrl_t_high"]
     (out / "checkpoints" / "step_4" / "extra.json").write_text(json.dumps(extra))

@@ -9,7 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from agent_rl.config import ConfigError, compare_for_resume, config_dict, load_config
+from agent_rl.compose import config_dict, load_config
+
+from agent_rl.config import ConfigError
+
+from agent_rl.resume import compare_for_resume
 from agent_rl.episodes import (load_episodes, list_steps, parse_episode_id, parse_save_episodes, read_step_file,
                                select_episodes, step_path, token_texts, write_episodes)
 from agent_rl.rollout.batch import build_rollout_batch

@@ -49,7 +49,7 @@ def test_env_behind_http_server_matches_in_process(make_env):
         got = {}
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with HTTPEnvPool("http://testserver", transport=transport) as pool:
+            async with HTTPEnvPool("http://localhost", transport=transport) as pool:
                 for g in expected:
                     reset = await pool.reset("agent_rl/WebShop-v0", options={"goal_idx": g},
                                              env_kwargs={"observation_mode": "text_rich"})

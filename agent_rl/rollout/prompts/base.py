@@ -68,6 +68,11 @@ def register_prompt(name: str) -> Callable[[Callable[[], PromptFormat]], Callabl
     return deco
 
 
+def has_prompt(name: str) -> bool:
+    """Whether a prompt format ``name`` is registered."""
+    return name in _PROMPTS
+
+
 def get_prompt(name: str) -> PromptFormat:
     """The prompt format registered as ``name``; ``ValueError`` lists the valid names."""
     if name not in _PROMPTS:

@@ -1,0 +1,113 @@
+"""The sandbox is the machine's (issue 32): limits a caller asks for are capped by the server's (``--sandbox-limits``,
+``$AGENT_RL_SANDBOX_LIMITS``; default: ``SandboxLimits``' defaults), and memory, processes and CPU are held per RUN
+(all of a program's processes together), by a cgroup where the machine gives one and by the accounted cap where it
+does not. Before: ``limits={"nproc": 1000, "memory_mb": 65536, ...}`` was taken as given, and one program with 4
+processes of 400 MB each held 1.6 GB (the limit was per process: RLIMIT_AS)."""
+
+from __future__ import annotations
+
+import gymnasium
+import pytest
+
+import envs  # noqa: F401  (registers the ids)
+from envs.code import run_limits
+from envs.code.sandbox import SANDBOX_LIMITS_ENV, SandboxLimits, capped_limits, parse_sandbox_limits, run_tests
+
+LOOSER = {"nproc": 1000, "memory_mb": 65536, "cpu_s": 3600, "wall_s": 3600}
+NO_TESTS = {"mode": "asserts", "setup": "", "asserts": []}
+
+# 4 processes x 400 MB touched (1.6 GB together; each one alone is under the 1 GiB RLIMIT_AS)
+FOUR_BY_400 = """
+import os, time
+pids = []
+for i in range(4):
+    pid = os.fork()
+    if pid == 0:
+        b = b"x" * (400 << 20)  # every page written
+        print("holds 400 MB", flush=True)
+        time.sleep(2)
+        os._exit(0)
+    pids.append(pid)
+for p in pids:
+    os.waitpid(p, 0)
+print("all done", flush=True)
+"""
+
+FORK_BOMB = """
+import os, time
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(3)
+            os._exit(0)
+        n += 1
+except OSError:
+    pass
+print("forked", n)
+"""
+
+
+def test_limits_above_the_caps_are_refused_naming_each_key():
+    with pytest.raises(ValueError) as info:
+        gymnasium.make("agent_rl/Code-v0", limits=LOOSER)
+    message = str(info.value)
+    for key, cap in [("nproc", 32), ("memory_mb", 1024), ("cpu_s", 10), ("wall_s", 20.0)]:
+        assert f"limits.{key}={LOOSER[key]} is above the server's cap {cap}" in message
+    with pytest.raises(ValueError, match="plus_wall_s=3600 must be a positive number at most the server's cap 60"):
+        gymnasium.make("agent_rl/Code-v0", plus_wall_s=3600)
+    with pytest.raises(ValueError, match=r"tool_limits.memory_mb=4096 is above the server's cap 1024"):
+        gymnasium.make("agent_rl/Math-v0", action_format="tools", tools=["python"], tool_limits={"memory_mb": 4096})
+    with pytest.raises(ValueError, match=r"limits.nproc=-1 \(a positive number\)"):
+        capped_limits({"nproc": -1})
+    # code's own SandboxLimits is trusted (a client's JSON can only be a dict)
+    assert gymnasium.make("agent_rl/Code-v0", limits=SandboxLimits(nproc=64)).unwrapped.limits.nproc == 64
+    # tighter is fine, and what is not given keeps its default
+    env = gymnasium.make("agent_rl/Code-v0", limits={"nproc": 8, "memory_mb": 256})
+    assert env.unwrapped.limits == SandboxLimits(nproc=8, memory_mb=256)
+
+
+def test_the_server_sets_the_caps(monkeypatch):
+    assert parse_sandbox_limits("memory_mb=2048,nproc=64") == {"memory_mb": 2048, "nproc": 64}
+    with pytest.raises(ValueError, match="--sandbox-limits: unknown limit 'nprocs'"):
+        parse_sandbox_limits("nprocs=3")
+    monkeypatch.setenv(SANDBOX_LIMITS_ENV, '{"memory_mb": 2048, "nproc": 64}')
+    assert capped_limits({"memory_mb": 2048, "nproc": 64}) == SandboxLimits(memory_mb=2048, nproc=64)
+    with pytest.raises(ValueError, match="limits.nproc=65 is above the server's cap 64"):
+        capped_limits({"nproc": 65})
+    monkeypatch.setenv(SANDBOX_LIMITS_ENV, '{"memory_mb": 512}')  # a cap below a default lowers the default
+    assert capped_limits(None).memory_mb == 512
+
+
+@pytest.fixture(params=["cgroup", "accounted"])
+def run_mode(request, monkeypatch):
+    """Each per-run mechanism in turn: the cgroup (skipped where the machine gives none) and the accounted cap."""
+    run_limits.cgroup_mode.cache_clear()
+    if request.param == "accounted":
+        monkeypatch.setenv("AGENT_RL_SANDBOX_CGROUP", "none")
+    elif run_limits.cgroup_mode() == "none":
+        pytest.skip("no writable cgroup (v1 memory+pids or v2) for a run here")
+    yield request.param
+    run_limits.cgroup_mode.cache_clear()
+
+
+@pytest.mark.sandbox("full")
+def test_four_processes_of_400_mb_are_held_to_the_per_run_memory(run_mode):
+    result = run_tests(FOUR_BY_400, NO_TESTS, SandboxLimits(load_timeout_s=15.0))  # room on a loaded machine
+    assert result.run_limits == ("accounted" if run_mode == "accounted" else f"cgroup-{run_limits.cgroup_mode()}")
+    assert result.limit_hit == "memory", result
+    assert result.stdout.count("holds 400 MB") < 4  # today's code: all 4 (1.6 GB in one run)
+    if run_mode == "cgroup":  # the kernel's own count of the run: never above memory_mb (1 GiB) + its tmpfs (128
+        # MiB); the OOM killer ended some children, the program itself may go on
+        assert result.peak_memory_mb is not None and result.peak_memory_mb <= 1024 + 128, result.peak_memory_mb
+    else:  # the worker killed at the first read past 1 GiB (one ~20 ms poll late at most)
+        assert "all done" not in result.stdout
+        assert 1024 < result.peak_memory_mb < 1300, result.peak_memory_mb
+
+
+@pytest.mark.sandbox("full")
+def test_a_fork_bomb_is_held_to_nproc(run_mode):
+    result = run_tests(FORK_BOMB, NO_TESTS, SandboxLimits(nproc=16))
+    forked = int(result.stdout.split()[-1])
+    assert 0 < forked < 16, result.stdout  # the program itself is one of the 16
+    assert result.peak_processes <= 16
