@@ -1,7 +1,8 @@
 """Configs that cannot train are refused when they load (docs/training.md, "Refused configs"):
 :func:`check_trainable` checks registry names, the env id and its kwargs, the device, the model's context, and the
 combinations of keys that cannot work together (the backend's capabilities, :data:`agent_rl.config.BACKENDS`;
-asynchronous rollouts). Called by :func:`agent_rl.compose.load_config`.
+asynchronous rollouts), and resolves ``trainer.warm_start`` (:func:`resolve_warm_start`, issue 35). Called by
+:func:`agent_rl.compose.load_config`.
 """
 
 from __future__ import annotations
