@@ -117,6 +117,10 @@ class DataConfig:
     is passed to envs as ``data_root`` and to an auto-started server as ``$AGENT_RL_DATA``."""
 
 
+#: ``trainer.warm_start`` values (:func:`agent_rl.trainable.resolve_warm_start`)
+WARM_STARTS = ("auto", "bc", "none")
+
+
 @dataclass
 class TrainerConfig:
     """The training loop (``trainer=default``)."""
@@ -187,8 +191,18 @@ class TrainerConfig:
     """Asynchronous rollouts (algorithms.md section 7, docs/training.md "Asynchronous rollouts"): k >= 1 lets the
     rollout side produce groups for up to k steps ahead while the learner updates, and admits a group only if every
     token's staleness (step - 1 - its policy version) is <= k; 0 = synchronous (today's run exactly)."""
+    warm_start: str = field(default="auto", metadata=MUST_MATCH)
+    """Behaviour-cloning warm start before RL (issue 35, docs/training.md "Warm start"): bc = clone the env's expert
+    on train-split tasks (``sft.*``; checkpoints under ``DIR/checkpoints/warm_start/``, rows of kind ``sft`` in the
+    same metrics.jsonl), then RL from the cloned weights; none = RL from ``model.*``; auto = bc for the embedded
+    default model (``model=smollm2`` without ``model.path``) on an env with an expert (ALFWorld, TextWorld,
+    WebShop), none otherwise. Resolved to bc | none when the config is loaded
+    (:func:`agent_rl.trainable.resolve_warm_start`)."""
 
     def __post_init__(self) -> None:
+        if self.warm_start not in WARM_STARTS:
+            raise ValueError(f"trainer.warm_start={self.warm_start!r} is not valid; valid values: "
+                             f"{', '.join(WARM_STARTS)}")
         if self.total_steps < 1 or self.tasks_per_step < 1 or self.save_every < 1:
             raise ValueError("trainer.total_steps, tasks_per_step, save_every must be >= 1")
         parse_save_episodes(self.save_episodes)  # ValueError naming the valid values
@@ -229,6 +243,10 @@ class SFTConfig:
     """End the target response with the tokenizer's EOS (the chat template's end-of-turn)."""
     concurrency: int = 8
     """Expert episodes played at once while collecting."""
+    lr: float = field(default=5.0e-5, metadata=MAY_CHANGE)
+    """AdamW learning rate of the cloning steps (0 = ``optim.lr``). 5e-5: the rate SmolLM2's TextWorld cloning used
+    (docs/learning.md; the RL presets' 1e-6 would barely move it in a warm start's few steps); ``model=tiny`` sets
+    1e-3, its ``optim.lr``. ``optim.lora_lr`` for a LoRA adapter as in RL."""
     expert_kwarg: str | None = None
     """Env constructor kwarg that turns ``info["expert_action"]`` on; None = the env family's (``envs.families``:
     ``expert`` for every built-in env with an expert, and for an env that describes none); "" = the env always

@@ -13,8 +13,18 @@ Each JSONL line is one row: ``{"step": int, "kind": KIND, <metric>: float | null
 - ``"sft"``: one behaviour-cloning optimizer step (``agent_rl.sft``): ``sft/...``, ``time/step_s``; step 1 also the
   expert-collection numbers.
 
+A run has up to two phases (:data:`PHASES`, issue 35): ``warm_start`` (behaviour cloning, ``trainer.warm_start=bc``
+or ``agent_rl.sft``: ``sft`` rows, steps 1..K, its own counter) then ``rl`` (``train`` rows, steps 1..N). An ``eval``
+row names its phase in a ``phase`` field (the warm start's panels at its step 0 = before cloning and step K = after
+it; RL's at its steps), so the two step-0 panels of a warm-started run are two rows; the training loop writes the
+field on its ``sft`` and ``train`` rows too (without it they are of phase ``warm_start`` and ``rl`` by their kind).
+An eval row without ``phase`` (written before phases) is
+``rl``, or ``warm_start`` in a file with ``sft`` rows and no ``train`` rows (:func:`row_phase`). Rows sort by phase,
+then step, then kind; a file without any ``phase`` field (written before phases) is read as one phase, as before.
+
 A step repeats when a resumed run logs it again (a crash after the row, before the checkpoint): the row written last
-wins, per (kind, step). Lines written before rows had a kind are read as what they hold (see :func:`row_kinds`).
+wins, per (phase, kind, step). Lines written before rows had a kind are read as what they hold (see
+:func:`row_kinds`).
 """
 
 from __future__ import annotations
@@ -35,6 +45,12 @@ SECTION6_METRICS: tuple[str, ...] = (
 )
 #: the row kinds of metrics.jsonl (module docstring); the order rows of one step sort in
 KINDS: tuple[str, ...] = ("train", "sft", "eval")
+#: the phases of a run, in order (module docstring)
+PHASES: tuple[str, ...] = ("warm_start", "rl")
+#: the phase of a row of each kind that is not an eval row
+KIND_PHASE = {"sft": "warm_start", "train": "rl"}
+#: the words a training step without a learning signal is reported in (its line, the run's end, summary.md)
+NO_SIGNAL = "no learning signal (all rewards equal)"
 #: metric names of evaluation rows
 EVAL_PREFIX = "eval/"
 # What the progress bar shows.
@@ -80,11 +96,30 @@ def row_kinds(line: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def row_phase(row: dict[str, Any], legacy_eval_phase: str = "rl") -> str:
+    """The phase of ``row`` (module docstring): its ``phase`` field, else its kind's (:data:`KIND_PHASE`), else
+    ``legacy_eval_phase`` (an eval row written before phases)."""
+    phase = row.get("phase")
+    if isinstance(phase, str) and phase in PHASES:
+        return phase
+    return KIND_PHASE.get(str(row.get("kind")), legacy_eval_phase)
+
+
+def _phase_key(row: dict[str, Any], legacy: str) -> str:
+    """:func:`row_phase`, or "" for every row of a file without phases (``legacy`` "")."""
+    return row_phase(row, legacy) if legacy else ""
+
+
+def _legacy_eval_phase(rows: list[dict[str, Any]]) -> str:
+    kinds = {r.get("kind") for r in rows}
+    return "warm_start" if "sft" in kinds and "train" not in kinds else "rl"
+
+
 def read_metrics(path: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
-    """The rows of the ``metrics.jsonl`` file ``path`` (module docstring), one per (kind, step): when a step
-    repeats (a resumed run logged it again) the row written last wins. Sorted by step, and within a step train/sft
-    before eval (an evaluation at step N ran after update N). Unreadable lines (a line being written, one cut by a
-    crash) are skipped; a missing file has no rows.
+    """The rows of the ``metrics.jsonl`` file ``path`` (module docstring), one per (phase, kind, step): when a step
+    repeats (a resumed run logged it again) the row written last wins. Sorted by phase (warm start first), step, and
+    within a step train/sft before eval (an evaluation at step N ran after update N). Unreadable lines (a line being
+    written, one cut by a crash) are skipped; a missing file has no rows.
 
     Args:
         path: the file (``DIR/metrics.jsonl``).
@@ -98,20 +133,26 @@ def read_metrics(path: str | Path, kind: str | None = None) -> list[dict[str, An
     path = Path(path)
     if not path.is_file():
         return []
-    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    parsed = []
     for text in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             line = json.loads(text)
         except json.JSONDecodeError:
             continue
-        if not isinstance(line, dict):
-            continue
-        for row in row_kinds(line):
-            key = (str(row["kind"]), row["step"])
-            rows.pop(key, None)  # the later row replaces the earlier one
-            rows[key] = row
+        if isinstance(line, dict):
+            parsed.extend(row_kinds(line))
+    legacy = _legacy_eval_phase(parsed)
+    if not any("phase" in row for row in parsed):  # a file written before phases: one phase, ordered as before
+        legacy = ""
+    rows: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for row in parsed:
+        key = (_phase_key(row, legacy), str(row["kind"]), row["step"])
+        rows.pop(key, None)  # the later row replaces the earlier one
+        rows[key] = row
     order = {k: i for i, k in enumerate(KINDS)}
-    out = sorted(rows.values(), key=lambda r: (r["step"], order.get(str(r["kind"]), len(KINDS))))
+    phases = {p: i for i, p in enumerate(("", *PHASES))}
+    out = sorted(rows.values(), key=lambda r: (phases[_phase_key(r, legacy)], r["step"],
+                                               order.get(str(r["kind"]), len(KINDS))))
     return [r for r in out if kind is None or r["kind"] == kind]
 
 
@@ -120,20 +161,22 @@ def metrics_by_step(path: str | Path, kind: str) -> dict[int, dict[str, Any]]:
     return {r["step"]: r for r in read_metrics(path, kind)}
 
 
-def drop_records_from(path: Path, step: int) -> int:
-    """Rewrite the JSONL file ``path`` without its rows of steps >= ``step`` (any kind) and its unreadable lines
-    (e.g. one cut by a crash), so a run resumed at ``step`` does not log those steps twice. Returns how many lines
-    were dropped."""
+def drop_records_from(path: Path, step: int, phase: str | None = None) -> int:
+    """Rewrite the JSONL file ``path`` without its rows of steps >= ``step`` (any kind; only those of ``phase``
+    when given, :func:`row_phase`) and its unreadable lines (e.g. one cut by a crash), so a run resumed at ``step``
+    does not log those steps twice. Returns how many lines were dropped."""
     if not path.is_file():
         return 0
     lines = path.read_text(encoding="utf-8").splitlines()
-    kept = []
+    parsed = []
     for line in lines:
         try:
-            if int(json.loads(line)["step"]) < step:
-                kept.append(line)
+            row = json.loads(line)
+            parsed.append((line, row, int(row["step"])))
         except (ValueError, KeyError, TypeError):
             pass
+    legacy = _legacy_eval_phase([row for _, row, _ in parsed if isinstance(row, dict)])
+    kept = [line for line, row, s in parsed if s < step or (phase is not None and row_phase(row, legacy) != phase)]
     if len(kept) != len(lines):
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
@@ -150,24 +193,30 @@ class MetricsLogger:
         total_steps: for the progress bar.
         start_step: first step of this process (1, or the resumed step). The file's rows of steps >= ``start_step``
             (a crashed run logged past its last checkpoint: those steps run again) are dropped; at 1 (a run from
-            the start) every row, the step-0 evaluation included.
+            the start) every row, the step-0 evaluation included; with ``phase``, only that phase's rows.
+        phase: the run's phase (:data:`PHASES`), written on every row (so a file written with phases is read by
+            phase, :func:`read_metrics`); None: rows without one, and a fresh start drops every row of the file.
         tensorboard: write ``out_dir/tb`` events.
         progress: tqdm bar (else one plain line per training step).
     """
 
     def __init__(self, out_dir: str | Path, *, total_steps: int, start_step: int = 1, tensorboard: bool = True,
-                 progress: bool = True) -> None:
+                 progress: bool = True, phase: str | None = None) -> None:
+        if phase is not None and phase not in PHASES:
+            raise ValueError(f"unknown run phase {phase!r}; the phases are {', '.join(PHASES)}")
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
-        drop_records_from(self.path, start_step if start_step > 1 else 0)
+        self.phase = phase
+        drop_records_from(self.path, start_step if start_step > 1 else 0, phase)
         self._file = self.path.open("a", encoding="utf-8")
         self._tb = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(self.out_dir / "tb"))
+                # the warm start's steps restart at 1: its curves in their own TensorBoard run (tb/warm_start)
+                self._tb = SummaryWriter(str(self.out_dir / "tb" / ("warm_start" if phase == "warm_start" else "")))
             except ImportError:  # tensorboard missing: JSONL and console still work
                 self._tb = None
         self._bar = None
@@ -191,7 +240,7 @@ class MetricsLogger:
             raise ValueError(f"an eval row holds only {EVAL_PREFIX} names; got {sorted(rest)[:5]}")
         rows = []
         if kind != "eval":
-            row: dict[str, Any] = {"step": step, "kind": kind}
+            row: dict[str, Any] = {"step": step, "kind": kind, **({"phase": self.phase} if self.phase else {})}
             if kind == "train":
                 row.update((name, _clean(rest.get(name))) for name in SECTION6_METRICS)
             for name, value in sorted(rest.items()):
@@ -199,12 +248,13 @@ class MetricsLogger:
                     row[name] = _clean(value)
             rows.append(row)
         if evals or kind == "eval":
-            rows.append({"step": step, "kind": "eval", **{k: _clean(v) for k, v in sorted(evals.items())}})
+            phase = {"phase": self.phase} if self.phase is not None else {}
+            rows.append({"step": step, "kind": "eval", **phase, **{k: _clean(v) for k, v in sorted(evals.items())}})
         for row in rows:
             self._file.write(json.dumps(row) + "\n")
             if self._tb is not None:
                 for name, value in row.items():
-                    if name not in ("step", "kind") and value is not None:
+                    if name not in ("step", "kind", "phase") and value is not None:
                         self._tb.add_scalar(name, value, step)
         self._file.flush()
         if self._tb is not None:

@@ -38,7 +38,7 @@ from agent_rl.config import Config
 from agent_rl.episodes import parse_save_episodes, save_step_episodes
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner.config import t_high_value
-from agent_rl.logging import MetricsLogger
+from agent_rl.logging import KIND_PHASE, NO_SIGNAL, MetricsLogger
 from agent_rl.rollout import TaskSampler, build_rollout_batch
 from agent_rl.rollout.schedule import ExpertRows, Player, Schedule, choose_schedule
 from agent_rl.runtime import (checkpoint_extra, checkpoint_step, pad_token_id, prune_checkpoints, resume_path,
@@ -99,18 +99,29 @@ class Backend(Protocol):
 
 
 # ------------------------------------------------------------------------------------------------ the loop
-async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[str, Any]:
+async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase: str | None = None,
+              checkpoints: Path | None = None, eval_dir: Path | None = None,
+              eval_at_start: bool = True) -> dict[str, Any]:
     """Run steps ``start..total_steps`` of ``backend`` (``start`` = 1, or the step after the checkpoint
     ``trainer.resume`` names); returns the last step's logged row ({} when nothing was left to train).
+
+    The phase hooks (issue 35, a warm-started run is two calls: :mod:`agent_rl.warm_start`): ``phase`` is written on
+    the eval rows (``agent_rl.logging.PHASES``; default: the backend kind's, ``warm_start`` for behaviour cloning,
+    ``rl`` for RL; only its own rows are dropped on a restart), ``checkpoints`` the
+    folder of the phase's ``step_N`` (default ``DIR/checkpoints``; ``trainer.resume=auto`` looks there), ``eval_dir``
+    that of its panels' files (default ``DIR/eval``: ``step_N/<panel>.json``); ``eval_at_start=False`` skips the
+    step-0 panel (the RL phase after a warm start: the warm start's last panel played the same weights).
 
     Raises:
         FirstStepFailed: every episode of the first step failed.
         ConfigError: the eval panel is not held out (before anything starts).
     """
     t = cfg.trainer
-    evaluator = TrainingEval(cfg, out, progress)  # ConfigError before any server or actor starts
+    phase = phase or KIND_PHASE[backend.kind]  # issue 35 phase hooks
+    ckpt_dir = checkpoints or out / "checkpoints"
+    evaluator = TrainingEval(cfg, out, progress, folder=eval_dir)
     sampler = TaskSampler(cfg.env.id, cfg.env.sampler, env_kwargs=cfg.env_kwargs, seed=t.seed)
-    ckpt = resume_path(cfg, out)
+    ckpt = resume_path(cfg, out, folder=ckpt_dir)
     start = checkpoint_step(ckpt) + 1 if ckpt is not None else 1
     record: dict[str, Any] = {}
     logger: MetricsLogger | None = None
@@ -137,11 +148,12 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
         if temp_rule is not None and extra is not None:
             temp_rule.load_state_dict(extra, ckpt)
         logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard=t.tensorboard,
-                               progress=False)  # one line per step; the live display is `progress`
-        if start == 1 and evaluator.due(0, total):  # the panel before training, logged as step 0
+                               progress=False, phase=phase)  # one line per step; the live display is `progress`
+        if start == 1 and eval_at_start and evaluator.due(0, total):  # the panel before training, as step 0
             record = logger.log(0, evaluator.metrics(0, await backend.evaluate(0, evaluator)), kind="eval")
         keep_episodes = parse_save_episodes(t.save_episodes)
         idle_steps = 0  # steps that trained on nothing (every group dropped or filtered)
+        no_signal_steps = 0  # steps whose groups all had equal rewards (issue 35: said on its line and at the end)
         for step in range(start, total + 1):
             # 1. Collect the step's complete groups (TGRL: 1 at T0 + 3 at T1 each; warm-up all at T1).
             t_high = t_rule.t_high(step) if t_rule is not None else None
@@ -186,6 +198,10 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
             # 7. Log; 8. checkpoint (the data position excludes tasks drawn but not trained: a resume replays them).
             progress.end()
             record = logger.log(step, {**metrics, **schedule.step_metrics()}, kind=backend.kind)
+            if no_learning_signal(metrics):
+                no_signal_steps += 1
+                print(f"step {step}: {NO_SIGNAL} in all {int(metrics.get('rollout/groups', 0))} group(s); "
+                      "every advantage is 0, the update changes nothing", file=sys.stderr)
             if step % t.save_every == 0 or step == total:
                 progress.phase(f"step {step}/{total} checkpoint")
                 ckpt_extra = checkpoint_extra(cfg, step, sampler.position - schedule.pending_tasks,
@@ -194,9 +210,12 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any) -> dict[s
                     ckpt_extra[TEMPERATURE_STATE_KEY] = temp_rule.state_dict()
                 ckpt_extra["policy_version"] = step  # the engines' version counter (section 7: v = s after step s)
                 ckpt_extra["groups_in_flight"] = schedule.groups_in_flight
-                await backend.save(out / "checkpoints" / f"step_{step}", ckpt_extra)
-                prune_checkpoints(out / "checkpoints", t.keep_checkpoints)
+                await backend.save(ckpt_dir / f"step_{step}", ckpt_extra)
+                prune_checkpoints(ckpt_dir, t.keep_checkpoints)
         warn_idle_run(idle_steps, total - start + 1)
+        if schedule.plays_episodes and no_signal_steps:  # RL steps only (behaviour cloning plays none)
+            print(f"WARNING: {no_signal_steps} of {total - start + 1} step(s) had {NO_SIGNAL} "
+                  f"({no_signal_steps / (total - start + 1):.0%})", file=sys.stderr)
         return record
     finally:
         progress.end()
@@ -248,6 +267,12 @@ def warn_idle_step(step: int, dropped_groups: int, filtered_groups: int, refused
         return
     print(f"WARNING: step {step} trains on nothing (0 episodes: {dropped_groups} group(s) dropped, {filtered_groups} "
           "filtered as all-equal by DAPO dynamic sampling); no update", file=sys.stderr)
+
+
+def no_learning_signal(metrics: dict[str, Any]) -> bool:
+    """Whether a ``train`` step's every group had zero reward variance (``rollout/groups_equal_frac`` = 1 over >= 1
+    group; ``agent_rl.rollout.orchestrator.rollout_metrics``): every group advantage is 0. False for other rows."""
+    return bool(metrics.get("rollout/groups")) and metrics.get("rollout/groups_equal_frac") == 1.0
 
 
 def warn_idle_run(idle_steps: int, steps: int) -> None:

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from agent_rl.logging import read_metrics
+from agent_rl.logging import NO_SIGNAL, read_metrics, row_phase
 
 CURVES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward/mean",)),
@@ -82,13 +82,84 @@ def summarize_run(records: list[dict[str, Any]], out: Path) -> dict[str, Any]:
     return {
         "run_dir": str(out),
         "steps": len(steps),
+        "sft_steps": sum(r.get("kind") == "sft" for r in records),
         "episodes": int(sum(r.get("rollout/episodes") or 0 for r in steps)),
         "eval": evals,
+        "panels": panel_history(records),
+        "signal": learning_signal(steps),
+        "rollouts": {k: [steps[0].get(k), steps[-1].get(k)] if steps else [None, None]
+                     for k in ("success/rate", "episode/invalid_action_frac")},
         "last": {k: steps[-1].get(k) for k in TABLE_KEYS} if steps else {},
         # per step, only for the keys whose value moves over the run or is chosen by a rule (a fixed T1 logs one
         # value every step: still shown, one number)
         "temperatures": {k: list(zip(*_series(steps, k))) for k in TEMPERATURE_KEYS if _series(steps, k)[0]},
     }
+
+
+def panel_history(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per panel, every evaluation in run order: ``phase`` (``agent_rl.logging.PHASES``), ``step``, ``success``,
+    ``invalid_action_rate`` (None when not logged)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key in eval_success_keys(records):
+        panel = key.split("/")[1]
+        for r in records:
+            if r.get("kind") == "eval" and isinstance(r.get(key), (int, float)):
+                out.setdefault(panel, []).append({"phase": row_phase(r), "step": int(r["step"]), "success": r[key],
+                                                  "invalid_action_rate": r.get(f"eval/{panel}/invalid_action_rate")})
+    return out
+
+
+def learning_signal(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over the ``train`` rows: how many had a learning signal (some group with unequal rewards:
+    ``rollout/groups_equal_frac`` < 1), how many had none (:data:`agent_rl.logging.NO_SIGNAL`: every group's
+    rewards equal), and how many updated (``actor/grad_norm`` > 0)."""
+    known = [r for r in steps
+             if isinstance(r.get("rollout/groups_equal_frac"), (int, float)) and r.get("rollout/groups")]
+    none = sum(r["rollout/groups_equal_frac"] >= 1.0 for r in known)
+    grad = sum(isinstance(r.get("actor/grad_norm"), (int, float)) and r["actor/grad_norm"] > 0 for r in steps)
+    return {"steps": len(steps), "measured": len(known), "with_signal": len(known) - none, "no_signal": none,
+            "grad_norm_positive": grad}
+
+
+def signal_line(signal: dict[str, Any]) -> str:
+    """The summary's ``learning signal:`` line."""
+    n, known, none = signal["steps"], signal["measured"], signal["no_signal"]
+    if not n:
+        return "learning signal: no RL step ran"
+    text = (f"learning signal: {signal['with_signal']} of {known} RL step(s) had a group with unequal rewards; "
+            f"{none} of {known} ({none / max(known, 1):.0%}) had {NO_SIGNAL}; actor/grad_norm > 0 in "
+            f"{signal['grad_norm_positive']} of {n}")
+    if known and none == known:
+        text += f" -- this run trained nothing: {NO_SIGNAL} at every step"
+    return text
+
+
+def _pct(v: Any) -> str:
+    return "-" if not isinstance(v, (int, float)) else f"{100 * v:.0f}%"
+
+
+def what_happened(summary: dict[str, Any]) -> str:
+    """The summary's short "what happened" paragraph: each panel's success (and invalid actions) before the warm
+    start, after it and after RL, the training rollouts' first -> last step, the learning-signal steps."""
+    labels = {("warm_start", True): "before the warm start",
+              ("warm_start", False): "after the warm start ({n} cloning steps)",
+              ("rl", True): "before RL", ("rl", False): "after RL step {step}"}
+    parts = []
+    for panel, evals in summary["panels"].items():
+        seen = []
+        for e in evals:
+            label = labels[(e["phase"], e["step"] == 0)].format(n=e["step"], step=e["step"])
+            seen.append(f"{_pct(e['success'])} {label} (invalid actions {_pct(e['invalid_action_rate'])})")
+        parts.append(f"the {panel} panel: " + " -> ".join(seen))
+    ro = summary["rollouts"]
+    if summary["steps"]:
+        parts.append(f"training rollouts, RL step 1 -> {summary['steps']}: success {_pct(ro['success/rate'][0])} -> "
+                     f"{_pct(ro['success/rate'][1])}, invalid actions {_pct(ro['episode/invalid_action_frac'][0])} -> "
+                     f"{_pct(ro['episode/invalid_action_frac'][1])}")
+    s = summary["signal"]
+    if s["measured"]:
+        parts.append(f"{s['with_signal']} of {s['measured']} RL steps had a learning signal")
+    return "What happened: " + "; ".join(parts) + "." if parts else "What happened: nothing was logged."
 
 
 def _fmt(v: Any) -> str:
@@ -100,7 +171,10 @@ def write_summary(summary: dict[str, Any], path: Path, header: str = "") -> str:
     lines = [f"# Run summary: {summary['run_dir']}", ""]
     if header:
         lines += [header, ""]
+    lines += [what_happened(summary), "", signal_line(summary["signal"]), ""]
     lines += [f"- steps: {summary['steps']}", f"- episodes: {summary['episodes']}"]
+    if summary.get("sft_steps"):
+        lines.append(f"- warm-start (behaviour cloning) steps: {summary['sft_steps']}")
     for panel, e in summary["eval"].items():
         lines.append(f"- eval {panel}: success {100 * e['before']:.1f}% (step {e['first_step']}) -> "
                      f"{100 * e['after']:.1f}% (step {e['last_step']})")
@@ -129,5 +203,7 @@ def finish_run(out: Path, header: str = "") -> str:
     r = summary["last"].get("reward/mean")
     if r is not None:
         parts.append(f"last reward {r:.3f}")
+    if summary["signal"]["measured"]:
+        parts.append(signal_line(summary["signal"]))
     parts.append(f"run dir {out} (summary.md, curves.png)")
     return "; ".join(parts)

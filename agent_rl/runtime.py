@@ -175,9 +175,10 @@ def check_output_dir(cfg: Config, out: Path) -> None:
                           "trainer.resume=auto to continue it, or choose a new trainer.output_dir")
 
 
-def resume_path(cfg: Config, out: Path) -> Path | None:
-    """Checkpoint to resume from: none for ``trainer.resume=""``, the latest under ``DIR/checkpoints`` for ``auto``
-    (None when there is none yet: a fresh start), else the given checkpoint folder.
+def resume_path(cfg: Config, out: Path, folder: Path | None = None) -> Path | None:
+    """Checkpoint to resume from: none for ``trainer.resume=""``, the latest under ``folder`` (default
+    ``DIR/checkpoints``; the warm start's: ``DIR/checkpoints/warm_start``) for ``auto`` (None when there is none yet:
+    a fresh start), else the given checkpoint folder.
 
     Raises:
         ConfigError: the given path does not exist or is not a checkpoint folder (``DIR/checkpoints/step_N``).
@@ -185,7 +186,7 @@ def resume_path(cfg: Config, out: Path) -> Path | None:
     if not cfg.trainer.resume:
         return None
     if cfg.trainer.resume == "auto":
-        found = latest_checkpoint(out / "checkpoints")
+        found = latest_checkpoint(folder or out / "checkpoints")
         return Path(found) if found else None
     path = Path(cfg.trainer.resume).expanduser()
     if not path.exists():

@@ -256,12 +256,20 @@ class BehaviourCloningBackend:
 
     kind = "sft"
 
-    def __init__(self, cfg: Config, out: Path, progress: Any, config_file: Path | None = None) -> None:
+    def __init__(self, cfg: Config, out: Path, progress: Any, config_file: Path | None = None, *,
+                 rows_file: Path | None = None, optim: Any = None, measure_loss: bool = True,
+                 zero_shot_cache: bool = False) -> None:
         self.cfg, self.sft, self.out, self.progress = cfg, cfg.sft, out, progress
+        self.rows_file = rows_file or out / "sft_rows.pt"  # the collected rows (a warm start's: in its checkpoints)
+        self.measure_loss = measure_loss  # the loss over all rows before training (a warm start skips it: its cost)
+        self.zero_shot_cache = zero_shot_cache  # the step-0 panel of model.* from the panel cache (TrainingEval)
         seed_everything(cfg.trainer.seed)
         set_torch_threads(cfg.engine.num_threads)
         self.model, self.tokenizer = load_run_policy(cfg, progress, config_file, train=True)
-        self.cloner = BehaviourCloner(self.model, cfg.optim, micro_batch_size=self.sft.micro_batch_size,
+        optim = optim or cfg.optim
+        if self.sft.lr > 0:  # sft.lr: the cloning rate (model=smollm2 sets it; 0 = optim.lr)
+            optim = dataclasses.replace(optim, lr=self.sft.lr)
+        self.cloner = BehaviourCloner(self.model, optim, micro_batch_size=self.sft.micro_batch_size,
                                       device=resolve_device(cfg.trainer.device))
         self.batch: RolloutBatch | None = None
         self.collect_metrics: dict[str, float] = {}
@@ -279,7 +287,7 @@ class BehaviourCloningBackend:
 
     async def start(self, ckpt: Path | None) -> dict[str, Any] | None:
         cfg, sft = self.cfg, self.sft
-        rows_file = self.out / "sft_rows.pt"
+        rows_file = self.rows_file
         if rows_file.is_file():
             saved = await asyncio.to_thread(torch.load, rows_file, weights_only=False)
             self.batch, self.collect_metrics = saved["batch"], saved["metrics"]
@@ -293,6 +301,7 @@ class BehaviourCloningBackend:
             self.collect_metrics["time/collect_s"] = time.perf_counter() - t0
             self.batch = build_rollout_batch(episodes, pad_token_id=pad_token_id(self.tokenizer),
                                              mode=cfg.rollout.mode)
+            rows_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = rows_file.with_suffix(".tmp")
             await asyncio.to_thread(torch.save, {"batch": self.batch, "metrics": self.collect_metrics}, tmp)
             tmp.replace(rows_file)
@@ -310,7 +319,7 @@ class BehaviourCloningBackend:
                 print("resume: trainer.resume_weights_only=true: the optimizer (AdamW moments) and the LR warm-up "
                       f"(optim.warmup={cfg.optim.warmup}) restart; weights and step from {ckpt}", file=sys.stderr)
             self.before = extra.get("loss_before")
-        if self.before is None:
+        if self.before is None and self.measure_loss:
             self.before = await asyncio.to_thread(self.cloner.evaluate, self.batch)
         return extra
 
@@ -346,7 +355,9 @@ class BehaviourCloningBackend:
         if not self._synced:
             self.engine.sync_weights(base_module(self.model))
             self._synced = True
-        return await evaluator.results(step, self.pool, self.engine)
+        # the step-0 panel of the unmodified model.* (the warm start's zero-shot panel) is a cached result
+        cache = self.zero_shot_cache and step == 0 and not self.cfg.model.path
+        return await evaluator.results(step, self.pool, self.engine, cache=cache)
 
     async def save(self, path: Path, extra: dict[str, Any]) -> None:
         await asyncio.to_thread(save_checkpoint, path, self.model, self.tokenizer, self.cloner,
@@ -360,14 +371,15 @@ class BehaviourCloningBackend:
             if self.engine is not None:
                 close_engine(self.engine)
 
-    def summary(self) -> dict[str, Any]:
-        """``sft_summary.json``: rows, steps, loss and token accuracy before and after, the collection numbers."""
+    def summary(self, checkpoints: Path | None = None) -> dict[str, Any]:
+        """``sft_summary.json``: rows, steps, loss and token accuracy before and after, the collection numbers, the
+        last checkpoint (under ``checkpoints``, default ``DIR/checkpoints``)."""
         assert self.batch is not None and self.before is not None
         after = self.cloner.evaluate(self.batch)
         return {"rows": self.batch.num_rows, "steps": self.total_steps, "loss_before": self.before["loss"],
                 "loss_after": after["loss"], "token_acc_before": self.before["token_acc"],
                 "token_acc_after": after["token_acc"], "response_tokens": after["tokens"], **self.collect_metrics,
-                "checkpoint": str(latest_checkpoint(self.out) or ""), "sft": asdict(self.sft)}
+                "checkpoint": str(latest_checkpoint(checkpoints or self.out) or ""), "sft": asdict(self.sft)}
 
 
 # ------------------------------------------------------------------------------------------------ the run

@@ -15,6 +15,7 @@ Small CPU budget used by the acceptance check and the tests::
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import sys
 from pathlib import Path
@@ -28,13 +29,14 @@ from agent_rl.compose import load_config, to_yaml
 from agent_rl.config import Config, ConfigError
 
 from agent_rl.resume import compare_for_resume
-from agent_rl.learner.checkpoint import recover_checkpoints
+from agent_rl.learner.checkpoint import latest_checkpoint, recover_checkpoints
 from agent_rl.local import LocalBackend
 from agent_rl.loop import FirstStepFailed, run
 from agent_rl.progress import Progress
 from agent_rl.report import finish_run
 from agent_rl.runtime import (check_output_dir, check_resume_state, config_groups_help, resume_path, saved_run_config,
                               set_data_root)
+from agent_rl.warm_start import plan_line, run_warm_start, warm_start_dir, warm_start_done
 
 
 def make_backend(cfg: Config, out: Path, progress: Progress, config_file: Path | None = None) -> Any:
@@ -62,8 +64,12 @@ def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, A
     cfg.trainer.output_dir = str(out)
     config_file = out / "config.yaml"
     if cfg.trainer.resume:  # a save interrupted by a crash: undo a half-done replace, drop its temporary folder
-        for line in recover_checkpoints(out / "checkpoints"):
-            print(f"checkpoints: {line}", file=sys.stderr)
+        for folder in (out / "checkpoints", warm_start_dir(out)):
+            for line in recover_checkpoints(folder):
+                print(f"checkpoints: {line}", file=sys.stderr)
+    print(plan_line(cfg), file=sys.stderr)
+    if cfg.trainer.warm_start == "bc":  # issue 35: clone the env's expert first (agent_rl.warm_start), then RL
+        cfg = warm_start_first(cfg, out)
     ckpt = resume_path(cfg, out)
     if ckpt is not None:  # resume: compare with the config the checkpoint was trained under (docs/training.md)
         state_notes = check_resume_state(cfg, ckpt)  # ConfigError: a state file is missing
@@ -85,9 +91,43 @@ def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, A
     print(text, file=sys.stderr)
     config_file.write_text(text, encoding="utf-8")
     progress = Progress(enabled=cfg.trainer.progress)  # phases: model, env server, rollout, update, checkpoint, eval
-    record = asyncio.run(run(cfg, out, make_backend(cfg, out, progress, config_file), progress))
+    # after a warm start the RL phase has no step-0 panel: the warm start's last panel played the same weights
+    record = asyncio.run(run(cfg, out, make_backend(cfg, out, progress, config_file), progress,
+                             eval_at_start=cfg.trainer.warm_start != "bc"))
     print(finish_run(out), file=sys.stderr)  # DIR/curves.png, DIR/summary.md
     return record
+
+
+def warm_start_first(cfg: Config, out: Path) -> Config:
+    """The warm start of a ``trainer.warm_start=bc`` run (:func:`agent_rl.warm_start.run_warm_start`; skipped when
+    ``DIR/checkpoints/warm_start/done.json`` says it ended: a resumed RL phase), and the RL phase's config: ``cfg``
+    with ``model.path`` = the cloned checkpoint; ``trainer.resume`` naming a warm-start checkpoint resumes the warm
+    start from it, then RL starts fresh (``auto``).
+
+    Raises:
+        ConfigError: RL checkpoints without an ended warm start (``done.json`` deleted: the RL phase's start weights
+            are unknown).
+    """
+    folder = warm_start_dir(out)
+    done = warm_start_done(out)
+    resume = cfg.trainer.resume
+    in_warm_start = resume not in ("", "auto") and folder.resolve() in Path(resume).resolve().parents
+    if done is None:
+        if not in_warm_start and latest_checkpoint(out / "checkpoints") is not None:
+            raise ConfigError(f"{out}/checkpoints holds RL checkpoints but {folder}/done.json (the ended warm start) "
+                              "is missing; restore it or use trainer.warm_start=none with model.path=<its checkpoint>")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"trainer.output_dir={out} cannot be created: {exc.strerror or exc}") from None
+        set_data_root(cfg)
+        (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+        done = run_warm_start(cfg, out, Progress(enabled=cfg.trainer.progress), out / "config.yaml")
+    cfg = copy.deepcopy(cfg)
+    cfg.model.path = str(out / done["checkpoint"])
+    if in_warm_start:
+        cfg.trainer.resume = "auto"
+    return cfg
 
 
 def usage() -> str:
@@ -96,11 +136,19 @@ def usage() -> str:
 
 
 def with_device_preset(overrides: list[str]) -> tuple[list[str], str]:
-    """The command line's overrides, plus ``trainer=cpu`` (the CPU budget preset) when no ``trainer=`` is given and
-    no GPU is visible; and the one line that says so ("" when nothing was added)."""
+    """The command line's overrides, plus the CPU budget preset when no ``trainer=`` is given and no GPU is visible
+    (``trainer=cpu_alfworld`` for env=alfworld, the default env: ALFWorld's own sizing, issue 35; ``trainer=cpu``
+    for every other env); and the one line that says so ("" when nothing was added)."""
     if any(ov.split("=", 1)[0].lstrip("+~") == "trainer" for ov in overrides) or torch.cuda.is_available() or \
             any(arg in ("-h", "--help") for arg in overrides):
         return overrides, ""
+    env = next((ov.split("=", 1)[1] for ov in overrides if ov.split("=", 1)[0].lstrip("+~") == "env"), "alfworld")
+    if env == "alfworld":
+        return [*overrides, "trainer=cpu_alfworld"], (
+            "no GPU found: using ALFWorld's CPU budget preset trainer=cpu_alfworld (configs/trainer/cpu_alfworld.yaml:"
+            " pick_and_place_simple games, a behaviour-cloning warm start on the expert for SmolLM2, then 4 RL steps x "
+            "3 tasks x 4 episodes x 8 turns in trajectory mode, TGRL warm-up 1 step, an 8-game valid_unseen panel "
+            "before and after the warm start and after RL); add trainer=default for the full budget")
     return [*overrides, "trainer=cpu"], (
         "no GPU found: using the CPU budget preset trainer=cpu (configs/trainer/cpu.yaml: 4 steps x 4 episodes x "
         "3 turns, a 4-game eval panel before and after); add trainer=default for the full budget")

@@ -1,7 +1,8 @@
 """Configs that cannot train are refused when they load (docs/training.md, "Refused configs"):
 :func:`check_trainable` checks registry names, the env id and its kwargs, the device, the model's context, and the
 combinations of keys that cannot work together (the backend's capabilities, :data:`agent_rl.config.BACKENDS`;
-asynchronous rollouts). Called by :func:`agent_rl.compose.load_config`.
+asynchronous rollouts), and resolves ``trainer.warm_start`` (:func:`resolve_warm_start`, issue 35). Called by
+:func:`agent_rl.compose.load_config`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from agent_rl.engines.vllm import check_config as check_vllm
 from agent_rl.models import model_context_length
 from agent_rl.rollout import get_prompt
 from agent_rl.rollout.tools import get_tool_call_format
+from envs.families import family_of
 from envs.wrappers import WRAPPER_KWARGS
 
 DEVICE_HELP = "auto, cpu, cuda, cuda:N"
@@ -160,6 +162,7 @@ def check_trainable(cfg: Config) -> list[str]:
     """
     notes: list[str] = []
     _import_all("trainer.imports", cfg.trainer.imports)
+    notes += resolve_warm_start(cfg)  # issue 35: trainer.warm_start auto -> bc | none, bc without an expert refused
     try:
         _registry_checks(cfg)
     except ValueError as exc:
@@ -211,6 +214,38 @@ def check_trainable(cfg: Config) -> list[str]:
                      "min(exp(old_logp - logp_beh), cap) and so corrects it (auto: tis only when "
                      "trainer.max_staleness >= 1)")
     return notes
+
+
+def resolve_warm_start(cfg: Config) -> list[str]:
+    """``trainer.warm_start`` resolved in place: auto -> bc for the embedded default model (``model.name=smollm2``,
+    no ``model.path``) on an env whose family describes an expert (``envs.families``: ALFWorld's handcoded expert,
+    TextWorld's walkthroughs, WebShop's oracle) with text actions, else none. Returns the note to print.
+
+    Raises:
+        ConfigError: ``bc`` on an env without an expert (a family that describes none, e.g. math and code; an env
+            that describes no family, unless ``sft.expert_kwarg`` names its expert kwarg) or with tool-call actions.
+    """
+    t = cfg.trainer
+    family = family_of(cfg.env.id)
+    # the env has an expert: its family names the expert kwarg, or (an env without a family) sft.expert_kwarg is set
+    expert = bool(family.expert_kwarg) if family is not None else cfg.sft.expert_kwarg is not None
+    if t.warm_start == "auto":
+        t.warm_start = "bc" if (cfg.model.name == "smollm2" and not cfg.model.path and expert and
+                                cfg.env.action_format == "text") else "none"
+        if t.warm_start == "bc":
+            return [f"trainer.warm_start=auto -> bc: model={cfg.model.name} is the embedded default and {cfg.env.id} "
+                    "has an expert; it is cloned first (sft.*), then RL (trainer.warm_start=none: RL only)"]
+        return []
+    if t.warm_start == "bc":
+        if not expert:
+            why = (f"its family ({family.name}, envs.families) describes no expert" if family is not None else
+                   "it describes no env family (envs.families.register_family) and sft.expert_kwarg is not set")
+            raise ConfigError(f"trainer.warm_start=bc clones the env's expert, but {cfg.env.id} has none: {why}; "
+                              "use trainer.warm_start=none (or auto)")
+        if cfg.env.action_format != "text":
+            raise ConfigError("trainer.warm_start=bc needs env.action_format=text: the env experts give text "
+                              "commands, and their tool-call form (docs/tools.md) is not written yet")
+    return []
 
 
 def _async_checks(cfg: Config) -> list[str]:

@@ -48,6 +48,10 @@ class EnvFamily:
     canonical_split: Callable[[str], str] | None = None
     """Name of the data behind a split name (math: ``math_train_deepscaler`` -> ``math_train``): an eval panel must
     not be the training data under another name. None: names are canonical."""
+    task_type_kwarg: str = ""
+    """Constructor kwarg restricting the selectable tasks to some task types (ALFWorld: ``task_types``); indices
+    then run over the tasks of those types in their split order, so a panel of an env made with it is drawn from
+    them (``agent_rl.eval.runner.build_panels``). "" = none."""
     task_type_key: str = "task_type"
     """The ``info`` key holding an episode's task type (per-type success rates)."""
     expert_kwarg: str = ""

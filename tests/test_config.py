@@ -158,8 +158,8 @@ BAD = [
     ("rollout.max_prompt_tokens=0", "rollout.max_prompt_tokens >= 1"),
     ("algo=grpo algo.adv_estimator=gigpo rollout.mode=trajectory", "algo.adv_estimator=gigpo groups turns by their "
                                                                    "observation: it needs rollout.mode=turn"),
-    ("algo=grp", "unknown option algo=grp: available options in 'algo': dapo, drgrpo, grpo, gspo, ppo, rloo, tgrl. "
-                 "Did you mean algo=grpo?"),
+    ("algo=grp", "unknown option algo=grp: available options in 'algo': dapo, drgrpo, grpo, gspo, ppo, rloo, tampo, "
+                 "tgrl. Did you mean algo=grpo?"),
     ("trainer.total_steps=many", "could not be converted to Integer (trainer.total_steps)"),
 ]
 

@@ -113,6 +113,11 @@ def build_panels(cfg: Any, *, split: str = "", num_tasks: int | None = None) -> 
         env_split = family.env_split(name)
         size = family.split_size(env_split, data_root)
         types = family.task_types(env_split, data_root) if family.task_types is not None else None
+        selected = kwargs.get(family.task_type_kwarg) if family.task_type_kwarg else None
+        if selected and types is not None:  # the env indexes only the games of these types (issue 35)
+            selected = {selected} if isinstance(selected, str) else set(selected)
+            types = [t for t in types if t in selected]
+            size = len(types)
         tasks = [Task(env_id=cfg.env.id, options={family.split_key: env_split, family.index_key: index}, group_id=i,
                       seed=ev.seed + index, env_kwargs=dict(kwargs)) for i, index in enumerate(spread(size, n_tasks))]
         panels.append(Panel(name=f"{family.name}_{name}", family=family, split=name, tasks=tasks, size=size,

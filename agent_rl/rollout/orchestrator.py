@@ -783,7 +783,9 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     ``reward/mean`` mean episode reward; ``success/rate`` and ``success/<task_type>`` fraction won;
     ``response/length_mean`` mean response tokens per turn; ``response/truncated_frac`` turns cut by the token budget;
     ``episode/turns_mean``; ``episode/truncated_frac`` episodes that ended without termination (turn/prompt budget or
-    the env's time limit); ``episode/invalid_action_frac`` invalid turns / turns.
+    the env's time limit); ``episode/invalid_action_frac`` invalid turns / turns; ``rollout/groups`` the groups
+    (``Task.group_id``) and ``rollout/groups_equal_frac`` the fraction whose episodes' rewards are all equal (a
+    group of zero reward variance: every group advantage 0; 1.0 = the step has no learning signal).
     """
     turns = [t for ep in episodes for t in ep.turns]
     n_ep, n_turns = max(len(episodes), 1), max(len(turns), 1)
@@ -797,6 +799,11 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "episode/invalid_action_frac": sum(t.invalid for t in turns) / n_turns,
         "rollout/episodes": float(len(episodes)),
     }
+    groups: dict[Any, list[float]] = {}
+    for ep in episodes:
+        groups.setdefault(ep.task.group_id, []).append(ep.reward)
+    metrics["rollout/groups"] = float(len(groups))
+    metrics["rollout/groups_equal_frac"] = sum(map(all_equal, groups.values())) / max(len(groups), 1)
     by_type: dict[str, list[bool]] = {}
     for ep in episodes:
         if ep.task_type:

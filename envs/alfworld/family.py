@@ -19,4 +19,5 @@ def task_types(split: str, root: str | None) -> list[str]:
 
 
 FAMILY = EnvFamily(name="alfworld", env_id="agent_rl/ALFWorld-v0", default_split="valid_unseen", split_key="split",
-                   split_size=split_size, task_types=task_types, expert_kwarg="expert", admissible_actions=True)
+                   split_size=split_size, task_types=task_types, task_type_kwarg="task_types", expert_kwarg="expert",
+                   admissible_actions=True)

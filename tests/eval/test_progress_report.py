@@ -72,9 +72,12 @@ def test_cpu_preset_selected_without_gpu(monkeypatch):
     from agent_rl.train import with_device_preset
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    overrides, line = with_device_preset(["env=alfworld", "algo=tgrl"])
-    assert overrides == ["env=alfworld", "algo=tgrl", "trainer=cpu"]
-    assert "\n" not in line and "trainer=cpu" in line and "trainer=default" in line
+    overrides, line = with_device_preset(["env=alfworld", "algo=tgrl"])  # ALFWorld's own CPU sizing (issue 35)
+    assert overrides == ["env=alfworld", "algo=tgrl", "trainer=cpu_alfworld"]
+    assert "\n" not in line and "trainer=cpu_alfworld" in line and "trainer=default" in line
+    overrides, line = with_device_preset(["env=textworld", "algo=tgrl"])  # every other env: trainer=cpu
+    assert overrides == ["env=textworld", "algo=tgrl", "trainer=cpu"]
+    assert "\n" not in line and "trainer=cpu " in line and "trainer=default" in line
     assert with_device_preset(["trainer=default"]) == (["trainer=default"], "")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert with_device_preset(["env=alfworld"]) == (["env=alfworld"], "")
