@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent_rl.config import ConfigError
+from agent_rl.episodes import load_episodes
 from agent_rl.logging import read_metrics
 from agent_rl.train import main
 
@@ -21,8 +22,7 @@ ARGS = ["env=choose_item", "model=tiny", "algo=tgrl", "algo.t_high=auto", "algo.
 
 
 def episode_temperatures(out: Path, step: int) -> set[float]:
-    lines = (out / "episodes" / f"step_{step:06d}.jsonl").read_text().splitlines()
-    return {round(json.loads(line)["temperature"], 6) for line in lines}
+    return {round(ep["temperature"], 6) for ep in load_episodes(out, step)}
 
 
 def test_auto_logs_t_high_every_step_and_samples_at_it(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent_rl.config import ConfigError
+from agent_rl.episodes import load_episodes
 from agent_rl.logging import read_metrics
 from agent_rl.train import main
 
@@ -23,8 +24,7 @@ TEMPS = [0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
 
 
 def episode_temperatures(out: Path, step: int) -> set[float]:
-    lines = (out / "episodes" / f"step_{step:06d}.jsonl").read_text().splitlines()
-    return {round(json.loads(line)["temperature"], 6) for line in lines}
+    return {round(ep["temperature"], 6) for ep in load_episodes(out, step)}
 
 
 def test_acceptance_logs_the_draw_every_step_and_samples_at_it(tmp_path):
