@@ -6,7 +6,13 @@ The token reaches the child one way only: the environment variable :data:`TOKEN_
 (``ps`` shows every process's argv to every user of the machine; ``/proc/<pid>/environ`` is readable only by the
 process's own user and root), and ``servers.serve`` removes it from its environment before any env worker starts.
 A launched server always has a token: the caller's, or one made for the run (:func:`new_token`), so no launched
-server is open to whoever else can reach its port. Standard library only (the Ray actor imports nothing heavier).
+server is open to whoever else can reach its port.
+
+A launched server dies with its launcher: the command carries ``--exit-with-parent <launcher pid>`` and the server
+watches its parent (:func:`watch_parent`), shutting itself down when the launcher is gone, however it went (SIGTERM
+without cleanup, the kernel's OOM killer, SIGKILL). ``prctl(PR_SET_PDEATHSIG)`` is not used for this: it fires when
+the launching *thread* exits, and the run's supervisor restarts a dead server from a worker thread. Standard library
+only (the Ray actor imports nothing heavier).
 """
 
 from __future__ import annotations
@@ -15,11 +21,12 @@ import os
 import secrets
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TOKEN_ENV", "ServerLaunch", "new_token"]
+__all__ = ["TOKEN_ENV", "ServerLaunch", "new_token", "watch_parent"]
 
 #: The environment variable ``servers.serve`` reads its token from.
 TOKEN_ENV = "AGENT_RL_SERVER_TOKEN"
@@ -43,6 +50,8 @@ class ServerLaunch:
         log_level: ``--log-level`` when set.
         data_root: ``$AGENT_RL_DATA`` of the child when set.
         pythonpath: prepended to the child's ``$PYTHONPATH`` when set (the repository, for a run's server).
+        parent_pid: the launcher's pid, passed as ``--exit-with-parent`` (default: this process); ``None``: the
+            server outlives its launcher (a server meant to run on its own).
     """
 
     env_ids: Sequence[str]
@@ -55,6 +64,7 @@ class ServerLaunch:
     log_level: str | None = None
     data_root: str = ""
     pythonpath: str | None = None
+    parent_pid: int | None = field(default_factory=os.getpid)
 
     def __post_init__(self) -> None:
         if not self.token or not self.token.strip():
@@ -69,6 +79,7 @@ class ServerLaunch:
         cmd += ["--workers", str(self.workers)] if self.workers > 0 else []
         cmd += ["--max-sessions", str(self.max_sessions)] if self.max_sessions > 0 else []
         cmd += ["--log-level", self.log_level] if self.log_level else []
+        cmd += ["--exit-with-parent", str(self.parent_pid)] if self.parent_pid is not None else []
         return cmd
 
     def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -84,3 +95,19 @@ class ServerLaunch:
     def start(self, **popen: Any) -> subprocess.Popen[bytes]:
         """Start the child (``subprocess.Popen(self.command, env=self.environment(), **popen)``)."""
         return subprocess.Popen(self.command, env=self.environment(), **popen)
+
+
+def watch_parent(parent_pid: int, on_gone: Callable[[], None], *, interval_s: float = 0.5) -> threading.Thread:
+    """Call ``on_gone()`` once, from a daemon thread, as soon as this process's parent is no longer ``parent_pid``
+    (the launcher died and the process was re-parented to init or a subreaper; also at once when the parent is
+    already another process at the call). Polls ``os.getppid()`` every ``interval_s`` seconds (Linux and macOS alike).
+    Returns the started thread."""
+
+    def run() -> None:
+        while os.getppid() == parent_pid:
+            threading.Event().wait(interval_s)
+        on_gone()
+
+    thread = threading.Thread(target=run, name="watch-parent", daemon=True)
+    thread.start()
+    return thread

@@ -9,7 +9,8 @@ Serves our session API and, for each env, OpenEnv (HTTP and ``WS /ws``) and MCP 
 otherwise; a non-loopback ``--host`` needs a token. Tokens (``servers.access``): ``$AGENT_RL_SERVER_TOKEN`` or
 ``--token`` (one client; the variable keeps it out of ``ps``), or ``--token-file`` (named clients, each owning its
 sessions); an empty token exits with status 2 and a message. The variable is removed from the server's environment
-before any env worker starts (env code never sees it). ``GET /health`` answers 200 once the server is ready: every
+before any env worker starts (env code never sees it). ``--exit-with-parent PID`` (what ``servers.launch`` passes):
+the server shuts itself down when its launcher dies. ``GET /health`` answers 200 once the server is ready: every
 served env has made and reset one session with its defaults; if one cannot (missing or empty data), the server
 exits with status 3 and one last line naming the env, the resolved data path and the counts found.
 """
@@ -21,10 +22,13 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from typing import Any
 
-from servers.launch import TOKEN_ENV
+from servers.launch import TOKEN_ENV, watch_parent
 from servers.tokens import is_loopback_bind, read_token_file
 
 __all__ = ["build_parser", "main"]
@@ -67,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a connection may take to send a whole request head (then it is closed)")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",
+                   help="shut down when the process PID (the launcher, this server's parent) is gone")
     return p
 
 
@@ -114,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                                            access_log=False, timeout_graceful_shutdown=30,
                                            http=header_timeout_protocol(args.header_timeout),
                                            ws_max_size=4 * app.state.settings.max_body_bytes))  # beyond: 1009
+    if args.exit_with_parent is not None:
+        watch_parent(args.exit_with_parent, lambda: _launcher_gone(server, args.exit_with_parent))
     try:
         server.run()
     except SystemExit:  # uvicorn exits 3 itself when the startup fails
@@ -123,6 +131,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         reason = getattr(app.state, "startup_error", None) or "see the log above"
         print(f"env server did not start: {reason}", file=sys.stderr)
         sys.exit(3)
+
+
+def _launcher_gone(server: Any, pid: int) -> None:
+    """The launcher died without stopping this server: shut down as on SIGTERM (sessions closed, workers stopped);
+    SIGKILL this process if that has not finished within 60 s."""
+    print(f"env server: its launcher (pid {pid}) is gone; shutting down", file=sys.stderr, flush=True)
+    server.should_exit = True
+    threading.Timer(60.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
 
 
 if __name__ == "__main__":

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from time import monotonic as time_now
+from time import sleep
 
 import httpx
 import httpx2
@@ -337,3 +340,54 @@ def test_a_launched_server_has_its_token_in_no_argv_and_no_worker_environment(tm
         proc.wait(60)
     with pytest.raises(ValueError, match="non-empty token"):
         ServerLaunch([CALC], 1, "")
+
+
+_LAUNCHER = """
+import subprocess, sys, time
+from servers.launch import ServerLaunch
+launch = ServerLaunch([sys.argv[1]], int(sys.argv[2]), "tok-launcher-3f9a", workers=1, pythonpath=sys.argv[3])
+with open(sys.argv[4], "wb") as log:
+    proc = launch.start(cwd=sys.argv[3], stdout=log, stderr=subprocess.STDOUT)
+print(proc.pid, flush=True)
+time.sleep(3600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # re-parented, exited, not yet reaped
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_launched_server_exits_when_its_launcher_is_killed(tmp_path: Path, sig: str):
+    """A trainer killed without cleanup (SIGKILL: the OOM killer; SIGTERM: Python's default action runs no
+    ``finally``) left its env server running, port and workers held (measured on the ALFWorld main command). The
+    launch passes ``--exit-with-parent``: the server and its env workers are gone soon after the launcher."""
+    import signal as signals
+
+    import psutil
+
+    port = free_port()
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, CALC, str(port), str(ROOT), str(tmp_path / "s.log")],
+                                cwd=ROOT, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        server_pid = int(launcher.stdout.readline())
+        wait_healthy(f"http://127.0.0.1:{port}", timeout_s=120)
+        tree = [server_pid, *(p.pid for p in psutil.Process(server_pid).children(recursive=True))]
+        assert len(tree) >= 2  # the server and at least its env worker
+        assert f"--exit-with-parent {launcher.pid}" in " ".join(psutil.Process(server_pid).cmdline())
+        launcher.send_signal(getattr(signals, sig))
+        launcher.wait(30)
+        deadline = time_now() + 90
+        while time_now() < deadline and not all(_gone(p) for p in tree):
+            sleep(0.5)
+        assert all(_gone(p) for p in tree), [p for p in tree if not _gone(p)]
+        assert "launcher (pid" in (tmp_path / "s.log").read_text()
+    finally:
+        launcher.kill()
+        with contextlib.suppress(ProcessLookupError, UnboundLocalError):
+            os.kill(server_pid, 9)
