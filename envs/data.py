@@ -25,6 +25,11 @@ lives is the machine's choice: an env server refuses them from clients (``server
 refused_env_kwargs``); ``tests/servers/test_server_sandbox.py`` checks every registered env's constructor against
 this list."""
 
+PATH_OPTIONS = ("gamefile",)
+"""Reset options of the built-in envs that name a host path (ALFWorld's ``gamefile``): an env server refuses them
+from clients as it refuses :data:`PATH_KWARGS` (``servers.settings.ServerSettings.refused_options``); a client
+selects a game by ``task_id``, ``split`` and ``index``. In-process callers may pass them."""
+
 
 def cache_dir() -> Path:
     """Writable cache directory (``$AGENT_RL_CACHE`` or ``~/.cache/agent_rl``), created on demand."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from envs.data import PATH_KWARGS
+from envs.data import PATH_KWARGS, PATH_OPTIONS
 from envs.hosting.sessions import SessionSettings
 from servers.tokens import DEFAULT_CLIENT, check_tokens
 from envs.jsondepth import MAX_JSON_DEPTH
@@ -32,6 +32,8 @@ class ServerSettings(SessionSettings):
     """Deepest JSON nesting of a request body or WebSocket message (400 ``json_too_deep`` beyond, before parsing)."""
     refused_env_kwargs: tuple[str, ...] = PATH_KWARGS
     """Env kwargs clients may not send (host paths: where the data lives is the server's choice)."""
+    refused_options: tuple[str, ...] = PATH_OPTIONS
+    """Reset options clients may not send (host paths: ALFWorld's ``gamefile``)."""
     retry_after_s: int = 1
     """``Retry-After`` seconds sent with 503."""
 

@@ -74,6 +74,9 @@ class SessionSettings:
     refused_env_kwargs: tuple[str, ...] = ()
     """Env kwargs a session may not be opened with (``EnvRejected``, HTTP 422 naming them): the server refuses
     host paths (``envs.data.PATH_KWARGS``) from its clients; in-process callers are trusted (none)."""
+    refused_options: tuple[str, ...] = ()
+    """Reset options a session may not be opened or reset with (``EnvRejected``, HTTP 422 naming them): the server
+    refuses host paths (``envs.data.PATH_OPTIONS``) from its clients; in-process callers are trusted (none)."""
 
     _kind = "session settings"
     _rules = "max_sessions, max_sessions_per_worker >= 1; workers, prestart_workers >= 0; ttl, env_timeout > 0"
@@ -253,6 +256,7 @@ class SessionManager:
         if refused:
             raise EnvRejected(f"env_kwargs {', '.join(refused)} name host paths, which the server chooses, not "
                               f"the client (refused here: {', '.join(self.settings.refused_env_kwargs)})")
+        self._refuse_options(options)
         if env_id not in (gymnasium.registry if self.settings.env_ids is None else self.settings.env_ids):
             served = "any registered id" if self.settings.env_ids is None else self.settings.env_ids
             raise UnknownEnv(f"env id {env_id!r} is not served here; served: {served}")
@@ -273,11 +277,19 @@ class SessionManager:
             session.last_used = time.monotonic()
         return session.session_id, observation, info
 
+    def _refuse_options(self, options: dict[str, Any] | None) -> None:
+        refused = sorted(set(options or {}) & set(self.settings.refused_options))
+        if refused:
+            raise EnvRejected(f"reset options {', '.join(refused)} name host paths, which the server chooses, not "
+                              f"the client (refused here: {', '.join(self.settings.refused_options)}; select a "
+                              "game by task_id, split and index)")
+
     async def reset(
         self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Reset an open session -> ``(observation, info)``; raises as :meth:`step`."""
         _check_text(options=options)
+        self._refuse_options(options)
         async with self._exclusive(session_id) as session:
             observation, info = await self.pool.reset(session_id, seed=seed, options=options)
             session.done = False

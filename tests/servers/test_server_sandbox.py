@@ -86,3 +86,42 @@ def test_every_path_kwarg_of_a_registered_env_is_refused():
             if any(word in param for word in ("root", "dir", "path", "file", "folder")):
                 found.add(param)
     assert found and found <= set(PATH_KWARGS), sorted(found - set(PATH_KWARGS))
+
+
+def test_host_path_reset_options_are_refused_on_every_surface():
+    """``options={"gamefile": "/any/folder"}`` made a served ALFWorld load any ``game.tw-pddl`` on the host and told a
+    client which folders exist ("does not exist"): reset options naming host paths (``envs.data.PATH_OPTIONS``) are
+    refused like the path kwargs, on open and on reset of a live session, on every surface (422 naming the key; the
+    live session stays)."""
+    bad = {"gamefile": "/etc"}
+
+    async def main():
+        async with serve_asgi(code_app()) as c:
+            for r in [await c.post("/sessions", json={"env_id": CODE, "options": bad}),
+                      await c.post(f"/envs/{CODE}/reset", json={"options": bad}),
+                      await c.post(f"/envs/{CODE}/reset", json=bad)]:  # OpenEnv: extra keys are options
+                assert (r.status_code, r.json()["code"]) == (422, "invalid_request"), r.text
+                assert "reset options gamefile name host paths" in r.json()["detail"]
+            assert (await c.get("/sessions")).json()["sessions"] == []
+            opened = await c.post("/sessions", json={"env_id": CODE})
+            assert opened.status_code == 201, opened.text
+            sid = opened.json()["session_id"]
+            r = await c.post(f"/sessions/{sid}/reset", json={"options": bad})
+            assert r.status_code == 422 and "gamefile" in r.json()["detail"], r.text
+            assert [s["session_id"] for s in (await c.get("/sessions")).json()["sessions"]] == [sid]
+    asyncio.run(main())
+
+
+def test_every_path_reset_option_of_a_built_in_env_is_refused():
+    """The kind: every reset option a built-in env reads (``options["key"]`` / ``options.get("key")`` in ``envs/``)
+    whose name says it is a host path is in ``PATH_OPTIONS``."""
+    import re
+    from pathlib import Path
+
+    from envs.data import PATH_OPTIONS
+
+    keys = set()
+    for path in (Path(__file__).resolve().parents[2] / "envs").rglob("*.py"):
+        keys |= set(re.findall(r"options(?:\.get\(|\[)\s*[\"'](\w+)[\"']", path.read_text()))
+    found = {k for k in keys if any(word in k for word in ("root", "dir", "path", "file", "folder"))}
+    assert "gamefile" in found and found <= set(PATH_OPTIONS), sorted(found - set(PATH_OPTIONS))
