@@ -55,8 +55,16 @@ def _max_diff(model, prompt, gen, t, top_k=0, top_p=1.0) -> float:
     return float((torch.tensor(gen.logprobs) - ref).abs().max())
 
 
+# Every process this module starts (engines, their watchdogs, trainer and eval children, their Ray workers) inherits
+# this tag in its environment; "no vLLM process left" counts only tagged ones. Counting every VLLM process on the
+# machine failed three tests of a clean-clone stage while another vLLM job of the same user ran beside it.
+_TAG_ENV = "AGENT_RL_VLLM_TEST_TAG"
+os.environ[_TAG_ENV] = f"{os.getpid()}-{time.time_ns()}"
+
+
 def _vllm_procs(since: float) -> list[str]:
-    """vLLM engine processes and engine watchdogs started after ``since`` that still run (zombies aside)."""
+    """This module's vLLM engine processes and engine watchdogs (tagged by ``_TAG_ENV``) started after ``since`` that
+    still run (zombies aside)."""
     import psutil
 
     left = []
@@ -65,9 +73,11 @@ def _vllm_procs(since: float) -> list[str]:
             if p.info["create_time"] < since or p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             cmd = " ".join(p.info["cmdline"] or [])
-            if (p.info["name"] or "").startswith("VLLM") or "import os, select, shutil, signal" in cmd:
+            if not ((p.info["name"] or "").startswith("VLLM") or "import os, select, shutil, signal" in cmd):
+                continue
+            if p.environ().get(_TAG_ENV) == os.environ[_TAG_ENV]:
                 left.append(f"{p.pid} {p.info['name']} {cmd[:60]}")
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return left
 
@@ -301,6 +311,7 @@ def test_close_leaves_nothing(policy, tmp_path):
     eng = get_engine("vllm", model, tok, dtype="float32", enforce_eager=True, sync_dir=str(tmp_path))
     folder = eng.sync_folder
     assert folder.is_dir() and eng._engine_procs  # vLLM's engine core (and its worker) run as child processes
+    assert _vllm_procs(since)  # the tag reaches them: the checks below can see a leak
     eng.close()
     eng.close()  # idempotent
     assert not folder.exists()
