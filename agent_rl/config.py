@@ -22,7 +22,7 @@ from agent_rl.episodes import parse_save_episodes
 from agent_rl.eval.config import EvalConfig
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
 from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH, applied
-from agent_rl.rollout.config import RolloutConfig, TaskSamplerConfig
+from agent_rl.rollout.config import CURRICULA, PassRateConfig, RolloutConfig, TaskSamplerConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SCHEMA_NAME = "agent_rl_schema"
@@ -59,6 +59,19 @@ class EnvConfig:
     tools: list[str] = field(default_factory=list)
     """Tools given to a task env by name (math, code: ``[python]`` makes an episode multi-turn, calls run in the
     code sandbox); needs ``env.action_format=tools``. Passed to the env as its ``tools`` kwarg."""
+
+    tasks: str = ""
+    """A task file (issue 39, docs/training.md "Your own tasks"): JSONL, JSON, parquet, CSV, a ``save_to_disk``
+    folder or a hub name, read by :func:`agent_rl.tasks.load_tasks`. Each row, mapped by ``env.task_fields``, is one
+    task's reset options (its content, never a path: it reaches an env server as is); it replaces ``env.sampler``
+    (epochs of seeded permutations over the rows). "" = the env's own tasks (``env.sampler``)."""
+    task_fields: dict[str, str] = field(default_factory=dict)
+    """``{task key: column}`` of ``env.tasks`` (math: problem, answer, solution; code: prompt, tests or entry_point +
+    test, setup, language; a gym env: its reset options). Empty: every column under its own name."""
+    task_split: str = ""
+    """Split of ``env.tasks`` ("" = train, or the one split of a saved dataset; ``train[:100]`` slices a file)."""
+    task_filter: dict[str, Any] = field(default_factory=dict)
+    """Rows of ``env.tasks`` kept: ``{column: value or list of values}`` ({} = all)."""
 
     def __post_init__(self) -> None:
         if self.action_format not in ("text", "tools"):
@@ -199,7 +212,16 @@ class TrainerConfig:
     WebShop), none otherwise. Resolved to bc | none when the config is loaded
     (:func:`agent_rl.trainable.resolve_warm_start`)."""
 
+    curriculum: str = field(default="none", metadata=MUST_MATCH)
+    """Which training tasks are drawn (issue 39): none = uniformly (``env.sampler`` / ``env.tasks``: epochs of seeded
+    permutations); pass_rate = the pass-rate curriculum (``trainer.pass_rate``; needs a task list, ``env.tasks`` or
+    ``env.sampler.kind=index``)."""
+    pass_rate: PassRateConfig = field(default_factory=PassRateConfig, metadata=MUST_MATCH)
+    """The pass-rate curriculum's pools, weights and cooldown (``trainer.curriculum=pass_rate``)."""
+
     def __post_init__(self) -> None:
+        if self.curriculum not in CURRICULA:
+            raise ValueError(f"trainer.curriculum={self.curriculum!r} is not valid; valid values: {', '.join(CURRICULA)}")
         if self.warm_start not in WARM_STARTS:
             raise ValueError(f"trainer.warm_start={self.warm_start!r} is not valid; valid values: "
                              f"{', '.join(WARM_STARTS)}")

@@ -34,13 +34,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent_rl.algos import AdaptiveHighTemperature
-from agent_rl.config import Config
+from agent_rl.config import Config, ConfigError
 from agent_rl.episodes import parse_save_episodes, save_step_episodes
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner.config import t_high_value
 from agent_rl.logging import KIND_PHASE, NO_SIGNAL, MetricsLogger
-from agent_rl.rollout import TaskSampler, build_rollout_batch
+from agent_rl.rollout import build_rollout_batch
 from agent_rl.rollout.schedule import ExpertRows, Player, Schedule, choose_schedule
+from agent_rl.rollout.tasks import make_task_sampler
+from agent_rl.tasks import TaskFileError
 from agent_rl.runtime import (checkpoint_extra, checkpoint_step, pad_token_id, prune_checkpoints, resume_path,
                               t_high_state)
 from agent_rl.temperature import STATE_KEY as TEMPERATURE_STATE_KEY, StepTemperature
@@ -120,7 +122,10 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
     phase = phase or KIND_PHASE[backend.kind]  # issue 35 phase hooks
     ckpt_dir = checkpoints or out / "checkpoints"
     evaluator = TrainingEval(cfg, out, progress, folder=eval_dir)
-    sampler = TaskSampler(cfg.env.id, cfg.env.sampler, env_kwargs=cfg.env_kwargs, seed=t.seed)
+    try:  # env.tasks (its description printed), trainer.curriculum
+        sampler = make_task_sampler(cfg, announce=lambda text: print(text, file=sys.stderr))
+    except (TaskFileError, FileNotFoundError) as exc:
+        raise ConfigError(f"env.tasks={cfg.env.tasks!r}: {exc}") from None
     ckpt = resume_path(cfg, out, folder=ckpt_dir)
     start = checkpoint_step(ckpt) + 1 if ckpt is not None else 1
     record: dict[str, Any] = {}
@@ -161,6 +166,8 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
                 t_high = temp_rule.temperature(step)
             result = await schedule.collect(step, sampler.sample, t_high=t_high)
             metrics: dict[str, Any] = dict(result.metrics)
+            sampler.observe(step, result.outcomes)  # the curriculum learns before the next draws (prefetch below)
+            metrics.update(sampler.step_metrics())
             if temp_rule is not None:  # [tampo hook] tampo/t, tampo/pi/<T>, ... (or rollout/temperature)
                 metrics.update(temp_rule.step_metrics(step))
             if step == start and extra is not None and schedule.plays_episodes:  # section 7, Checkpoints
@@ -206,6 +213,7 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
                 progress.phase(f"step {step}/{total} checkpoint")
                 ckpt_extra = checkpoint_extra(cfg, step, sampler.position - schedule.pending_tasks,
                                               t_high_state=t_rule.state_dict() if t_rule is not None else None)
+                ckpt_extra["sampler"] = sampler.state_dict(ckpt_extra["sampler"]["position"])  # + the curriculum's
                 if temp_rule is not None and temp_rule.state_dict() is not None:  # [tampo hook]
                     ckpt_extra[TEMPERATURE_STATE_KEY] = temp_rule.state_dict()
                 ckpt_extra["policy_version"] = step  # the engines' version counter (section 7: v = s after step s)
