@@ -22,6 +22,7 @@ from agent_rl.episodes import parse_save_episodes
 from agent_rl.eval.config import EvalConfig
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
 from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH, applied
+from agent_rl.trackers import LOGGERS, TrackingConfig
 from agent_rl.rollout.config import CURRICULA, PassRateConfig, RolloutConfig, TaskSamplerConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -162,8 +163,12 @@ class TrainerConfig:
     """Seed of python, numpy, torch and the task sampler."""
     device: str = field(default="auto", metadata=MAY_CHANGE)
     """auto (cuda when available) | cpu | cuda | cuda:N."""
-    tensorboard: bool = field(default=True, metadata=MAY_CHANGE)
-    """Write TensorBoard events under DIR/tb."""
+    loggers: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"], metadata=MAY_CHANGE)
+    """Where metrics go (issue 39; :mod:`agent_rl.trackers`): jsonl (``DIR/metrics.jsonl``, always on), tensorboard
+    (``DIR/tb``), wandb (W&B; offline in ``DIR/wandb`` without credentials), mlflow (the file store ``DIR/mlruns``
+    unless ``trainer.tracking.mlflow_uri``). Replaces ``trainer.tensorboard`` (false = ``[jsonl]``)."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata=MAY_CHANGE)
+    """Project, run name, tags, W&B mode and MLflow URI of the wandb / mlflow loggers."""
     progress: bool = field(default=True, metadata=MAY_CHANGE)
     """Console progress bar with key numbers (a plain line per step when off)."""
     imports: list[str] = field(default_factory=list, metadata=MUST_MATCH)
@@ -220,6 +225,9 @@ class TrainerConfig:
     """The pass-rate curriculum's pools, weights and cooldown (``trainer.curriculum=pass_rate``)."""
 
     def __post_init__(self) -> None:
+        unknown = [name for name in self.loggers if name not in LOGGERS]
+        if unknown:
+            raise ValueError(f"trainer.loggers={list(self.loggers)}: unknown {unknown}; valid values: {', '.join(LOGGERS)}")
         if self.curriculum not in CURRICULA:
             raise ValueError(f"trainer.curriculum={self.curriculum!r} is not valid; valid values: {', '.join(CURRICULA)}")
         if self.warm_start not in WARM_STARTS:

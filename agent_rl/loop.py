@@ -103,7 +103,7 @@ class Backend(Protocol):
 # ------------------------------------------------------------------------------------------------ the loop
 async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase: str | None = None,
               checkpoints: Path | None = None, eval_dir: Path | None = None,
-              eval_at_start: bool = True) -> dict[str, Any]:
+              eval_at_start: bool = True, trackers: Any = None) -> dict[str, Any]:
     """Run steps ``start..total_steps`` of ``backend`` (``start`` = 1, or the step after the checkpoint
     ``trainer.resume`` names); returns the last step's logged row ({} when nothing was left to train).
 
@@ -113,6 +113,8 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
     folder of the phase's ``step_N`` (default ``DIR/checkpoints``; ``trainer.resume=auto`` looks there), ``eval_dir``
     that of its panels' files (default ``DIR/eval``: ``step_N/<panel>.json``); ``eval_at_start=False`` skips the
     step-0 panel (the RL phase after a warm start: the warm start's last panel played the same weights).
+    ``trackers`` (:class:`agent_rl.trackers.Trackers`, issue 39) get every logged row and checkpoint path; the
+    caller closes them.
 
     Raises:
         FirstStepFailed: every episode of the first step failed.
@@ -152,8 +154,8 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
         temp_rule = StepTemperature.from_config(cfg) if schedule.plays_episodes else None
         if temp_rule is not None and extra is not None:
             temp_rule.load_state_dict(extra, ckpt)
-        logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard=t.tensorboard,
-                               progress=False, phase=phase)  # one line per step; the live display is `progress`
+        logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard="tensorboard" in t.loggers,
+                               progress=False, phase=phase, trackers=trackers)  # one line per step; the live display is `progress`
         if start == 1 and eval_at_start and evaluator.due(0, total):  # the panel before training, as step 0
             record = logger.log(0, evaluator.metrics(0, await backend.evaluate(0, evaluator)), kind="eval")
         keep_episodes = parse_save_episodes(t.save_episodes)
@@ -219,6 +221,8 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
                 ckpt_extra["policy_version"] = step  # the engines' version counter (section 7: v = s after step s)
                 ckpt_extra["groups_in_flight"] = schedule.groups_in_flight
                 await backend.save(ckpt_dir / f"step_{step}", ckpt_extra)
+                if trackers is not None:
+                    trackers.checkpoint(step, ckpt_dir / f"step_{step}")
                 prune_checkpoints(ckpt_dir, t.keep_checkpoints)
         warn_idle_run(idle_steps, total - start + 1)
         if schedule.plays_episodes and no_signal_steps:  # RL steps only (behaviour cloning plays none)
