@@ -139,10 +139,12 @@ class PassRateSampler(TaskSampler):
             p = self.position + i
             rng = np.random.default_rng([self.seed, p, 1])
             fresh = [m[~np.isin(m, list(picked))] if picked else m for m in members]
-            choices = fresh if any(len(m) and weights[k] > 0 for k, m in enumerate(fresh)) else members
-            w = np.array([weights[k] if len(m) else 0.0 for k, m in enumerate(choices)])
-            if w.sum() <= 0:  # only pools of weight 0 hold tasks: draw among them evenly (never starve)
-                w = np.array([1.0 if len(m) else 0.0 for m in choices])
+            # tasks not drawn yet in this call from the weighted pools, else drawn ones again; when only pools of
+            # weight 0 hold tasks, those evenly (a pool of weight 0 is never drawn while a weighted one has tasks)
+            for choices, even in ((fresh, False), (members, False), (fresh, True), (members, True)):
+                w = np.array([(1.0 if even else weights[k]) if len(m) else 0.0 for k, m in enumerate(choices)])
+                if w.sum() > 0:
+                    break
             k = int(rng.choice(len(POOLS), p=w / w.sum()))
             index = int(choices[k][rng.integers(len(choices[k]))])
             picked.add(index)
