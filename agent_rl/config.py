@@ -335,6 +335,9 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig, metadata=MAY_CHANGE)  # an RL run reads none
 
     def __post_init__(self) -> None:
+        if self.trainer.curriculum == "pass_rate" and not self.env.tasks and self.env.sampler.kind != "index":
+            raise ValueError(f"trainer.curriculum=pass_rate needs a task list: env.tasks=PATH or an env whose "
+                             f"env.sampler.kind is index (env={self.env.name} draws a new task from each seed)")
         # Derived defaults that span groups (algo depends on engine).
         if self.algo.dapo_overlong_max_len <= 0:
             self.algo.dapo_overlong_max_len = self.engine.max_new_tokens

@@ -133,3 +133,14 @@ def test_config_refuses_bad_settings():
         PassRateConfig(easy_rate=0.1, hard_rate=0.5)
     with pytest.raises(ValueError, match="weights"):
         PassRateConfig(weights={"learnable": 1.0, "medium": 1.0})
+
+
+def test_the_config_refuses_the_curriculum_without_a_task_list():
+    from agent_rl.compose import load_config
+    from agent_rl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="needs a task list: env.tasks=PATH"):
+        load_config(["env=math", "model=tiny", "trainer.curriculum=pass_rate"], check=False)
+    cfg = load_config(["env=alfworld", "model=tiny", "trainer.curriculum=pass_rate",
+                       "trainer.pass_rate.weights.learnable=0.9"], check=False)  # index kind: 3553 games
+    assert cfg.trainer.pass_rate.weights["learnable"] == 0.9 and cfg.trainer.pass_rate.weights["unseen"] == 0.3

@@ -55,3 +55,26 @@ def test_file_tasks_trackers_and_curriculum_in_one_run(tmp_path, monkeypatch):
     # the curriculum's state travels in the checkpoint
     extra = json.loads((out / "checkpoints" / "step_2" / "extra.json").read_text())
     assert extra["sampler"]["curriculum"]["step"] == 2 and extra["sampler"]["curriculum"]["num_tasks"] == 3
+
+
+def test_a_resumed_curriculum_run_draws_the_same_tasks(tmp_path):
+    rows = [{"question": f"What is {i}+{i}?", "final": str(2 * i)} for i in range(8)]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "tasks.parquet"))
+    common = ["env=math", f"env.tasks={tmp_path / 'tasks.parquet'}", "env.task_fields.problem=question",
+              "env.task_fields.answer=final", "model=tiny", "algo=grpo", "env_server.mode=local",
+              "trainer.tasks_per_step=2", "trainer.curriculum=pass_rate", "trainer.eval_every=0",
+              "trainer.progress=false", "algo.group_size=2", "engine.max_new_tokens=8", "trainer.save_episodes=all",
+              "trainer.loggers=[jsonl]", "trainer.save_every=1", "trainer.keep_checkpoints=0"]
+
+    def drawn(out, step):
+        return sorted(ep["turns"][0]["info"]["problem"] for ep in load_episodes(out, step))
+
+    main([*common, "trainer.total_steps=3", f"trainer.output_dir={tmp_path / 'whole'}"])
+    main([*common, "trainer.total_steps=2", f"trainer.output_dir={tmp_path / 'split'}"])
+    main([*common, "trainer.total_steps=3", f"trainer.output_dir={tmp_path / 'split'}", "trainer.resume=auto"])
+    for step in (1, 2, 3):
+        assert drawn(tmp_path / "split", step) == drawn(tmp_path / "whole", step), step
+    whole = read_metrics(tmp_path / "whole" / "metrics.jsonl", "train")[-1]
+    split = read_metrics(tmp_path / "split" / "metrics.jsonl", "train")[-1]
+    assert {k: v for k, v in whole.items() if k.startswith("curriculum/pool_frac")} == \
+        {k: v for k, v in split.items() if k.startswith("curriculum/pool_frac")}
