@@ -119,3 +119,18 @@ def test_paths_that_do_not_exist_and_unknown_types(tmp_path):
     other.write_text("hello")
     with pytest.raises(TaskFileError, match="unknown task file type '.txt'"):
         load_tasks(other)
+
+
+def test_a_folder_of_data_files_and_a_hub_name_offline(tmp_path, monkeypatch):
+    folder = tmp_path / "hubstyle" / "data"
+    folder.mkdir(parents=True)
+    datasets.Dataset.from_list(ROWS[:2]).to_parquet(str(folder / "train-00000-of-00001.parquet"))
+    datasets.Dataset.from_list(ROWS[2:]).to_parquet(str(folder / "test-00000-of-00001.parquet"))
+    cache = str(tmp_path / "c")
+    assert list(load_tasks(tmp_path / "hubstyle", FIELDS, cache_dir=cache)) == MAPPED[:2]  # datasets infers splits
+    assert list(load_tasks(tmp_path / "hubstyle", FIELDS, split="test", cache_dir=cache)) == MAPPED[2:]
+    # a hub name the machine cannot fetch (offline here): one error naming it, not a traceback from deep inside
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(TaskFileError, match="someone/no-such-tasks: neither a local file nor a dataset the hub"):
+        load_tasks("someone/no-such-tasks", cache_dir=cache)
