@@ -168,8 +168,9 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
                 t_high = temp_rule.temperature(step)
             result = await schedule.collect(step, sampler.sample, t_high=t_high)
             metrics: dict[str, Any] = dict(result.metrics)
-            sampler.observe(step, result.outcomes)  # the curriculum learns before the next draws (prefetch below)
-            metrics.update(sampler.step_metrics())
+            if schedule.plays_episodes:  # the curriculum learns before the next draws (prefetch below)
+                sampler.observe(step, result.outcomes)
+                metrics.update(sampler.step_metrics())
             if temp_rule is not None:  # [tampo hook] tampo/t, tampo/pi/<T>, ... (or rollout/temperature)
                 metrics.update(temp_rule.step_metrics(step))
             if step == start and extra is not None and schedule.plays_episodes:  # section 7, Checkpoints
