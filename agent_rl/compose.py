@@ -25,9 +25,19 @@ def register_configs() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- unknown keys
+REPLACED_KEYS: dict[str, str] = {
+    "trainer.tensorboard": "trainer.loggers lists the metric sinks (issue 39): trainer.tensorboard=false is "
+                           "trainer.loggers=[jsonl]; true is the default [jsonl,tensorboard]",
+}
+"""Keys that no longer exist -> what replaced them (refused with this hint)."""
+
+
 def _check_key(path: list[str], full: str) -> bool:
-    """Raise ConfigError when the dotted ``path`` is not a field of the Config tree; True when the path goes inside
-    a free-form dict field (``env.kwargs``, ``credit.kwargs``, ``env.sampler.options``), which accepts any key."""
+    """Raise ConfigError when the dotted ``path`` is not a field of the Config tree (a replaced key with its hint,
+    :data:`REPLACED_KEYS`); True when the path goes inside a free-form dict field (``env.kwargs``,
+    ``credit.kwargs``, ``env.sampler.options``), which accepts any key."""
+    if ".".join(path) in REPLACED_KEYS:
+        raise ConfigError(f"config key {full!r} was replaced: {REPLACED_KEYS['.'.join(path)]}")
     node: Any = Config
     for depth, part in enumerate(path):
         if not (isinstance(node, type) and is_dataclass(node)):

@@ -22,7 +22,8 @@ from agent_rl.episodes import parse_save_episodes
 from agent_rl.eval.config import EvalConfig
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
 from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH, applied
-from agent_rl.rollout.config import RolloutConfig, TaskSamplerConfig
+from agent_rl.trackers import LOGGERS, TrackingConfig
+from agent_rl.rollout.config import CURRICULA, PassRateConfig, RolloutConfig, TaskSamplerConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SCHEMA_NAME = "agent_rl_schema"
@@ -59,6 +60,19 @@ class EnvConfig:
     tools: list[str] = field(default_factory=list)
     """Tools given to a task env by name (math, code: ``[python]`` makes an episode multi-turn, calls run in the
     code sandbox); needs ``env.action_format=tools``. Passed to the env as its ``tools`` kwarg."""
+
+    tasks: str = ""
+    """A task file (issue 39, docs/training.md "Your own tasks"): JSONL, JSON, parquet, CSV, a ``save_to_disk``
+    folder or a hub name, read by :func:`agent_rl.tasks.load_tasks`. Each row, mapped by ``env.task_fields``, is one
+    task's reset options (its content, never a path: it reaches an env server as is); it replaces ``env.sampler``
+    (epochs of seeded permutations over the rows). "" = the env's own tasks (``env.sampler``)."""
+    task_fields: dict[str, str] = field(default_factory=dict)
+    """``{task key: column}`` of ``env.tasks`` (math: problem, answer, solution; code: prompt, tests or entry_point +
+    test, setup, language; a gym env: its reset options). Empty: every column under its own name."""
+    task_split: str = ""
+    """Split of ``env.tasks`` ("" = train, or the one split of a saved dataset; ``train[:100]`` slices a file)."""
+    task_filter: dict[str, Any] = field(default_factory=dict)
+    """Rows of ``env.tasks`` kept: ``{column: value or list of values}`` ({} = all)."""
 
     def __post_init__(self) -> None:
         if self.action_format not in ("text", "tools"):
@@ -149,8 +163,12 @@ class TrainerConfig:
     """Seed of python, numpy, torch and the task sampler."""
     device: str = field(default="auto", metadata=MAY_CHANGE)
     """auto (cuda when available) | cpu | cuda | cuda:N."""
-    tensorboard: bool = field(default=True, metadata=MAY_CHANGE)
-    """Write TensorBoard events under DIR/tb."""
+    loggers: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"], metadata=MAY_CHANGE)
+    """Where metrics go (issue 39; :mod:`agent_rl.trackers`): jsonl (``DIR/metrics.jsonl``, always on), tensorboard
+    (``DIR/tb``), wandb (W&B; offline in ``DIR/wandb`` without credentials), mlflow (the file store ``DIR/mlruns``
+    unless ``trainer.tracking.mlflow_uri``). Replaces ``trainer.tensorboard`` (false = ``[jsonl]``)."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata=MAY_CHANGE)
+    """Project, run name, tags, W&B mode and MLflow URI of the wandb / mlflow loggers."""
     progress: bool = field(default=True, metadata=MAY_CHANGE)
     """Console progress bar with key numbers (a plain line per step when off)."""
     imports: list[str] = field(default_factory=list, metadata=MUST_MATCH)
@@ -199,7 +217,19 @@ class TrainerConfig:
     WebShop), none otherwise. Resolved to bc | none when the config is loaded
     (:func:`agent_rl.trainable.resolve_warm_start`)."""
 
+    curriculum: str = field(default="none", metadata=MUST_MATCH)
+    """Which training tasks are drawn (issue 39): none = uniformly (``env.sampler`` / ``env.tasks``: epochs of seeded
+    permutations); pass_rate = the pass-rate curriculum (``trainer.pass_rate``; needs a task list, ``env.tasks`` or
+    ``env.sampler.kind=index``)."""
+    pass_rate: PassRateConfig = field(default_factory=PassRateConfig, metadata=MUST_MATCH)
+    """The pass-rate curriculum's pools, weights and cooldown (``trainer.curriculum=pass_rate``)."""
+
     def __post_init__(self) -> None:
+        unknown = [name for name in self.loggers if name not in LOGGERS]
+        if unknown:
+            raise ValueError(f"trainer.loggers={list(self.loggers)}: unknown {unknown}; valid values: {', '.join(LOGGERS)}")
+        if self.curriculum not in CURRICULA:
+            raise ValueError(f"trainer.curriculum={self.curriculum!r} is not valid; valid values: {', '.join(CURRICULA)}")
         if self.warm_start not in WARM_STARTS:
             raise ValueError(f"trainer.warm_start={self.warm_start!r} is not valid; valid values: "
                              f"{', '.join(WARM_STARTS)}")
@@ -305,6 +335,9 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig, metadata=MAY_CHANGE)  # an RL run reads none
 
     def __post_init__(self) -> None:
+        if self.trainer.curriculum == "pass_rate" and not self.env.tasks and self.env.sampler.kind != "index":
+            raise ValueError(f"trainer.curriculum=pass_rate needs a task list: env.tasks=PATH or an env whose "
+                             f"env.sampler.kind is index (env={self.env.name} draws a new task from each seed)")
         # Derived defaults that span groups (algo depends on engine).
         if self.algo.dapo_overlong_max_len <= 0:
             self.algo.dapo_overlong_max_len = self.engine.max_new_tokens

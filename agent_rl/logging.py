@@ -198,10 +198,13 @@ class MetricsLogger:
             phase, :func:`read_metrics`); None: rows without one, and a fresh start drops every row of the file.
         tensorboard: write ``out_dir/tb`` events.
         progress: tqdm bar (else one plain line per training step).
+        trackers: the run's W&B / MLflow runs (:class:`agent_rl.trackers.Trackers`), given every row written; their
+            owner closes them.
     """
 
     def __init__(self, out_dir: str | Path, *, total_steps: int, start_step: int = 1, tensorboard: bool = True,
-                 progress: bool = True, phase: str | None = None) -> None:
+                 progress: bool = True, phase: str | None = None, trackers: Any = None) -> None:
+        self.trackers = trackers
         if phase is not None and phase not in PHASES:
             raise ValueError(f"unknown run phase {phase!r}; the phases are {', '.join(PHASES)}")
         self.out_dir = Path(out_dir)
@@ -252,6 +255,8 @@ class MetricsLogger:
             rows.append({"step": step, "kind": "eval", **phase, **{k: _clean(v) for k, v in sorted(evals.items())}})
         for row in rows:
             self._file.write(json.dumps(row) + "\n")
+            if self.trackers is not None:
+                self.trackers.log(step, row)
             if self._tb is not None:
                 for name, value in row.items():
                     if name not in ("step", "kind", "phase") and value is not None:

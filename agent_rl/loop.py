@@ -34,13 +34,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent_rl.algos import AdaptiveHighTemperature
-from agent_rl.config import Config
+from agent_rl.config import Config, ConfigError
 from agent_rl.episodes import parse_save_episodes, save_step_episodes
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner.config import t_high_value
 from agent_rl.logging import KIND_PHASE, NO_SIGNAL, MetricsLogger
-from agent_rl.rollout import TaskSampler, build_rollout_batch
+from agent_rl.rollout import build_rollout_batch
 from agent_rl.rollout.schedule import ExpertRows, Player, Schedule, choose_schedule
+from agent_rl.rollout.tasks import make_task_sampler
+from agent_rl.tasks import TaskFileError
 from agent_rl.runtime import (checkpoint_extra, checkpoint_step, pad_token_id, prune_checkpoints, resume_path,
                               t_high_state)
 from agent_rl.temperature import STATE_KEY as TEMPERATURE_STATE_KEY, StepTemperature
@@ -101,7 +103,7 @@ class Backend(Protocol):
 # ------------------------------------------------------------------------------------------------ the loop
 async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase: str | None = None,
               checkpoints: Path | None = None, eval_dir: Path | None = None,
-              eval_at_start: bool = True) -> dict[str, Any]:
+              eval_at_start: bool = True, trackers: Any = None) -> dict[str, Any]:
     """Run steps ``start..total_steps`` of ``backend`` (``start`` = 1, or the step after the checkpoint
     ``trainer.resume`` names); returns the last step's logged row ({} when nothing was left to train).
 
@@ -111,6 +113,8 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
     folder of the phase's ``step_N`` (default ``DIR/checkpoints``; ``trainer.resume=auto`` looks there), ``eval_dir``
     that of its panels' files (default ``DIR/eval``: ``step_N/<panel>.json``); ``eval_at_start=False`` skips the
     step-0 panel (the RL phase after a warm start: the warm start's last panel played the same weights).
+    ``trackers`` (:class:`agent_rl.trackers.Trackers`, issue 39) get every logged row and checkpoint path; the
+    caller closes them.
 
     Raises:
         FirstStepFailed: every episode of the first step failed.
@@ -120,7 +124,10 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
     phase = phase or KIND_PHASE[backend.kind]  # issue 35 phase hooks
     ckpt_dir = checkpoints or out / "checkpoints"
     evaluator = TrainingEval(cfg, out, progress, folder=eval_dir)
-    sampler = TaskSampler(cfg.env.id, cfg.env.sampler, env_kwargs=cfg.env_kwargs, seed=t.seed)
+    try:  # env.tasks (its description printed), trainer.curriculum
+        sampler = make_task_sampler(cfg, announce=lambda text: print(text, file=sys.stderr))
+    except (TaskFileError, FileNotFoundError) as exc:
+        raise ConfigError(f"env.tasks={cfg.env.tasks!r}: {exc}") from None
     ckpt = resume_path(cfg, out, folder=ckpt_dir)
     start = checkpoint_step(ckpt) + 1 if ckpt is not None else 1
     record: dict[str, Any] = {}
@@ -147,8 +154,8 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
         temp_rule = StepTemperature.from_config(cfg) if schedule.plays_episodes else None
         if temp_rule is not None and extra is not None:
             temp_rule.load_state_dict(extra, ckpt)
-        logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard=t.tensorboard,
-                               progress=False, phase=phase)  # one line per step; the live display is `progress`
+        logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard="tensorboard" in t.loggers,
+                               progress=False, phase=phase, trackers=trackers)  # one line per step; the live display is `progress`
         if start == 1 and eval_at_start and evaluator.due(0, total):  # the panel before training, as step 0
             record = logger.log(0, evaluator.metrics(0, await backend.evaluate(0, evaluator)), kind="eval")
         keep_episodes = parse_save_episodes(t.save_episodes)
@@ -161,6 +168,9 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
                 t_high = temp_rule.temperature(step)
             result = await schedule.collect(step, sampler.sample, t_high=t_high)
             metrics: dict[str, Any] = dict(result.metrics)
+            if schedule.plays_episodes:  # the curriculum learns before the next draws (prefetch below)
+                sampler.observe(step, result.outcomes)
+                metrics.update(sampler.step_metrics())
             if temp_rule is not None:  # [tampo hook] tampo/t, tampo/pi/<T>, ... (or rollout/temperature)
                 metrics.update(temp_rule.step_metrics(step))
             if step == start and extra is not None and schedule.plays_episodes:  # section 7, Checkpoints
@@ -206,11 +216,14 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
                 progress.phase(f"step {step}/{total} checkpoint")
                 ckpt_extra = checkpoint_extra(cfg, step, sampler.position - schedule.pending_tasks,
                                               t_high_state=t_rule.state_dict() if t_rule is not None else None)
+                ckpt_extra["sampler"] = sampler.state_dict(ckpt_extra["sampler"]["position"])  # + the curriculum's
                 if temp_rule is not None and temp_rule.state_dict() is not None:  # [tampo hook]
                     ckpt_extra[TEMPERATURE_STATE_KEY] = temp_rule.state_dict()
                 ckpt_extra["policy_version"] = step  # the engines' version counter (section 7: v = s after step s)
                 ckpt_extra["groups_in_flight"] = schedule.groups_in_flight
                 await backend.save(ckpt_dir / f"step_{step}", ckpt_extra)
+                if trackers is not None:
+                    trackers.checkpoint(step, ckpt_dir / f"step_{step}")
                 prune_checkpoints(ckpt_dir, t.keep_checkpoints)
         warn_idle_run(idle_steps, total - start + 1)
         if schedule.plays_episodes and no_signal_steps:  # RL steps only (behaviour cloning plays none)

@@ -24,11 +24,12 @@ from typing import Any
 import torch
 
 from agent_rl.cli import run_cli
-from agent_rl.compose import load_config, to_yaml
+from agent_rl.compose import config_dict, load_config, to_yaml
 
 from agent_rl.config import Config, ConfigError
 
 from agent_rl.resume import compare_for_resume
+from agent_rl.trackers import Trackers
 from agent_rl.learner.checkpoint import latest_checkpoint, recover_checkpoints
 from agent_rl.local import LocalBackend
 from agent_rl.loop import FirstStepFailed, run
@@ -91,10 +92,17 @@ def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, A
     print(text, file=sys.stderr)
     config_file.write_text(text, encoding="utf-8")
     progress = Progress(enabled=cfg.trainer.progress)  # phases: model, env server, rollout, update, checkpoint, eval
-    # after a warm start the RL phase has no step-0 panel: the warm start's last panel played the same weights
-    record = asyncio.run(run(cfg, out, make_backend(cfg, out, progress, config_file), progress,
-                             eval_at_start=cfg.trainer.warm_start != "bc"))
-    print(finish_run(out), file=sys.stderr)  # DIR/curves.png, DIR/summary.md
+    # W&B / MLflow (trainer.loggers): opened here, in the driver only (Ray actors never log to them)
+    trackers = Trackers.open(cfg.trainer.loggers, out, config_dict(cfg), cfg.trainer.tracking,
+                             resume=ckpt is not None, tags=[cfg.env.name, cfg.algo.name, cfg.model.name])
+    try:
+        # after a warm start the RL phase has no step-0 panel: the warm start's last panel played the same weights
+        record = asyncio.run(run(cfg, out, make_backend(cfg, out, progress, config_file), progress,
+                                 eval_at_start=cfg.trainer.warm_start != "bc", trackers=trackers))
+        print(finish_run(out), file=sys.stderr)  # DIR/curves.png, DIR/summary.md
+        trackers.finish([config_file, out / "curves.png", out / "summary.md"])
+    finally:
+        trackers.close()
     return record
 
 

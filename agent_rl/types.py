@@ -25,6 +25,9 @@ class Task:
     group_id: int = 0
     seed: int | None = None
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    index: int | None = None
+    """The task's position in the run's task list (``env.tasks`` rows, ``env.sampler.kind=index``); None for
+    seed-drawn tasks. The curriculum's key (``agent_rl.rollout.tasks.PassRateSampler``)."""
 
 
 @dataclass

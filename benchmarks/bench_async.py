@@ -39,7 +39,7 @@ def overrides(args: argparse.Namespace, backend: str, k: int, out: Path) -> list
     ov = [f"env={args.env}", f"model={args.model}", f"algo={args.algo}", "env_server.mode=local",
           f"trainer.backend={backend}", f"trainer.max_staleness={k}", f"trainer.total_steps={args.steps}",
           f"trainer.tasks_per_step={args.tasks_per_step}", f"rollout.max_turns={args.max_turns}",
-          f"engine.max_new_tokens={args.max_new_tokens}", "trainer.progress=false", "trainer.tensorboard=false",
+          f"engine.max_new_tokens={args.max_new_tokens}", "trainer.progress=false", "trainer.loggers=[jsonl]",
           "trainer.save_episodes=none", "trainer.eval_every=0", f"trainer.save_every={args.steps}",
           f"trainer.output_dir={out}"]
     if backend == "ray":

@@ -340,7 +340,7 @@ class Observer:
 def train_overrides(args: argparse.Namespace, out: Path, urls: list[str] | None) -> list[str]:
     ov = [f"env={args.env}", "model=tiny", "algo=grpo", f"trainer.total_steps={args.steps}",
           f"trainer.tasks_per_step={args.tasks_per_step}", f"rollout.max_turns={args.max_turns}",
-          "engine.max_new_tokens=16", "trainer.device=cpu", "trainer.progress=false", "trainer.tensorboard=false",
+          "engine.max_new_tokens=16", "trainer.device=cpu", "trainer.progress=false", "trainer.loggers=[jsonl]",
           f"rollout.env_timeout_s={args.env_timeout}", f"rollout.episode_retries={args.episode_retries}",
           f"rollout.retry_backoff_s={args.retry_backoff}", f"trainer.output_dir={out}", "trainer.save_every=1000",
           f"trainer.max_staleness={args.max_staleness}"]

@@ -168,7 +168,7 @@ for env in alfworld webshop; do
   step "2 training steps (model=tiny) against the $env container"
   run nice "$PY" -m agent_rl.train env=$env model=tiny "env_server.urls=[$url]" trainer.total_steps=2 \
     trainer.tasks_per_step=1 rollout.max_turns=3 engine.max_new_tokens=16 trainer.device=cpu trainer.progress=false \
-    trainer.tensorboard=false "trainer.output_dir=$work/train_$env" >"$work/train_$env.log" 2>&1 \
+    "trainer.loggers=[jsonl]" "trainer.output_dir=$work/train_$env" >"$work/train_$env.log" 2>&1 \
     || die "training against $env (log: $work/train_$env.log)"
   trained[$env]=$("$PY" -c "
 import sys

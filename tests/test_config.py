@@ -187,7 +187,7 @@ MUST_MATCH = ["algo.name", "algo.adv_estimator", "algo.clip_high", "algo.group_s
               "engine.max_new_tokens", "engine.top_p",
               "optim.lr", "rollout.mode", "rollout.max_turns", "trainer.seed", "trainer.tasks_per_step"]
 MAY_CHANGE = ["trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.progress",
-              "trainer.tensorboard", "trainer.output_dir", "trainer.device", "engine.batch_size", "env_server.urls",
+              "trainer.loggers", "trainer.output_dir", "trainer.device", "engine.batch_size", "env_server.urls",
               "env_server.mode", "data.root", "algo.micro_batch_size", "model.gradient_checkpointing"]
 
 

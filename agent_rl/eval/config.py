@@ -19,6 +19,12 @@ class EvalConfig:
     """Agent panels: ALFWorld valid_seen | valid_unseen (default); WebShop test (= val, goals 0..499; default)."""
     dataset: str = ""
     """Math/code panels: a dataset name, or several comma-separated (math default math500, code humanevalplus)."""
+    tasks: str = ""
+    """A task file as the panel (issue 39; any env): its rows, mapped by ``env.task_fields``, are the panel's tasks
+    (reset options), read by :func:`agent_rl.tasks.load_tasks`; the panel is named ``<env.name>_<file stem>``.
+    "" = the env's own panels (``eval.split`` / ``eval.dataset``)."""
+    task_split: str = ""
+    """Split of ``eval.tasks`` ("" = train, or the one split of a saved dataset)."""
     num_tasks: int = 0
     """Tasks of the panel (0 = all); a subset is spread evenly over the split: indices ``i * N // num_tasks``."""
     samples: int = 1

@@ -48,6 +48,7 @@ from agent_rl.rollout.policies import ScriptedEngine, make_policy
 from agent_rl.rollout.prompts.base import has_prompt
 from agent_rl.runtime import (build_engine, build_orchestrator, close_engine, open_env_pool, resolve_device,
                               seed_everything, set_data_root)
+from agent_rl.tasks import load_tasks
 from agent_rl.types import Episode, Generation, Task
 from envs.families import BUILTIN, EnvFamily, describe, family_of
 
@@ -96,8 +97,10 @@ def build_panels(cfg: Any, *, split: str = "", num_tasks: int | None = None) -> 
     Raises:
         ValueError: an env without panels, an unknown split or dataset.
     """
-    family = env_family(cfg)
     ev = cfg.eval
+    if ev.tasks:
+        return [file_panel(cfg, num_tasks)]
+    family = env_family(cfg)
     given = split or (ev.dataset if family.split_key == "dataset" else ev.split) or ev.split or ev.dataset
     names = [s.strip() for s in (given or family.default_split).split(",") if s.strip()]
     n_tasks = ev.num_tasks if num_tasks is None else num_tasks
@@ -123,6 +126,26 @@ def build_panels(cfg: Any, *, split: str = "", num_tasks: int | None = None) -> 
         panels.append(Panel(name=f"{family.name}_{name}", family=family, split=name, tasks=tasks, size=size,
                             task_types=[types[t.options[family.index_key]] for t in tasks] if types else None))
     return panels
+
+
+def file_panel(cfg: Any, num_tasks: int | None = None) -> Panel:
+    """The panel of ``eval.tasks`` (``eval.task_split``, columns mapped by ``env.task_fields``): ``num_tasks`` rows
+    spread evenly over the file (default ``eval.num_tasks``; 0 = all), each row a task's reset options.
+
+    Raises:
+        agent_rl.tasks.TaskFileError, FileNotFoundError: the file (file, row and field named).
+    """
+    ev = cfg.eval
+    rows = load_tasks(ev.tasks, cfg.env.task_fields or None, split=ev.task_split or None)
+    print(rows.describe(), file=sys.stderr)
+    kwargs = cfg.make_env_kwargs(ev.max_turns or cfg.rollout.max_turns)
+    n_tasks = ev.num_tasks if num_tasks is None else num_tasks
+    tasks = [Task(env_id=cfg.env.id, options=dict(rows[index]), group_id=i, seed=ev.seed + index,
+                  env_kwargs=dict(kwargs), index=index) for i, index in enumerate(spread(len(rows), n_tasks))]
+    family = describe(cfg.env.id, cfg.env.name)
+    name = Path(ev.tasks.rstrip("/")).name.split(".")[0] or "tasks"
+    return Panel(name=f"{cfg.env.name}_{name}", family=family, split=ev.task_split or "train", tasks=tasks,
+                 size=len(rows))
 
 
 # ------------------------------------------------------------------------------------------------ running

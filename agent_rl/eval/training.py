@@ -16,6 +16,7 @@ import torch
 
 from agent_rl.config import ConfigError
 from agent_rl.eval.runner import build_panels, env_family, evaluate, scalar_metrics
+from agent_rl.tasks import TaskFileError
 from envs.data import cache_dir
 
 
@@ -35,6 +36,15 @@ class TrainingEval:
         self.cfg = copy.deepcopy(cfg)
         self.cfg.eval.policy = "model"
         if self.every <= 0:
+            return
+        if cfg.eval.tasks:  # a task file as the panel (issue 39): held out unless it is the training file
+            if cfg.eval.tasks == cfg.env.tasks and cfg.eval.task_split == cfg.env.task_split:
+                raise ConfigError(f"eval.tasks={cfg.eval.tasks!r} is the training file env.tasks (same split); "
+                                  "choose held-out tasks (another file or eval.task_split)")
+            try:
+                self.panels = build_panels(self.cfg, num_tasks=cfg.trainer.eval_tasks)
+            except (TaskFileError, FileNotFoundError) as exc:
+                raise ConfigError(f"eval.tasks={cfg.eval.tasks!r}: {exc}") from None
             return
         try:
             family = env_family(cfg)

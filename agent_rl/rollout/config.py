@@ -106,3 +106,47 @@ class TaskSamplerConfig:
             raise ValueError(f"env.sampler.kind={self.kind!r} is not valid; valid values: {', '.join(SAMPLER_KINDS)}")
         if self.kind == "index" and self.num_tasks < 1:
             raise ValueError("env.sampler.num_tasks must be >= 1 for kind=index")
+
+
+CURRICULA = ("none", "pass_rate")
+"""``trainer.curriculum`` values: none = uniform (epochs of seeded permutations); pass_rate =
+:class:`agent_rl.rollout.tasks.PassRateSampler`."""
+
+POOLS = ("too_easy", "learnable", "too_hard", "unseen")
+"""The pass-rate curriculum's pools, in this order everywhere (metrics ``curriculum/pool_frac/<pool>``)."""
+
+
+@dataclass
+class PassRateConfig:
+    """The pass-rate curriculum (``trainer.curriculum=pass_rate``, ``trainer.pass_rate.*``; issue 39; the idea of
+    prime-rl's difficulty pools and of SkyRL's/AReaL's online pass-rate filters).
+
+    A task's pass rate is an exponential moving average over its groups of the group's fraction of won episodes
+    (``rate = (1 - ema) * rate + ema * group_rate``, the first group's rate as is). Pools: unseen (never played, or
+    re-admitted), too_easy (``rate >= easy_rate``), too_hard (``rate <= hard_rate``), learnable (between). A task that
+    has sat in too_easy or too_hard for ``cooldown_steps`` steps since its last group is re-admitted as unseen (its
+    rate is measured afresh), so no pool starves; a pool is drawn with probability ``weights[pool]`` normalised over
+    the pools that hold a task, then a task uniformly within it."""
+
+    easy_rate: float = 0.95
+    """Pass rate at or above which a task is too easy."""
+    hard_rate: float = 0.05
+    """Pass rate at or below which a task is too hard."""
+    ema: float = 0.5
+    """Weight of a task's newest group in its running pass rate (1 = the last group only)."""
+    cooldown_steps: int = 10
+    """Steps after its last group when a too-easy or too-hard task is re-admitted (unseen)."""
+    weights: dict[str, float] = field(default_factory=lambda: {"too_easy": 0.05, "learnable": 0.6, "too_hard": 0.05,
+                                                               "unseen": 0.3})
+    """Sampling weight of each pool (normalised over the non-empty ones); default favours learnable and unseen."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.hard_rate < self.easy_rate <= 1.0:
+            raise ValueError(f"trainer.pass_rate: 0 <= hard_rate < easy_rate <= 1 required (got hard_rate="
+                             f"{self.hard_rate}, easy_rate={self.easy_rate})")
+        if not 0.0 < self.ema <= 1.0 or self.cooldown_steps < 1:
+            raise ValueError("trainer.pass_rate: 0 < ema <= 1 and cooldown_steps >= 1 required")
+        unknown = sorted(set(self.weights) - set(POOLS))
+        if unknown or any(float(w) < 0 for w in self.weights.values()) or sum(self.weights.values()) <= 0:
+            raise ValueError(f"trainer.pass_rate.weights={dict(self.weights)} must give pools among {', '.join(POOLS)}"
+                             " weights >= 0 with a positive sum")

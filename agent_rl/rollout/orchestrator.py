@@ -96,6 +96,9 @@ class RolloutResult:
     failures: list[str] = field(default_factory=list)  # one reason per dropped group (its first failed episode)
     versions: list[int] = field(default_factory=list)
     batch: Any = None
+    outcomes: list[tuple[Task, list[bool]]] = field(default_factory=list)
+    """Every group played to its end in this collect, kept or DAPO-filtered: (its task, each episode's ``won``);
+    what the task sampler observes (``agent_rl.rollout.tasks.TaskSampler.observe``, the curriculum)."""
 
 
 def group_temperatures(algo: Any, step: int, t_high: float | None = None) -> list[tuple[float, bool]]:
@@ -710,6 +713,7 @@ async def collect_groups(play: Callable[[list[Task], int], Awaitable[RolloutResu
         failed += res.metrics["rollout/failed_episodes"]
         for i in range(0, len(res.episodes), group_size):
             group = res.episodes[i:i + group_size]
+            total.outcomes.append((group[0].task, [ep.won for ep in group]))
             if filter_groups and all_equal([ep.reward for ep in group]):
                 total.filtered_groups += 1
             else:

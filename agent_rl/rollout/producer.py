@@ -126,6 +126,7 @@ class StepAdmission:
     stale_by_type: dict[str, int] = field(default_factory=dict)
     expired: list[PlayedGroup] = field(default_factory=list)
     consumed: int = 0  # groups that count against the step's budget (admitted, failed, filtered)
+    outcomes: list[tuple[Task, list[bool]]] = field(default_factory=list)  # admitted and filtered: (task, won)
 
     def offer(self, group: PlayedGroup) -> str:
         """Judge one completed group: ``admitted`` | ``failed`` (dropped, as in synchronous runs) | ``stale_replay``
@@ -148,6 +149,7 @@ class StepAdmission:
                 return "stale_replay"
             self.given_up.append(group)
             return "stale_dropped"
+        self.outcomes.append((group.task, [ep.won for ep in group.episodes]))
         if self.filter_groups and all_equal([ep.reward for ep in group.episodes]):
             self.filtered += 1
             self.consumed += 1
@@ -374,7 +376,7 @@ class AsyncProducer:
         metrics.update(adm.metrics())
         return RolloutResult(episodes=episodes, metrics=metrics, dropped_groups=len(adm.failures),
                              filtered_groups=adm.filtered, failures=list(adm.failures),
-                             versions=[g.min_version for g in adm.admitted])
+                             versions=[g.min_version for g in adm.admitted], outcomes=list(adm.outcomes))
 
     async def sync(self, version: int) -> None:
         """New weights (after ``version`` steps) into the engine(s): with ``partial=false`` after the episodes in

@@ -3,7 +3,11 @@
 Contract (``gymnasium.Env[str, str]``):
 
 - ``reset(seed=None, options=None)``: ``options`` may hold ``dataset`` (humaneval, humanevalplus, mbpp,
-  mbpp_sanitized) and ``index``; otherwise drawn with ``self.np_random``. Returns ``(prompt, info)``; the prompt is
+  mbpp_sanitized) and ``index``; otherwise drawn with ``self.np_random``. Or the task itself (a row of a user's task
+  file, issue 39: content, never a path; :func:`task_from_options`): ``prompt`` and either ``tests`` (assert
+  statements: a list, or one string of lines; optional ``setup`` run first) or ``entry_point`` + ``test`` (a
+  HumanEval ``check(candidate)`` function), optional ``context`` (prepended to the program), ``language``
+  (``python``, the sandbox's one), ``uid``, ``task_type``; ``dataset`` is then ``"file"``. Returns ``(prompt, info)``; the prompt is
   the task (HumanEval: signature + docstring; MBPP: description + its tests) followed by the instruction.
   ``info``: ``dataset``, ``index``, ``uid`` (= ``task_id``), ``task_type``, ``entry_point``, ``problem``, ``prompt``,
   ``instruction``, ``n_tests`` (HumanEval+: -1 until the first step).
@@ -21,13 +25,14 @@ Contract (``gymnasium.Env[str, str]``):
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from typing import Any, Sequence
 
 import gymnasium
 
-from envs.code.datasets import LOADERS, CodeTask, humanevalplus_expected, load_code
+from envs.code.datasets import LOADERS, CodeTask, _mbpp_entry, humanevalplus_expected, load_code
 from envs.code.sandbox import (
     PLUS_WALL_S,
     RunResult,
@@ -80,6 +85,69 @@ def extract_code(response: str, entry_point: str = "") -> str:
         if defining:
             return defining[-1]
     return max(blocks, key=len)
+
+
+TASK_KEYS = ("prompt", "tests", "setup", "entry_point", "test", "context", "language", "uid", "task_type")
+"""Reset options that give the task itself (``prompt`` and ``tests`` or ``entry_point`` + ``test`` required)."""
+
+LANGUAGES = ("python",)
+"""Languages the sandbox runs (a task's ``language``)."""
+
+MAX_TASK_CHARS = 200_000
+"""Longest text field of a task given at reset (characters; all asserts together): MBPP's and HumanEval+'s are
+below 10,000 (tests as statements; HumanEval+'s large inputs live in its own file)."""
+
+MAX_TASK_TESTS = 1000
+"""Most assert statements a task given at reset may have."""
+
+
+def task_from_options(options: dict[str, Any]) -> CodeTask:
+    """The :class:`CodeTask` a reset's options give (see the module docstring). ``tests`` as one string is split
+    into its non-empty lines; the entry point of an asserts task defaults to the function its first assert calls;
+    the uid to ``file/<sha1 of prompt and tests, 12 hex>``.
+
+    Raises:
+        ValueError: a required key missing, both kinds of test or neither, a value of the wrong type or size, a
+            language the sandbox does not run.
+    """
+    prompt = options.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"a code task needs a non-empty string prompt (got keys {sorted(options)})")
+    for key in TASK_KEYS:
+        value = options.get(key)
+        if key == "tests" and isinstance(value, list):
+            if len(value) > MAX_TASK_TESTS or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"code task field 'tests' must be at most {MAX_TASK_TESTS} strings")
+            value = "\n".join(value)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"code task field {key!r} must be a string, got {type(value).__name__}")
+        if value is not None and len(value) > MAX_TASK_CHARS:
+            raise ValueError(f"code task field {key!r} has {len(value)} characters (at most {MAX_TASK_CHARS})")
+    language = (options.get("language") or "python").lower()
+    if language not in LANGUAGES:
+        raise ValueError(f"code task language {language!r} is not run by the sandbox; valid: {', '.join(LANGUAGES)}")
+    tests, check = options.get("tests"), options.get("test")
+    entry_point = options.get("entry_point") or ""
+    context = options.get("context") or ""
+    if (tests is None) == (check is None):
+        raise ValueError("a code task needs either tests (assert statements) or entry_point + test (a check "
+                         "function), not both")
+    if check is not None:
+        if not entry_point:
+            raise ValueError("a code task with a check function (test) needs its entry_point")
+        spec = {"mode": "check", "context": context, "test": check, "entry_point": entry_point}
+        body = check
+    else:
+        asserts = [t for t in (tests if isinstance(tests, list) else tests.splitlines()) if t.strip()]
+        if not asserts:
+            raise ValueError("a code task's tests hold no statement")
+        if len(asserts) > MAX_TASK_TESTS:
+            raise ValueError(f"a code task has {len(asserts)} tests (at most {MAX_TASK_TESTS})")
+        entry_point = entry_point or _mbpp_entry(asserts)
+        spec = {"mode": "asserts", "setup": options.get("setup") or "", "asserts": asserts}
+        body = "\n".join(asserts)
+    uid = options.get("uid") or "file/" + hashlib.sha1(f"{prompt}\0{body}".encode("utf-8")).hexdigest()[:12]
+    return CodeTask(uid, "file", prompt, entry_point, "", context, spec, options.get("task_type") or "")
 
 
 def build_program(task: CodeTask, code: str) -> str:
@@ -202,16 +270,22 @@ class CodeEnv(gymnasium.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
         options = dict(options or {})
-        unknown = sorted(set(options) - {"dataset", "index"})
+        given = set(options) & set(TASK_KEYS)
+        unknown = sorted(set(options) - (set(TASK_KEYS) if given else {"dataset", "index"}))
         if unknown:  # a misspelt key ("datset") must not silently draw a random task
-            raise ValueError(f"unknown reset options {unknown}; allowed: dataset, index")
-        name = options.get("dataset") or self.datasets[int(self.np_random.integers(len(self.datasets)))]
-        tasks = load_code(name, self.root)
-        index = options.get("index")
-        index = int(self.np_random.integers(len(tasks))) if index is None else int(index)
-        if not 0 <= index < len(tasks):
-            raise IndexError(f"index {index} out of range for {name} ({len(tasks)} tasks)")
-        self._task = tasks[index]
+            raise ValueError(f"unknown reset options {unknown}; allowed: dataset, index, or the task itself: "
+                             f"{', '.join(TASK_KEYS)} (not both)")
+        if given:  # the task itself (a task file's row)
+            self._task = task_from_options(options)
+            name, index = "file", -1
+        else:
+            name = options.get("dataset") or self.datasets[int(self.np_random.integers(len(self.datasets)))]
+            tasks = load_code(name, self.root)
+            index = options.get("index")
+            index = int(self.np_random.integers(len(tasks))) if index is None else int(index)
+            if not 0 <= index < len(tasks):
+                raise IndexError(f"index {index} out of range for {name} ({len(tasks)} tasks)")
+            self._task = tasks[index]
         task = self._task
         prompt = task.prompt if not self.instruction else f"{task.prompt}\n\n{self.instruction}"
         spec = task.spec

@@ -39,8 +39,8 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
         return json.load(f)
 
 
-def _answer_str(value: Any) -> str:
-    """27.0 -> "27"; strings stripped (AMC stores floats, AIME strings)."""
+def answer_str(value: Any) -> str:
+    """27.0 -> "27"; strings stripped (AMC stores floats, AIME strings; a task file's numbers too)."""
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value).strip()
@@ -72,7 +72,7 @@ def _math500(root: Path, split: str) -> list[MathProblem]:
 def _math_train(root: Path, split: str) -> list[MathProblem]:
     rows = _read_json(root / "math_train_deepscaler.json")
     return [
-        MathProblem(f"math_train/{i}", r["problem"], _answer_str(r["answer"]), "", r.get("type", ""),
+        MathProblem(f"math_train/{i}", r["problem"], answer_str(r["answer"]), "", r.get("type", ""),
                     {"difficulty": r.get("difficulty")})
         for i, r in enumerate(rows)
     ]
@@ -82,7 +82,7 @@ def _aime_1983_2023(root: Path, split: str) -> list[MathProblem]:
     rows = _read_json(root / "aime_1983_2023_deepscaler.json")
     return [
         MathProblem(
-            f"aime/{r['year']}/{r['aime_number']}/{r['problem_number']}", r["problem"], _answer_str(r["answer"]),
+            f"aime/{r['year']}/{r['aime_number']}/{r['problem_number']}", r["problem"], answer_str(r["answer"]),
             r.get("solution", ""), f"aime{r['year']}",
         )
         for r in rows
@@ -94,7 +94,7 @@ def _simple(filename: str, task_type: str) -> Callable[[Path, str], list[MathPro
         rows = _read_jsonl(root / filename)
         return [
             MathProblem(
-                f"{task_type}/{r.get('id', i)}", r.get("problem") or r["question"], _answer_str(r["answer"]),
+                f"{task_type}/{r.get('id', i)}", r.get("problem") or r["question"], answer_str(r["answer"]),
                 r.get("solution", "") or "", task_type,
             )
             for i, r in enumerate(rows)

@@ -4,7 +4,9 @@ Contract (``gymnasium.Env[str, str]``):
 
 - ``reset(seed=None, options=None)``: ``options`` may hold ``dataset`` (one of :data:`envs.math.datasets.LOADERS`),
   ``split`` (gsm8k only) and ``index``; without ``index`` a problem is drawn with ``self.np_random``; without
-  ``dataset`` one of the env's datasets is drawn. Returns ``(prompt, info)``: the prompt is the problem followed by
+  ``dataset`` one of the env's datasets is drawn. Or the task itself (a row of a user's task file, issue 39:
+  content, never a path): ``problem`` and ``answer`` (a string or a number), optional ``solution``, ``uid`` and
+  ``task_type`` (:func:`task_from_options`; ``dataset`` is then ``"file"``). Returns ``(prompt, info)``: the prompt is the problem followed by
   the instruction (default: Qwen-Math's "Please reason step by step, and put your final answer within \\boxed{}.").
   ``info``: ``dataset``, ``split``, ``index``, ``uid`` (= ``task_id``), ``task_type``, ``problem``, ``prompt``, ``instruction``
   (and ``level`` for MATH500). The reference answer is NOT in the reset info.
@@ -30,12 +32,13 @@ Contract (``gymnasium.Env[str, str]``):
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any, Sequence
 
 import gymnasium
 
-from envs.math.datasets import SPLITS, MathProblem, canonical_name, load_math
+from envs.math.datasets import SPLITS, MathProblem, answer_str, canonical_name, load_math
 from envs.math.grader import final_answers, question_nouns, strings_match
 from envs.math.pool import VerifierPool, default_pool
 from envs.spaces import TextSpace, check_action
@@ -115,6 +118,39 @@ def score_response(reference: str, response: str, pool: VerifierPool, *,
     return {**out, "reward": float(correct), "correct": correct, "reason": reason}
 
 
+TASK_KEYS = ("problem", "answer", "solution", "uid", "task_type")
+"""Reset options that give the task itself (``problem`` and ``answer`` required)."""
+
+MAX_TASK_CHARS = 100_000
+"""Longest problem, answer or solution a reset may give (characters): far above any benchmark's (the longest
+olympiadbench problem has ~3,000), small enough that a hostile reset cannot make the verifier chew on megabytes."""
+
+
+def task_from_options(options: dict[str, Any]) -> MathProblem:
+    """The :class:`MathProblem` a reset's options give (``problem``, ``answer``, optional ``solution``, ``uid``,
+    ``task_type``). The uid defaults to ``file/<sha1 of the problem, 12 hex>``; a numeric answer is written as the
+    data sets' references are (27.0 -> "27").
+
+    Raises:
+        ValueError: a required key missing, a value of the wrong type, empty, or longer than :data:`MAX_TASK_CHARS`.
+    """
+    missing = [k for k in ("problem", "answer") if options.get(k) in (None, "")]
+    if missing:
+        raise ValueError(f"a math task needs {' and '.join(missing)} (got keys {sorted(options)})")
+    for key in TASK_KEYS:
+        value = options.get(key)
+        if key == "answer" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            continue
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"math task field {key!r} must be a string, got {type(value).__name__}")
+        if isinstance(value, str) and len(value) > MAX_TASK_CHARS:
+            raise ValueError(f"math task field {key!r} has {len(value)} characters (at most {MAX_TASK_CHARS})")
+    problem = options["problem"]
+    uid = options.get("uid") or "file/" + hashlib.sha1(problem.encode("utf-8")).hexdigest()[:12]
+    return MathProblem(uid, problem, answer_str(options["answer"]), options.get("solution") or "",
+                       options.get("task_type") or "")
+
+
 class MathEnv(gymnasium.Env[str, str]):
     """Single-turn math env over one or more benchmark files (see the module docstring for the contract).
 
@@ -177,18 +213,25 @@ class MathEnv(gymnasium.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
         options = dict(options or {})
-        unknown = sorted(set(options) - {"dataset", "split", "index"})
+        given = set(options) & set(TASK_KEYS)
+        allowed = set(TASK_KEYS) if given else {"dataset", "split", "index"}
+        unknown = sorted(set(options) - allowed)
         if unknown:  # a misspelt key ("datset") must not silently draw a random task
-            raise ValueError(f"unknown reset options {unknown}; allowed: dataset, split, index")
-        name = options.get("dataset") or self.datasets[int(self.np_random.integers(len(self.datasets)))]
-        name = canonical_name(name)
-        split = self._split_for(name, options.get("split"))
-        problems = load_math(name, split, self.root)
-        index = options.get("index")
-        index = int(self.np_random.integers(len(problems))) if index is None else int(index)
-        if not 0 <= index < len(problems):
-            raise IndexError(f"index {index} out of range for {name}/{split} ({len(problems)} problems)")
-        self._problem = problems[index]
+            raise ValueError(f"unknown reset options {unknown}; allowed: dataset, split, index, or the task itself: "
+                             f"{', '.join(TASK_KEYS)} (not both)")
+        if given:  # the task itself (a task file's row)
+            self._problem = task_from_options(options)
+            name, split, index = "file", "", -1
+        else:
+            name = options.get("dataset") or self.datasets[int(self.np_random.integers(len(self.datasets)))]
+            name = canonical_name(name)
+            split = self._split_for(name, options.get("split"))
+            problems = load_math(name, split, self.root)
+            index = options.get("index")
+            index = int(self.np_random.integers(len(problems))) if index is None else int(index)
+            if not 0 <= index < len(problems):
+                raise IndexError(f"index {index} out of range for {name}/{split} ({len(problems)} problems)")
+            self._problem = problems[index]
         prompt = self._problem.problem if not self.instruction else f"{self._problem.problem}\n\n{self.instruction}"
         self._info = {"dataset": name, "split": split, "index": index, "uid": self._problem.uid,
                       "task_id": self._problem.uid,

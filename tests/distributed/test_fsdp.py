@@ -196,7 +196,7 @@ def test_fsdp_ray_run_writes_two_rows_and_a_checkpoint(ray_cluster, tmp_path):
     main(["env=choose_item", "model=tiny", "algo=grpo", "trainer.backend=ray", "trainer.num_learners=2",
           "trainer.learner_strategy=fsdp", "trainer.total_steps=2", "trainer.tasks_per_step=2",
           f"trainer.output_dir={out}", "env_server.mode=local", "rollout.num_workers=1", "trainer.learner_cpus=0.5",
-          "rollout.worker_cpus=0.5", "trainer.progress=false", "trainer.tensorboard=false",
+          "rollout.worker_cpus=0.5", "trainer.progress=false", "trainer.loggers=[jsonl]",
           "trainer.save_episodes=none"])
     rows = [r for r in read_metrics(out / "metrics.jsonl") if "actor/pg_loss" in r]
     assert [r["step"] for r in rows] == [1, 2]

@@ -157,7 +157,7 @@ def test_lora_fsdp_ray_run_writes_two_rows_an_adapter_and_exports(ray_cluster, t
     main(["env=choose_item", "model=tiny", "algo=grpo", "trainer.backend=ray", "trainer.num_learners=2",
           "trainer.learner_strategy=fsdp", "model.lora.rank=8", "trainer.total_steps=2", "trainer.tasks_per_step=2",
           f"trainer.output_dir={out}", "env_server.mode=local", "rollout.num_workers=1", "trainer.learner_cpus=0.5",
-          "rollout.worker_cpus=0.5", "trainer.progress=false", "trainer.tensorboard=false",
+          "rollout.worker_cpus=0.5", "trainer.progress=false", "trainer.loggers=[jsonl]",
           "trainer.save_episodes=none"])
     rows = read_metrics(out / "metrics.jsonl", "train")
     assert [r["step"] for r in rows] == [1, 2] and all(r["actor/lr"] == pytest.approx(3e-3) for r in rows)

@@ -150,7 +150,7 @@ def test_ray_backend_two_steps_kill_a_worker_and_a_replica_then_resume_with_one_
     out = tmp_path / "run"
     common = ["env=choose_item", "model=tiny", "algo=tgrl", "trainer.backend=ray", "trainer.tasks_per_step=2",
               f"trainer.output_dir={out}", "env_server.replicas=2", "env_server.replica_cpus=0.5",
-              "trainer.learner_cpus=0.25", "rollout.worker_cpus=0.25", "trainer.progress=false", "trainer.tensorboard=false",
+              "trainer.learner_cpus=0.25", "rollout.worker_cpus=0.25", "trainer.progress=false", "trainer.loggers=[jsonl]",
               "engine.max_new_tokens=12"]
     killed: list[str] = []
     killer = threading.Thread(target=_kill_during_rollout, args=(killed,), daemon=True)
@@ -199,7 +199,7 @@ def test_ray_backend_with_one_learner_and_one_worker_matches_local(ray_cluster, 
     from agent_rl.train import main
 
     common = ["env=choose_item", "model=tiny", "algo=tgrl", "trainer.total_steps=2", "trainer.tasks_per_step=2",
-              "trainer.progress=false", "trainer.tensorboard=false", "engine.max_new_tokens=12",
+              "trainer.progress=false", "trainer.loggers=[jsonl]", "engine.max_new_tokens=12",
               "env_server.mode=local", "trainer.save_episodes=none"]
     main(common + [f"trainer.output_dir={tmp_path / 'local'}"])
     main(common + [f"trainer.output_dir={tmp_path / 'ray'}", "trainer.backend=ray", "trainer.num_learners=1",
@@ -226,7 +226,7 @@ def test_ray_backend_writes_the_local_artefacts_eval_panel_and_episode_store(ray
 
     common = ["env=math", "model=tiny", "algo=grpo", "algo.group_size=2", "trainer.total_steps=2",
               "trainer.tasks_per_step=2", "engine.max_new_tokens=8", "env_server.mode=local", "trainer.progress=false",
-              "trainer.tensorboard=false", "trainer.eval_every=1", "trainer.eval_panel=amc23", "trainer.eval_tasks=2",
+              "trainer.loggers=[jsonl]", "trainer.eval_every=1", "trainer.eval_panel=amc23", "trainer.eval_tasks=2",
               "trainer.save_episodes=all"]
     main(common + [f"trainer.output_dir={tmp_path / 'local'}"])
     main(common + [f"trainer.output_dir={tmp_path / 'ray'}", "trainer.backend=ray", "trainer.num_learners=1",
@@ -270,7 +270,7 @@ def test_ray_dapo_refills_filtered_groups_as_the_local_backend_does(ray_cluster,
     from agent_rl.train import main
 
     common = ["env=choose_item", "model=tiny", "algo=dapo", "trainer.total_steps=2", "trainer.tasks_per_step=2",
-              "trainer.progress=false", "trainer.tensorboard=false", "engine.max_new_tokens=12",
+              "trainer.progress=false", "trainer.loggers=[jsonl]", "engine.max_new_tokens=12",
               "env_server.mode=local", "trainer.save_episodes=none"]
     main(common + [f"trainer.output_dir={tmp_path / 'local'}"])
     main(common + [f"trainer.output_dir={tmp_path / 'ray'}", "trainer.backend=ray", "trainer.num_learners=1",

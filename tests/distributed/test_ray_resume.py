@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow  # Ray actors on a local cluster (fast tier: pytes
 
 COMMON = ["model=tiny", "env=choose_item", "env_server.mode=local", "algo=grpo", "algo.ent_coef=0.01",
           "trainer.tasks_per_step=1", "rollout.max_turns=1", "engine.max_new_tokens=4", "trainer.progress=false",
-          "trainer.tensorboard=false", "trainer.save_episodes=none", "optim.warmup=4", "trainer.backend=ray",
+          "trainer.loggers=[jsonl]", "trainer.save_episodes=none", "optim.warmup=4", "trainer.backend=ray",
           "trainer.num_learners=1", "rollout.num_workers=1", "trainer.learner_cpus=0.5", "rollout.worker_cpus=0.5"]
 
 
@@ -87,7 +87,7 @@ def test_a_resumed_ray_run_equals_an_uninterrupted_one(ray_cluster, tmp_path):
     from agent_rl.logging import read_metrics
 
     run = ["model=tiny", "env=choose_item", "env_server.mode=local", "algo=tgrl", "algo.warmup_steps=1",
-           "trainer.tasks_per_step=2", "engine.max_new_tokens=8", "trainer.progress=false", "trainer.tensorboard=false",
+           "trainer.tasks_per_step=2", "engine.max_new_tokens=8", "trainer.progress=false", "trainer.loggers=[jsonl]",
            "trainer.save_episodes=none", "trainer.backend=ray", "trainer.num_learners=1", "rollout.num_workers=1",
            "trainer.learner_cpus=0.5", "rollout.worker_cpus=0.5"]
     whole, parts = tmp_path / "whole", tmp_path / "parts"

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def test_ray_auto_t_high_matches_local(ray_cluster, tmp_path):
     common = ["env=choose_item", "model=tiny", "algo=tgrl", "algo.t_high=auto", "algo.warmup_steps=1",
               "trainer.total_steps=4", "trainer.tasks_per_step=2", "trainer.progress=false",
-              "trainer.tensorboard=false", "engine.max_new_tokens=8", "env_server.mode=local",
+              "trainer.loggers=[jsonl]", "engine.max_new_tokens=8", "env_server.mode=local",
               "trainer.save_episodes=all"]
     main(common + [f"trainer.output_dir={tmp_path / 'local'}"])
     main(common + [f"trainer.output_dir={tmp_path / 'ray'}", "trainer.backend=ray", "trainer.num_learners=1",

@@ -21,7 +21,7 @@ TEMPS = [0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
 @pytest.mark.timeout(600)
 def test_ray_tampo_matches_local(ray_cluster, tmp_path):
     common = ["env=choose_item", "model=tiny", "algo=tampo", "trainer.total_steps=3", "trainer.tasks_per_step=2",
-              "trainer.progress=false", "trainer.tensorboard=false", "engine.max_new_tokens=8",
+              "trainer.progress=false", "trainer.loggers=[jsonl]", "engine.max_new_tokens=8",
               "env_server.mode=local", "trainer.save_episodes=all"]
     main(common + [f"trainer.output_dir={tmp_path / 'local'}"])
     main(common + [f"trainer.output_dir={tmp_path / 'ray'}", "trainer.backend=ray", "trainer.num_learners=1",

@@ -44,6 +44,6 @@ def test_readme_tool_env_plays_and_trains(tmp_path, monkeypatch):
     main(["env=gym", "env.id=me/Guess-v0", "env.action_format=tools", "env_server.imports=[my_tools_env]",
           "env_server.mode=local", "model=tiny", "algo=tgrl", "algo.warmup_steps=0", "trainer.total_steps=1",
           "trainer.tasks_per_step=1", "rollout.max_turns=2", "engine.max_new_tokens=8", "trainer.progress=false",
-          "trainer.tensorboard=false", f"trainer.output_dir={out}"])
+          "trainer.loggers=[jsonl]", f"trainer.output_dir={out}"])
     (row,) = read_metrics(out / "metrics.jsonl", "train")
     assert row["rollout/episodes"] == 4 and 0.0 <= row["episode/invalid_action_frac"] <= 1.0

@@ -52,7 +52,7 @@ def test_training_applies_the_penalty_through_the_env(tmp_path):
 
     small = ["env=choose_item", "model=tiny", "env_server.mode=local", "trainer.total_steps=1",
              "trainer.tasks_per_step=1", "rollout.max_turns=2", "engine.max_new_tokens=4", "trainer.progress=false",
-             "trainer.tensorboard=false", "algo=grpo"]
+             "trainer.loggers=[jsonl]", "algo=grpo"]
     assert load_config([*small, "rollout.invalid_penalty=0.5"]).env_kwargs["invalid_action_penalty"] == 0.5
     main([*small, "rollout.invalid_penalty=0.5", f"trainer.output_dir={tmp_path / 'run'}"])
     (rec,) = read_metrics(tmp_path / "run" / "metrics.jsonl", "train")

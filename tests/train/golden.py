@@ -16,7 +16,7 @@ from typing import Any
 
 #: every run's common overrides (one list: a key that must be pinned for the comparison is added here).
 COMMON = ["env=choose_item", "model=tiny", "env_server.mode=local", "trainer.total_steps=3",
-          "trainer.tasks_per_step=2", "trainer.progress=false", "trainer.tensorboard=false",
+          "trainer.tasks_per_step=2", "trainer.progress=false", "trainer.loggers=[jsonl]",
           "trainer.save_episodes=none"]
 
 #: name -> the run's own overrides (GRPO; TGRL without warm-up: mixed-temperature groups with JS credit).

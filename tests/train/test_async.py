@@ -294,7 +294,7 @@ def test_max_staleness_0_equals_the_golden_synchronous_run(tmp_path, name):
 # ------------------------------------------------------------------------------------------------ end to end, k = 1
 ACCEPTANCE = ["env=choose_item", "model=tiny", "algo=grpo", "env_server.mode=local", "trainer.max_staleness=1",
               "trainer.total_steps=3", "trainer.tasks_per_step=2", "trainer.progress=false",
-              "trainer.tensorboard=false"]
+              "trainer.loggers=[jsonl]"]
 ASYNC_KEYS = ("async/staleness_mean", "async/staleness_max", "async/behaviour_weight_mean",
               "async/groups_stale_dropped", "time/overlap_s", "async/loop_stall_max_s")
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow  # end to end: real training runs (fast tier: pyte
 # bonus gives every row a gradient whatever the rewards, so every step moves AdamW's state of every parameter
 BASE = ["model=tiny", "env=choose_item", "env_server.mode=local", "algo=grpo", "algo.ent_coef=0.01",
         "trainer.tasks_per_step=1",
-        "rollout.max_turns=1", "engine.max_new_tokens=4", "trainer.progress=false", "trainer.tensorboard=false",
+        "rollout.max_turns=1", "engine.max_new_tokens=4", "trainer.progress=false", "trainer.loggers=[jsonl]",
         "trainer.save_episodes=none", "optim.lr=1e-3", "optim.warmup=4"]
 
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow  # end to end: real training runs (fast tier: pyte
 
 GAMES = [("coin_collector", 1, "train", i) for i in range(2)]
 BASE = ["env=textworld", "env.kwargs.family=coin_collector", "env.kwargs.level=1", "env.sampler.num_tasks=2",
-        "model=tiny", "env_server.mode=local", "trainer.progress=false", "trainer.tensorboard=false",
+        "model=tiny", "env_server.mode=local", "trainer.progress=false", "trainer.loggers=[jsonl]",
         "engine.num_threads=1"]
 
 

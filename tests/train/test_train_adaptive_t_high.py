@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # end to end: real training runs
 
 ARGS = ["env=choose_item", "model=tiny", "algo=tgrl", "algo.t_high=auto", "algo.warmup_steps=1",
         "trainer.tasks_per_step=2", "env_server.mode=local", "rollout.max_turns=2", "engine.max_new_tokens=4",
-        "trainer.progress=false", "trainer.tensorboard=false", "trainer.save_episodes=all"]
+        "trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.save_episodes=all"]
 
 
 def episode_temperatures(out: Path, step: int) -> set[float]:

@@ -14,7 +14,7 @@ from agent_rl.train import main
 pytestmark = pytest.mark.slow  # end to end: real training runs (fast tier: pytest -m 'not slow')
 
 BASE = ["model=tiny", "algo=tgrl", "algo.warmup_steps=0", "env_server.mode=local", "trainer.total_steps=1",
-        "trainer.tasks_per_step=1", "trainer.progress=false", "trainer.tensorboard=false", "engine.num_threads=1"]
+        "trainer.tasks_per_step=1", "trainer.progress=false", "trainer.loggers=[jsonl]", "engine.num_threads=1"]
 
 
 @pytest.mark.parametrize("env, extra", [

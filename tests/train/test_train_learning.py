@@ -26,7 +26,7 @@ from agent_rl.train import main
 
 LEARN = ["env=choose_item", "model=tiny", "env_server.mode=local", "trainer.total_steps=20", "engine.top_k=100",
          "trainer.tasks_per_step=16", "rollout.max_turns=1", "engine.max_new_tokens=1",
-         "trainer.save_every=1000", "trainer.progress=false", "trainer.tensorboard=false", "env.kwargs.targets=[sock]",
+         "trainer.save_every=1000", "trainer.progress=false", "trainer.loggers=[jsonl]", "env.kwargs.targets=[sock]",
          "engine.num_threads=1"]
 
 

@@ -22,7 +22,7 @@ from agent_rl.train import main
 pytestmark = pytest.mark.slow  # end to end: real training runs (fast tier: pytest -m 'not slow')
 
 SMALL = ["env=choose_item", "model=tiny", "env_server.mode=local", "trainer.total_steps=1", "trainer.tasks_per_step=1",
-         "rollout.max_turns=2", "engine.max_new_tokens=4", "trainer.progress=false", "trainer.tensorboard=false"]
+         "rollout.max_turns=2", "engine.max_new_tokens=4", "trainer.progress=false", "trainer.loggers=[jsonl]"]
 
 
 def run(tmp_path: Path, *overrides: str) -> list[dict]:

@@ -20,7 +20,7 @@ from agent_rl.train import main
 pytestmark = pytest.mark.slow  # end to end: real training runs (fast tier: pytest -m 'not slow')
 
 BASE = ["model=tiny", "env=choose_item", "env_server.mode=local", "trainer.tasks_per_step=1", "rollout.max_turns=1",
-        "engine.max_new_tokens=4", "trainer.progress=false", "trainer.tensorboard=false"]
+        "engine.max_new_tokens=4", "trainer.progress=false", "trainer.loggers=[jsonl]"]
 
 
 def _steps(out: Path) -> list[int]:

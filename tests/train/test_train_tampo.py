@@ -17,7 +17,7 @@ from agent_rl.train import main
 
 pytestmark = pytest.mark.slow  # end to end: real training runs
 
-FAST = ["rollout.max_turns=2", "engine.max_new_tokens=4", "trainer.progress=false", "trainer.tensorboard=false",
+FAST = ["rollout.max_turns=2", "engine.max_new_tokens=4", "trainer.progress=false", "trainer.loggers=[jsonl]",
         "trainer.save_episodes=all"]
 ARGS = ["env=choose_item", "model=tiny", "algo=tampo", "env_server.mode=local", "trainer.tasks_per_step=2", *FAST]
 TEMPS = [0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5]

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow  # end to end: real training runs (fast tier: pyte
 
 RUN = ["env=gym", "env.id=agent_rl/Calculator-v0", "env.action_format=tools", "model=tiny", "env_server.mode=local",
        "algo=tgrl", "algo.warmup_steps=0", "trainer.total_steps=2", "trainer.tasks_per_step=2", "rollout.max_turns=3",
-       "engine.max_new_tokens=16", "trainer.progress=false", "trainer.tensorboard=false", "trainer.save_episodes=all"]
+       "engine.max_new_tokens=16", "trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.save_episodes=all"]
 
 
 @pytest.mark.parametrize("mode", ["turn", "trajectory"])

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 # 2 groups of 4
 TINY_RUN = ["env=choose_item", "model=tiny", "env_server.mode=local", "trainer.total_steps=2",
             "trainer.tasks_per_step=2", "rollout.max_turns=2", "engine.max_new_tokens=6", "algo=tgrl",
-            "algo.warmup_steps=0", "trainer.progress=false", "trainer.tensorboard=false", "trainer.save_episodes=all"]
+            "algo.warmup_steps=0", "trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.save_episodes=all"]
 HOSTILE_OBS = "<script>alert('obs')</script> & <b>bold</b>"
 HOSTILE_ACTION = "<img src=x onerror=alert(1)>"
 

@@ -1,0 +1,269 @@
+"""Experiment trackers beside ``metrics.jsonl`` (``trainer.loggers``, issue 39): Weights & Biases and MLflow through
+their own clients. TensorBoard (``DIR/tb``) is written by :class:`agent_rl.logging.MetricsLogger` itself; the JSONL
+file is always on.
+
+What goes to each tracker: every metrics row (``train``, ``eval`` and ``sft`` rows, at their step; W&B: the
+row's values in one ``log`` call, MLflow: one ``log_batch``), the resolved config (W&B: the run config; MLflow: one
+param per flattened key, cut to MLflow's 6,000-character limit, and ``config.yaml`` as an artifact), every
+checkpoint's path (W&B summary / MLflow tag ``checkpoint/step_N``), and at the end ``config.yaml``, ``curves.png`` and
+``summary.md`` as files / artifacts.
+
+Defaults (docs/training.md "Trackers"):
+
+- W&B: ``mode`` is ``trainer.tracking.wandb_mode``, else ``$WANDB_MODE``, else ``online`` when the machine holds W&B
+  credentials (``$WANDB_API_KEY`` or a ``~/.netrc`` entry for api.wandb.ai), else ``offline``: the run is written
+  to ``DIR/wandb/offline-run-*`` and ``wandb sync DIR/wandb/offline-run-*`` uploads it later. A resumed run
+  continues the same W&B run (its id is kept in ``DIR/trackers.json``).
+- MLflow: the tracking URI is ``trainer.tracking.mlflow_uri``, else ``$MLFLOW_TRACKING_URI``, else the file store
+  ``DIR/mlruns`` (MLflow 3 keeps that backend in maintenance mode behind ``MLFLOW_ALLOW_FILE_STORE=true``, which is
+  set for it). A resumed run continues the same MLflow run.
+
+Only the process that runs the training loop opens trackers (the Ray driver; learner and rollout actors never do).
+A tracker that fails to start, or to log, warns once on stderr and is dropped: a dashboard never stops a run.
+"""
+
+from __future__ import annotations
+
+import json
+import netrc
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow")
+"""``trainer.loggers`` values; ``jsonl`` is always on (listed or not)."""
+
+WANDB_MODES = ("", "online", "offline", "disabled")
+
+STATE_FILE = "trackers.json"
+"""``DIR/trackers.json``: the W&B run id and the MLflow run id of the run (a resume continues them)."""
+
+MLFLOW_PARAM_CHARS = 6000
+"""MLflow's longest param value (longer config values are cut, ending in ``...``)."""
+
+
+@dataclass
+class TrackingConfig:
+    """Where and as what the run is tracked (``trainer.tracking.*``; read only with ``wandb`` / ``mlflow`` in
+    ``trainer.loggers``)."""
+
+    project: str = "agent_rl"
+    """W&B project and MLflow experiment name."""
+    run_name: str = ""
+    """The run's name in both ("" = the run directory's name)."""
+    tags: list[str] = field(default_factory=list)
+    """Tags of the run (W&B tags; MLflow tags with an empty value); the env, algo and model names are added."""
+    wandb_mode: str = ""
+    """online | offline | disabled; "" = ``$WANDB_MODE``, else online with W&B credentials, else offline."""
+    mlflow_uri: str = ""
+    """MLflow tracking URI ("" = ``$MLFLOW_TRACKING_URI``, else the file store ``DIR/mlruns``)."""
+
+    def __post_init__(self) -> None:
+        if self.wandb_mode not in WANDB_MODES:
+            raise ValueError(f"trainer.tracking.wandb_mode={self.wandb_mode!r} is not valid; valid values: "
+                             "online, offline, disabled, '' (see docs/training.md, Trackers)")
+
+
+class Tracker(Protocol):
+    """One external tracker; every call may raise (:class:`Trackers` turns that into one warning)."""
+
+    name: str
+
+    def log(self, step: int, metrics: dict[str, float], kind: str) -> None:
+        """One metrics row (finite values only) of ``kind`` at ``step``."""
+
+    def checkpoint(self, step: int, path: Path) -> None:
+        """Checkpoint ``path`` of ``step`` was written."""
+
+    def files(self, paths: list[Path]) -> None:
+        """Files of the run to keep with it (config.yaml, curves.png, summary.md)."""
+
+    def close(self) -> None:
+        """Finish the run (its data flushed)."""
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and scalars are leaves)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def wandb_mode(setting: str) -> str:
+    """The W&B mode of the run (module docstring): the setting, ``$WANDB_MODE``, else online with credentials."""
+    if setting:
+        return setting
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        if netrc.netrc().authenticators("api.wandb.ai"):
+            return "online"
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return "offline"
+
+
+class WandbTracker:
+    """A W&B run in ``DIR/wandb`` (module docstring)."""
+
+    name = "wandb"
+
+    def __init__(self, out: Path, config: dict[str, Any], tracking: TrackingConfig, run_name: str, tags: list[str],
+                 run_id: str | None) -> None:
+        import wandb  # deferred: the optional tracker client
+
+        self.mode = wandb_mode(tracking.wandb_mode)
+        self.run = wandb.init(project=tracking.project, name=run_name, config=config, tags=tags, dir=str(out),
+                              mode=self.mode, id=run_id, resume="allow" if run_id else None,
+                              settings=wandb.Settings(silent=True, console="off"))
+        self.run_id = self.run.id
+        self.out = out
+
+    def log(self, step: int, metrics: dict[str, float], kind: str) -> None:
+        self.run.log(metrics, step=step)
+
+    def checkpoint(self, step: int, path: Path) -> None:
+        self.run.summary[f"checkpoint/step_{step}"] = str(path)
+
+    def files(self, paths: list[Path]) -> None:
+        for path in paths:  # copied into the run's files (a symlink would make wandb warn for each)
+            shutil.copyfile(path, Path(self.run.dir) / path.name)
+            self.run.save(str(Path(self.run.dir) / path.name), base_path=self.run.dir, policy="now")
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MLflowTracker:
+    """An MLflow run (module docstring), through ``MlflowClient`` (no global active run)."""
+
+    name = "mlflow"
+
+    def __init__(self, out: Path, config: dict[str, Any], tracking: TrackingConfig, run_name: str, tags: list[str],
+                 run_id: str | None) -> None:
+        uri = tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or (out / "mlruns").resolve().as_uri()
+        if uri.startswith("file:"):  # MLflow 3: the file store works behind this opt-in (maintenance mode)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.entities import Param, RunTag  # deferred: the optional tracker client
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=uri)
+        self.uri = uri
+        if run_id is None:
+            experiment = self.client.get_experiment_by_name(tracking.project)
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(tracking.project)
+            run = self.client.create_run(experiment_id, run_name=run_name, tags={t: "" for t in tags})
+            run_id = run.info.run_id
+            params = [Param(k, self._param(v)) for k, v in flatten(config).items()]
+            for i in range(0, len(params), 100):  # log_batch takes at most 100 params per call
+                self.client.log_batch(run_id, params=params[i:i + 100])
+            self.client.log_dict(run_id, config, "config.json")
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+        self._tag = RunTag
+
+    @staticmethod
+    def _param(value: Any) -> str:
+        text = json.dumps(value) if not isinstance(value, str) else value
+        return text if len(text) <= MLFLOW_PARAM_CHARS else text[:MLFLOW_PARAM_CHARS - 3] + "..."
+
+    def log(self, step: int, metrics: dict[str, float], kind: str) -> None:
+        from mlflow.entities import Metric  # deferred: the optional tracker client
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, v, now, step) for k, v in metrics.items()]
+        for i in range(0, len(batch), 1000):  # log_batch takes at most 1000 metrics per call
+            self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
+
+    def checkpoint(self, step: int, path: Path) -> None:
+        self.client.set_tag(self.run_id, f"checkpoint/step_{step}", str(path))
+
+    def files(self, paths: list[Path]) -> None:
+        for path in paths:
+            self.client.log_artifact(self.run_id, str(path))
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+TRACKER_TYPES: dict[str, type] = {"wandb": WandbTracker, "mlflow": MLflowTracker}
+
+
+class Trackers:
+    """The run's external trackers (``trainer.loggers`` minus jsonl and tensorboard), started by :meth:`open`; every
+    call goes to each, and a tracker that raises warns once and is dropped (the run goes on)."""
+
+    def __init__(self, trackers: list[Any] | None = None) -> None:
+        self.trackers = list(trackers or [])
+
+    @classmethod
+    def open(cls, loggers: list[str], out: Path, config: dict[str, Any], tracking: TrackingConfig, *,
+             resume: bool, tags: list[str] = ()) -> "Trackers":
+        """Start each tracker of ``loggers`` for run directory ``out`` (``resume``: continue the runs named in
+        ``DIR/trackers.json``); one that fails to start warns and is left out."""
+        state_path = out / STATE_FILE
+        try:
+            state = json.loads(state_path.read_text()) if resume and state_path.is_file() else {}
+        except (OSError, ValueError):
+            state = {}
+        run_name = tracking.run_name or out.name
+        all_tags = list(dict.fromkeys([*tracking.tags, *tags]))
+        started = []
+        for name in loggers:
+            if name not in TRACKER_TYPES:
+                continue
+            try:
+                started.append(TRACKER_TYPES[name](out, config, tracking, run_name, all_tags, state.get(name)))
+            except Exception as exc:  # noqa: BLE001 (any client error: a dashboard never stops a run)
+                _warn(name, "could not start", exc)
+        if started:
+            state.update({t.name: t.run_id for t in started})
+            state_path.write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+            for t in started:
+                where = f"mode {t.mode}, {out / 'wandb'}" if t.name == "wandb" else t.uri
+                print(f"trackers: {t.name} run {t.run_id} ({where})", file=sys.stderr)
+        return cls(started)
+
+    def _each(self, call: str, *args: Any) -> None:
+        for tracker in list(self.trackers):
+            try:
+                getattr(tracker, call)(*args)
+            except Exception as exc:  # noqa: BLE001 (as in open)
+                _warn(tracker.name, f"failed in {call}; it is off for the rest of the run", exc)
+                self.trackers.remove(tracker)
+
+    def log(self, step: int, row: dict[str, Any]) -> None:
+        """One ``metrics.jsonl`` row: its numeric values at ``step`` (``step``, ``kind``, ``phase`` and nulls left
+        out; the row kind is passed along)."""
+        metrics = {k: float(v) for k, v in row.items() if k not in ("step", "kind", "phase")
+                   and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self._each("log", step, metrics, str(row.get("kind", "train")))
+
+    def checkpoint(self, step: int, path: Path) -> None:
+        self._each("checkpoint", step, path)
+
+    def finish(self, paths: list[Path]) -> None:
+        """Keep the run's files that exist (``config.yaml``, ``curves.png``, ``summary.md``) and close every run."""
+        self._each("files", [p for p in paths if p.is_file()])
+        self.close()
+
+    def close(self) -> None:
+        self._each("close")
+        self.trackers = []
+
+
+def _warn(name: str, what: str, exc: BaseException) -> None:
+    print(f"warning: tracker {name} {what}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]} "
+          "(the run goes on; metrics.jsonl has every row)", file=sys.stderr)

@@ -1,0 +1,148 @@
+"""agent_rl.trackers: W&B (offline) and MLflow (file store) through their real clients, read back; a tracker that
+fails warns once and the run goes on; trainer.tensorboard is refused with the key that replaced it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent_rl.compose import load_config
+from agent_rl.config import ConfigError
+from agent_rl.trackers import Trackers, TrackingConfig
+
+wandb = pytest.importorskip("wandb")
+pytest.importorskip("mlflow")
+
+
+def wandb_records(run_dir: Path) -> list:
+    """The records of the offline run in ``run_dir/wandb`` (its ``run-*.wandb`` file: the LevelDB log format of
+    wandb's transaction log, 32 KiB blocks of [crc32 4][length 2][type 1] chunks after a 7-byte header), parsed with
+    wandb's own protobuf ``Record`` (wandb 0.31 ships no Python reader of the file)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    path, = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, chunks, buf = 7, [], b""
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        if left < 7:  # the block's tail is padding
+            pos += left
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 1:  # FULL
+            chunks.append(chunk)
+        elif kind == 2:  # FIRST
+            buf = chunk
+        elif kind == 3:  # MIDDLE
+            buf += chunk
+        elif kind == 4:  # LAST
+            chunks.append(buf + chunk)
+        elif kind == 0 and length == 0:  # zero padding to the block's end
+            pos += left - 7
+    return [pb.Record.FromString(c) for c in chunks]
+
+
+def wandb_history(run_dir: Path) -> dict[int, dict[str, float]]:
+    """``{step: {metric: value}}`` of the offline run (the ``history`` records)."""
+    import json
+
+    out: dict[int, dict[str, float]] = {}
+    for rec in wandb_records(run_dir):
+        if rec.WhichOneof("record_type") == "history":
+            row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+            out[int(row["_step"])] = {k: v for k, v in row.items() if not k.startswith("_")}
+    return out
+
+
+def mlflow_run(run_dir: Path, run_id: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())
+    return client, client.get_run(run_id)
+
+
+def test_both_trackers_log_rows_config_checkpoints_and_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    config = {"env": {"name": "math", "kwargs": {}}, "trainer": {"loggers": ["jsonl", "wandb", "mlflow"]}}
+    trackers = Trackers.open(["jsonl", "wandb", "mlflow"], tmp_path, config, TrackingConfig(tags=["mine"]),
+                             resume=False, tags=["math", "grpo"])
+    assert [t.name for t in trackers.trackers] == ["wandb", "mlflow"]
+    trackers.log(0, {"step": 0, "kind": "eval", "eval/math/success": 0.25})
+    trackers.log(1, {"step": 1, "kind": "train", "phase": "rl", "reward/mean": 0.5, "actor/grad_norm": None})
+    trackers.log(2, {"step": 2, "kind": "train", "reward/mean": 0.75})
+    trackers.checkpoint(2, tmp_path / "checkpoints" / "step_2")
+    (tmp_path / "summary.md").write_text("# run\n")
+    trackers.finish([tmp_path / "summary.md", tmp_path / "curves.png"])  # curves.png absent: left out
+    assert "trackers: wandb run" in capsys.readouterr().err
+
+    history = wandb_history(tmp_path)
+    assert history == {0: {"eval/math/success": 0.25}, 1: {"reward/mean": 0.5}, 2: {"reward/mean": 0.75}}
+    records = wandb_records(tmp_path)
+    run, = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.display_name == tmp_path.name and list(run.tags) == ["mine", "math", "grpo"]
+    config_keys = {i.key for i in run.config.update}
+    assert {"env", "trainer"} <= config_keys
+    summary = {i.key: i.value_json for r in records if r.WhichOneof("record_type") == "summary"
+               for i in r.summary.update}
+    assert summary["checkpoint/step_2"] == f'"{tmp_path / "checkpoints" / "step_2"}"'
+    files = {f.path for r in records if r.WhichOneof("record_type") == "files" for f in r.files.files}
+    assert "summary.md" in files
+
+    state = __import__("json").loads((tmp_path / "trackers.json").read_text())
+    client, run = mlflow_run(tmp_path, state["mlflow"])
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward/mean")] == [(1, 0.5),
+                                                                                                      (2, 0.75)]
+    assert run.data.params["env.name"] == "math" and run.data.params["trainer.loggers"] == '["jsonl", "wandb", "mlflow"]'
+    assert run.data.tags["checkpoint/step_2"] == str(tmp_path / "checkpoints" / "step_2")
+    assert {"mine", "math", "grpo"} <= set(run.data.tags) and run.info.status == "FINISHED"
+    assert run.info.run_name == tmp_path.name
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.json", "summary.md"}
+
+    # a resumed run continues both runs (ids from DIR/trackers.json)
+    again = Trackers.open(["wandb", "mlflow"], tmp_path, config, TrackingConfig(), resume=True)
+    assert [t.run_id for t in again.trackers] == [state["wandb"], state["mlflow"]]
+    again.log(3, {"step": 3, "kind": "train", "reward/mean": 1.0})
+    again.close()
+    assert [m.step for m in client.get_metric_history(state["mlflow"], "reward/mean")] == [1, 2, 3]
+
+
+class _Broken:
+    name = "broken"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def log(self, step, metrics, kind):
+        self.calls += 1
+        raise RuntimeError("dashboard down")
+
+    def close(self):
+        pass
+
+
+def test_a_failing_tracker_warns_once_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    # start failure: an MLflow URI whose scheme no store serves
+    trackers = Trackers.open(["mlflow"], tmp_path, {}, TrackingConfig(mlflow_uri="nosuchscheme://x"), resume=False)
+    assert trackers.trackers == []
+    err = capsys.readouterr().err
+    assert err.count("warning: tracker mlflow could not start") == 1 and "the run goes on" in err
+    # a failure while logging: warned once, then the tracker is off
+    broken = _Broken()
+    trackers = Trackers([broken])
+    for step in range(3):
+        trackers.log(step, {"reward/mean": 1.0})
+    trackers.close()
+    assert broken.calls == 1 and capsys.readouterr().err.count("warning: tracker broken failed in log") == 1
+
+
+def test_trainer_tensorboard_is_refused_with_its_replacement():
+    with pytest.raises(ConfigError, match=r"'trainer.tensorboard' was replaced: .*trainer.loggers=\[jsonl\]"):
+        load_config(["model=tiny", "env=choose_item", "trainer.tensorboard=false"], check=False)
+    with pytest.raises(ConfigError, match="unknown \\['neptune'\\]; valid values: jsonl, tensorboard, wandb, mlflow"):
+        load_config(["model=tiny", "env=choose_item", "trainer.loggers=[jsonl,neptune]"], check=False)
+    with pytest.raises(ConfigError, match="wandb_mode"):
+        load_config(["model=tiny", "env=choose_item", "trainer.tracking.wandb_mode=cloud"], check=False)
