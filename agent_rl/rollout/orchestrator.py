@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -45,12 +46,14 @@ from agent_rl.aio import gather_all
 from agent_rl.algos import dapo_keep_groups
 from agent_rl.engines.base import row_seed
 from agent_rl.rollout.config import RolloutConfig
+from agent_rl.rollout.fork import (FORK_COUNTS, ReplayMismatch, base_count, check_replayed_prompt, check_replayed_step,
+                                   fork_turns, sibling_slot)
 from agent_rl.rollout.parsing import parse_action
 from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, render_followup
 from agent_rl.rollout.prompts.tools import ToolPrompt
 from agent_rl.rollout.tools import (TemplateTools, decode_for_parsing, get_tool_call_format, prompt_opens_reasoning,
                                     reasoning_markers, reasoning_open, strip_reasoning, tool_messages)
-from agent_rl.types import Episode, Generation, Task, Turn
+from agent_rl.types import Episode, ForkOrigin, Generation, Task, Turn
 
 T = TypeVar("T")
 _EPISODE_IDS = itertools.count()  # episode attempt ids, unique in the process (engines key caches by them)
@@ -283,6 +286,10 @@ class RolloutOrchestrator:
         self._prefetched: dict[tuple[int, int], asyncio.Future] = {}  # (group_id, slot) -> reset in flight
         self._prefetched_tasks: list[Task] = []
         self._runs = 0
+        self.fork = cfg.fork if policy is None else type(cfg.fork)()  # forks of scripted policies: none
+        self.fork_refused: dict[str, str] = {}
+        """env id -> why forking is refused for it (the first replay mismatch, ``rollout/fork.py``)."""
+        self._fork_counts = dict.fromkeys(FORK_COUNTS, 0.0)
         self.policy_version = 0
         """The version of the engine's weights (algorithms.md section 7): set by the backend at each weight sync; a
         turn records it when its generation is requested, unless the engine stamps its own
@@ -444,16 +451,23 @@ class RolloutOrchestrator:
         return Generation(token_ids=ids, logprobs=logprobs, text=text, finish_reason=finish,
                           cached_tokens=first.cached_tokens, policy_version=first.policy_version), opened
 
-    async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
-        """One attempt at an episode; raises :class:`EnvCallFailed` on env failure."""
+    async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0,
+                    replay: tuple[Episode, int, int] | None = None) -> Episode:
+        """One attempt at an episode; raises :class:`EnvCallFailed` on env failure. ``replay=(base, base slot, t)``:
+        a forked sibling (``rollout.fork``): turns 0..t-1 replay the base's actions on this fresh session, each
+        checked equal to the base's (:class:`agent_rl.rollout.fork.ReplayMismatch` otherwise), and are copies of the
+        base's turns; sampling starts at turn t."""
         cfg = self.cfg
-        early = self._prefetched.pop((task.group_id, slot), None)
+        base, fork_at = (replay[0], replay[2]) if replay is not None else (None, 0)
+        t_replay = time.perf_counter()
+        early = self._prefetched.pop((task.group_id, slot), None) if replay is None else None
         reset = await early if early is not None else await self._reset(task)
         sid = reset.session_id
         episode_id = f"ep{next(_EPISODE_IDS)}"  # the engine's key for this attempt's kept keys/values
         try:
             obs, info = reset.observation, dict(reset.info or {})
-            ep = Episode(task=task, temperature=temperature, is_high=is_high, task_type=info.get(self.task_type_key))
+            ep = Episode(task=task, temperature=temperature, is_high=is_high, task_type=info.get(self.task_type_key),
+                         fork=ForkOrigin(replay[1], fork_at) if replay is not None else None)
             task_text = self.prompt.task_text(obs, info)
             tools = info.get("tools")
             if self.tool_format is not None and tools is None:
@@ -473,6 +487,18 @@ class RolloutOrchestrator:
                     if not ep.turns:
                         ep.failure = f"prompt_too_long ({len(prompt_ids)} > {cfg.max_prompt_tokens} tokens)"
                     break  # the episode ends here: recorded as truncated (its last turn is not terminated)
+                if base is not None and k < fork_at:  # a replayed turn: the base's, checked
+                    check_replayed_prompt(k, prompt_ids, base.turns[k])
+                    old = base.turns[k]
+                    step = await self._env(lambda: self.pool.step(sid, old.action))
+                    check_replayed_step(k, step.observation, step.reward, step.terminated, step.truncated, old)
+                    ep.turns.append(dataclasses.replace(old, info=dict(step.info or {})))
+                    history.append((obs, old.action))
+                    obs, info = step.observation, dict(step.info or {})
+                    if k == fork_at - 1:
+                        self._fork_counts["fork/replay_s"] += time.perf_counter() - t_replay
+                        self._fork_counts["fork/replayed_turns"] += fork_at
+                    continue
                 gen, action, well_formed = await self._respond(ctx, task, slot, prompt_ids, temperature, is_high,
                                                                episode_id)
                 step = await self._env(lambda: self.pool.step(sid, action))
@@ -503,8 +529,10 @@ class RolloutOrchestrator:
             except Exception:  # noqa: BLE001 (closing is best effort; the server's TTL reaps leftovers)
                 pass
 
-    async def _episode(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
-        """An episode with re-runs from the same task; a final failure is returned as ``Episode.failure``."""
+    async def _episode(self, task: Task, temperature: float, is_high: bool, slot: int = 0,
+                       replay: tuple[Episode, int, int] | None = None) -> Episode:
+        """An episode with re-runs from the same task; a final failure is returned as ``Episode.failure``
+        (``replay``: a forked sibling, :meth:`_play`; its :class:`ReplayMismatch` is raised, never re-run)."""
         reason = ""
         ep: Episode | None = None
         for attempt in range(self.cfg.episode_retries + 1):
@@ -512,7 +540,7 @@ class RolloutOrchestrator:
                 self._retries += 1
                 await asyncio.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
             try:
-                ep = await self._play(task, temperature, is_high, slot)
+                ep = await self._play(task, temperature, is_high, slot, replay)
                 break
             except EnvCallFailed as exc:
                 reason = str(exc)
@@ -523,6 +551,44 @@ class RolloutOrchestrator:
         return ep
 
     # ------------------------------------------------------------------ groups
+    async def _group(self, spec: GroupSpec, one: Callable[..., Awaitable[Episode]]) -> list[Episode]:
+        """One group's episodes: its base episodes (every slot, or the first ``base_count`` with
+        ``rollout.fork.budget=episodes``) concurrently, then, with ``rollout.fork`` on, the forked siblings of each
+        (:mod:`agent_rl.rollout.fork`) concurrently, in (base, fork point, sibling) order after the bases. ``one(task,
+        temperature, is_high, slot, replay)`` plays one episode. A sibling whose replay mismatched is discarded and
+        forking refused for the env id (``fork_refused``, ``fork/replay_mismatch``); a sibling that failed is
+        discarded (``fork/failed_siblings``): neither drops the group. Forks only start once every base finished
+        without failure (a failed group is dropped whole anyway)."""
+        g_size = len(spec.temperatures)
+        n_base = base_count(self.fork, g_size)
+        bases = list(await gather_all(*(one(spec.task, t, h, slot) for slot, (t, h)
+                                        in enumerate(spec.temperatures[:n_base]))))
+        env_id = spec.task.env_id
+        if not self.fork.enabled or any(ep.failure is not None for ep in bases) or env_id in self.fork_refused:
+            return bases
+        seed = self._batcher.seed if self._batcher is not None and self._batcher.seed is not None else 0
+        points = fork_turns(self.fork, bases, seed=seed, group_id=spec.task.group_id)
+        jobs = [(b, t, sibling_slot(g_size, b, p, j, self.fork)) for b, turns in enumerate(points)
+                for p, t in enumerate(turns) for j in range(self.fork.siblings)]
+        if self.fork.budget == "episodes":
+            jobs = jobs[:max(0, g_size - n_base)]
+
+        async def sibling(b: int, t: int, slot: int) -> Episode | None:
+            base = bases[b]
+            try:
+                return await one(spec.task, base.temperature, base.is_high, slot, (base, b, t))
+            except ReplayMismatch as exc:
+                self._fork_counts["fork/replay_mismatch"] += 1
+                self.fork_refused.setdefault(env_id, str(exc))
+                return None
+
+        played = await gather_all(*(sibling(*job) for job in jobs))
+        kept = [ep for ep in played if ep is not None and ep.failure is None]
+        self._fork_counts["fork/failed_siblings"] += sum(ep is not None and ep.failure is not None for ep in played)
+        self._fork_counts["fork/extra_episodes"] += len(kept)
+        self._fork_counts["fork/groups"] += float(bool(kept))
+        return bases + kept
+
     async def run_groups(self, groups: Sequence[GroupSpec], *, seed_key: int | None = None) -> RolloutResult:
         """Play every episode of ``groups`` concurrently; drop groups with a failed episode.
 
@@ -548,17 +614,18 @@ class RolloutOrchestrator:
         server = asyncio.create_task(batcher.run())
         sem = asyncio.Semaphore(self.cfg.max_concurrent_episodes) if self.cfg.max_concurrent_episodes > 0 else None
 
-        async def one(task: Task, temp: float, high: bool, slot: int) -> Episode:
+        async def one(task: Task, temp: float, high: bool, slot: int,
+                      replay: tuple[Episode, int, int] | None = None) -> Episode:
             async with sem if sem is not None else contextlib.nullcontext():
                 batcher.episode_started()
                 try:
-                    return await self._episode(task, temp, high, slot)
+                    return await self._episode(task, temp, high, slot, replay)
                 finally:
                     batcher.episode_finished()
 
+        self._fork_counts = dict.fromkeys(FORK_COUNTS, 0.0)
         try:  # structured: cancelled or failed, every episode is cancelled and has finished before this returns
-            flat = await gather_all(*(one(g.task, temp, high, slot) for g in groups
-                                      for slot, (temp, high) in enumerate(g.temperatures)))
+            results = await gather_all(*(self._group(g, one) for g in groups))
         except BaseException:
             server.cancel()  # no episode is left to wait for a generation
             raise
@@ -567,9 +634,6 @@ class RolloutOrchestrator:
             with contextlib.suppress(asyncio.CancelledError):
                 await server
             self._batcher = None
-        sizes = [len(g.temperatures) for g in groups]
-        starts = np.cumsum([0, *sizes]).tolist()
-        results = [flat[a:a + n] for a, n in zip(starts, sizes)]
         kept: list[Episode] = []
         dropped = 0
         failures: list[str] = []
@@ -595,6 +659,8 @@ class RolloutOrchestrator:
             "throughput/decode_tokens": float(batcher.generated_tokens),
             "throughput/kv_reuse_tokens": float(batcher.kv_reuse_tokens),
         })
+        if self.fork.enabled:
+            metrics.update(self._fork_counts)
         self.last_batcher = batcher  # generation statistics of the last run (benchmarks)
         return RolloutResult(episodes=kept, metrics=metrics, dropped_groups=dropped, failures=failures)
 
@@ -610,6 +676,7 @@ class RolloutOrchestrator:
         if kwargs["seed"] is not None:
             kwargs["seed"] = int(np.random.default_rng([int(kwargs["seed"]), int(seed_key)]).integers(2**31))
         self._env_s, self._retries, self._failed_episodes = 0.0, 0, 0
+        self._fork_counts = dict.fromkeys(FORK_COUNTS, 0.0)
         self._batcher = GenerationBatcher(self.engine, **kwargs)
         self._stream_server = asyncio.create_task(self._batcher.run())
         n = self.cfg.max_concurrent_episodes
@@ -624,15 +691,16 @@ class RolloutOrchestrator:
             raise RuntimeError("play_group needs open_stream() first")
         sem = self._stream_sem
 
-        async def one(temp: float, high: bool, slot: int) -> Episode:
+        async def one(task: Task, temp: float, high: bool, slot: int,
+                      replay: tuple[Episode, int, int] | None = None) -> Episode:
             async with sem if sem is not None else contextlib.nullcontext():
                 batcher.episode_started()
                 try:
-                    return await self._episode(spec.task, temp, high, slot)
+                    return await self._episode(task, temp, high, slot, replay)
                 finally:
                     batcher.episode_finished()
 
-        eps = await gather_all(*(one(t, h, slot) for slot, (t, h) in enumerate(spec.temperatures)))
+        eps = await self._group(spec, one)
         self._failed_episodes += sum(ep.failure is not None for ep in eps)
         return eps
 
@@ -646,7 +714,7 @@ class RolloutOrchestrator:
                 "prefill_tokens": float(b.prefill_tokens) if b is not None else 0.0,
                 "kv_reuse_tokens": float(b.kv_reuse_tokens) if b is not None else 0.0,
                 "episode_retries": float(self._retries), "failed_episodes": float(getattr(self, "_failed_episodes", 0)),
-                "env_calls_s": self._env_s}
+                "env_calls_s": self._env_s, **(self._fork_counts if self.fork.enabled else {})}
 
     async def close_stream(self) -> None:
         """Stop the stream's batcher (episodes still waiting for generation get no answer: cancel them first)."""
@@ -704,12 +772,11 @@ async def collect_groups(play: Callable[[list[Task], int], Awaitable[RolloutResu
         wall += res.metrics["time/rollout_s"]
         env_wait += res.metrics["time/env_wait_frac"] * res.metrics["time/rollout_s"]
         tokens += res.metrics["throughput/tokens_per_s"] * res.metrics["time/rollout_s"]
-        counts = sum_counters([counts, res.metrics], TOKEN_COUNTS)
+        counts = sum_counters([counts, res.metrics], TOKEN_COUNTS + present(FORK_COUNTS, [res.metrics]))
         generate += res.metrics["time/generate_s"]
         retries += res.metrics["rollout/episode_retries"]
         failed += res.metrics["rollout/failed_episodes"]
-        for i in range(0, len(res.episodes), group_size):
-            group = res.episodes[i:i + group_size]
+        for group in split_groups(res.episodes):
             if filter_groups and all_equal([ep.reward for ep in group]):
                 total.filtered_groups += 1
             else:
@@ -765,8 +832,26 @@ def merge_parallel_results(results: Sequence[RolloutResult], *, wall_s: float) -
         "time/env_calls_s": sum(m.get("time/env_calls_s", 0.0) for m in parts),
         "throughput/tokens_per_s": sum(m.get("throughput/tokens_per_s", 0.0) * b for m, b in zip(parts, busy)) /
         max(wall_s, 1e-9),
-        **sum_counters(parts, TOKEN_COUNTS),
+        **sum_counters(parts, TOKEN_COUNTS + present(FORK_COUNTS, parts)),
     })
+    return out
+
+
+def present(keys: Sequence[str], parts: Sequence[Mapping[str, float]]) -> tuple[str, ...]:
+    """The ``keys`` some part has (forking's counters exist only in runs with ``rollout.fork`` on)."""
+    return tuple(k for k in keys if any(k in part for part in parts))
+
+
+def split_groups(episodes: Sequence[Episode]) -> list[list[Episode]]:
+    """A result's episodes cut into its groups: runs of consecutive episodes sharing ``task.group_id`` (the
+    orchestrator's order). Groups need not have G episodes: a forked group (``rollout.fork``) also holds its
+    siblings."""
+    out: list[list[Episode]] = []
+    for ep in episodes:
+        if out and out[-1][0].task.group_id == ep.task.group_id:
+            out[-1].append(ep)
+        else:
+            out.append([ep])
     return out
 
 
