@@ -452,11 +452,14 @@ class RolloutOrchestrator:
                           cached_tokens=first.cached_tokens, policy_version=first.policy_version), opened
 
     async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0,
-                    replay: tuple[Episode, int, int] | None = None) -> Episode:
+                    replay: tuple[Episode, int, int, str | None] | None = None,
+                    keep_cache: list[str] | None = None) -> Episode:
         """One attempt at an episode; raises :class:`EnvCallFailed` on env failure. ``replay=(base, base slot, t)``:
         a forked sibling (``rollout.fork``): turns 0..t-1 replay the base's actions on this fresh session, each
         checked equal to the base's (:class:`agent_rl.rollout.fork.ReplayMismatch` otherwise), and are copies of the
-        base's turns; sampling starts at turn t."""
+        base's turns; sampling starts at turn t; ``base cache id``: the base's kept engine cache, which the sibling's
+        starts from (``engine.fork_episode``: the shared prefix is prefilled once). ``keep_cache``: a finished
+        episode's engine cache is kept, its id appended there (the caller ends it), instead of dropped."""
         cfg = self.cfg
         base, fork_at = (replay[0], replay[2]) if replay is not None else (None, 0)
         t_replay = time.perf_counter()
@@ -464,6 +467,10 @@ class RolloutOrchestrator:
         reset = await early if early is not None else await self._reset(task)
         sid = reset.session_id
         episode_id = f"ep{next(_EPISODE_IDS)}"  # the engine's key for this attempt's kept keys/values
+        fork_cache = getattr(self.engine, "fork_episode", None)
+        if replay is not None and replay[3] is not None and fork_cache is not None:
+            fork_cache(replay[3], episode_id)
+        kept = False
         try:
             obs, info = reset.observation, dict(reset.info or {})
             ep = Episode(task=task, temperature=temperature, is_high=is_high, task_type=info.get(self.task_type_key),
@@ -519,10 +526,13 @@ class RolloutOrchestrator:
             env_reward = sum(t.reward for t in ep.turns)
             ep.reward = env_reward  # an invalid-action penalty is already in it (envs.wrappers, rollout.invalid_penalty)
             ep.won = bool(info.get("won", env_reward > 0)) if ep.turns else False
+            if keep_cache is not None and ep.failure is None:
+                keep_cache.append(episode_id)
+                kept = True
             return ep
         finally:
             end_episode = getattr(self.engine, "end_episode", None)
-            if end_episode is not None:  # the engine drops what it kept for the episode (hf: engine.kv_reuse)
+            if end_episode is not None and not kept:  # the engine drops what it kept (hf: engine.kv_reuse)
                 end_episode(episode_id)
             try:
                 await asyncio.wait_for(self.pool.close(sid), 30.0)
@@ -530,7 +540,8 @@ class RolloutOrchestrator:
                 pass
 
     async def _episode(self, task: Task, temperature: float, is_high: bool, slot: int = 0,
-                       replay: tuple[Episode, int, int] | None = None) -> Episode:
+                       replay: tuple[Episode, int, int, str | None] | None = None,
+                       keep_cache: list[str] | None = None) -> Episode:
         """An episode with re-runs from the same task; a final failure is returned as ``Episode.failure``
         (``replay``: a forked sibling, :meth:`_play`; its :class:`ReplayMismatch` is raised, never re-run)."""
         reason = ""
@@ -540,7 +551,7 @@ class RolloutOrchestrator:
                 self._retries += 1
                 await asyncio.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
             try:
-                ep = await self._play(task, temperature, is_high, slot, replay)
+                ep = await self._play(task, temperature, is_high, slot, replay, keep_cache)
                 break
             except EnvCallFailed as exc:
                 reason = str(exc)
@@ -561,11 +572,26 @@ class RolloutOrchestrator:
         without failure (a failed group is dropped whole anyway)."""
         g_size = len(spec.temperatures)
         n_base = base_count(self.fork, g_size)
-        bases = list(await gather_all(*(one(spec.task, t, h, slot) for slot, (t, h)
-                                        in enumerate(spec.temperatures[:n_base]))))
         env_id = spec.task.env_id
-        if not self.fork.enabled or any(ep.failure is not None for ep in bases) or env_id in self.fork_refused:
-            return bases
+        caches: list[list[str]] = [[] for _ in range(n_base)]  # each base's kept engine cache (its siblings' prefix)
+        share = self.fork.enabled and env_id not in self.fork_refused and hasattr(self.engine, "fork_episode")
+        try:
+            bases = list(await gather_all(*(one(spec.task, t, h, slot, None, caches[slot] if share else None)
+                                            for slot, (t, h) in enumerate(spec.temperatures[:n_base]))))
+            if not self.fork.enabled or any(ep.failure is not None for ep in bases) or env_id in self.fork_refused:
+                return bases
+            return bases + await self._siblings(spec, bases, [c[0] if c else None for c in caches], one)
+        finally:
+            end_episode = getattr(self.engine, "end_episode", None)
+            for eid in (e for c in caches for e in c):
+                if end_episode is not None:
+                    end_episode(eid)
+
+    async def _siblings(self, spec: GroupSpec, bases: list[Episode], caches: list[str | None],
+                        one: Callable[..., Awaitable[Episode]]) -> list[Episode]:
+        """The forked siblings of a group's finished ``bases`` (:meth:`_group`); ``caches``: each base's kept engine
+        cache id (None: none)."""
+        g_size, n_base, env_id = len(spec.temperatures), len(bases), spec.task.env_id
         seed = self._batcher.seed if self._batcher is not None and self._batcher.seed is not None else 0
         points = fork_turns(self.fork, bases, seed=seed, group_id=spec.task.group_id)
         jobs = [(b, t, sibling_slot(g_size, b, p, j, self.fork)) for b, turns in enumerate(points)
@@ -576,7 +602,7 @@ class RolloutOrchestrator:
         async def sibling(b: int, t: int, slot: int) -> Episode | None:
             base = bases[b]
             try:
-                return await one(spec.task, base.temperature, base.is_high, slot, (base, b, t))
+                return await one(spec.task, base.temperature, base.is_high, slot, (base, b, t, caches[b]))
             except ReplayMismatch as exc:
                 self._fork_counts["fork/replay_mismatch"] += 1
                 self.fork_refused.setdefault(env_id, str(exc))
@@ -587,7 +613,7 @@ class RolloutOrchestrator:
         self._fork_counts["fork/failed_siblings"] += sum(ep is not None and ep.failure is not None for ep in played)
         self._fork_counts["fork/extra_episodes"] += len(kept)
         self._fork_counts["fork/groups"] += float(bool(kept))
-        return bases + kept
+        return kept
 
     async def run_groups(self, groups: Sequence[GroupSpec], *, seed_key: int | None = None) -> RolloutResult:
         """Play every episode of ``groups`` concurrently; drop groups with a failed episode.
@@ -615,11 +641,12 @@ class RolloutOrchestrator:
         sem = asyncio.Semaphore(self.cfg.max_concurrent_episodes) if self.cfg.max_concurrent_episodes > 0 else None
 
         async def one(task: Task, temp: float, high: bool, slot: int,
-                      replay: tuple[Episode, int, int] | None = None) -> Episode:
+                      replay: tuple[Episode, int, int, str | None] | None = None,
+                      keep_cache: list[str] | None = None) -> Episode:
             async with sem if sem is not None else contextlib.nullcontext():
                 batcher.episode_started()
                 try:
-                    return await self._episode(task, temp, high, slot, replay)
+                    return await self._episode(task, temp, high, slot, replay, keep_cache)
                 finally:
                     batcher.episode_finished()
 
@@ -692,11 +719,12 @@ class RolloutOrchestrator:
         sem = self._stream_sem
 
         async def one(task: Task, temp: float, high: bool, slot: int,
-                      replay: tuple[Episode, int, int] | None = None) -> Episode:
+                      replay: tuple[Episode, int, int, str | None] | None = None,
+                      keep_cache: list[str] | None = None) -> Episode:
             async with sem if sem is not None else contextlib.nullcontext():
                 batcher.episode_started()
                 try:
-                    return await self._episode(task, temp, high, slot, replay)
+                    return await self._episode(task, temp, high, slot, replay, keep_cache)
                 finally:
                     batcher.episode_finished()
 

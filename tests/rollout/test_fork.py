@@ -169,3 +169,44 @@ def test_fork_turn_selection():
     assert fork_turns(ForkConfig(points=1), [one_turn], seed=0, group_id=0) == [[]]
     with pytest.raises(ValueError, match="js is not built"):
         ForkConfig(select="js")
+
+
+class NoFork:
+    """The hf engine without ``fork_episode``: siblings prefill their replayed prefix themselves."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name):
+        if name == "fork_episode":
+            raise AttributeError(name)
+        return getattr(self._engine, name)
+
+
+def test_siblings_prefill_the_shared_prefix_once_with_the_hf_engine(games):
+    """Trajectory mode, the tiny model in float64 (exact ties): with ``fork_episode`` each sibling's first sampled
+    prompt reuses all of it but its last token from the base's cache (``throughput/kv_reuse_tokens`` higher by
+    exactly that sum), and the episodes are the same as without the reuse."""
+    import copy
+
+    from agent_rl.engines import HFEngine
+    from agent_rl.learner.config import ModelConfig
+    from agent_rl.models import load_policy
+
+    model, tok = load_policy(ModelConfig(name="tiny"))
+    model = copy.deepcopy(model).double()
+    out = []
+    for wrap in (lambda e: e, NoFork):
+        engine = wrap(HFEngine(model, tok, seed=0))
+        cfg = RolloutConfig(mode="trajectory", max_turns=3, fork=ForkConfig(points=1, siblings=2))
+        orch = RolloutOrchestrator(SimplePool(), engine, get_prompt("textworld"), cfg, max_new_tokens=6, seed=3)
+        spec = GroupSpec(Task(ENV, {"split": "train", "index": 0}, group_id=0, seed=7, env_kwargs=KW), [(1.0, False)] * 2)
+        out.append(asyncio.run(orch.run_groups([spec], seed_key=1)))
+    shared, alone = out
+    sibs = [ep for ep in shared.episodes if ep.fork is not None]
+    assert sibs and [[t.response_ids for t in ep.turns] for ep in shared.episodes] == \
+        [[t.response_ids for t in ep.turns] for ep in alone.episodes]
+    prefix = sum(len(ep.turns[ep.fork.turn].prompt_ids) - 1 for ep in sibs)
+    gain = shared.metrics["throughput/kv_reuse_tokens"] - alone.metrics["throughput/kv_reuse_tokens"]
+    assert gain == prefix
+    assert shared.metrics["throughput/prefill_tokens"] == alone.metrics["throughput/prefill_tokens"] - prefix
