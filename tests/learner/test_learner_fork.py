@@ -84,3 +84,28 @@ def test_records_name_the_base_and_fork_turn(tiny):
     recs = episode_records(example_episodes(), step=3, tokenizer=tok)
     assert [r.get("fork") for r in recs] == [None, None, {"base": "3-1", "base_slot": 1, "turn": 1},
                                              {"base": "3-1", "base_slot": 1, "turn": 1}]
+
+
+def test_composes_with_tgrl_js_weights_and_tp_schedule(tiny):
+    """algo=tgrl (after warm-up) on the example with every episode at T1: stage 2's JS weights (positive, per
+    token) keep each token's sign of the hand example, the replayed prefix stays 0 and out of the loss mask; with
+    credit=tp under a schedule the mask only shrinks."""
+    model, tok = tiny
+    eps = example_episodes()
+    for ep in eps:
+        ep.is_high = True
+    batch = build_rollout_batch(eps, pad_token_id=tok.pad_token_id, mode="trajectory")
+    for credit, schedule in (("js", "none"), ("tp", "linear")):
+        learner = Learner(model, tok, AlgoConfig(name="tgrl", warmup_steps=0), OptimConfig(lr=1e-3),
+                          credit=CreditConfig(name=credit), schedule=ScheduleConfig(kind=schedule))
+        out = learner.advantages(batch, learner.evaluate(batch), step=2, total_steps=4)
+        want = {0: [1, 1], 1: [-1, -1, -1], 2: [0, 1, 1], 3: [0, 1, 1]}
+        for e, ep in enumerate(eps):
+            for k, turn in enumerate(ep.turns):
+                span = slice(len(turn.prompt_ids), len(turn.prompt_ids) + 2)
+                a, m = out.advantages[e, span], out.loss_mask[e, span]
+                if want[e][k] == 0:
+                    assert float(a.abs().sum()) == 0.0 and float(m.sum()) == 0.0
+                else:
+                    assert bool(((torch.sign(a) == want[e][k]) | (m == 0)).all()), (credit, e, k, a)
+        assert float(out.loss_mask.sum()) <= float(batch.response_mask.sum())
