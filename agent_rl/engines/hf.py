@@ -268,10 +268,15 @@ class HFEngine:
                 return
             self._caches[episode_id] = _EpisodeCache(list(entry.token_ids), list(entry.layers), entry.stamp)
             self._cached_tokens += len(entry.token_ids)
-            while self._cached_tokens > self.kv_reuse_max_tokens:
-                _, old = self._caches.popitem(last=False)
-                self._cached_tokens -= len(old.token_ids)
-                self._counts["evicted_episodes"] += 1
+            self._evict()
+
+    def _evict(self) -> None:
+        """Evict whole episodes, least recently used first, until at most ``kv_reuse_max_tokens`` are kept (call
+        with the lock held)."""
+        while self._cached_tokens > self.kv_reuse_max_tokens:
+            _, old = self._caches.popitem(last=False)
+            self._cached_tokens -= len(old.token_ids)
+            self._counts["evicted_episodes"] += 1
 
     def clear_caches(self) -> None:
         """Drop every kept cache."""
@@ -334,10 +339,7 @@ class HFEngine:
                 return
             self._caches[episode_id] = _EpisodeCache(list(token_ids), layers, stamp)
             self._cached_tokens += len(token_ids)
-            while self._cached_tokens > self.kv_reuse_max_tokens:
-                _, old = self._caches.popitem(last=False)
-                self._cached_tokens -= len(old.token_ids)
-                self._counts["evicted_episodes"] += 1
+            self._evict()
 
     @property
     def device(self) -> torch.device:
