@@ -210,3 +210,27 @@ def test_siblings_prefill_the_shared_prefix_once_with_the_hf_engine(games):
     gain = shared.metrics["throughput/kv_reuse_tokens"] - alone.metrics["throughput/kv_reuse_tokens"]
     assert gain == prefix
     assert shared.metrics["throughput/prefill_tokens"] == alone.metrics["throughput/prefill_tokens"] - prefix
+
+
+def test_stream_play_group_holds_its_forks_and_budget_episodes(games):
+    """The asynchronous producer's path (``trainer.max_staleness``): ``play_group`` returns the group with its
+    siblings (admitted or discarded as one), the stream's counters carry ``fork/*``; ``budget=episodes`` takes the
+    siblings out of G: G = 4, 1 point x 1 sibling -> 2 bases and at most 2 siblings."""
+    engine = SeededEngine()
+    cfg = RolloutConfig(mode="trajectory", max_turns=5, fork=ForkConfig(points=1, siblings=1, budget="episodes"))
+    orch = RolloutOrchestrator(SimplePool(), engine, get_prompt("textworld"), cfg, max_new_tokens=64, seed=3)
+    spec = GroupSpec(Task(ENV, {"split": "train", "index": 0}, group_id=0, seed=7, env_kwargs=KW), [(1.0, False)] * 4)
+
+    async def go():
+        await orch.open_stream(seed_key=1)
+        try:
+            return await orch.play_group(spec), orch.stream_counters()
+        finally:
+            await orch.close_stream()
+            await orch.pool.aclose()
+
+    eps, counters = asyncio.run(go())
+    bases = [ep for ep in eps if ep.fork is None]
+    assert len(bases) == 2 and 1 <= len(eps) - 2 <= 2 and len(eps) <= 4
+    assert counters["fork/extra_episodes"] == len(eps) - 2 and counters["fork/replay_mismatch"] == 0
+    assert {ep.fork.base_slot for ep in eps if ep.fork is not None} <= {0, 1}
