@@ -251,12 +251,15 @@ class RolloutOrchestrator:
             (reference rows, expert demonstrations); its actions go to the env as given. None: the engine.
         on_turn, on_episode: called with every turn's :class:`Generation` and every finished (or failed) episode
             (progress displays, the evaluation's per-task records).
+        deterministic: the env family's declaration (``envs.families.EnvFamily.deterministic`` of the run's env
+            kwargs): False refuses ``rollout.fork`` up front; True or None: forks are made, every replay checked.
     """
 
     def __init__(self, pool: Any, engine: Any, prompt: PromptFormat, cfg: RolloutConfig, *, max_new_tokens: int,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                  high_repetition_penalty: float = 1.0, action_format: str = "text",
                  tool_call_format: str = "hermes", task_type_key: str = "task_type", policy: Any = None,
+                 deterministic: bool | None = None,
                  on_turn: Callable[[Generation], None] | None = None,
                  on_episode: Callable[[Episode], None] | None = None) -> None:
         if action_format not in ("text", "tools"):
@@ -288,6 +291,7 @@ class RolloutOrchestrator:
         self._runs = 0
         self.fork = cfg.fork if policy is None else type(cfg.fork)()  # forks of scripted policies: none
         self.fork_refused: dict[str, str] = {}
+        self.deterministic = deterministic
         """env id -> why forking is refused for it (the first replay mismatch, ``rollout/fork.py``)."""
         self._fork_counts = dict.fromkeys(FORK_COUNTS, 0.0)
         self.policy_version = 0
@@ -573,6 +577,9 @@ class RolloutOrchestrator:
         g_size = len(spec.temperatures)
         n_base = base_count(self.fork, g_size)
         env_id = spec.task.env_id
+        if self.fork.enabled and self.deterministic is False:
+            self.fork_refused.setdefault(env_id, "the env family declares that its episodes do not replay exactly "
+                                                 "(envs.families.EnvFamily.deterministic)")
         caches: list[list[str]] = [[] for _ in range(n_base)]  # each base's kept engine cache (its siblings' prefix)
         share = self.fork.enabled and env_id not in self.fork_refused and hasattr(self.engine, "fork_episode")
         try:

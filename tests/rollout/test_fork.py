@@ -66,10 +66,11 @@ class NoisyPool(SimplePool):
         return out
 
 
-def play(pool, *, mode="trajectory", fork=None, groups=2, seed_key=1):
+def play(pool, *, mode="trajectory", fork=None, groups=2, seed_key=1, deterministic=None):
     engine = SeededEngine()
     cfg = RolloutConfig(mode=mode, max_turns=5, fork=fork or ForkConfig(points=1, siblings=2))
-    orch = RolloutOrchestrator(pool, engine, get_prompt("textworld"), cfg, max_new_tokens=64, seed=3)
+    orch = RolloutOrchestrator(pool, engine, get_prompt("textworld"), cfg, max_new_tokens=64, seed=3,
+                               deterministic=deterministic)
     specs = [GroupSpec(Task(ENV, {"split": "train", "index": g}, group_id=g, seed=7, env_kwargs=KW),
                        [(1.0, False)] * 2) for g in range(groups)]
 
@@ -234,3 +235,16 @@ def test_stream_play_group_holds_its_forks_and_budget_episodes(games):
     assert len(bases) == 2 and 1 <= len(eps) - 2 <= 2 and len(eps) <= 4
     assert counters["fork/extra_episodes"] == len(eps) - 2 and counters["fork/replay_mismatch"] == 0
     assert {ep.fork.base_slot for ep in eps if ep.fork is not None} <= {0, 1}
+
+
+def test_an_env_declared_nondeterministic_is_refused_up_front(games):
+    """``EnvFamily.deterministic`` False (math with the python tool): no sibling is started, the reason is kept."""
+    from agent_rl.compose import load_config
+    from agent_rl.runtime import env_deterministic
+
+    orch, engine, res = play(SimplePool(), deterministic=False, groups=1)
+    assert "declares that its episodes do not replay exactly" in orch.fork_refused[ENV]
+    assert all(ep.fork is None for ep in res.episodes) and res.metrics["fork/replay_mismatch"] == 0
+    assert len(engine.rows) == sum(len(ep.turns) for ep in res.episodes)  # the bases' turns only
+    assert env_deterministic(load_config(["env=math_python", "model=tiny"])) is False
+    assert env_deterministic(load_config(["env=textworld", "model=tiny"])) is True
