@@ -40,3 +40,5 @@ def test_step_page_draws_the_tree(tmp_path):
     assert 'data-turn="1"' in page and 'data-turn="2"' in page and "step-group mean 0.667" in page
     ep = client.get("/episodes/1-2").text
     assert "forked from" in ep and 'href="/episodes/1-1"' in ep
+    base = client.get("/episodes/1-1")  # a record without "fork" (every base, every run without forks)
+    assert base.status_code == 200 and "forked from" not in base.text
