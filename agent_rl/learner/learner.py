@@ -9,7 +9,8 @@ One step, top to bottom (``Learner.update``):
    built, the JS needs no extra forward pass, and its weights never carry gradient. ``algo=ppo``: old values from the
    value head; ``kl_coef > 0``: reference log-probs from the frozen reference model.
 2. **Advantages** (:meth:`Learner.advantages` -> :class:`StepAdvantages`): the base estimator (episode-level
-   ``agent_rl.algos.compute_advantages`` broadcast to rows via ``episode_index``; row-level GiGPO; GAE for PPO), then
+   ``agent_rl.algos.compute_advantages`` broadcast to rows via ``episode_index``; row-level GiGPO; GAE for PPO; with
+   forked groups, ``rollout.fork``, the (B, L) step-group advantages of ``agent_rl.algos.fork_advantages``), then
    ``agent_rl.algos.token_advantages``: TGRL JS weights -> credit rule -> low-row mask -> clamp, as
    ``algos.advantage_plan`` decides for the config and the step.
 3. **PPO epochs** over ``algo.num_mini_batches`` mini-batches of whole groups (:func:`group_mini_batches`), each
