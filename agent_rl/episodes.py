@@ -33,6 +33,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from agent_rl.types import fork_base_indices
+
 SCHEMA_VERSION = 1
 #: Longest observation / prompt / response text kept (characters); longer ones are cut and flagged ``*_cut``.
 MAX_TEXT_CHARS = 20_000
@@ -201,7 +203,9 @@ def episode_records(episodes: Sequence[Any], *, step: int, tokenizer: Any, batch
         slots.append(seen.get(gid, 0))
         seen[gid] = slots[-1] + 1
     records = []
-    wanted = range(len(episodes)) if indices is None else indices
+    wanted = list(range(len(episodes)) if indices is None else indices)
+    record_id = {e: f"{step}-{first_index + n}" for n, e in enumerate(wanted)}
+    fork_base = fork_base_indices(episodes)
     for n, e in enumerate(wanted):
         ep = episodes[e]
         turns = []
@@ -252,7 +256,11 @@ def episode_records(episodes: Sequence[Any], *, step: int, tokenizer: Any, batch
             "trained_frac": (sum(trained) / len(trained)) if stats is not None and trained else None,
             "turns": turns,
         })
+        if ep.fork is not None:  # a forked sibling (rollout.fork): its base's record and the turn it forked at
+            records[-1]["fork"] = {"base": record_id.get(fork_base.get(e, -1)), "base_slot": int(ep.fork.base_slot),
+                                   "turn": int(ep.fork.turn)}
     return records
+
 
 
 # ------------------------------------------------------------------------------------------------ files

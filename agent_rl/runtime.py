@@ -157,7 +157,14 @@ def build_orchestrator(cfg: Config, pool: Any, engine: Any, *, rollout: RolloutC
         high_repetition_penalty=cfg.algo.high_repetition_penalty,
         action_format=cfg.env.action_format, tool_call_format=cfg.model.tool_call_format,
         task_type_key=describe(cfg.env.id, cfg.env.name).task_type_key,
-        policy=policy, on_turn=on_turn, on_episode=on_episode)
+        policy=policy, on_turn=on_turn, on_episode=on_episode, deterministic=env_deterministic(cfg))
+
+
+def env_deterministic(cfg: Config) -> bool | None:
+    """The env family's declaration of exact replay (``envs.families.EnvFamily.deterministic``) for the run's env
+    kwargs, None when it declares nothing (forked groups, ``rollout.fork``)."""
+    declared = describe(cfg.env.id, cfg.env.name).deterministic
+    return None if declared is None else bool(declared(cfg.env_kwargs))
 
 
 # ------------------------------------------------------------------------------------------------ output, resume

@@ -68,9 +68,19 @@ class Turn:
     engine held when the turn's generation started (algorithms.md section 7; a synchronous run's step s: s - 1)."""
 
 
+@dataclass(frozen=True)
+class ForkOrigin:
+    """Where a forked sibling (``rollout.fork``, issue 40) starts: its base is the episode of slot ``base_slot`` of
+    its group; turns ``0..turn-1`` replayed the base's actions (copies of the base's turns: never trained on the
+    sibling), turns ``turn..`` were sampled."""
+
+    base_slot: int
+    turn: int
+
+
 @dataclass
 class Episode:
-    """A finished (or failed) episode of one task at one temperature."""
+    """A finished (or failed) episode of one task at one temperature (``fork``: set on a forked sibling)."""
 
     task: Task
     temperature: float
@@ -80,6 +90,7 @@ class Episode:
     won: bool = False
     task_type: str | None = None
     failure: str | None = None  # reason if the episode failed (env error after retries); never trained on
+    fork: ForkOrigin | None = None
 
 
 @dataclass
@@ -171,3 +182,19 @@ class RolloutBatch:
 _TENSOR_FIELDS = ("input_ids", "attention_mask", "response_mask", "engine_logprobs", "temperature", "group_index",
                   "episode_index", "is_high", "turn_index", "num_turns", "rewards", "episode_rewards",
                   "episode_group_index", "episode_is_high")
+
+
+def fork_base_indices(episodes: list[Any]) -> dict[int, int]:
+    """Index of each forked sibling's base episode in ``episodes`` (the ``fork.base_slot``-th episode without
+    ``fork`` of the sibling's group); siblings whose base is missing are left out."""
+    bases: dict[int, list[int]] = {}
+    for e, ep in enumerate(episodes):
+        if getattr(ep, "fork", None) is None:
+            bases.setdefault(int(ep.task.group_id), []).append(e)
+    out: dict[int, int] = {}
+    for e, ep in enumerate(episodes):
+        fork = getattr(ep, "fork", None)
+        slots = bases.get(int(ep.task.group_id), []) if fork is not None else []
+        if fork is not None and 0 <= fork.base_slot < len(slots):
+            out[e] = slots[fork.base_slot]
+    return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 __all__ = ["BUILTIN", "EnvFamily", "describe", "family_of", "register_family"]
 
@@ -64,6 +64,10 @@ class EnvFamily:
     reward, and per task type, which are the goals' categories, ``per_category``)."""
     answer_accuracy: bool = False
     """Single-answer tasks (math, code): the results also name success ``accuracy``."""
+    deterministic: Callable[[Mapping[str, Any]], bool] | None = None
+    """``(env kwargs) -> whether an episode is reproduced exactly by resetting with its seed and options and replaying
+    its actions`` (forked groups, ``rollout.fork``: False refuses forking up front; True or None: forks are made and
+    every replayed turn is still checked). None: not declared."""
 
     @property
     def has_panels(self) -> bool:
@@ -78,6 +82,12 @@ class EnvFamily:
         if split is None or self.canonical_split is None:
             return split
         return self.canonical_split(split)
+
+
+def replays_exactly(env_kwargs: Mapping[str, Any]) -> bool:
+    """:attr:`EnvFamily.deterministic` of the text envs whose state is a function of the task, the reset seed and the
+    actions so far (TextWorld, ALFWorld, WebShop), whatever their kwargs."""
+    return True
 
 
 #: built-in env id -> ``"module:ATTRIBUTE"`` of its description (imported on first use, as gymnasium entry points).

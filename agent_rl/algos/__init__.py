@@ -20,6 +20,8 @@ What the learner calls, by spec section:
     4  schedule_value(kind, step, total_steps, ...) -> S
     5  apply_credit(name, CreditInputs(...), S, level) -> (advantages (B, T), loss_mask (B, T));
        tp_mask, turn_tp_mask, forking_mask, entropy_adv, empg_advantages
+    fork   fork_advantages(name, episode_rewards, episode_group_index, fork_base, fork_turn, token_turn,
+           episode_index, response_mask) -> (B, T): forked groups' step-group advantages (issue 40)
     pipeline: advantage_plan(...) -> AdvantagePlan; token_advantages(plan, CreditInputs) runs
        base -> TGRL JS weights -> credit rule -> low-row mask -> clamp
 Registries (decorator registration): register_adv_estimator, register_policy_loss, register_credit_rule,
@@ -48,6 +50,7 @@ from .credit import (
     tp_mask,
     turn_tp_mask,
 )
+from .fork import FORK_ESTIMATORS, fork_advantages
 from .logits import (
     LN2,
     entropy_from_logits,
@@ -120,6 +123,9 @@ __all__ = [
     "compute_gae",
     "dapo_overlong_penalty",
     "dapo_keep_groups",
+    # forked groups (issue 40, docs/algorithms_impl.md)
+    "fork_advantages",
+    "FORK_ESTIMATORS",
     # losses (algorithms.md section 2)
     "policy_loss",
     "behaviour_weights",

@@ -256,6 +256,28 @@ class HFEngine:
             while len(self._ended) > _MAX_ENDED:
                 self._ended.popitem(last=False)
 
+    def fork_episode(self, source_id: str, episode_id: str) -> None:
+        """Start ``episode_id``'s kept cache as ``source_id``'s (a forked sibling, ``rollout.fork``: its replayed
+        turns are the source's conversation, so its first sampled prompt reuses the whole shared prefix: one prefill
+        for the base and all its siblings). The tensors are shared: kept caches are never written in place (a call
+        copies them into its batch cache). Nothing happens for an unknown or ended source, or with ``kv_reuse`` off;
+        the bound ``kv_reuse_max_tokens`` evicts as for any kept episode."""
+        with self._lock:
+            entry = self._caches.get(source_id)
+            if entry is None or not self.kv_reuse or episode_id in self._ended or episode_id in self._caches:
+                return
+            self._caches[episode_id] = _EpisodeCache(list(entry.token_ids), list(entry.layers), entry.stamp)
+            self._cached_tokens += len(entry.token_ids)
+            self._evict()
+
+    def _evict(self) -> None:
+        """Evict whole episodes, least recently used first, until at most ``kv_reuse_max_tokens`` are kept (call
+        with the lock held)."""
+        while self._cached_tokens > self.kv_reuse_max_tokens:
+            _, old = self._caches.popitem(last=False)
+            self._cached_tokens -= len(old.token_ids)
+            self._counts["evicted_episodes"] += 1
+
     def clear_caches(self) -> None:
         """Drop every kept cache."""
         with self._lock:
@@ -317,10 +339,7 @@ class HFEngine:
                 return
             self._caches[episode_id] = _EpisodeCache(list(token_ids), layers, stamp)
             self._cached_tokens += len(token_ids)
-            while self._cached_tokens > self.kv_reuse_max_tokens:
-                _, old = self._caches.popitem(last=False)
-                self._cached_tokens -= len(old.token_ids)
-                self._counts["evicted_episodes"] += 1
+            self._evict()
 
     @property
     def device(self) -> torch.device:

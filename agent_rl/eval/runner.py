@@ -300,11 +300,12 @@ def print_table(result: dict[str, Any], file: Any = None) -> None:
 
 
 def eval_rollout_config(cfg: Any) -> Any:
-    """``cfg.rollout`` with eval's turn budget and concurrency."""
+    """``cfg.rollout`` with eval's turn budget and concurrency, forking off."""
     rollout = copy.deepcopy(cfg.rollout)
     if cfg.eval.max_turns > 0:
         rollout.max_turns = cfg.eval.max_turns
     rollout.max_concurrent_episodes = max(0, cfg.eval.concurrency)
+    rollout.fork = type(rollout.fork)()  # a panel plays its episodes as given: no forked siblings
     return rollout
 
 

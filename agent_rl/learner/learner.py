@@ -9,7 +9,8 @@ One step, top to bottom (``Learner.update``):
    built, the JS needs no extra forward pass, and its weights never carry gradient. ``algo=ppo``: old values from the
    value head; ``kl_coef > 0``: reference log-probs from the frozen reference model.
 2. **Advantages** (:meth:`Learner.advantages` -> :class:`StepAdvantages`): the base estimator (episode-level
-   ``agent_rl.algos.compute_advantages`` broadcast to rows via ``episode_index``; row-level GiGPO; GAE for PPO), then
+   ``agent_rl.algos.compute_advantages`` broadcast to rows via ``episode_index``; row-level GiGPO; GAE for PPO; with
+   forked groups, ``rollout.fork``, the (B, L) step-group advantages of ``agent_rl.algos.fork_advantages``), then
    ``agent_rl.algos.token_advantages``: TGRL JS weights -> credit rule -> low-row mask -> clamp, as
    ``algos.advantage_plan`` decides for the config and the step.
 3. **PPO epochs** over ``algo.num_mini_batches`` mini-batches of whole groups (:func:`group_mini_batches`), each
@@ -616,7 +617,15 @@ class Learner:
             cnt = torch.zeros(e, device=self.device).index_add_(0, b.episode_index, torch.ones_like(pen))
             ep_rewards = ep_rewards + tot / cnt.clamp_min(1.0)
         returns = None
-        if algo.uses_critic:
+        forked = "episode_fork_base" in (b.extras or {})
+        if forked:  # rollout.fork: the step-group estimator (docs/algorithms_impl.md, "Forked groups"), (B, L)
+            if algo.uses_critic:
+                raise ValueError("rollout.fork does not combine with a critic (algo=ppo): use grpo, drgrpo or rloo")
+            ex = b.extras
+            base_adv = algos.fork_advantages(algo.adv_estimator, ep_rewards, b.episode_group_index,
+                                             ex["episode_fork_base"], ex["episode_fork_turn"], ex["token_turn"],
+                                             b.episode_index, rm, std=algo.std)
+        elif algo.uses_critic:
             # GAE per row: the row's (episode) reward on its last response token, values from the value head.
             last = (rm * torch.arange(rm.shape[1], device=self.device)).argmax(-1)  # (B,) last response column
             token_rewards = torch.zeros_like(rm)
@@ -641,7 +650,7 @@ class Learner:
             plan, self._credit_inputs(b, old, base_adv, rm), quantile_clip=algo.js_quantile_clip,
             credit_kwargs=self.credit.kwargs)
         return StepAdvantages(advantages=advantages, loss_mask=loss_mask, returns=returns, S=plan.S, plan=plan,
-                              episode_advantages=ep_adv if base_adv.dim() == 1 and not algo.uses_critic
+                              episode_advantages=ep_adv if not forked and base_adv.dim() == 1 and not algo.uses_critic
                               and not algos.ADV_ESTIMATORS.meta(algo.adv_estimator).get("row_level", False)
                               else None)
 

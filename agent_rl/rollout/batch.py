@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from agent_rl.types import Episode, RolloutBatch
+from agent_rl.types import Episode, RolloutBatch, fork_base_indices
 
 MODES = ("turn", "trajectory")
 
@@ -29,23 +29,49 @@ def _obs_keys(ep: Episode) -> list[int]:
     return [0] + [observation_key(t.observation) for t in ep.turns[:-1]]
 
 
-def _trajectory_row(ep: Episode) -> tuple[list[int], list[float], list[float], list[int]]:
-    """(ids, response_mask, logprobs, policy versions) of a full-trajectory row; turn k's response starts at
-    len(turn_k.prompt_ids)."""
+def _trained(ep: Episode, k: int) -> float:
+    """1.0 if turn ``k`` of ``ep`` is trained: not a forked sibling's replayed turn (``rollout.fork``: those are
+    copies of the base's, trained once, on the base)."""
+    return 0.0 if ep.fork is not None and k < ep.fork.turn else 1.0
+
+
+def _trajectory_row(ep: Episode) -> tuple[list[int], list[float], list[float], list[int], list[int]]:
+    """(ids, response_mask, logprobs, policy versions, token turns) of a full-trajectory row; turn k's response
+    starts at len(turn_k.prompt_ids)."""
     last = ep.turns[-1]
     ids = list(last.prompt_ids) + list(last.response_ids)
     mask = [0.0] * len(ids)
     logp = [0.0] * len(ids)
     version = [-1] * len(ids)
-    for turn in ep.turns:
+    turn_of = [-1] * len(ids)
+    for k, turn in enumerate(ep.turns):
         start = len(turn.prompt_ids)
         if ids[start:start + len(turn.response_ids)] != list(turn.response_ids):
             raise ValueError("full-trajectory turns must extend each other (turn prompt = conversation so far)")
         for j, lp in enumerate(turn.response_logprobs):
-            mask[start + j] = 1.0
+            mask[start + j] = _trained(ep, k)
             logp[start + j] = float(lp)
             version[start + j] = int(turn.policy_version)
-    return ids, mask, logp, version
+            turn_of[start + j] = k
+    return ids, mask, logp, version, turn_of
+
+
+def fork_extras(episodes: Sequence[Episode]) -> dict[str, torch.Tensor]:
+    """``episode_fork_base`` (E,) long: a forked sibling's base (its index in ``episodes``: the episode of slot
+    ``fork.base_slot`` among its group's base episodes), -1 for a base; ``episode_fork_turn`` (E,) long: the
+    sibling's fork turn, -1 for a base (``agent_rl.algos.fork_advantages``).
+
+    Raises:
+        ValueError: a sibling whose group has no base episode of that slot."""
+    found = fork_base_indices(list(episodes))
+    base, turn = [], []
+    for e, ep in enumerate(episodes):
+        if ep.fork is not None and e not in found:
+            raise ValueError(f"episode {e} is a fork of slot {ep.fork.base_slot}, which its group does not hold")
+        base.append(found.get(e, -1))
+        turn.append(ep.fork.turn if ep.fork is not None else -1)
+    return {"episode_fork_base": torch.tensor(base, dtype=torch.long),
+            "episode_fork_turn": torch.tensor(turn, dtype=torch.long)}
 
 
 def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode: str = "turn") -> RolloutBatch:
@@ -65,7 +91,9 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
         ``episode.reward`` (already including any invalid-action penalty) to the episode's rows. ``extras``:
         ``episode_won`` (E,) bool (the env's ``won``; the learner's TGRL success rates), ``response_lengths`` (one per
         turn, in episode order; equals the rows only in per-turn mode), and in per-turn mode ``obs_key`` (B,) long:
-        the observation each turn acted on (:func:`observation_key`; GiGPO's anchor states).
+        the observation each turn acted on (:func:`observation_key`; GiGPO's anchor states). With forked siblings
+        (``Episode.fork``, ``rollout.fork``): their replayed turns carry ``response_mask`` 0, and ``extras`` adds
+        :func:`fork_extras` and ``token_turn`` (B, L) long, the turn of each response token (-1 elsewhere).
 
     Raises:
         ValueError: unknown mode, a failed or empty episode, no episodes.
@@ -75,7 +103,7 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
     if not episodes:
         raise ValueError("build_rollout_batch needs at least one episode")
     group_ids: dict[int, int] = {}
-    rows: list[tuple[list[int], list[float], list[float], list[int]]] = []
+    rows: list[tuple[list[int], list[float], list[float], list[int], list[int]]] = []
     meta: list[tuple[float, int, int, bool, int, int, float]] = []  # temp, group, episode, high, turn, K, reward
     for e, ep in enumerate(episodes):
         if ep.failure is not None or not ep.turns:
@@ -85,9 +113,9 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
         if mode == "turn":
             for k, turn in enumerate(ep.turns):
                 n_p, n_r = len(turn.prompt_ids), len(turn.response_ids)
-                rows.append((list(turn.prompt_ids) + list(turn.response_ids), [0.0] * n_p + [1.0] * n_r,
+                rows.append((list(turn.prompt_ids) + list(turn.response_ids), [0.0] * n_p + [_trained(ep, k)] * n_r,
                              [0.0] * n_p + [float(x) for x in turn.response_logprobs],
-                             [-1] * n_p + [int(turn.policy_version)] * n_r))
+                             [-1] * n_p + [int(turn.policy_version)] * n_r, [-1] * n_p + [k] * n_r))
                 meta.append((ep.temperature, g, e, ep.is_high, k, k_turns, ep.reward))
         else:
             rows.append(_trajectory_row(ep))
@@ -99,13 +127,15 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
     response_mask = torch.zeros(n_rows, length, dtype=torch.float32)
     engine_logprobs = torch.zeros(n_rows, length, dtype=torch.float32)
     policy_versions = torch.full((n_rows, length), -1, dtype=torch.long)
-    for i, (ids, mask, logp, version) in enumerate(rows):
+    token_turn = torch.full((n_rows, length), -1, dtype=torch.long)
+    for i, (ids, mask, logp, version, turn_of) in enumerate(rows):
         n = len(ids)
         input_ids[i, :n] = torch.tensor(ids, dtype=torch.long)
         attention_mask[i, :n] = 1
         response_mask[i, :n] = torch.tensor(mask)
         engine_logprobs[i, :n] = torch.tensor(logp)
         policy_versions[i, :n] = torch.tensor(version, dtype=torch.long)
+        token_turn[i, :n] = torch.tensor(turn_of, dtype=torch.long)
     temp, grp, epi, high, turn, num, rew = zip(*meta)
     extras = {
         "episode_won": torch.tensor([ep.won for ep in episodes], dtype=torch.bool),
@@ -113,6 +143,9 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
     }
     if mode == "turn":
         extras["obs_key"] = torch.tensor([k for ep in episodes for k in _obs_keys(ep)], dtype=torch.long)
+    if any(ep.fork is not None for ep in episodes):
+        extras.update(fork_extras(episodes))
+        extras["token_turn"] = token_turn
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

@@ -9,7 +9,47 @@ from agent_rl.algos.tampo import parse_temperature_schedule
 from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH
 
 ROLLOUT_MODES = ("turn", "trajectory")
+FORK_SELECT = ("uniform", "entropy", "divergence")
+FORK_BUDGETS = ("extra", "episodes")
 SAMPLER_KINDS = ("index", "seed")
+
+
+@dataclass
+class ForkConfig:
+    """Forked groups (``rollout.fork.*``, issue 40; estimator: docs/algorithms_impl.md "Forked groups"): from each
+    base episode of a group, at ``points`` fork turns, ``siblings`` episodes replay the base's actions on fresh
+    sessions (same reset seed and options; every replayed prompt and step checked equal to the base's) and sample
+    onward with their own sampling-seed slots. Off by default (``points=0``)."""
+
+    points: int = 0
+    """Fork turns per base episode (0 = off); fewer where the base has fewer turns t with 1 <= t < its turns."""
+    siblings: int = 3
+    """K: sibling episodes started at each fork turn."""
+    select: str = "uniform"
+    """How the fork turns are chosen: ``uniform`` (random among the base's turns 1..K-1, seeded by the rollout seed,
+    group and slot), ``entropy`` (the highest mean sampled-token surprisal ``-logprob``, the rollout's estimate of the
+    turn's mean token entropy), ``divergence`` (the first turn where the base acts differently from the group's T0
+    episode; slot 0's when the group has no T0 episode; at most one point). ``js`` (the learner's TGRL JS) is not
+    built: rollouts do not have it."""
+    budget: str = "extra"
+    """``extra``: the siblings come on top of the G base episodes (``fork/extra_episodes``); ``episodes``: they are
+    taken out of G, the group plays ``max(1, G // (1 + points * siblings))`` bases (its first slots' temperatures)
+    and forks fill the rest up to G episodes."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.points > 0 and self.siblings > 0
+
+    def __post_init__(self) -> None:
+        if self.select == "js":
+            raise ValueError("rollout.fork.select=js is not built: the TGRL JS of a turn is computed by the learner, "
+                             "after the rollout; use uniform, entropy or divergence")
+        if self.select not in FORK_SELECT:
+            raise ValueError(f"rollout.fork.select={self.select!r} is not valid; valid values: {', '.join(FORK_SELECT)}")
+        if self.budget not in FORK_BUDGETS:
+            raise ValueError(f"rollout.fork.budget={self.budget!r} is not valid; valid values: {', '.join(FORK_BUDGETS)}")
+        if self.points < 0 or self.siblings < 0 or self.points > 64 or self.siblings > 64:
+            raise ValueError("rollout.fork.points and rollout.fork.siblings must be in 0..64")
 
 
 @dataclass
@@ -68,7 +108,12 @@ class RolloutConfig:
     """A group discarded for staleness (``trainer.max_staleness``) is played again as a fresh group at most this many
     times, then dropped (``async/groups_stale_dropped``)."""
 
+    fork: ForkConfig = field(default_factory=ForkConfig)
+    """Forked groups (:class:`ForkConfig`; off by default)."""
+
     def __post_init__(self) -> None:
+        if isinstance(self.fork, dict):
+            self.fork = ForkConfig(**self.fork)
         parse_temperature_schedule(self.temperature_schedule)  # ValueError naming the valid forms
         if self.num_workers < 1:
             raise ValueError("rollout.num_workers must be >= 1")

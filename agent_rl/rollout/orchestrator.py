@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -45,12 +46,14 @@ from agent_rl.aio import gather_all
 from agent_rl.algos import dapo_keep_groups
 from agent_rl.engines.base import row_seed
 from agent_rl.rollout.config import RolloutConfig
+from agent_rl.rollout.fork import (FORK_COUNTS, ReplayMismatch, base_count, check_replayed_prompt, check_replayed_step,
+                                   fork_turns, sibling_slot)
 from agent_rl.rollout.parsing import parse_action
 from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, render_followup
 from agent_rl.rollout.prompts.tools import ToolPrompt
 from agent_rl.rollout.tools import (TemplateTools, decode_for_parsing, get_tool_call_format, prompt_opens_reasoning,
                                     reasoning_markers, reasoning_open, strip_reasoning, tool_messages)
-from agent_rl.types import Episode, Generation, Task, Turn
+from agent_rl.types import Episode, ForkOrigin, Generation, Task, Turn
 
 T = TypeVar("T")
 _EPISODE_IDS = itertools.count()  # episode attempt ids, unique in the process (engines key caches by them)
@@ -251,12 +254,15 @@ class RolloutOrchestrator:
             (reference rows, expert demonstrations); its actions go to the env as given. None: the engine.
         on_turn, on_episode: called with every turn's :class:`Generation` and every finished (or failed) episode
             (progress displays, the evaluation's per-task records).
+        deterministic: the env family's declaration (``envs.families.EnvFamily.deterministic`` of the run's env
+            kwargs): False refuses ``rollout.fork`` up front; True or None: forks are made, every replay checked.
     """
 
     def __init__(self, pool: Any, engine: Any, prompt: PromptFormat, cfg: RolloutConfig, *, max_new_tokens: int,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                  high_repetition_penalty: float = 1.0, action_format: str = "text",
                  tool_call_format: str = "hermes", task_type_key: str = "task_type", policy: Any = None,
+                 deterministic: bool | None = None,
                  on_turn: Callable[[Generation], None] | None = None,
                  on_episode: Callable[[Episode], None] | None = None) -> None:
         if action_format not in ("text", "tools"):
@@ -286,6 +292,11 @@ class RolloutOrchestrator:
         self._prefetched: dict[tuple[int, int], asyncio.Future] = {}  # (group_id, slot) -> reset in flight
         self._prefetched_tasks: list[Task] = []
         self._runs = 0
+        self.fork = cfg.fork if policy is None else type(cfg.fork)()  # forks of scripted policies: none
+        self.fork_refused: dict[str, str] = {}
+        self.deterministic = deterministic
+        """env id -> why forking is refused for it (the first replay mismatch, ``rollout/fork.py``)."""
+        self._fork_counts = dict.fromkeys(FORK_COUNTS, 0.0)
         self.policy_version = 0
         """The version of the engine's weights (algorithms.md section 7): set by the backend at each weight sync; a
         turn records it when its generation is requested, unless the engine stamps its own
@@ -447,16 +458,30 @@ class RolloutOrchestrator:
         return Generation(token_ids=ids, logprobs=logprobs, text=text, finish_reason=finish,
                           cached_tokens=first.cached_tokens, policy_version=first.policy_version), opened
 
-    async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
-        """One attempt at an episode; raises :class:`EnvCallFailed` on env failure."""
+    async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0,
+                    replay: tuple[Episode, int, int, str | None] | None = None,
+                    keep_cache: list[str] | None = None) -> Episode:
+        """One attempt at an episode; raises :class:`EnvCallFailed` on env failure. ``replay=(base, base slot, t)``:
+        a forked sibling (``rollout.fork``): turns 0..t-1 replay the base's actions on this fresh session, each
+        checked equal to the base's (:class:`agent_rl.rollout.fork.ReplayMismatch` otherwise), and are copies of the
+        base's turns; sampling starts at turn t; ``base cache id``: the base's kept engine cache, which the sibling's
+        starts from (``engine.fork_episode``: the shared prefix is prefilled once). ``keep_cache``: a finished
+        episode's engine cache is kept, its id appended there (the caller ends it), instead of dropped."""
         cfg = self.cfg
-        early = self._prefetched.pop((task.group_id, slot), None)
+        base, fork_at = (replay[0], replay[2]) if replay is not None else (None, 0)
+        t_replay = time.perf_counter()
+        early = self._prefetched.pop((task.group_id, slot), None) if replay is None else None
         reset = await early if early is not None else await self._reset(task)
         sid = reset.session_id
         episode_id = f"ep{next(_EPISODE_IDS)}"  # the engine's key for this attempt's kept keys/values
+        fork_cache = getattr(self.engine, "fork_episode", None)
+        if replay is not None and replay[3] is not None and fork_cache is not None:
+            fork_cache(replay[3], episode_id)
+        kept = False
         try:
             obs, info = reset.observation, dict(reset.info or {})
-            ep = Episode(task=task, temperature=temperature, is_high=is_high, task_type=info.get(self.task_type_key))
+            ep = Episode(task=task, temperature=temperature, is_high=is_high, task_type=info.get(self.task_type_key),
+                         fork=ForkOrigin(replay[1], fork_at) if replay is not None else None)
             task_text = self.prompt.task_text(obs, info)
             tools = info.get("tools")
             if self.tool_format is not None and tools is None:
@@ -476,6 +501,18 @@ class RolloutOrchestrator:
                     if not ep.turns:
                         ep.failure = f"prompt_too_long ({len(prompt_ids)} > {cfg.max_prompt_tokens} tokens)"
                     break  # the episode ends here: recorded as truncated (its last turn is not terminated)
+                if base is not None and k < fork_at:  # a replayed turn: the base's, checked
+                    check_replayed_prompt(k, prompt_ids, base.turns[k])
+                    old = base.turns[k]
+                    step = await self._env(lambda: self.pool.step(sid, old.action))
+                    check_replayed_step(k, step.observation, step.reward, step.terminated, step.truncated, old)
+                    ep.turns.append(dataclasses.replace(old, info=dict(step.info or {})))
+                    history.append((obs, old.action))
+                    obs, info = step.observation, dict(step.info or {})
+                    if k == fork_at - 1:
+                        self._fork_counts["fork/replay_s"] += time.perf_counter() - t_replay
+                        self._fork_counts["fork/replayed_turns"] += fork_at
+                    continue
                 gen, action, well_formed = await self._respond(ctx, task, slot, prompt_ids, temperature, is_high,
                                                                episode_id)
                 step = await self._env(lambda: self.pool.step(sid, action))
@@ -496,18 +533,24 @@ class RolloutOrchestrator:
             env_reward = sum(t.reward for t in ep.turns)
             ep.reward = env_reward  # an invalid-action penalty is already in it (envs.wrappers, rollout.invalid_penalty)
             ep.won = bool(info.get("won", env_reward > 0)) if ep.turns else False
+            if keep_cache is not None and ep.failure is None:
+                keep_cache.append(episode_id)
+                kept = True
             return ep
         finally:
             end_episode = getattr(self.engine, "end_episode", None)
-            if end_episode is not None:  # the engine drops what it kept for the episode (hf: engine.kv_reuse)
+            if end_episode is not None and not kept:  # the engine drops what it kept (hf: engine.kv_reuse)
                 end_episode(episode_id)
             try:
                 await asyncio.wait_for(self.pool.close(sid), 30.0)
             except Exception:  # noqa: BLE001 (closing is best effort; the server's TTL reaps leftovers)
                 pass
 
-    async def _episode(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
-        """An episode with re-runs from the same task; a final failure is returned as ``Episode.failure``."""
+    async def _episode(self, task: Task, temperature: float, is_high: bool, slot: int = 0,
+                       replay: tuple[Episode, int, int, str | None] | None = None,
+                       keep_cache: list[str] | None = None) -> Episode:
+        """An episode with re-runs from the same task; a final failure is returned as ``Episode.failure``
+        (``replay``: a forked sibling, :meth:`_play`; its :class:`ReplayMismatch` is raised, never re-run)."""
         reason = ""
         ep: Episode | None = None
         for attempt in range(self.cfg.episode_retries + 1):
@@ -515,7 +558,7 @@ class RolloutOrchestrator:
                 self._retries += 1
                 await asyncio.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
             try:
-                ep = await self._play(task, temperature, is_high, slot)
+                ep = await self._play(task, temperature, is_high, slot, replay, keep_cache)
                 break
             except EnvCallFailed as exc:
                 reason = str(exc)
@@ -526,6 +569,62 @@ class RolloutOrchestrator:
         return ep
 
     # ------------------------------------------------------------------ groups
+    async def _group(self, spec: GroupSpec, one: Callable[..., Awaitable[Episode]]) -> list[Episode]:
+        """One group's episodes: its base episodes (every slot, or the first ``base_count`` with
+        ``rollout.fork.budget=episodes``) concurrently, then, with ``rollout.fork`` on, the forked siblings of each
+        (:mod:`agent_rl.rollout.fork`) concurrently, in (base, fork point, sibling) order after the bases. ``one(task,
+        temperature, is_high, slot, replay)`` plays one episode. A sibling whose replay mismatched is discarded and
+        forking refused for the env id (``fork_refused``, ``fork/replay_mismatch``); a sibling that failed is
+        discarded (``fork/failed_siblings``): neither drops the group. Forks only start once every base finished
+        without failure (a failed group is dropped whole anyway)."""
+        g_size = len(spec.temperatures)
+        n_base = base_count(self.fork, g_size)
+        env_id = spec.task.env_id
+        if self.fork.enabled and self.deterministic is False:
+            self.fork_refused.setdefault(env_id, "the env family declares that its episodes do not replay exactly "
+                                                 "(envs.families.EnvFamily.deterministic)")
+        caches: list[list[str]] = [[] for _ in range(n_base)]  # each base's kept engine cache (its siblings' prefix)
+        share = self.fork.enabled and env_id not in self.fork_refused and hasattr(self.engine, "fork_episode")
+        try:
+            bases = list(await gather_all(*(one(spec.task, t, h, slot, None, caches[slot] if share else None)
+                                            for slot, (t, h) in enumerate(spec.temperatures[:n_base]))))
+            if not self.fork.enabled or any(ep.failure is not None for ep in bases) or env_id in self.fork_refused:
+                return bases
+            return bases + await self._siblings(spec, bases, [c[0] if c else None for c in caches], one)
+        finally:
+            end_episode = getattr(self.engine, "end_episode", None)
+            for eid in (e for c in caches for e in c):
+                if end_episode is not None:
+                    end_episode(eid)
+
+    async def _siblings(self, spec: GroupSpec, bases: list[Episode], caches: list[str | None],
+                        one: Callable[..., Awaitable[Episode]]) -> list[Episode]:
+        """The forked siblings of a group's finished ``bases`` (:meth:`_group`); ``caches``: each base's kept engine
+        cache id (None: none)."""
+        g_size, n_base, env_id = len(spec.temperatures), len(bases), spec.task.env_id
+        seed = self._batcher.seed if self._batcher is not None and self._batcher.seed is not None else 0
+        points = fork_turns(self.fork, bases, seed=seed, group_id=spec.task.group_id)
+        jobs = [(b, t, sibling_slot(g_size, b, p, j, self.fork)) for b, turns in enumerate(points)
+                for p, t in enumerate(turns) for j in range(self.fork.siblings)]
+        if self.fork.budget == "episodes":
+            jobs = jobs[:max(0, g_size - n_base)]
+
+        async def sibling(b: int, t: int, slot: int) -> Episode | None:
+            base = bases[b]
+            try:
+                return await one(spec.task, base.temperature, base.is_high, slot, (base, b, t, caches[b]))
+            except ReplayMismatch as exc:
+                self._fork_counts["fork/replay_mismatch"] += 1
+                self.fork_refused.setdefault(env_id, str(exc))
+                return None
+
+        played = await gather_all(*(sibling(*job) for job in jobs))
+        kept = [ep for ep in played if ep is not None and ep.failure is None]
+        self._fork_counts["fork/failed_siblings"] += sum(ep is not None and ep.failure is not None for ep in played)
+        self._fork_counts["fork/extra_episodes"] += len(kept)
+        self._fork_counts["fork/groups"] += float(bool(kept))
+        return kept
+
     async def run_groups(self, groups: Sequence[GroupSpec], *, seed_key: int | None = None) -> RolloutResult:
         """Play every episode of ``groups`` concurrently; drop groups with a failed episode.
 
@@ -551,17 +650,19 @@ class RolloutOrchestrator:
         server = asyncio.create_task(batcher.run())
         sem = asyncio.Semaphore(self.cfg.max_concurrent_episodes) if self.cfg.max_concurrent_episodes > 0 else None
 
-        async def one(task: Task, temp: float, high: bool, slot: int) -> Episode:
+        async def one(task: Task, temp: float, high: bool, slot: int,
+                      replay: tuple[Episode, int, int, str | None] | None = None,
+                      keep_cache: list[str] | None = None) -> Episode:
             async with sem if sem is not None else contextlib.nullcontext():
                 batcher.episode_started()
                 try:
-                    return await self._episode(task, temp, high, slot)
+                    return await self._episode(task, temp, high, slot, replay, keep_cache)
                 finally:
                     batcher.episode_finished()
 
+        self._fork_counts = dict.fromkeys(FORK_COUNTS, 0.0)
         try:  # structured: cancelled or failed, every episode is cancelled and has finished before this returns
-            flat = await gather_all(*(one(g.task, temp, high, slot) for g in groups
-                                      for slot, (temp, high) in enumerate(g.temperatures)))
+            results = await gather_all(*(self._group(g, one) for g in groups))
         except BaseException:
             server.cancel()  # no episode is left to wait for a generation
             raise
@@ -570,9 +671,6 @@ class RolloutOrchestrator:
             with contextlib.suppress(asyncio.CancelledError):
                 await server
             self._batcher = None
-        sizes = [len(g.temperatures) for g in groups]
-        starts = np.cumsum([0, *sizes]).tolist()
-        results = [flat[a:a + n] for a, n in zip(starts, sizes)]
         kept: list[Episode] = []
         dropped = 0
         failures: list[str] = []
@@ -598,6 +696,8 @@ class RolloutOrchestrator:
             "throughput/decode_tokens": float(batcher.generated_tokens),
             "throughput/kv_reuse_tokens": float(batcher.kv_reuse_tokens),
         })
+        if self.fork.enabled:
+            metrics.update(self._fork_counts)
         self.last_batcher = batcher  # generation statistics of the last run (benchmarks)
         return RolloutResult(episodes=kept, metrics=metrics, dropped_groups=dropped, failures=failures)
 
@@ -613,6 +713,7 @@ class RolloutOrchestrator:
         if kwargs["seed"] is not None:
             kwargs["seed"] = int(np.random.default_rng([int(kwargs["seed"]), int(seed_key)]).integers(2**31))
         self._env_s, self._retries, self._failed_episodes = 0.0, 0, 0
+        self._fork_counts = dict.fromkeys(FORK_COUNTS, 0.0)
         self._batcher = GenerationBatcher(self.engine, **kwargs)
         self._stream_server = asyncio.create_task(self._batcher.run())
         n = self.cfg.max_concurrent_episodes
@@ -627,15 +728,17 @@ class RolloutOrchestrator:
             raise RuntimeError("play_group needs open_stream() first")
         sem = self._stream_sem
 
-        async def one(temp: float, high: bool, slot: int) -> Episode:
+        async def one(task: Task, temp: float, high: bool, slot: int,
+                      replay: tuple[Episode, int, int, str | None] | None = None,
+                      keep_cache: list[str] | None = None) -> Episode:
             async with sem if sem is not None else contextlib.nullcontext():
                 batcher.episode_started()
                 try:
-                    return await self._episode(spec.task, temp, high, slot)
+                    return await self._episode(task, temp, high, slot, replay, keep_cache)
                 finally:
                     batcher.episode_finished()
 
-        eps = await gather_all(*(one(t, h, slot) for slot, (t, h) in enumerate(spec.temperatures)))
+        eps = await self._group(spec, one)
         self._failed_episodes += sum(ep.failure is not None for ep in eps)
         return eps
 
@@ -649,7 +752,7 @@ class RolloutOrchestrator:
                 "prefill_tokens": float(b.prefill_tokens) if b is not None else 0.0,
                 "kv_reuse_tokens": float(b.kv_reuse_tokens) if b is not None else 0.0,
                 "episode_retries": float(self._retries), "failed_episodes": float(getattr(self, "_failed_episodes", 0)),
-                "env_calls_s": self._env_s}
+                "env_calls_s": self._env_s, **(self._fork_counts if self.fork.enabled else {})}
 
     async def close_stream(self) -> None:
         """Stop the stream's batcher (episodes still waiting for generation get no answer: cancel them first)."""
@@ -707,13 +810,13 @@ async def collect_groups(play: Callable[[list[Task], int], Awaitable[RolloutResu
         wall += res.metrics["time/rollout_s"]
         env_wait += res.metrics["time/env_wait_frac"] * res.metrics["time/rollout_s"]
         tokens += res.metrics["throughput/tokens_per_s"] * res.metrics["time/rollout_s"]
-        counts = sum_counters([counts, res.metrics], TOKEN_COUNTS)
+        counts = sum_counters([counts, res.metrics], TOKEN_COUNTS + present(FORK_COUNTS, [res.metrics]))
         generate += res.metrics["time/generate_s"]
         retries += res.metrics["rollout/episode_retries"]
         failed += res.metrics["rollout/failed_episodes"]
-        for i in range(0, len(res.episodes), group_size):
-            group = res.episodes[i:i + group_size]
-            total.outcomes.append((group[0].task, [ep.won for ep in group]))
+        for group in split_groups(res.episodes):
+            # the curriculum observes the group's base episodes (a forked sibling replays a base's start)
+            total.outcomes.append((group[0].task, [ep.won for ep in group if ep.fork is None]))
             if filter_groups and all_equal([ep.reward for ep in group]):
                 total.filtered_groups += 1
             else:
@@ -769,8 +872,26 @@ def merge_parallel_results(results: Sequence[RolloutResult], *, wall_s: float) -
         "time/env_calls_s": sum(m.get("time/env_calls_s", 0.0) for m in parts),
         "throughput/tokens_per_s": sum(m.get("throughput/tokens_per_s", 0.0) * b for m, b in zip(parts, busy)) /
         max(wall_s, 1e-9),
-        **sum_counters(parts, TOKEN_COUNTS),
+        **sum_counters(parts, TOKEN_COUNTS + present(FORK_COUNTS, parts)),
     })
+    return out
+
+
+def present(keys: Sequence[str], parts: Sequence[Mapping[str, float]]) -> tuple[str, ...]:
+    """The ``keys`` some part has (forking's counters exist only in runs with ``rollout.fork`` on)."""
+    return tuple(k for k in keys if any(k in part for part in parts))
+
+
+def split_groups(episodes: Sequence[Episode]) -> list[list[Episode]]:
+    """A result's episodes cut into its groups: runs of consecutive episodes sharing ``task.group_id`` (the
+    orchestrator's order). Groups need not have G episodes: a forked group (``rollout.fork``) also holds its
+    siblings."""
+    out: list[list[Episode]] = []
+    for ep in episodes:
+        if out and out[-1][0].task.group_id == ep.task.group_id:
+            out[-1].append(ep)
+        else:
+            out.append([ep])
     return out
 
 

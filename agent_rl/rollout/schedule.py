@@ -23,7 +23,7 @@ import asyncio
 import time
 from typing import Any, Callable, Protocol
 
-from agent_rl.rollout.orchestrator import GroupSpec, RolloutResult, collect_groups, group_temperatures
+from agent_rl.rollout.orchestrator import GroupSpec, RolloutResult, collect_groups, group_temperatures, split_groups
 from agent_rl.rollout.producer import AsyncProducer, warmup_horizon
 from agent_rl.types import Episode, Task
 
@@ -99,8 +99,8 @@ class SyncRounds:
         result = await collect_groups(play, take, cfg.trainer.tasks_per_step, len(temps), step,
                                       filter_groups=cfg.algo.dapo_dynamic_sampling,
                                       max_extra_rounds=cfg.algo.dapo_max_extra_rounds)
-        result.versions = [min((t.policy_version for ep in result.episodes[i:i + len(temps)] for t in ep.turns),
-                               default=0) for i in range(0, len(result.episodes), len(temps))]
+        result.versions = [min((t.policy_version for ep in group for t in ep.turns), default=0)
+                           for group in split_groups(result.episodes)]
         result.metrics.setdefault("async/groups_stale_dropped", 0.0)
         self.player.collected(step, result)
         return result

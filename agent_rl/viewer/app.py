@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from agent_rl.logging import KINDS
-from agent_rl.viewer.data import Filters, RunReader
+from agent_rl.viewer.data import Filters, RunReader, fork_tree
 from agent_rl.viewer.heat import QUANTITIES, colour, episode_scale, fmt, legend
 from agent_rl.viewer.plots import curves_png
 
@@ -149,7 +149,7 @@ def create_app(run_dir: str | Path) -> FastAPI:
             rewards = [float(e.get("reward", 0.0)) for e in eps]
             shown.append({"source": src, "group": g, "task_id": eps[0].get("task_id"),
                           "task_type": eps[0].get("task_type"), "episodes": visible, "size": len(eps),
-                          "reward_mean": sum(rewards) / len(rewards), "rewards": rewards})
+                          "reward_mean": sum(rewards) / len(rewards), "rewards": rewards, "tree": fork_tree(eps)})
         steps = reader.steps()
         pos = steps.index(step) if step in steps else -1
         return page(request, "step.html", step=step, groups=shown, filters=filters, facets=reader.facets(),

@@ -44,7 +44,7 @@ FULL_FILES = 8
 #: Summary fields of an episode (what lists and the JSON API show; the full record adds prompt and turns).
 SUMMARY_KEYS = ("id", "step", "index", "source", "task_id", "task_type", "group", "slot", "temperature", "is_high",
                 "temp_label", "reward", "won", "failure", "num_turns", "num_tokens", "advantage_mean",
-                "trained_frac")
+                "trained_frac", "fork")
 
 
 @dataclass(frozen=True)
@@ -238,3 +238,26 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
+
+
+def fork_tree(episodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A forked group (``rollout.fork``, issue 40) as a tree: one node per base episode record (no ``fork``) that
+    has siblings, ``{"base": rec, "forks": [{"turn": t, "siblings": [rec, ...], "mean": the step group's mean
+    return (base and siblings)}, ...]}`` in fork-turn order; [] for a group without forks. Siblings whose base is
+    not among ``episodes`` are left out."""
+    by_id = {str(rec.get("id")): rec for rec in episodes if not rec.get("fork")}
+    forks: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for rec in episodes:
+        fork = rec.get("fork") or {}
+        if isinstance(fork, dict) and str(fork.get("base")) in by_id:
+            forks.setdefault(str(fork["base"]), {}).setdefault(int(fork.get("turn", 0)), []).append(rec)
+    tree = []
+    for base_id, turns in forks.items():
+        base = by_id[base_id]
+        nodes = []
+        for turn in sorted(turns):
+            sibs = turns[turn]
+            returns = [float(base.get("reward", 0.0))] + [float(r.get("reward", 0.0)) for r in sibs]
+            nodes.append({"turn": turn, "siblings": sibs, "mean": sum(returns) / len(returns)})
+        tree.append({"base": base, "forks": nodes})
+    return tree

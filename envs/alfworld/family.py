@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from envs.alfworld.data import list_games, task_type_of
-from envs.families import EnvFamily
+from envs.families import EnvFamily, replays_exactly
 
 
 def split_size(split: str, root: str | None) -> int:
@@ -18,6 +18,6 @@ def task_types(split: str, root: str | None) -> list[str]:
     return [task_type_of(game) for game in list_games(split, root=root)]
 
 
-FAMILY = EnvFamily(name="alfworld", env_id="agent_rl/ALFWorld-v0", default_split="valid_unseen", split_key="split",
+FAMILY = EnvFamily(deterministic=replays_exactly, name="alfworld", env_id="agent_rl/ALFWorld-v0", default_split="valid_unseen", split_key="split",
                    split_size=split_size, task_types=task_types, task_type_kwarg="task_types", expert_kwarg="expert",
                    admissible_actions=True)

@@ -4,6 +4,8 @@ data (``math_train_deepscaler`` is ``math_train``); single-answer tasks (``accur
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from envs.families import EnvFamily
 from envs.math.datasets import canonical_name, load_math
 
@@ -21,5 +23,12 @@ def canonical_split(split: str) -> str:
         return split
 
 
+def deterministic(env_kwargs: Mapping[str, Any]) -> bool:
+    """Forked groups (``rollout.fork``): a math episode replays exactly without tools; with the python tool it is not
+    assumed to (the sandbox's state and timing are not part of the observation)."""
+    return not env_kwargs.get("tools") and env_kwargs.get("action_format") != "tools"
+
+
 FAMILY = EnvFamily(name="math", env_id="agent_rl/Math-v0", default_split="math500", split_key="dataset",
-                   split_size=split_size, canonical_split=canonical_split, answer_accuracy=True)
+                   split_size=split_size, canonical_split=canonical_split, answer_accuracy=True,
+                   deterministic=deterministic)

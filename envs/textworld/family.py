@@ -4,7 +4,7 @@ seeds on demand, so a split has no fixed size (``benchmarks/bench_learning.py`` 
 
 from __future__ import annotations
 
-from envs.families import EnvFamily
+from envs.families import EnvFamily, replays_exactly
 
-FAMILY = EnvFamily(name="textworld", env_id="agent_rl/TextWorld-v0", split_key="split", expert_kwarg="expert",
+FAMILY = EnvFamily(deterministic=replays_exactly, name="textworld", env_id="agent_rl/TextWorld-v0", split_key="split", expert_kwarg="expert",
                    admissible_actions=True)

@@ -4,7 +4,7 @@ mean reward) reported beside success, per goal category (the env's ``task_type``
 
 from __future__ import annotations
 
-from envs.families import EnvFamily
+from envs.families import EnvFamily, replays_exactly
 from envs.webshop.catalog import get_catalog
 from envs.webshop.env import SPLITS, VAL_GOALS
 
@@ -17,6 +17,6 @@ def split_size(split: str, root: str | None) -> int:
     return {"val": min(VAL_GOALS, n), "train": max(n - VAL_GOALS, 0), "all": n}[split]
 
 
-FAMILY = EnvFamily(name="webshop", env_id="agent_rl/WebShop-v0", default_split="test", split_key="split",
+FAMILY = EnvFamily(deterministic=replays_exactly, name="webshop", env_id="agent_rl/WebShop-v0", default_split="test", split_key="split",
                    split_aliases={"test": "val"}, split_size=split_size, expert_kwarg="expert",
                    admissible_actions=True, score=True)

@@ -331,3 +331,22 @@ def test_weights_fingerprint_moves_with_every_bit_and_only_then():
         assert weights_fingerprint(m) == f0
         w[7] = torch.nextafter(w[7], torch.tensor(float("inf"), dtype=dtype))  # one ulp of one weight
         assert weights_fingerprint(m) != f0
+
+
+def test_fork_episode_shares_the_prefix_and_keeps_tokens_exact(tiny64):
+    """``fork_episode`` (rollout.fork, issue 40): siblings start from the base's kept cache, so their first prompt
+    (a prefix of the base's conversation plus nothing new) is prefilled once for all; tokens equal a full prefill."""
+    model, tok = tiny64
+    engine, full = HFEngine(model, tok), HFEngine(model, tok, kv_reuse=False)
+    p = _first_prompts(tok, 1)[0]
+    g = engine.generate([p], [1.0], max_new_tokens=5, row_seeds=[1], episode_ids=["base"])[0]
+    fork_prompt = p + g.token_ids[:2]  # the state at the fork: a prefix of what the base kept
+    for sib in ("s1", "s2"):
+        engine.fork_episode("base", sib)
+    engine.end_episode("base")  # the siblings' copies outlive it
+    a = engine.generate([fork_prompt] * 2, [1.0, 1.0], max_new_tokens=5, row_seeds=[7, 8], episode_ids=["s1", "s2"])
+    b = full.generate([fork_prompt] * 2, [1.0, 1.0], max_new_tokens=5, row_seeds=[7, 8])
+    assert [x.cached_tokens for x in a] == [len(fork_prompt) - 1] * 2
+    assert [x.token_ids for x in a] == [x.token_ids for x in b]
+    engine.fork_episode("gone", "s3")  # an unknown or ended source: nothing kept
+    assert "s3" not in engine.cached_episodes

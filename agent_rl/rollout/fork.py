@@ -1,0 +1,107 @@
+"""Forked groups, the rollout side (``rollout.fork``, issue 40): which turns of a base episode are forked, the
+siblings' slots, and the replay check. The orchestrator plays the siblings (:meth:`RolloutOrchestrator._play` with
+``replay=``); the credit is ``agent_rl.algos.fork_advantages`` (docs/algorithms_impl.md, "Forked groups").
+
+A sibling of base b at fork turn t is reset on a fresh session with b's task (reset seed and options) and replays
+b's actions of turns 0..t-1. Replay is exact only if the env is deterministic given the task and the action prefix,
+so every replayed turn is checked: the prompt the sibling would show (observation, admissible actions, history, in
+trajectory mode the whole conversation) must equal b's, and each replayed step's observation, reward and
+terminated/truncated flags must equal b's. A difference raises :class:`ReplayMismatch`; the orchestrator then
+discards the sibling, refuses forking for that env id for the rest of the run (the reason kept in
+``RolloutOrchestrator.fork_refused``) and counts it in ``fork/replay_mismatch``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from agent_rl.rollout.config import ForkConfig
+from agent_rl.types import Episode, Turn
+
+#: per-call counters of forking (summed over rounds, workers and streams like the token counts).
+FORK_COUNTS = ("fork/groups", "fork/replay_mismatch", "fork/replay_s", "fork/extra_episodes", "fork/replayed_turns",
+               "fork/failed_siblings")
+
+
+class ReplayMismatch(RuntimeError):
+    """A sibling's replay of its base's actions did not reproduce the base's turn (the env is not deterministic given
+    the task and the action prefix)."""
+
+
+def base_count(cfg: ForkConfig, group_size: int) -> int:
+    """How many of a group's ``group_size`` slots play base episodes: all of them (``budget=extra``), or
+    ``max(1, G // (1 + points * siblings))`` (``budget=episodes``: the forks fill the rest of G)."""
+    if not cfg.enabled or cfg.budget == "extra":
+        return group_size
+    return max(1, group_size // (1 + cfg.points * cfg.siblings))
+
+
+def fork_turns(cfg: ForkConfig, bases: Sequence[Episode], *, seed: int, group_id: int) -> list[list[int]]:
+    """The fork turns of each base episode (ascending, each in ``1..len(turns)-1``: one replayed turn at least and a
+    turn of the base after it), by ``cfg.select`` (:class:`ForkConfig`). A failed base gets none. ``uniform`` draws
+    with ``numpy.random.default_rng([seed, group_id, slot])``: the same rollout seed gives the same turns."""
+    out: list[list[int]] = []
+    ref = next((ep for ep in bases if not ep.is_high), bases[0]) if bases else None
+    for slot, ep in enumerate(bases):
+        cands = list(range(1, len(ep.turns))) if ep.failure is None else []
+        n = min(cfg.points, len(cands))
+        if n == 0:
+            out.append([])
+            continue
+        if cfg.select == "uniform":
+            rng = np.random.default_rng([int(seed) & (2**63 - 1), int(group_id) & (2**63 - 1), slot])
+            picked = [cands[i] for i in rng.choice(len(cands), size=n, replace=False)]
+        elif cfg.select == "entropy":
+            score = [surprisal(ep.turns[k]) for k in cands]
+            picked = [cands[i] for i in sorted(range(len(cands)), key=lambda i: (-score[i], cands[i]))[:n]]
+        else:  # divergence: the first turn where this base acts differently from the reference (T0) episode
+            other = ref if ep is not ref else next((o for o in bases if o is not ep and o.failure is None), None)
+            first = None if other is None else first_divergence(ep, other)
+            picked = [first] if first is not None and 1 <= first < len(ep.turns) else []
+        out.append(sorted(picked))
+    return out
+
+
+def surprisal(turn: Turn) -> float:
+    """Mean ``-logprob`` of a turn's sampled tokens (nats): a one-sample estimate of the mean token entropy of the
+    sampling distribution at those positions (0 for an empty response)."""
+    lps = list(turn.response_logprobs)
+    return -sum(lps) / len(lps) if lps else 0.0
+
+
+def first_divergence(a: Episode, b: Episode) -> int | None:
+    """The first turn index where episodes ``a`` and ``b`` of one task took different actions (None: ``a``'s
+    actions are a prefix of ``b``'s)."""
+    for k, turn in enumerate(a.turns):
+        if k >= len(b.turns) or turn.action != b.turns[k].action:
+            return k
+    return None
+
+
+def sibling_slot(group_size: int, base_slot: int, point: int, sibling: int, cfg: ForkConfig) -> int:
+    """The sampling-seed slot of sibling ``sibling`` of fork point ``point`` of the base in ``base_slot``: after the
+    group's G slots, so no sibling samples with a base's row seeds (``row_seed(seed, group, slot, turn)``: with the
+    base's slot it would resample the base's continuation exactly)."""
+    return group_size + (base_slot * cfg.points + point) * cfg.siblings + sibling
+
+
+def check_replayed_prompt(k: int, prompt_ids: Sequence[int], base: Turn) -> None:
+    """Raise :class:`ReplayMismatch` unless the replayed turn ``k``'s prompt ids equal the base's."""
+    if list(prompt_ids) != list(base.prompt_ids):
+        at = next((i for i, (x, y) in enumerate(zip(prompt_ids, base.prompt_ids)) if x != y),
+                  min(len(prompt_ids), len(base.prompt_ids)))
+        raise ReplayMismatch(f"turn {k}: the replayed prompt differs from the base's at token {at} "
+                             f"({len(prompt_ids)} vs {len(base.prompt_ids)} tokens): observation or admissible actions")
+
+
+def check_replayed_step(k: int, observation: str, reward: float, terminated: bool, truncated: bool,
+                        base: Turn) -> None:
+    """Raise :class:`ReplayMismatch` unless the replayed step ``k`` gave the base's observation, reward and flags."""
+    if observation != base.observation:
+        raise ReplayMismatch(f"turn {k}: the replayed step's observation differs from the base's "
+                             f"({observation[:80]!r} vs {base.observation[:80]!r})")
+    if float(reward) != float(base.reward) or bool(terminated) != base.terminated or bool(truncated) != base.truncated:
+        raise ReplayMismatch(f"turn {k}: the replayed step's reward/terminated/truncated ({reward}, {terminated}, "
+                             f"{truncated}) differ from the base's ({base.reward}, {base.terminated}, {base.truncated})")

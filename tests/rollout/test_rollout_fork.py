@@ -1,0 +1,250 @@
+"""Forked groups, the rollout side (``rollout.fork``, issue 40) on real TextWorld games: siblings replay their base's
+actions (every replayed prompt and step equal to the base's), sample onward with their own seed slots, a
+nondeterministic env is refused, and the rows mask the replayed prefix."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import pytest
+from rollout_fakes import ByteTokenizer, SimplePool
+
+from agent_rl.engines.base import row_seed
+from agent_rl.rollout import GroupSpec, RolloutConfig, RolloutOrchestrator, build_rollout_batch, get_prompt
+from agent_rl.rollout.config import ForkConfig
+from agent_rl.rollout.fork import FORK_COUNTS, fork_turns, sibling_slot
+from agent_rl.types import Generation, Task
+
+ENV = "agent_rl/TextWorld-v0"
+KW = {"family": "coin_collector", "level": 2}
+MOVES = ["look", "inventory", "go north", "go south", "go east", "go west", "take coin", "examine coin"]
+
+
+@pytest.fixture(scope="module")
+def games(tmp_path_factory):
+    from envs.textworld import games as tw_games
+
+    root = tmp_path_factory.mktemp("tw_games")
+    old = os.environ.get("AGENT_RL_TEXTWORLD_GAMES")
+    os.environ["AGENT_RL_TEXTWORLD_GAMES"] = str(root)
+    tw_games._build([("coin_collector", 2, "train", i) for i in range(2)], root)
+    yield root
+    if old is None:
+        os.environ.pop("AGENT_RL_TEXTWORLD_GAMES", None)
+    else:
+        os.environ["AGENT_RL_TEXTWORLD_GAMES"] = old
+
+
+class SeededEngine:
+    """Picks a move with ``random.Random(row seed)``: a row's seed decides its action, so a sibling that sampled with
+    its base's slot would repeat the base. Records (prompt, row seed) of every row."""
+
+    def __init__(self) -> None:
+        self.tokenizer = ByteTokenizer()
+        self.rows: list[tuple[tuple[int, ...], int]] = []
+
+    def generate(self, prompts, temperatures, *, max_new_tokens, top_p=1.0, top_k=0, stop=None, seed=None,
+                 row_seeds=None):
+        out = []
+        for i, p in enumerate(prompts):
+            rs = row_seeds[i] if row_seeds is not None else seed
+            self.rows.append((tuple(p), rs))
+            ids = self.tokenizer.encode(f"<action>{random.Random(rs).choice(MOVES)}</action>")
+            out.append(Generation(token_ids=ids, logprobs=[-0.5] * len(ids), text=self.tokenizer.decode(ids),
+                                  finish_reason="stop"))
+        return out
+
+
+class NoisyPool(SimplePool):
+    """TextWorld made nondeterministic: every session's observations carry the session's own id."""
+
+    async def step(self, session_id, action):
+        out = await super().step(session_id, action)
+        out.observation = f"{out.observation} [{session_id}]"
+        return out
+
+
+def play(pool, *, mode="trajectory", fork=None, groups=2, seed_key=1, deterministic=None):
+    engine = SeededEngine()
+    cfg = RolloutConfig(mode=mode, max_turns=5, fork=fork or ForkConfig(points=1, siblings=2))
+    orch = RolloutOrchestrator(pool, engine, get_prompt("textworld"), cfg, max_new_tokens=64, seed=3,
+                               deterministic=deterministic)
+    specs = [GroupSpec(Task(ENV, {"split": "train", "index": g}, group_id=g, seed=7, env_kwargs=KW),
+                       [(1.0, False)] * 2) for g in range(groups)]
+
+    async def go():
+        try:
+            return await orch.run_groups(specs, seed_key=seed_key)
+        finally:
+            await pool.aclose()
+
+    return orch, engine, asyncio.run(go())
+
+
+def test_siblings_replay_the_base_exactly_and_sample_with_their_own_seeds(games):
+    orch, engine, res = play(SimplePool())
+    m = res.metrics
+    assert set(FORK_COUNTS) <= set(m) and m["fork/replay_mismatch"] == 0 and not orch.fork_refused
+    sibs = [ep for ep in res.episodes if ep.fork is not None]
+    assert sibs and m["fork/extra_episodes"] == len(sibs) and m["fork/groups"] >= 1 and m["fork/replay_s"] > 0
+    assert res.dropped_groups == 0
+    for ep in sibs:
+        group = [e for e in res.episodes if e.task.group_id == ep.task.group_id and e.fork is None]
+        base, t = group[ep.fork.base_slot], ep.fork.turn
+        assert 1 <= t < len(base.turns)
+        for k in range(t):  # the replayed prefix: the base's turns, prompts and env answers equal
+            a, b = ep.turns[k], base.turns[k]
+            assert (a.prompt_ids, a.response_ids, a.action, a.observation, a.reward) == \
+                (b.prompt_ids, b.response_ids, b.action, b.observation, b.reward)
+        # the fork turn's prompt (trajectory mode: the whole conversation) is the base's: the same state
+        assert ep.turns[t].prompt_ids == base.turns[t].prompt_ids
+    # the rows that sampled a fork turn's prompt: the base's and each sibling's, all with different seeds
+    for ep in sibs:
+        group = [e for e in res.episodes if e.task.group_id == ep.task.group_id and e.fork is None]
+        prompt = tuple(group[ep.fork.base_slot].turns[ep.fork.turn].prompt_ids)
+        seeds = [rs for p, rs in engine.rows if p == prompt]
+        n_sibs = sum(1 for s in sibs if s.task.group_id == ep.task.group_id and s.fork == ep.fork)
+        # (another base that reached the same conversation sampled it too)
+        assert len(seeds) >= 1 + n_sibs and len(set(seeds)) == len(seeds)
+    # and they are the documented slots: after the group's G = 2
+    assert sibling_slot(2, 0, 0, 0, ForkConfig(points=1, siblings=2)) == 2
+    assert sibling_slot(2, 1, 0, 1, ForkConfig(points=1, siblings=2)) == 5
+
+
+def test_same_seed_same_forks(games):
+    _, _, a = play(SimplePool())
+    _, _, b = play(SimplePool())
+    assert [(ep.fork, [t.action for t in ep.turns]) for ep in a.episodes] == \
+        [(ep.fork, [t.action for t in ep.turns]) for ep in b.episodes]
+
+
+def test_nondeterministic_env_is_refused_with_the_reason(games):
+    orch, _, res = play(NoisyPool())
+    assert res.metrics["fork/replay_mismatch"] >= 1 and res.metrics["fork/extra_episodes"] == 0
+    assert "differs from the base's" in orch.fork_refused[ENV]
+    assert all(ep.fork is None for ep in res.episodes) and len(res.episodes) == 4 and res.dropped_groups == 0
+
+
+@pytest.mark.parametrize("mode", ["trajectory", "turn"])
+def test_rows_mask_the_replayed_prefix(games, mode):
+    _, _, res = play(SimplePool(), mode=mode)
+    batch = build_rollout_batch(res.episodes, pad_token_id=0, mode=mode)
+    ex = batch.extras
+    tt, rm = ex["token_turn"], batch.response_mask
+    for e, ep in enumerate(res.episodes):
+        rows = (batch.episode_index == e).nonzero().flatten().tolist()
+        for k, turn in enumerate(ep.turns):
+            r = rows[k] if mode == "turn" else rows[0]
+            start = len(turn.prompt_ids)
+            span = rm[r, start:start + len(turn.response_ids)]
+            assert (tt[r, start:start + len(turn.response_ids)] == k).all()
+            trained = ep.fork is None or k >= ep.fork.turn
+            assert float(span.min()) == float(span.max()) == (1.0 if trained else 0.0)
+        if ep.fork is not None:
+            base = int(ex["episode_fork_base"][e])
+            assert res.episodes[base].fork is None and res.episodes[base].task.group_id == ep.task.group_id
+            assert int(ex["episode_fork_turn"][e]) == ep.fork.turn
+        else:
+            assert int(ex["episode_fork_base"][e]) == -1
+
+
+def test_fork_turn_selection():
+    from agent_rl.types import Episode, Turn
+
+    def ep(actions, lps, high=True):
+        return Episode(task=Task(ENV), temperature=1.0, is_high=high,
+                       turns=[Turn([1], [2], [lp], a) for a, lp in zip(actions, lps)])
+
+    t0 = ep(["look", "go east", "take coin"], [-0.1, -0.1, -0.1], high=False)
+    t1 = ep(["look", "go west", "go east", "look"], [-0.1, -2.0, -0.5, -3.0])
+    ent = fork_turns(ForkConfig(points=2, select="entropy"), [t0, t1], seed=0, group_id=0)
+    assert ent[1] == [1, 3]  # the two turns of highest surprisal (turn 0 is never a fork turn)
+    div = fork_turns(ForkConfig(points=2, select="divergence"), [t0, t1], seed=0, group_id=0)
+    assert div == [[1], [1]]  # T0 and T1 first act differently at turn 1
+    uni = fork_turns(ForkConfig(points=2), [t0, t1], seed=5, group_id=3)
+    assert uni == fork_turns(ForkConfig(points=2), [t0, t1], seed=5, group_id=3)
+    assert all(len(u) == 2 and all(1 <= t < n for t in u) for u, n in zip(uni, (3, 4)))
+    one_turn = ep(["look"], [-1.0])
+    assert fork_turns(ForkConfig(points=1), [one_turn], seed=0, group_id=0) == [[]]
+    with pytest.raises(ValueError, match="js is not built"):
+        ForkConfig(select="js")
+
+
+class NoFork:
+    """The hf engine without ``fork_episode``: siblings prefill their replayed prefix themselves."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name):
+        if name == "fork_episode":
+            raise AttributeError(name)
+        return getattr(self._engine, name)
+
+
+def test_siblings_prefill_the_shared_prefix_once_with_the_hf_engine(games):
+    """Trajectory mode, the tiny model in float64 (exact ties): with ``fork_episode`` each sibling's first sampled
+    prompt reuses all of it but its last token from the base's cache (``throughput/kv_reuse_tokens`` higher by
+    exactly that sum), and the episodes are the same as without the reuse."""
+    import copy
+
+    from agent_rl.engines import HFEngine
+    from agent_rl.learner.config import ModelConfig
+    from agent_rl.models import load_policy
+
+    model, tok = load_policy(ModelConfig(name="tiny"))
+    model = copy.deepcopy(model).double()
+    out = []
+    for wrap in (lambda e: e, NoFork):
+        engine = wrap(HFEngine(model, tok, seed=0))
+        cfg = RolloutConfig(mode="trajectory", max_turns=3, fork=ForkConfig(points=1, siblings=2))
+        orch = RolloutOrchestrator(SimplePool(), engine, get_prompt("textworld"), cfg, max_new_tokens=6, seed=3)
+        spec = GroupSpec(Task(ENV, {"split": "train", "index": 0}, group_id=0, seed=7, env_kwargs=KW), [(1.0, False)] * 2)
+        out.append(asyncio.run(orch.run_groups([spec], seed_key=1)))
+    shared, alone = out
+    sibs = [ep for ep in shared.episodes if ep.fork is not None]
+    assert sibs and [[t.response_ids for t in ep.turns] for ep in shared.episodes] == \
+        [[t.response_ids for t in ep.turns] for ep in alone.episodes]
+    prefix = sum(len(ep.turns[ep.fork.turn].prompt_ids) - 1 for ep in sibs)
+    gain = shared.metrics["throughput/kv_reuse_tokens"] - alone.metrics["throughput/kv_reuse_tokens"]
+    assert gain == prefix
+    assert shared.metrics["throughput/prefill_tokens"] == alone.metrics["throughput/prefill_tokens"] - prefix
+
+
+def test_stream_play_group_holds_its_forks_and_budget_episodes(games):
+    """The asynchronous producer's path (``trainer.max_staleness``): ``play_group`` returns the group with its
+    siblings (admitted or discarded as one), the stream's counters carry ``fork/*``; ``budget=episodes`` takes the
+    siblings out of G: G = 4, 1 point x 1 sibling -> 2 bases and at most 2 siblings."""
+    engine = SeededEngine()
+    cfg = RolloutConfig(mode="trajectory", max_turns=5, fork=ForkConfig(points=1, siblings=1, budget="episodes"))
+    orch = RolloutOrchestrator(SimplePool(), engine, get_prompt("textworld"), cfg, max_new_tokens=64, seed=3)
+    spec = GroupSpec(Task(ENV, {"split": "train", "index": 0}, group_id=0, seed=7, env_kwargs=KW), [(1.0, False)] * 4)
+
+    async def go():
+        await orch.open_stream(seed_key=1)
+        try:
+            return await orch.play_group(spec), orch.stream_counters()
+        finally:
+            await orch.close_stream()
+            await orch.pool.aclose()
+
+    eps, counters = asyncio.run(go())
+    bases = [ep for ep in eps if ep.fork is None]
+    assert len(bases) == 2 and 1 <= len(eps) - 2 <= 2 and len(eps) <= 4
+    assert counters["fork/extra_episodes"] == len(eps) - 2 and counters["fork/replay_mismatch"] == 0
+    assert {ep.fork.base_slot for ep in eps if ep.fork is not None} <= {0, 1}
+
+
+def test_an_env_declared_nondeterministic_is_refused_up_front(games):
+    """``EnvFamily.deterministic`` False (math with the python tool): no sibling is started, the reason is kept."""
+    from agent_rl.compose import load_config
+    from agent_rl.runtime import env_deterministic
+
+    orch, engine, res = play(SimplePool(), deterministic=False, groups=1)
+    assert "declares that its episodes do not replay exactly" in orch.fork_refused[ENV]
+    assert all(ep.fork is None for ep in res.episodes) and res.metrics["fork/replay_mismatch"] == 0
+    assert len(engine.rows) == sum(len(ep.turns) for ep in res.episodes)  # the bases' turns only
+    assert env_deterministic(load_config(["env=math_python", "model=tiny"])) is False
+    assert env_deterministic(load_config(["env=textworld", "model=tiny"])) is True
