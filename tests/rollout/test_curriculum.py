@@ -25,7 +25,7 @@ def sampler(**kwargs) -> PassRateSampler:
 
 
 def task(i: int) -> Task:
-    return Task(env_id="agent_rl/Math-v0", options=dict(ROWS[i]), index=i)
+    return Task(env_id="agent_rl/Math-v0", options=dict(ROWS[i]), index=i, group_id=i)  # one group per task
 
 
 def test_pools_by_running_pass_rate_hand_computed():
