@@ -20,6 +20,7 @@ from typing import Any, get_type_hints
 from agent_rl.engines.config import EngineConfig
 from agent_rl.episodes import parse_save_episodes
 from agent_rl.eval.config import EvalConfig
+from agent_rl.gateway.config import ExternalConfig
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
 from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH, applied
 from agent_rl.rollout.config import RolloutConfig, TaskSamplerConfig
@@ -59,6 +60,8 @@ class EnvConfig:
     tools: list[str] = field(default_factory=list)
     """Tools given to a task env by name (math, code: ``[python]`` makes an episode multi-turn, calls run in the
     code sandbox); needs ``env.action_format=tools``. Passed to the env as its ``tools`` kwarg."""
+    external: ExternalConfig = field(default_factory=ExternalConfig)
+    """``env=external``: an agent program trained through the gateway (``agent_rl.gateway``, docs/gateway.md)."""
 
     def __post_init__(self) -> None:
         if self.action_format not in ("text", "tools"):
