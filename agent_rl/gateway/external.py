@@ -202,6 +202,7 @@ class ExternalRollout(RolloutOrchestrator):
             session.turns[-1].terminated = session.turns[-1].terminated or bool(step.terminated)
             session.turns[-1].truncated = session.turns[-1].truncated or bool(step.truncated)
             session.turns[-1].invalid = session.turns[-1].invalid or bool(info.get("invalid_action"))
+            session.turns[-1].observation = str(step.observation)  # the next request's new messages replace it
             session.turns[-1].info.update({k: info[k] for k in ("won", "invalid_action") if k in info})
         return {"observation": step.observation, "reward": float(step.reward), "terminated": bool(step.terminated),
                 "truncated": bool(step.truncated), "info": info}
