@@ -1,0 +1,229 @@
+"""Task files: a user's own tasks read with Hugging Face ``datasets`` (the one task loader of the project).
+
+:func:`load_tasks` reads JSONL, JSON, parquet, CSV, a folder written by ``Dataset.save_to_disk`` /
+``DatasetDict.save_to_disk``, a folder of such files, or a hub name (where the machine can reach the hub), keeps
+the rows of a split that pass a filter, and maps columns onto a task's keys (``fields``: ``{task key: column}``).
+What it returns is a :class:`TaskList` (a ``list`` of plain, JSON-serialisable dicts) that also knows its source,
+its columns and how to print itself (row count, columns, first row).
+
+Errors name the file, the row and the field (:class:`TaskFileError`, a ``ValueError``): a missing column lists the
+file's columns, an unreadable JSONL line names its line, a row without a value for a required key names its row.
+Rows are 0-based positions in the split as read (``ds[i]``); JSONL lines are 1-based line numbers.
+
+The rows are content, never paths: the trainer sends a row as an env's reset options (``envs.math``,
+``envs.code``, any gym env), so a file's tasks reach a remote env server whose clients may not name host paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections.abc import Callable, Collection, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FILE_BUILDERS", "TaskFileError", "TaskList", "load_tasks"]
+
+FILE_BUILDERS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+"""File suffix -> the ``datasets`` builder that reads it."""
+
+MAX_SHOWN_CHARS = 400
+""":meth:`TaskList.describe` cuts the printed first row at this many characters."""
+
+
+class TaskFileError(ValueError):
+    """A task source that cannot be read or mapped; the message names the source, and the row and field if any."""
+
+    def __init__(self, message: str, *, source: str, row: int | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.source, self.row, self.field = source, row, field
+
+
+class TaskList(list):
+    """The tasks (a list of dicts) plus where they came from: ``source``, ``split``, ``columns`` (the source's
+    columns before mapping) and ``num_rows_read`` (rows of the split before the filter)."""
+
+    def __init__(self, rows: list[dict[str, Any]], *, source: str, split: str | None, columns: list[str],
+                 num_rows_read: int) -> None:
+        super().__init__(rows)
+        self.source, self.split, self.columns, self.num_rows_read = source, split, list(columns), num_rows_read
+
+    def describe(self, max_chars: int = MAX_SHOWN_CHARS) -> str:
+        """Three lines for the start of a run: row count (and how many the filter kept), columns, first row."""
+        split = f" (split {self.split})" if self.split else ""
+        kept = "" if len(self) == self.num_rows_read else f" (of {self.num_rows_read} read; the filter kept these)"
+        first = json.dumps(self[0], ensure_ascii=False) if self else "(none)"
+        if len(first) > max_chars:
+            first = first[:max_chars] + f"... ({len(first)} chars)"
+        return (f"tasks: {len(self)} rows from {self.source}{split}{kept}\n"
+                f"  columns: {', '.join(self.columns)}\n  first row: {first}")
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """No progress bars while reading (one line per split and file otherwise); restored afterwards."""
+    from datasets.utils import disable_progress_bars, enable_progress_bars, is_progress_bar_enabled
+
+    was = is_progress_bar_enabled()
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was:
+            enable_progress_bars()
+
+
+def _first_bad_jsonl_line(path: Path) -> tuple[int, str] | None:
+    """(1-based line, reason) of the first line of a JSONL file that is not a JSON object; None if all are."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError as exc:
+                return number, f"not JSON ({exc})"
+            if not isinstance(value, dict):
+                return number, f"a JSON {type(value).__name__}, not an object"
+    return None
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+
+
+def _read(source: str, split: str | None, cache_dir: str | None):
+    """The ``datasets.Dataset`` of ``source``'s split (see :func:`load_tasks`)."""
+    import datasets  # deferred: the trainer side's optional dependency (pyarrow, pandas)
+
+    path = Path(source).expanduser()
+    if path.is_dir() and _is_saved_dataset(path):
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            if split is None and len(loaded) == 1:
+                return next(iter(loaded.values()))
+            if split not in loaded:
+                raise TaskFileError(f"{source}: split {split!r} not in the saved dataset; its splits: "
+                                    f"{', '.join(loaded)}", source=source)
+            return loaded[split]
+        if split not in (None, "train"):
+            raise TaskFileError(f"{source}: a saved Dataset has one split (no {split!r}); drop the split",
+                                source=source)
+        return loaded
+    if path.is_file():
+        builder = FILE_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise TaskFileError(f"{source}: unknown task file type {path.suffix!r}; valid: "
+                                f"{', '.join(FILE_BUILDERS)}, a save_to_disk folder or a hub name", source=source)
+        try:
+            return datasets.load_dataset(builder, data_files=str(path), split=split or "train", cache_dir=cache_dir)
+        except (TaskFileError, FileNotFoundError):
+            raise
+        except Exception as exc:  # datasets wraps pyarrow's parse errors in its own; find the line ourselves
+            bad = _first_bad_jsonl_line(path) if path.suffix.lower() == ".jsonl" else None
+            if bad is not None:
+                raise TaskFileError(f"{source}, line {bad[0]}: unreadable row: {bad[1]}", source=source,
+                                    row=bad[0]) from None
+            cause = exc.__cause__ or exc
+            raise TaskFileError(f"{source}: unreadable {builder} file: {type(cause).__name__}: {cause}",
+                                source=source) from exc
+    if path.is_dir():  # a folder of data files (data/train-*.parquet, ...): datasets infers the splits
+        return datasets.load_dataset(str(path), split=split or "train", cache_dir=cache_dir)
+    if path.suffix.lower() in FILE_BUILDERS or source.startswith((".", "/", "~")) or os.sep + os.sep in source:
+        raise FileNotFoundError(f"task file {source} does not exist")
+    try:  # a hub name ("owner/name")
+        return datasets.load_dataset(source, split=split or "train", cache_dir=cache_dir)
+    except Exception as exc:
+        raise TaskFileError(f"{source}: neither a local file nor a dataset the hub could serve here "
+                            f"({type(exc).__name__}: {exc})", source=source) from exc
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _matches(row: Mapping[str, Any], filter: Mapping[str, Any]) -> bool:
+    for column, wanted in filter.items():
+        allowed = wanted if isinstance(wanted, (list, tuple, set, frozenset)) else (wanted,)
+        if row[column] not in allowed:
+            return False
+    return True
+
+
+def load_tasks(
+    source: str | os.PathLike,
+    fields: Mapping[str, str] | None = None,
+    split: str | None = None,
+    filter: Mapping[str, Any] | Callable[[dict[str, Any]], bool] | None = None,
+    *,
+    optional: Collection[str] = (),
+    limit: int | None = None,
+    cache_dir: str | None = None,
+) -> TaskList:
+    """The tasks of a file, saved dataset or hub dataset, one dict per kept row.
+
+    Args:
+        source: a ``.jsonl``/``.json``/``.parquet``/``.csv`` file, a ``save_to_disk`` folder, a folder of data
+            files, or a hub name (read where the hub is reachable; ``HF_DATASETS_OFFLINE=1`` reads the local cache).
+        fields: ``{task key: column}``; each returned dict holds exactly these keys (a key left out of the mapping
+            is not read). None: every column under its own name.
+        split: the split to read (``train`` when None; a saved ``DatasetDict`` with one split needs none; file
+            sources also take ``datasets``' slices, ``train[:100]``).
+        filter: ``{column: value or list of values}`` (a row is kept when each column holds one of them), or a
+            callable ``row -> bool`` on the source's row; applied before the mapping.
+        optional: task keys whose column may be absent (the key is then left out of every row) or empty in a row
+            (left out of that row); every other key needs its column and a value in every kept row.
+        limit: keep at most this many rows (after the filter).
+        cache_dir: ``datasets``' cache (default ``~/.cache/huggingface/datasets``).
+
+    Returns:
+        A :class:`TaskList` of dicts whose values are JSON-serialisable (an env's reset options, over HTTP too).
+
+    Raises:
+        FileNotFoundError: a path that does not exist.
+        TaskFileError: unknown file type, unreadable file or row (the JSONL line), a split or a column the source
+            does not have (the message lists those it has), a row without a value for a required key, a value that
+            is not JSON-serialisable (the row and key are named), no row left after the filter.
+    """
+    source = os.fspath(source)
+    with _quiet_datasets():
+        ds = _read(source, split, cache_dir)
+    columns = list(ds.column_names)
+    mapping = dict(fields) if fields is not None else {c: c for c in columns}
+    optional = set(optional)
+    unknown_filter = sorted(set(filter) - set(columns)) if isinstance(filter, Mapping) else []
+    if unknown_filter:
+        raise TaskFileError(f"{source}: filter column(s) {unknown_filter} not in the source; its columns: "
+                            f"{', '.join(columns)}", source=source, field=unknown_filter[0])
+    for key, column in mapping.items():
+        if column not in columns and key not in optional:
+            raise TaskFileError(f"{source}: no column {column!r} for task field {key!r}; its columns: "
+                                f"{', '.join(columns)}", source=source, field=key)
+    mapping = {k: c for k, c in mapping.items() if c in columns}
+    rows: list[dict[str, Any]] = []
+    for i, row in enumerate(ds):
+        if filter is not None and not (filter(row) if callable(filter) else _matches(row, filter)):
+            continue
+        task: dict[str, Any] = {}
+        for key, column in mapping.items():
+            value = row[column]
+            if _missing(value):
+                if key in optional:
+                    continue
+                raise TaskFileError(f"{source}, row {i}: no value for task field {key!r} (column {column!r})",
+                                    source=source, row=i, field=key)
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise TaskFileError(f"{source}, row {i}: task field {key!r} (column {column!r}) is not "
+                                    f"JSON-serialisable ({exc})", source=source, row=i, field=key) from None
+            task[key] = value
+        rows.append(task)
+        if limit is not None and len(rows) >= limit:
+            break
+    if not rows:
+        raise TaskFileError(f"{source}: no task left (read {len(ds)} rows"
+                            f"{', the filter kept none' if filter is not None else ''})", source=source)
+    return TaskList(rows, source=source, split=split, columns=columns, num_rows_read=len(ds))

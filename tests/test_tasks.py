@@ -1,0 +1,121 @@
+"""agent_rl.tasks.load_tasks: every source kind read by ``datasets`` gives the same rows; errors name file, row, field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+datasets = pytest.importorskip("datasets")
+
+from agent_rl.tasks import TaskFileError, load_tasks  # noqa: E402
+
+ROWS = [
+    {"question": "What is 2+3?", "final": "5", "level": 1},
+    {"question": "What is 7*6?", "final": "42", "level": 2},
+    {"question": "What is 10-4?", "final": "6", "level": 2},
+]
+FIELDS = {"problem": "question", "answer": "final"}
+MAPPED = [{"problem": r["question"], "answer": r["final"]} for r in ROWS]
+
+
+def _write(kind: str, tmp_path):
+    if kind == "jsonl":
+        path = tmp_path / "t.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    elif kind == "json":
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps(ROWS))
+    elif kind == "parquet":
+        path = tmp_path / "t.parquet"
+        datasets.Dataset.from_list(ROWS).to_parquet(str(path))
+    elif kind == "csv":
+        path = tmp_path / "t.csv"
+        datasets.Dataset.from_list(ROWS).to_csv(str(path), index=False)
+    elif kind == "disk":
+        path = tmp_path / "saved"
+        datasets.Dataset.from_list(ROWS).save_to_disk(str(path))
+    else:  # a DatasetDict with two splits
+        path = tmp_path / "saved_dict"
+        datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS),
+                              "test": datasets.Dataset.from_list(ROWS[:1])}).save_to_disk(str(path))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "json", "parquet", "csv", "disk"])
+def test_every_source_kind_gives_the_mapped_rows(kind, tmp_path):
+    tasks = load_tasks(_write(kind, tmp_path), FIELDS, cache_dir=str(tmp_path / "cache"))
+    # CSV has no types: its reader infers them ("5" is read as 5; the env turns an answer into a string)
+    assert list(tasks) == ([{**r, "answer": int(r["answer"])} for r in MAPPED] if kind == "csv" else MAPPED)
+    assert tasks.columns == ["question", "final", "level"]
+    text = tasks.describe()
+    assert "3 rows" in text and "question, final, level" in text and "What is 2+3?" in text
+
+
+def test_no_fields_keeps_every_column_and_split_filter_limit(tmp_path):
+    path = _write("dict", tmp_path)
+    assert load_tasks(path, split="test") == [ROWS[0]]
+    assert load_tasks(path, split="train", filter={"level": 2}) == ROWS[1:]
+    assert load_tasks(path, split="train", filter={"level": [1, 2]}, limit=2) == ROWS[:2]
+    assert load_tasks(path, split="train", filter=lambda r: r["final"] == "6") == [ROWS[2]]
+    kept = load_tasks(path, FIELDS, split="train", filter={"level": 2})
+    assert kept.num_rows_read == 3 and "the filter kept these" in kept.describe()
+    with pytest.raises(TaskFileError, match="split 'validation' not in the saved dataset; its splits: train, test"):
+        load_tasks(path, split="validation")
+    with pytest.raises(TaskFileError, match="filter column"):
+        load_tasks(path, split="train", filter={"difficulty": 2})
+    with pytest.raises(TaskFileError, match="no task left"):
+        load_tasks(path, split="train", filter={"level": 9})
+
+
+def test_split_slice_of_a_file(tmp_path):
+    tasks = load_tasks(_write("parquet", tmp_path), FIELDS, split="train[1:]", cache_dir=str(tmp_path / "c"))
+    assert list(tasks) == MAPPED[1:]
+
+
+def test_missing_column_names_file_field_and_columns(tmp_path):
+    path = _write("parquet", tmp_path)
+    with pytest.raises(TaskFileError) as err:
+        load_tasks(path, {"problem": "question", "answer": "answer"}, cache_dir=str(tmp_path / "c"))
+    message = str(err.value)
+    assert str(path) in message and "'answer'" in message and "its columns: question, final, level" in message
+    assert err.value.field == "answer"
+    # an optional key whose column is absent is left out
+    assert load_tasks(path, {**FIELDS, "solution": "solution"}, optional=["solution"],
+                      cache_dir=str(tmp_path / "c")) == MAPPED
+
+
+def test_unreadable_jsonl_row_names_its_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n\n" + '{"question": "x", "final": \n' + json.dumps(ROWS[1]) + "\n")
+    with pytest.raises(TaskFileError, match=r"bad\.jsonl, line 3: unreadable row: not JSON") as err:
+        load_tasks(path, FIELDS, cache_dir=str(tmp_path / "c"))
+    assert err.value.row == 3
+
+
+def test_empty_value_names_row_and_field(tmp_path):
+    path = tmp_path / "gap.jsonl"
+    rows = [ROWS[0], {"question": "q", "final": None, "level": 1}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(TaskFileError, match=r"gap\.jsonl, row 1: no value for task field 'answer' \(column 'final'\)"):
+        load_tasks(path, FIELDS, cache_dir=str(tmp_path / "c"))
+    # optional: the key is left out of that row only
+    tasks = load_tasks(path, {"problem": "question", "answer": "final"}, optional=["answer"],
+                       cache_dir=str(tmp_path / "c"))
+    assert list(tasks) == [{"problem": "What is 2+3?", "answer": "5"}, {"problem": "q"}]
+
+
+def test_not_json_serialisable_value_is_refused(tmp_path):
+    path = tmp_path / "bin.parquet"
+    datasets.Dataset.from_list([{"question": "q", "final": b"\x00\x01"}]).to_parquet(str(path))
+    with pytest.raises(TaskFileError, match=r"row 0: task field 'answer' \(column 'final'\) is not JSON"):
+        load_tasks(path, FIELDS, cache_dir=str(tmp_path / "c"))
+
+
+def test_paths_that_do_not_exist_and_unknown_types(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_tasks(tmp_path / "nope.parquet")
+    other = tmp_path / "t.txt"
+    other.write_text("hello")
+    with pytest.raises(TaskFileError, match="unknown task file type '.txt'"):
+        load_tasks(other)
