@@ -308,7 +308,9 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig, metadata=MAY_CHANGE)  # an RL run reads none
 
     def __post_init__(self) -> None:
-        # Derived defaults that span groups (algo depends on engine).
+        # Derived defaults that span groups (algo depends on engine; an external program's file tasks need no env).
+        if self.env.external.enabled and self.env.external.from_file:
+            self.env_server.mode = "local"  # nothing is started: the tasks are the file's rows
         if self.algo.dapo_overlong_max_len <= 0:
             self.algo.dapo_overlong_max_len = self.engine.max_new_tokens
         if self.algo.dapo_overlong_cache_len <= 0:

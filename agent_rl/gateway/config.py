@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from agent_rl.tasks import FILE_BUILDERS
 
 
 @dataclass
@@ -19,7 +22,9 @@ class ExternalConfig:
     last stdout line as JSON (a number or ``{"reward": ...}``) or the one posted."""
     tasks: str = ""
     """The task source: a registered env id (the run's env server serves it; each task dict carries the reset
-    observation, info and an ``env`` entry of a live session the program steps through the gateway)."""
+    observation, info and an ``env`` entry of a live session the program steps through the gateway), or a dataset
+    file or folder (``agent_rl.tasks.load_tasks``: JSONL, JSON, parquet, CSV, ``save_to_disk``): each row is the
+    task dict, rows taken in order (task p of the run is row p mod rows), no env session."""
     concurrency: int = 8
     """Programs running at once (threads or processes); G programs per task."""
     timeout_s: float = 600.0
@@ -43,3 +48,14 @@ class ExternalConfig:
     @property
     def enabled(self) -> bool:
         return bool(self.program or self.command)
+
+    @property
+    def from_file(self) -> bool:
+        """The task source is a dataset file or folder (not an env id)."""
+        return is_task_file(self.tasks)
+
+
+def is_task_file(source: str) -> bool:
+    """``source`` names a dataset file or folder (an existing path, or a file name ending in a suffix
+    ``load_tasks`` reads), not an env id."""
+    return bool(source) and (Path(source).exists() or Path(source).suffix.lower() in FILE_BUILDERS)

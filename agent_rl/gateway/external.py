@@ -44,6 +44,7 @@ from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.orchestrator import EnvCallFailed, RolloutOrchestrator
 from agent_rl.rollout.prompts import get_prompt
 from agent_rl.rollout.tools import strip_reasoning
+from agent_rl.tasks import load_tasks
 from agent_rl.types import Episode, Generation, Task
 from servers.launch import new_token
 
@@ -127,6 +128,8 @@ class ExternalRollout(RolloutOrchestrator):
                          on_turn=on_turn, on_episode=on_episode)
         self.external = external
         self.program = load_program(external.program) if external.program else None
+        self.rows = load_tasks(external.tasks) if external.from_file else None
+        """The task file's rows (``env.external.tasks`` a file), else None (an env id's sessions)."""
         assert self.tool_format is not None
         self.builder = PromptBuilder(self.tokenizer, self.tool_format, self._eos_ids)
         limits = GatewayLimits(max_body_bytes=external.max_body_bytes, max_messages=external.max_messages,
@@ -151,6 +154,11 @@ class ExternalRollout(RolloutOrchestrator):
         if not self._started:
             await self._server.start()
             self._started = True
+
+    def prefetch(self, tasks: Any, episodes_per_task: int) -> None:
+        """Env resets of the next step's episodes (an env id's tasks only: a file's rows need none)."""
+        if self.rows is None:
+            super().prefetch(tasks, episodes_per_task)
 
     async def aclose(self) -> None:
         await super().aclose()
@@ -219,6 +227,8 @@ class ExternalRollout(RolloutOrchestrator):
         return out
 
     def _task_dict(self, task: Task, reset: Any, session: GatewaySession) -> dict[str, Any]:
+        if self.rows is not None:  # a file's row is the task dict
+            return {**self.rows[task.group_id % len(self.rows)], "group_id": task.group_id}
         out: dict[str, Any] = {"env_id": task.env_id, "options": dict(task.options), "seed": task.seed,
                                "group_id": task.group_id}
         if reset is not None:
@@ -262,7 +272,7 @@ class ExternalRollout(RolloutOrchestrator):
         recorded calls; raises :class:`EnvCallFailed` on any failure of the attempt (module docstring)."""
         await self.start()
         reset = None
-        if self.external.tasks:
+        if self.rows is None and self.external.tasks:
             early = self._prefetched.pop((task.group_id, slot), None)
             reset = await early if early is not None else await self._reset(task)
         episode_id = f"gw{next(_EPISODE_IDS)}"

@@ -123,3 +123,10 @@ def no_reward(task: dict[str, Any], gateway: dict[str, Any]) -> None:
     client(gateway).chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}],
                                             max_tokens=4)
     return None
+
+
+def file_task(task: dict[str, Any], gateway: dict[str, Any]) -> float:
+    """A task file's row (``question``, ``answer``) asked once; reward 1.0 if the reply holds the answer, else 0.25."""
+    reply = client(gateway).chat.completions.create(model="policy", max_tokens=6,
+                                                    messages=[{"role": "user", "content": task["question"]}])
+    return 1.0 if str(task["answer"]) in (reply.choices[0].message.content or "") else 0.25

@@ -7,6 +7,8 @@ per-episode base URL; and the attacker's view: token, other sessions, bounds, ca
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import threading
 from typing import Any
 
@@ -54,14 +56,16 @@ class RecordingEngine:
         self.engine.end_episode(episode_id)
 
 
-def play(policy, program: str, *, groups: int = 1, max_new_tokens: int = 12, engine=None, **external):
+def play(policy, program: str, *, groups: int = 1, max_new_tokens: int = 12, engine=None,
+         tasks_override: str | None = None, **external):
     model, tok = policy
     engine = engine or get_engine("hf", model, tok, seed=0)
     cfg = RolloutConfig(max_turns=3, episode_retries=1, retry_backoff_s=0.0)
 
     async def go():
         pool = LocalEnvPool()
-        orch = ExternalRollout(pool, engine, cfg, ExternalConfig(program=program, tasks=ENV, **external),
+        orch = ExternalRollout(pool, engine, cfg, ExternalConfig(program=program, tasks=tasks_override or ENV,
+                                                                 **external),
                                max_new_tokens=max_new_tokens, seed=0)
         try:
             sampler = TaskSampler(ENV, TaskSamplerConfig(kind="seed"), seed=0)
@@ -276,3 +280,33 @@ def test_attacker_view(live):
 def test_gateway_binds_loopback_only_by_default(live):
     with pytest.raises(ValueError, match="not loopback"):
         GatewayServer(live.orch.gateway.app, host="0.0.0.0")
+
+
+# ------------------------------------------------------------------------------------------------ task files, commands
+@pytest.fixture()
+def task_file(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": i + 1}) + "\n" for i in range(3)))
+    return str(path)
+
+
+def test_task_file_rows_are_the_task_dicts(policy, task_file):
+    res, metrics = play(policy, "tests.gateway.programs:file_task", groups=2, tasks_override=task_file)
+    assert res.dropped_groups == 0 and len(res.episodes) == 8
+    assert [ep.reward for ep in res.episodes] == [0.25] * 8  # the program's own reward (the tiny model is random)
+    prompts = [policy[1].decode(ep.turns[0].prompt_ids) for ep in res.episodes]
+    assert all("What is 0 + 1?" in p for p in prompts[:4]) and all("What is 1 + 1?" in p for p in prompts[4:])
+
+
+@pytest.mark.parametrize("mode,reward_via", [("print", "print"), ("post", "post")])
+def test_command_template_program(policy, task_file, mode, reward_via):
+    cmd = f"{sys.executable} -m tests.gateway.command_program {mode} {{base_url}} {{api_key}} {{session_id}} {{task_json}}"
+    res, _ = play(policy, "", command=cmd, tasks_override=task_file)
+    assert res.dropped_groups == 0 and [ep.reward for ep in res.episodes] == [0.25] * 4
+    assert all(ep.turns[-1].info["via"] == reward_via for ep in res.episodes)
+
+
+def test_failing_command_is_an_env_failure(policy, task_file):
+    cmd = f"{sys.executable} -m tests.gateway.command_program fail {{base_url}} {{api_key}} {{session_id}} {{task_json}}"
+    res, _ = play(policy, "", command=cmd, tasks_override=task_file)
+    assert res.dropped_groups == 1 and "status 3" in res.failures[0]
