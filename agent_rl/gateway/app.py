@@ -106,19 +106,21 @@ class Gateway:
         limits: :class:`GatewayLimits`.
         auto_sessions: the run's token may open a session by naming it (``X-Session-ID``; the standalone gateway);
             in training sessions are opened by the trainer only.
-        on_close: called with each session :meth:`close_session` ends (the standalone gateway stores it).
+        session_defaults: :class:`GatewaySession` fields of sessions opened by name (``auto_sessions``).
+        on_reward: called with a session once its reward is posted (the standalone gateway stores the episode).
     """
 
     def __init__(self, sampler: Sampler, *, token: str, model_name: str = "policy",
                  limits: GatewayLimits | None = None, auto_sessions: bool = False,
-                 allowed_origins: list[str] | None = None,
-                 session_defaults: dict[str, Any] | None = None) -> None:
+                 allowed_origins: list[str] | None = None, session_defaults: dict[str, Any] | None = None,
+                 on_reward: Callable[[GatewaySession], None] | None = None) -> None:
         self.sampler, self.model_name = sampler, model_name
         self.limits = limits or GatewayLimits()
         self.settings = GatewaySettings(token=token, allowed_origins=list(allowed_origins or []))
         self.sessions = self.settings.sessions
         self.auto_sessions = auto_sessions
         self.session_defaults = dict(session_defaults or {})
+        self.on_reward = on_reward
         self.requests = 0
         self.prefix_breaks = 0
         self.app = self._build_app()
@@ -148,6 +150,8 @@ class Gateway:
             if sid is not None and sid != client:
                 raise RequestError("session not found", "session_not_found", 404)
             sid = client
+        if sid is None and client == RUN_CLIENT and self.auto_sessions:
+            sid = "default"
         if sid is None:
             raise RequestError("no session: send X-Session-ID or use base_url .../sessions/<id>/v1",
                                "session_required", 400)
@@ -329,6 +333,8 @@ class Gateway:
             session.reward_info = dict(body.info)
             if body.won is not None:
                 session.reward_info["won"] = bool(body.won)
+            if self.on_reward is not None:
+                self.on_reward(session)
             return {"session_id": session.session_id, "reward": session.reward}
 
         async def env_step(request: Request, env_sid: str, body: StepRequest) -> Any:
@@ -391,5 +397,3 @@ async def _completion_chunks(result: dict[str, Any]) -> AsyncIterator[bytes]:
                                      "logprobs": None}]})
     yield b"data: [DONE]\n\n"
 
-
-Factory = Callable[..., Gateway]
