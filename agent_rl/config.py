@@ -309,8 +309,12 @@ class Config:
 
     def __post_init__(self) -> None:
         # Derived defaults that span groups (algo depends on engine; an external program's file tasks need no env).
-        if self.env.external.enabled and self.env.external.from_file:
-            self.env_server.mode = "local"  # nothing is started: the tasks are the file's rows
+        if self.env.external.enabled:  # env=external (agent_rl.gateway, docs/gateway.md)
+            if self.rollout.mode != "turn" or self.trainer.backend != "local":
+                raise ValueError("env=external trains per-turn rows on the local backend: it needs rollout.mode=turn "
+                                 f"and trainer.backend=local (got {self.rollout.mode}, {self.trainer.backend})")
+            if self.env.external.from_file:
+                self.env_server.mode = "local"  # nothing is started: the tasks are the file's rows
         if self.algo.dapo_overlong_max_len <= 0:
             self.algo.dapo_overlong_max_len = self.engine.max_new_tokens
         if self.algo.dapo_overlong_cache_len <= 0:

@@ -130,3 +130,11 @@ def file_task(task: dict[str, Any], gateway: dict[str, Any]) -> float:
     reply = client(gateway).chat.completions.create(model="policy", max_tokens=6,
                                                     messages=[{"role": "user", "content": task["question"]}])
     return 1.0 if str(task["answer"]) in (reply.choices[0].message.content or "") else 0.25
+
+
+def reply_length(task: dict[str, Any], gateway: dict[str, Any]) -> float:
+    """A file task asked once; reward: the reply's distinct characters / 10 (differs between a group's episodes, so
+    the update has a learning signal even with the tiny random model)."""
+    reply = client(gateway).chat.completions.create(model="policy", max_tokens=8,
+                                                    messages=[{"role": "user", "content": task["question"]}])
+    return len(set(reply.choices[0].message.content or "")) / 10

@@ -298,15 +298,19 @@ def test_task_file_rows_are_the_task_dicts(policy, task_file):
     assert all("What is 0 + 1?" in p for p in prompts[:4]) and all("What is 1 + 1?" in p for p in prompts[4:])
 
 
+COMMAND = (f"{sys.executable} -m tests.gateway.command_program MODE "
+           "{base_url} {api_key} {session_id} {task_json}")
+
+
 @pytest.mark.parametrize("mode,reward_via", [("print", "print"), ("post", "post")])
 def test_command_template_program(policy, task_file, mode, reward_via):
-    cmd = f"{sys.executable} -m tests.gateway.command_program {mode} {{base_url}} {{api_key}} {{session_id}} {{task_json}}"
+    cmd = COMMAND.replace("MODE", mode)
     res, _ = play(policy, "", command=cmd, tasks_override=task_file)
     assert res.dropped_groups == 0 and [ep.reward for ep in res.episodes] == [0.25] * 4
     assert all(ep.turns[-1].info["via"] == reward_via for ep in res.episodes)
 
 
 def test_failing_command_is_an_env_failure(policy, task_file):
-    cmd = f"{sys.executable} -m tests.gateway.command_program fail {{base_url}} {{api_key}} {{session_id}} {{task_json}}"
+    cmd = COMMAND.replace("MODE", "fail")
     res, _ = play(policy, "", command=cmd, tasks_override=task_file)
     assert res.dropped_groups == 1 and "status 3" in res.failures[0]

@@ -33,3 +33,16 @@ def test_external_tool_program_trains_two_tgrl_steps(tmp_path):
         # the program's env steps reached the env: each turn's action was judged there
         assert all(t["info"]["segment"] == 0 and "invalid_action" in t["info"] for t in turns)
         assert all(t["observation"] for t in turns)  # the env's answer to each call
+
+
+def test_external_program_on_a_task_file_learns_from_its_rewards(tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"question": f"What is {i} + 1?"}) + "\n" for i in range(4)))
+    out = tmp_path / "run"
+    main(["env=external", "env.external.program=tests.gateway.programs:reply_length", f"env.external.tasks={tasks}",
+          "model=tiny", "algo=tgrl", "algo.warmup_steps=0", "trainer.total_steps=2", "trainer.tasks_per_step=2",
+          "engine.max_new_tokens=8", "trainer.progress=false", "trainer.tensorboard=false", "trainer.eval_every=0",
+          f"trainer.output_dir={out}"])
+    rows = read_metrics(out / "metrics.jsonl", "train")
+    assert [r["gateway/requests"] for r in rows] == [8, 8]  # 2 tasks x G=4, one call each
+    assert all(r["batch/rows"] == 8 for r in rows) and any(r["actor/grad_norm"] > 0 for r in rows)
