@@ -309,6 +309,9 @@ class Config:
 
     def __post_init__(self) -> None:
         # Derived defaults that span groups (algo depends on engine; an external program's file tasks need no env).
+        if self.env.name == "external" and not self.env.external.enabled:
+            raise ValueError("env=external needs its agent program: env.external.program=MODULE:FUNCTION or "
+                             "env.external.command='...' (docs/gateway.md)")
         if self.env.external.enabled:  # env=external (agent_rl.gateway, docs/gateway.md)
             if self.rollout.mode != "turn" or self.trainer.backend != "local":
                 raise ValueError("env=external trains per-turn rows on the local backend: it needs rollout.mode=turn "
