@@ -87,6 +87,9 @@ class Sampler(Protocol):
     def parse_calls(self, text: str, opened: bool) -> Any:
         """The tool-call format's reading (``ToolCallParse``) of a reply."""
 
+    def decode(self, ids: list[int]) -> str:
+        """The text of sampled ids as the replies are read (the tool-call markup kept)."""
+
     async def env_step(self, session: GatewaySession, env_session: str, action: str) -> Any:
         """One step of the program's env session (``StepResult``)."""
 
@@ -274,7 +277,7 @@ class Gateway:
         if len(gen.token_ids) <= cap:
             return gen
         ids = list(gen.token_ids[:cap])
-        text = self.sampler.tokenizer.decode(ids, skip_special_tokens=True)
+        text = self.sampler.decode(ids)
         return Generation(token_ids=ids, logprobs=list(gen.logprobs[:cap]), text=text, finish_reason="length",
                           cached_tokens=gen.cached_tokens, policy_version=gen.policy_version)
 

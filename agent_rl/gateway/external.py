@@ -43,7 +43,7 @@ from agent_rl.gateway.server import GatewayServer
 from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.orchestrator import EnvCallFailed, RolloutOrchestrator
 from agent_rl.rollout.prompts import get_prompt
-from agent_rl.rollout.tools import strip_reasoning
+from agent_rl.rollout.tools import decode_for_parsing, strip_reasoning
 from agent_rl.tasks import load_tasks
 from agent_rl.types import Episode, Generation, Task
 from servers.launch import new_token
@@ -185,6 +185,9 @@ class ExternalRollout(RolloutOrchestrator):
         if self.on_turn is not None:
             self.on_turn(gen)
         return gen, opened
+
+    def decode(self, ids: list[int]) -> str:
+        return decode_for_parsing(self.tokenizer, ids, self._keep)
 
     def parse_calls(self, text: str, opened: bool) -> Any:
         assert self.tool_format is not None

@@ -220,6 +220,8 @@ def test_completions_and_models(live):
     first = c.completions.create(model="x", prompt="Once upon a time", max_tokens=6)
     c.completions.create(model="x", prompt="Once upon a time" + first.choices[0].text + " and then", max_tokens=6)
     a, b = s.turns
+    assert len(a.response_ids) <= 6 and len(a.response_logprobs) == len(a.response_ids)  # cut at max_tokens
+    assert first.usage.completion_tokens == len(a.response_ids)
     assert b.prompt_ids[:len(a.prompt_ids) + len(a.response_ids)] == a.prompt_ids + a.response_ids
     assert s.prefix_breaks == 0
     c.completions.create(model="x", prompt="Something else", max_tokens=4)
