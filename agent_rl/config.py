@@ -20,6 +20,7 @@ from typing import Any, get_type_hints
 from agent_rl.engines.config import EngineConfig
 from agent_rl.episodes import parse_save_episodes
 from agent_rl.eval.config import EvalConfig
+from agent_rl.gateway.config import ExternalConfig
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
 from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH, applied
 from agent_rl.trackers import LOGGERS, TrackingConfig
@@ -60,6 +61,8 @@ class EnvConfig:
     tools: list[str] = field(default_factory=list)
     """Tools given to a task env by name (math, code: ``[python]`` makes an episode multi-turn, calls run in the
     code sandbox); needs ``env.action_format=tools``. Passed to the env as its ``tools`` kwarg."""
+    external: ExternalConfig = field(default_factory=ExternalConfig)
+    """``env=external``: an agent program trained through the gateway (``agent_rl.gateway``, docs/gateway.md)."""
 
     tasks: str = ""
     """A task file (issue 39, docs/training.md "Your own tasks"): JSONL, JSON, parquet, CSV, a ``save_to_disk``
@@ -338,7 +341,16 @@ class Config:
         if self.trainer.curriculum == "pass_rate" and not self.env.tasks and self.env.sampler.kind != "index":
             raise ValueError(f"trainer.curriculum=pass_rate needs a task list: env.tasks=PATH or an env whose "
                              f"env.sampler.kind is index (env={self.env.name} draws a new task from each seed)")
-        # Derived defaults that span groups (algo depends on engine).
+        # Derived defaults that span groups (algo depends on engine; an external program's file tasks need no env).
+        if self.env.name == "external" and not self.env.external.enabled:
+            raise ValueError("env=external needs its agent program: env.external.program=MODULE:FUNCTION or "
+                             "env.external.command='...' (docs/gateway.md)")
+        if self.env.external.enabled:  # env=external (agent_rl.gateway, docs/gateway.md)
+            if self.rollout.mode != "turn" or self.trainer.backend != "local":
+                raise ValueError("env=external trains per-turn rows on the local backend: it needs rollout.mode=turn "
+                                 f"and trainer.backend=local (got {self.rollout.mode}, {self.trainer.backend})")
+            if self.env.external.from_file:
+                self.env_server.mode = "local"  # nothing is started: the tasks are the file's rows
         if self.algo.dapo_overlong_max_len <= 0:
             self.algo.dapo_overlong_max_len = self.engine.max_new_tokens
         if self.algo.dapo_overlong_cache_len <= 0:

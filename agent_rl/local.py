@@ -57,7 +57,8 @@ class LocalPlayer:
         return self.rollout.stream_counters()
 
     def collected(self, step: int, result: RolloutResult) -> None:
-        """Nothing to record: the step's metrics are the orchestrator's."""
+        """The step's metrics are the orchestrator's, plus what it adds (``take_metrics``: the gateway's)."""
+        result.metrics.update(self.rollout.take_metrics())
 
 
 class LocalBackend:

@@ -84,6 +84,11 @@ def _env_checks(cfg: Config) -> None:
                           "(passed to the env as gymnasium's max_episode_steps)")
     if cfg.env_server.mode == "http" and cfg.env_server.urls:
         return
+    if cfg.env.external.enabled and cfg.env.external.from_file:  # env=external on a task file: no env is made
+        if not Path(cfg.env.external.tasks).exists():
+            raise ConfigError(f"env.external.tasks={cfg.env.external.tasks} does not exist (a task file or folder, "
+                              "or a registered env id)")
+        return
     _import_all("env_server.imports", cfg.env_server.imports)
     spec = gymnasium.registry.get(cfg.env.id)
     if spec is None:

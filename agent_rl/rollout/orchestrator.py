@@ -104,6 +104,18 @@ class RolloutResult:
     what the task sampler observes (``agent_rl.rollout.tasks.TaskSampler.observe``, the curriculum)."""
 
 
+def splice_followup(prompt_ids: Sequence[int], response_ids: Sequence[int], followup: Sequence[int],
+                    eos_ids: set[int] | frozenset[int]) -> list[int]:
+    """The next prompt of a spliced conversation: the previous prompt, the sampled response as sampled, then what
+    the template writes for the new messages (:func:`~agent_rl.rollout.prompts.encoding.followup_ids`), minus its
+    first id when that is the EOS the response already ended with (the sampled EOS closes the assistant turn). The
+    one splice rule of full-trajectory rows and the gateway's episodes (``agent_rl.gateway``)."""
+    response, obs_ids = list(response_ids), list(followup)
+    if response and response[-1] in eos_ids and obs_ids[:1] == response[-1:]:
+        obs_ids = obs_ids[1:]
+    return list(prompt_ids) + response + obs_ids
+
+
 def group_temperatures(algo: Any, step: int, t_high: float | None = None) -> list[tuple[float, bool]]:
     """(temperature, is_high) of the G episodes of a group at 1-based ``step``: ``algo.group_temperatures(step,
     t_high)`` (``AlgoConfig``, the one home of the TGRL sampling and warm-up rule; algorithms.md, TGRL). ``t_high``:
@@ -306,6 +318,11 @@ class RolloutOrchestrator:
             if self.tool_format is not None:
                 render_followup(self.tokenizer, "probe", role=self._tool_role)
 
+    def take_metrics(self) -> dict[str, float]:
+        """Metrics a subclass adds to each step's record, counted since the last call (the gateway's
+        ``gateway/*``, :class:`agent_rl.gateway.ExternalRollout`); none here."""
+        return {}
+
     # ------------------------------------------------------------------ env calls
     async def _env(self, make_call: Callable[[], Awaitable[T]]) -> T:
         t0 = time.perf_counter()
@@ -370,9 +387,7 @@ class RolloutOrchestrator:
                                       tools=ctx.tools if caps.tools else None)
         else:
             obs_ids = render_followup(self.tokenizer, self.prompt.followup(ctx))
-        if response and response[-1] in self._eos_ids and obs_ids[:1] == response[-1:]:
-            obs_ids = obs_ids[1:]  # the sampled EOS already closes the assistant turn
-        return prev + response + obs_ids
+        return splice_followup(prev, response, obs_ids, self._eos_ids)
 
     @property
     def _tool_role(self) -> str:

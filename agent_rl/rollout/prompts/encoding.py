@@ -332,8 +332,20 @@ def followup_ids(tokenizer: Any, content: str, *, role: str = "user",
         ChatTemplateError: the template does not write the assistant content of an earlier turn (nothing to splice
             after; names the template), or see :func:`chat_segments`.
     """
-    conv = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
-            {"role": role, "content": content}]
+    return continuation_ids(tokenizer, [{"role": role, "content": content}], tools=tools)
+
+
+def continuation_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], *,
+                     tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+    """Ids the chat template writes after an assistant message's content when ``messages`` (one or more: tool
+    results, a user turn; contents, names and tool calls as data) and the generation prompt follow; the
+    many-message form of :func:`followup_ids` (the gateway's spliced requests, ``agent_rl.gateway``), cut the same
+    way (after the assistant content of ``[user, assistant, *messages]``).
+
+    Raises:
+        ChatTemplateError: as :func:`followup_ids`.
+    """
+    conv = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}, *messages]
     try:
         pieces = chat_segments(tokenizer, conv, add_generation_prompt=True, tools=tools)
     except ChatTemplateError as exc:

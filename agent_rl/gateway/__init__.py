@@ -1,0 +1,17 @@
+"""An OpenAI-compatible gateway that records every sampled token, and ``env=external``: train any agent program
+through it (docs/gateway.md).
+
+- :mod:`agent_rl.gateway.app`: the HTTP surface (chat completions, completions, models, reward, env steps) and its
+  security model;
+- :mod:`agent_rl.gateway.recorder`: per-episode recording (exact ids, message-level prefix matching, segments);
+- :mod:`agent_rl.gateway.external`: :class:`ExternalRollout`, the orchestrator whose episodes are agent programs;
+- ``python -m agent_rl.gateway --checkpoint DIR --port P``: the gateway alone in front of a checkpoint.
+"""
+
+from agent_rl.gateway.app import Gateway, GatewayLimits
+from agent_rl.gateway.config import ExternalConfig
+from agent_rl.gateway.external import ExternalRollout, load_program, read_reward
+from agent_rl.gateway.recorder import GatewaySession, PromptBuilder, RequestError
+
+__all__ = ["ExternalConfig", "ExternalRollout", "Gateway", "GatewayLimits", "GatewaySession", "PromptBuilder",
+           "RequestError", "load_program", "read_reward"]

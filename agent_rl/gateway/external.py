@@ -1,0 +1,339 @@
+"""``env=external``: train any agent program through the gateway (docs/gateway.md).
+
+:class:`ExternalRollout` is the rollout orchestrator with one part replaced: an episode is not played turn by turn
+against an env, it is an *agent program* run once per episode, which calls the gateway (an OpenAI-compatible
+``base_url``) for every model call. Everything else is the orchestrator's, unchanged: groups of G episodes at the
+group's temperatures (TGRL's T0/T1 slots, TAMPO's T), row seeds keyed by (group, slot, call), one generation batcher
+across all running programs (``engine.generate`` in a worker thread), re-runs of a failed episode and dropped groups
+(``rollout.episode_retries``, ``rollout/dropped_groups``), the env-reset prefetch, the metrics. The calls become the
+episode's turns (:mod:`agent_rl.gateway.recorder`), and the batch is built from them by ``build_rollout_batch``.
+
+The program: ``env.external.program=MODULE:FUNCTION`` is called as ``function(task, gateway)`` in a thread of its
+own pool (``env.external.concurrency`` at once: a synchronous client blocks its thread, never the event loop that
+serves it); ``env.external.command`` runs a process instead. ``gateway`` is ``{"base_url": ".../v1", "api_key",
+"session_id", "headers": {"X-Session-ID": ...}}``; the key is the episode's own token. Task source
+``env.external.tasks=ENV_ID``: each task dict is ``{"env_id", "options", "seed", "observation", "info", "env":
+{"base_url", "session_id", "headers"}}``, the env session live on the run's env server; the program steps it with the
+env server's route ``POST {env.base_url}/sessions/{session_id}/step`` (``{"action": str}``), served by the gateway
+through the run's env client, so the program never holds the env server's token and the trainer sees every step.
+
+Reward: what the program returns (a float, or a dict with ``reward`` and optional ``info``, ``won``), else the one it
+posted (``POST /sessions/<id>/reward``), else the env's (the sum of its steps' rewards, ``won`` from its info). A
+program that raises, runs past ``env.external.timeout_s``, gives no reward, makes no model call, or whose env step
+failed is an env failure of the episode (``docs/env_errors.md``): re-run from the same task, then the group is
+dropped; never a reward 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import itertools
+import json
+import math
+import secrets
+import shlex
+from typing import Any, Callable
+
+from agent_rl.gateway.app import Gateway, GatewayLimits
+from agent_rl.gateway.config import ExternalConfig
+from agent_rl.gateway.recorder import GatewaySession, PromptBuilder, RequestError
+from agent_rl.gateway.server import GatewayServer
+from agent_rl.rollout.config import RolloutConfig
+from agent_rl.rollout.orchestrator import EnvCallFailed, RolloutOrchestrator
+from agent_rl.rollout.prompts import get_prompt
+from agent_rl.rollout.tools import decode_for_parsing, strip_reasoning
+from agent_rl.tasks import load_tasks
+from agent_rl.types import Episode, Generation, Task
+from servers.launch import new_token
+
+_EPISODE_IDS = itertools.count()
+MAX_OUTPUT_BYTES = 1 << 20
+"""A command program's stdout kept (the last line is its reward)."""
+
+
+def load_program(spec: str) -> Callable[[dict[str, Any], dict[str, Any]], Any]:
+    """The callable ``MODULE:FUNCTION`` names (``env.external.program``).
+
+    Raises:
+        ValueError: not ``MODULE:FUNCTION``, the module cannot be imported, or the attribute is not callable.
+    """
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"env.external.program={spec!r} must be MODULE:FUNCTION")
+    try:
+        obj: Any = importlib.import_module(module)
+    except ImportError as exc:
+        raise ValueError(f"env.external.program={spec!r}: cannot import {module!r} ({exc})") from None
+    for part in name.split("."):
+        obj = getattr(obj, part, None)
+    if not callable(obj):
+        raise ValueError(f"env.external.program={spec!r}: {name!r} is not a callable of {module!r}")
+    return obj
+
+
+def read_reward(result: Any) -> tuple[float | None, dict[str, Any], bool | None]:
+    """``(reward, info, won)`` of what a program returned (None: it gave none).
+
+    Raises:
+        ValueError: a result that is not a number, a dict with a number ``reward``, or None; a non-finite reward.
+    """
+    if result is None:
+        return None, {}, None
+    info: dict[str, Any] = {}
+    won = None
+    if isinstance(result, dict):
+        if "reward" not in result:
+            raise ValueError(f"the program returned a dict without 'reward' (keys {sorted(result)[:8]})")
+        info = dict(result.get("info") or {})
+        won = result.get("won")
+        result = result["reward"]
+    if isinstance(result, bool) or not isinstance(result, (int, float)):
+        raise ValueError(f"the program's reward must be a number, got {type(result).__name__}")
+    if not math.isfinite(float(result)):
+        raise ValueError(f"the program's reward is not finite ({result})")
+    return float(result), info, None if won is None else bool(won)
+
+
+class ExternalRollout(RolloutOrchestrator):
+    """The orchestrator whose episodes are agent programs run through the gateway (module docstring).
+
+    Args:
+        pool: the run's env client (the task source's env sessions; None for the standalone gateway).
+        engine: the engine (``tokenizer``, ``generate``).
+        cfg: :class:`RolloutConfig` (``mode`` must be ``turn``: a prefix break makes turns that do not extend each
+            other, so an episode is not one full-trajectory row).
+        external: :class:`ExternalConfig`.
+        host, port: where the gateway listens (loopback; port 0: a free one).
+        Other arguments: as :class:`RolloutOrchestrator`.
+
+    Raises:
+        ValueError: ``rollout.mode=trajectory``; a program that cannot be loaded.
+    """
+
+    def __init__(self, pool: Any, engine: Any, cfg: RolloutConfig, external: ExternalConfig, *,
+                 max_new_tokens: int, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                 high_repetition_penalty: float = 1.0, tool_call_format: str = "hermes",
+                 task_type_key: str = "task_type", model_name: str = "policy", host: str = "127.0.0.1",
+                 port: int = 0, on_turn: Callable[[Generation], None] | None = None,
+                 on_episode: Callable[[Episode], None] | None = None, token: str | None = None,
+                 auto_sessions: bool = False, allow_remote: bool = False) -> None:
+        if cfg.mode != "turn":
+            raise ValueError("env=external trains per-turn rows (rollout.mode=turn): an episode whose program "
+                             "rewrote its history has turns that do not extend each other")
+        super().__init__(pool, engine, get_prompt("generic"), cfg, max_new_tokens=max_new_tokens, top_p=top_p,
+                         top_k=top_k, seed=seed, high_repetition_penalty=high_repetition_penalty,
+                         action_format="tools", tool_call_format=tool_call_format, task_type_key=task_type_key,
+                         on_turn=on_turn, on_episode=on_episode)
+        self.external = external
+        self.program = load_program(external.program) if external.program else None
+        self.rows = load_tasks(external.tasks) if external.from_file else None
+        """The task file's rows (``env.external.tasks`` a file), else None (an env id's sessions)."""
+        assert self.tool_format is not None
+        self.builder = PromptBuilder(self.tokenizer, self.tool_format, self._eos_ids)
+        limits = GatewayLimits(max_body_bytes=external.max_body_bytes, max_messages=external.max_messages,
+                               max_tools=external.max_tools, max_requests=external.max_requests,
+                               max_prompt_tokens=cfg.max_prompt_tokens, max_new_tokens=max_new_tokens)
+        self.gateway = Gateway(self, token=token or new_token(), model_name=model_name, limits=limits,
+                               auto_sessions=auto_sessions)
+        self._server = GatewayServer(self.gateway.app, host, port, allow_remote=allow_remote)
+        self._started = False
+        self._threads = concurrent.futures.ThreadPoolExecutor(external.concurrency,
+                                                              thread_name_prefix="agent-program")
+        self._programs = asyncio.Semaphore(external.concurrency)
+        self._step_counts = {"requests": 0, "prefix_breaks": 0, "segments": 0, "episodes": 0}
+
+    # ---------------------------------------------------------------------------------------------- the server
+    @property
+    def base_url(self) -> str:
+        return self._server.url
+
+    async def start(self) -> None:
+        """Start the gateway (idempotent; the first episode does it)."""
+        if not self._started:
+            await self._server.start()
+            self._started = True
+
+    def prefetch(self, tasks: Any, episodes_per_task: int) -> None:
+        """Env resets of the next step's episodes (an env id's tasks only: a file's rows need none)."""
+        if self.rows is None:
+            super().prefetch(tasks, episodes_per_task)
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        await self._server.stop()
+        self._started = False
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    # ---------------------------------------------------------------------------------------------- sampling
+    async def sample(self, session: GatewaySession, prompt_ids: list[int], *, tools: bool) -> tuple[Generation, bool]:
+        """One call of ``session`` through the batcher: its temperature, its row key (group, slot, call index)."""
+        if self._batcher is None:
+            raise RequestError("no rollout is running", "not_running", 503)
+        penalty = session.repetition_penalty
+        key = tuple(session.key) + (session.requests,)
+        if tools:
+            gen, opened = await self._generate_tool_turn(prompt_ids, session.temperature, penalty, key,
+                                                         session.episode_id)
+        else:
+            gen = await self._batcher.generate(prompt_ids, session.temperature, penalty, key=key,
+                                               episode_id=session.episode_id)
+            opened = False
+        if gen.policy_version is None:
+            gen.policy_version = session.policy_version
+        if self.on_turn is not None:
+            self.on_turn(gen)
+        return gen, opened
+
+    def decode(self, ids: list[int]) -> str:
+        return decode_for_parsing(self.tokenizer, ids, self._keep)
+
+    def parse_calls(self, text: str, opened: bool) -> Any:
+        assert self.tool_format is not None
+        return self.tool_format.parse(strip_reasoning(text, self._reasoning, opened, self._call_markup))
+
+    async def env_step(self, session: GatewaySession, env_session: str, action: str) -> dict[str, Any]:
+        """The program's step of its env session, through the run's env client; recorded on the session."""
+        if session.env_done:
+            raise RequestError("the env episode is over (terminated or truncated)", "episode_over", 409)
+        try:
+            step = await self._env(lambda: self.pool.step(env_session, action))
+        except EnvCallFailed as exc:
+            session.reward_info["env_failure"] = str(exc)
+            raise RequestError(f"the env step failed: {exc}", "env_error", 502) from None
+        session.env_steps += 1
+        session.env_reward += float(step.reward)
+        session.env_done = bool(step.terminated or step.truncated)
+        info = dict(step.info or {})
+        if "won" in info:
+            session.env_won = bool(info["won"])
+        if session.turns:
+            session.turns[-1].reward += float(step.reward)
+            session.turns[-1].terminated = session.turns[-1].terminated or bool(step.terminated)
+            session.turns[-1].truncated = session.turns[-1].truncated or bool(step.truncated)
+            session.turns[-1].invalid = session.turns[-1].invalid or bool(info.get("invalid_action"))
+            session.turns[-1].observation = str(step.observation)  # the next request's new messages replace it
+            session.turns[-1].info.update({k: info[k] for k in ("won", "invalid_action") if k in info})
+        return {"observation": step.observation, "reward": float(step.reward), "terminated": bool(step.terminated),
+                "truncated": bool(step.truncated), "info": info}
+
+    # ---------------------------------------------------------------------------------------------- episodes
+    def take_metrics(self) -> dict[str, float]:
+        """The gateway's counters since the last call: ``gateway/requests`` (model calls served),
+        ``gateway/prefix_breaks`` (requests that did not extend their episode's segment), ``gateway/segments_mean``
+        (segments per episode attempt)."""
+        c = self._step_counts
+        out = {"gateway/requests": float(c["requests"]), "gateway/prefix_breaks": float(c["prefix_breaks"]),
+               "gateway/segments_mean": c["segments"] / max(c["episodes"], 1)}
+        self._step_counts = {k: 0 for k in c}
+        return out
+
+    def _task_dict(self, task: Task, reset: Any, session: GatewaySession) -> dict[str, Any]:
+        if self.rows is not None:  # a file's row is the task dict
+            return {**self.rows[task.group_id % len(self.rows)], "group_id": task.group_id}
+        out: dict[str, Any] = {"env_id": task.env_id, "options": dict(task.options), "seed": task.seed,
+                               "group_id": task.group_id}
+        if reset is not None:
+            out.update(observation=reset.observation, info=dict(reset.info or {}),
+                       env={"base_url": f"{self.base_url}/env", "session_id": reset.session_id,
+                            "headers": {"Authorization": f"Bearer {session.api_key}"}})
+        return out
+
+    async def _run(self, task_dict: dict[str, Any], gateway: dict[str, Any]) -> Any:
+        """Run the program once (a thread, or a process for ``command``) and return what it gave."""
+        if self.program is not None:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._threads, self.program, task_dict, gateway)
+        return await self._run_command(task_dict, gateway)
+
+    async def _run_command(self, task_dict: dict[str, Any], gateway: dict[str, Any]) -> Any:
+        values = {"base_url": gateway["base_url"], "api_key": gateway["api_key"], "session_id": gateway["session_id"],
+                  "task_json": json.dumps(task_dict, ensure_ascii=False)}
+        argv = [arg.format(**values) for arg in shlex.split(self.external.command)]
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+        try:
+            out, err = await proc.communicate()
+        except BaseException:
+            proc.kill()
+            await proc.wait()
+            raise
+        if proc.returncode != 0:
+            raise RuntimeError(f"the command exited with status {proc.returncode}: "
+                               f"{err.decode(errors='replace')[-400:]}")
+        lines = [ln for ln in out[-MAX_OUTPUT_BYTES:].decode(errors="replace").splitlines() if ln.strip()]
+        if not lines:
+            return None
+        try:
+            return json.loads(lines[-1])
+        except ValueError:
+            return None  # no reward printed: the posted one, or the env's
+
+    async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
+        """One attempt: the env session (task source), the gateway session, the program, the episode from the
+        recorded calls; raises :class:`EnvCallFailed` on any failure of the attempt (module docstring)."""
+        await self.start()
+        reset = None
+        if self.rows is None and self.external.tasks:
+            early = self._prefetched.pop((task.group_id, slot), None)
+            reset = await early if early is not None else await self._reset(task)
+        episode_id = f"gw{next(_EPISODE_IDS)}"
+        session = self.gateway.open_session(
+            secrets.token_hex(16), temperature=float(temperature), is_high=bool(is_high),
+            repetition_penalty=self.high_repetition_penalty if is_high else 1.0, key=(task.group_id, slot),
+            episode_id=episode_id, env_session=reset.session_id if reset is not None else None,
+            policy_version=self.policy_version)
+        gateway = {"base_url": f"{self.base_url}/v1", "api_key": session.api_key, "session_id": session.session_id,
+                   "headers": {"X-Session-ID": session.session_id}}
+        try:
+            async with self._programs:
+                try:
+                    result = await asyncio.wait_for(self._run(self._task_dict(task, reset, session), gateway),
+                                                    self.external.timeout_s)
+                except asyncio.TimeoutError:
+                    raise EnvCallFailed(f"program timed out after {self.external.timeout_s:g} s") from None
+                except Exception as exc:  # noqa: BLE001 (the program's own failure: an env failure, re-run)
+                    raise EnvCallFailed(f"program raised {type(exc).__name__}: {str(exc)[:300]}") from exc
+            return self._episode_of(task, temperature, is_high, session, reset, result)
+        finally:
+            self.gateway.close_session(session.session_id)
+            c = self._step_counts
+            c["requests"] += session.requests
+            c["prefix_breaks"] += session.prefix_breaks
+            c["segments"] += len(session.segments)
+            c["episodes"] += 1
+            end_episode = getattr(self.engine, "end_episode", None)
+            if end_episode is not None:
+                end_episode(episode_id)
+            if reset is not None:
+                try:
+                    await asyncio.wait_for(self.pool.close(reset.session_id), 30.0)
+                except Exception:  # noqa: BLE001 (best effort; the server's TTL reaps leftovers)
+                    pass
+
+    def _episode_of(self, task: Task, temperature: float, is_high: bool, session: GatewaySession, reset: Any,
+                    result: Any) -> Episode:
+        if "env_failure" in session.reward_info:
+            raise EnvCallFailed(f"env: {session.reward_info['env_failure']}")
+        try:
+            reward, info, won = read_reward(result)
+        except ValueError as exc:
+            raise EnvCallFailed(str(exc)) from None
+        if reward is None and session.reward is not None:
+            reward, info = session.reward, dict(session.reward_info)
+            won = info.pop("won", None)
+        if reward is None and reset is not None and session.env_steps:
+            reward, won = session.env_reward, session.env_won
+        if reward is None:
+            raise EnvCallFailed("the program gave no reward (returned none, posted none, stepped no env)")
+        if not session.turns:
+            raise EnvCallFailed("the program made no model call (nothing to train on)")
+        turns = session.turns
+        last = turns[-1]
+        if not (last.terminated or last.truncated):
+            last.terminated = True  # the program ended its episode
+        last.info.update(info)
+        task_type = (reset.info or {}).get(self.task_type_key) if reset is not None else None
+        return Episode(task=task, temperature=float(temperature), is_high=bool(is_high), turns=list(turns),
+                       reward=float(reward), won=bool(won) if won is not None else reward > 0, task_type=task_type)

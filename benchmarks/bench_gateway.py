@@ -1,0 +1,92 @@
+"""The gateway path against the orchestrator on the same Calculator tasks (tools), and how often a real model's tool
+program breaks the prefix.
+
+Orchestrator: ``RolloutOrchestrator`` plays Calculator-v0 in tools mode (the env's tools, hermes calls). Gateway:
+``ExternalRollout`` runs ``tests.gateway.programs:calculator_tools`` (the real ``openai`` client; its env steps go
+through the gateway's env route) on the same tasks, group temperatures and budgets. Both use the same engine and
+in-process envs. Reported per path: wall per episode, generated tokens/s, model calls, and for the gateway
+``gateway/prefix_breaks`` (requests that did not extend their episode).
+
+    OMP_NUM_THREADS=2 python benchmarks/bench_gateway.py --model smollm2 --tasks 1 --turns 3 --max-new-tokens 48
+
+Prints a table and JSON; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+ENV = "agent_rl/Calculator-v0"
+
+
+async def measure(path: str, args: argparse.Namespace, engine) -> dict:
+    from agent_rl.envclient import LocalEnvPool
+    from agent_rl.gateway import ExternalConfig, ExternalRollout
+    from agent_rl.learner.config import AlgoConfig
+    from agent_rl.rollout import RolloutConfig, RolloutOrchestrator, TaskSampler, TaskSamplerConfig, get_prompt
+
+    pool = LocalEnvPool()
+    cfg = RolloutConfig(max_turns=args.turns)
+    if path == "orchestrator":
+        orch = RolloutOrchestrator(pool, engine, get_prompt("generic"), cfg, max_new_tokens=args.max_new_tokens,
+                                   seed=0, action_format="tools")
+    else:
+        orch = ExternalRollout(pool, engine, cfg, ExternalConfig(program="tests.gateway.programs:calculator_tools",
+                                                                 tasks=ENV), max_new_tokens=args.max_new_tokens, seed=0)
+    sampler = TaskSampler(ENV, TaskSamplerConfig(kind="seed"), seed=0, env_kwargs={"action_format": "tools"})
+    t0 = time.perf_counter()
+    try:
+        res = await orch.collect(sampler.sample, args.tasks, AlgoConfig(name="tgrl", warmup_steps=0), step=1)
+        wall = time.perf_counter() - t0
+        extra = orch.take_metrics()
+    finally:
+        await orch.aclose()
+        await pool.aclose()
+    calls = sum(len(ep.turns) for ep in res.episodes)
+    return {"path": path, "episodes": len(res.episodes), "calls": calls, "wall_s": round(wall, 2),
+            "wall_per_episode_s": round(wall / max(len(res.episodes), 1), 2),
+            "tokens_per_s": round(res.metrics["throughput/tokens_per_s"], 2),
+            "generate_s": round(res.metrics["time/generate_s"], 2),
+            "dropped_groups": res.dropped_groups, **{k: v for k, v in extra.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--tasks", type=int, default=1)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    import torch
+
+    from agent_rl.engines import get_engine
+    from agent_rl.learner.config import ModelConfig
+    from agent_rl.models import load_policy
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    model, tok = load_policy(ModelConfig(name=args.model))
+    rows = []
+    for path in ("orchestrator", "gateway"):
+        engine = get_engine("hf", model.eval(), tok, seed=0)
+        rows.append(asyncio.run(measure(path, args, engine)))
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    print(" | ".join(keys))
+    for r in rows:
+        print(" | ".join(str(r.get(k, "")) for k in keys))
+    print(json.dumps({"args": vars(args), "rows": rows}))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

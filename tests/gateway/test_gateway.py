@@ -1,0 +1,318 @@
+"""The gateway with the real ``openai`` client, the real HF engine and the tiny model: recorded ids are the engine's
+sampled ids and each call's prompt is the previous prompt + the sampled response + only the new messages; a
+history-rewriting program shows a prefix break and two segments; a crashing program is re-run and never scored;
+streaming and non-streaming give the same ids at temperature 0; a ReAct text agent (no tools) through the
+per-episode base URL; and the attacker's view: token, other sessions, bounds, caps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+
+from agent_rl.engines import get_engine
+from agent_rl.envclient import LocalEnvPool
+from agent_rl.gateway import ExternalConfig, ExternalRollout
+from agent_rl.gateway.server import GatewayServer
+from agent_rl.learner.config import AlgoConfig, ModelConfig
+from agent_rl.models import load_policy
+from agent_rl.rollout import RolloutConfig, TaskSampler, TaskSamplerConfig, build_rollout_batch
+from agent_rl.rollout.prompts.encoding import chat_ids
+from envs.examples.calculator import CALCULATOR_TOOLS
+
+torch.set_num_threads(1)
+ENV = "agent_rl/Calculator-v0"
+
+
+@pytest.fixture(scope="module")
+def policy():
+    model, tok = load_policy(ModelConfig(name="tiny"))
+    return model.eval(), tok
+
+
+class RecordingEngine:
+    """The real HF engine, its every output kept (to compare the gateway's recorded ids with what it sampled)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.tokenizer = engine, engine.tokenizer
+        self.eos_token_ids = getattr(engine, "eos_token_ids", None)
+        self.outputs: list[tuple[list[int], list[int], list[float]]] = []
+        self._lock = threading.Lock()
+
+    def generate(self, prompts, temperatures, **kwargs):
+        gens = self.engine.generate(prompts, temperatures, **kwargs)
+        with self._lock:
+            self.outputs += [(list(p), list(g.token_ids), list(g.logprobs)) for p, g in zip(prompts, gens)]
+        return gens
+
+    def end_episode(self, episode_id: str) -> None:
+        self.engine.end_episode(episode_id)
+
+
+def play(policy, program: str, *, groups: int = 1, max_new_tokens: int = 12, engine=None,
+         tasks_override: str | None = None, **external):
+    model, tok = policy
+    engine = engine or get_engine("hf", model, tok, seed=0)
+    cfg = RolloutConfig(max_turns=3, episode_retries=1, retry_backoff_s=0.0)
+
+    async def go():
+        pool = LocalEnvPool()
+        orch = ExternalRollout(pool, engine, cfg, ExternalConfig(program=program, tasks=tasks_override or ENV,
+                                                                 **external),
+                               max_new_tokens=max_new_tokens, seed=0)
+        try:
+            sampler = TaskSampler(ENV, TaskSamplerConfig(kind="seed"), seed=0)
+            res = await orch.collect(sampler.sample, groups, AlgoConfig(name="tgrl", warmup_steps=0), step=1)
+            return res, orch.take_metrics()
+        finally:
+            await orch.aclose()
+            await pool.aclose()
+
+    return asyncio.run(go())
+
+
+def test_recorded_ids_are_the_engines_and_prompts_extend(policy):
+    _, tok = policy
+    engine = RecordingEngine(get_engine("hf", policy[0], tok, seed=0))
+    res, metrics = play(policy, "tests.gateway.programs:calculator_tools", engine=engine)
+    assert res.dropped_groups == 0 and len(res.episodes) == 4
+    assert [ep.temperature for ep in res.episodes] == [0.3, 1.2, 1.2, 1.2]  # TGRL's T0/T1 slots
+    sampled = {(tuple(p), tuple(r)): lp for p, r, lp in engine.outputs}
+    turns = [t for ep in res.episodes for t in ep.turns]
+    assert metrics["gateway/requests"] == len(turns) == len(engine.outputs) and metrics["gateway/prefix_breaks"] == 0
+    for ep in res.episodes:
+        for k, turn in enumerate(ep.turns):
+            # the turn's ids are exactly one engine output (prompt in, ids and log-probs out)
+            assert sampled[(tuple(turn.prompt_ids), tuple(turn.response_ids))] == turn.response_logprobs
+            if k:  # token-in/token-out: the previous prompt and its sampled response, then the new messages only
+                prev = ep.turns[k - 1]
+                assert turn.prompt_ids[:len(prev.prompt_ids) + len(prev.response_ids)] == \
+                    prev.prompt_ids + prev.response_ids
+    first = res.episodes[0].turns[0]
+    # the first prompt: the program's messages and the env's tools rendered on the orchestrator's path
+    assert tok.decode(first.prompt_ids).count('"name": "calc"') == 1
+    batch = build_rollout_batch(res.episodes, pad_token_id=tok.pad_token_id)
+    assert batch.num_rows == len(turns)
+    assert int(batch.response_mask.sum()) == sum(len(t.response_ids) for t in turns)  # only sampled ids trained
+
+
+def test_prefix_break_starts_a_second_segment(policy):
+    res, metrics = play(policy, "tests.gateway.programs:rewriting")
+    assert metrics["gateway/prefix_breaks"] == 4 and metrics["gateway/segments_mean"] == 2.0
+    for ep in res.episodes:
+        assert [t.info["segment"] for t in ep.turns] == [0, 0, 1] and ep.reward == 0.5
+        a, b, c = ep.turns
+        assert b.prompt_ids[:len(a.prompt_ids) + len(a.response_ids)] == a.prompt_ids + a.response_ids
+        assert c.prompt_ids[:len(b.prompt_ids)] != b.prompt_ids  # rendered anew, not merged
+        assert "Summary of the problem" in policy[1].decode(c.prompt_ids)
+
+
+def test_crashing_program_is_rerun_never_scored(policy):
+    res, _ = play(policy, "tests.gateway.programs:crash_first_attempt")
+    assert res.metrics["rollout/episode_retries"] == 1 and res.dropped_groups == 0
+    assert [ep.reward for ep in res.episodes] == [1.0] * 4  # the re-run's reward; the crash gave none
+    res, _ = play(policy, "tests.gateway.programs:always_crash")
+    assert res.dropped_groups == 1 and res.episodes == [] and "harness always crashes" in res.failures[0]
+    res, _ = play(policy, "tests.gateway.programs:no_reward")
+    assert res.dropped_groups == 1 and "no reward" in res.failures[0]
+
+
+def test_react_text_agent_per_session_url(policy):
+    res, metrics = play(policy, "tests.gateway.programs:react_text")
+    assert res.dropped_groups == 0 and metrics["gateway/prefix_breaks"] == 0
+    for ep in res.episodes:
+        assert 1 <= len(ep.turns) <= 3 and all(t.info["segment"] == 0 for t in ep.turns)
+        for k in range(1, len(ep.turns)):
+            prev = ep.turns[k - 1]
+            assert ep.turns[k].prompt_ids[:len(prev.prompt_ids) + len(prev.response_ids)] == \
+                prev.prompt_ids + prev.response_ids
+
+
+# ------------------------------------------------------------------------------------------------ one live gateway
+class Live:
+    """An ExternalRollout's gateway served in a background event loop with an open stream (calls from this thread)."""
+
+    def __init__(self, policy, max_new_tokens: int = 12, **external) -> None:
+        model, tok = policy
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        engine = get_engine("hf", model, tok, seed=0)
+        self.orch = ExternalRollout(None, engine, RolloutConfig(max_prompt_tokens=2000),
+                                    ExternalConfig(program="tests.gateway.programs:no_reward", **external),
+                                    max_new_tokens=max_new_tokens, seed=0)
+        self.call(self.orch.start())
+        self.call(self.orch.open_stream(seed_key=0))
+        self.url = self.orch.base_url
+        self.token = self.orch.gateway.settings.token
+
+    def call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)
+
+    def session(self, **kwargs):
+        return self.orch.gateway.open_session(**kwargs)
+
+    def client(self, session, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=session.api_key, max_retries=0, timeout=60, **kw)
+
+    def close(self) -> None:
+        self.call(self.orch.close_stream())
+        self.call(self.orch.aclose())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def live(policy):
+    gw = Live(policy)
+    yield gw
+    gw.close()
+
+
+def _ids(session):
+    return [(t.prompt_ids, t.response_ids) for t in session.turns]
+
+
+def test_streaming_and_non_streaming_same_ids_at_temperature_0(live):
+    messages = [{"role": "user", "content": "What is 3 + 4?"}]
+    plain, streamed = live.session(temperature=0.0), live.session(temperature=0.0)
+    reply = live.client(plain).chat.completions.create(model="x", messages=messages, max_tokens=12)
+    stream = live.client(streamed).chat.completions.create(model="x", messages=messages, max_tokens=12, stream=True,
+                                                           stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reply.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+    assert _ids(plain) == _ids(streamed) and len(plain.turns) == 1
+    # the same ids with tools too
+    a, b = live.session(temperature=0.0), live.session(temperature=0.0)
+    r1 = live.client(a).chat.completions.create(model="x", messages=messages, tools=CALCULATOR_TOOLS, max_tokens=12)
+    list(live.client(b).chat.completions.create(model="x", messages=messages, tools=CALCULATOR_TOOLS, max_tokens=12,
+                                                stream=True))
+    assert _ids(a) == _ids(b) and r1.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_client_sampling_is_recorded_and_ignored_max_tokens_capped(live, policy):
+    s = live.session(temperature=0.0)
+    t = live.session(temperature=0.0)
+    messages = [{"role": "user", "content": "Count to ten."}]
+    r = live.client(s).chat.completions.create(model="x", messages=messages, max_tokens=10**9, temperature=2.0,
+                                               n=3, logit_bias={"42": 100}, seed=7)
+    live.client(t).chat.completions.create(model="x", messages=messages)
+    assert r.usage.completion_tokens <= 12 and len(r.choices) == 1  # capped at engine.max_new_tokens, one choice
+    assert _ids(s) == _ids(t)  # temperature 2.0, n, logit_bias and seed changed nothing
+    assert s.ignored[0] == {"temperature": 2.0, "n": 3, "logit_bias": {"42": 100}, "seed": 7}
+    # the first prompt is the orchestrator's render of the messages
+    assert s.turns[0].prompt_ids == chat_ids(policy[1], messages)
+
+
+def test_completions_and_models(live):
+    s = live.session(temperature=0.0)
+    c = live.client(s)
+    assert [m.id for m in c.models.list().data] == ["policy"]
+    first = c.completions.create(model="x", prompt="Once upon a time", max_tokens=6)
+    c.completions.create(model="x", prompt="Once upon a time" + first.choices[0].text + " and then", max_tokens=6)
+    a, b = s.turns
+    assert len(a.response_ids) <= 6 and len(a.response_logprobs) == len(a.response_ids)  # cut at max_tokens
+    assert first.usage.completion_tokens == len(a.response_ids)
+    assert b.prompt_ids[:len(a.prompt_ids) + len(a.response_ids)] == a.prompt_ids + a.response_ids
+    assert s.prefix_breaks == 0
+    c.completions.create(model="x", prompt="Something else", max_tokens=4)
+    assert s.prefix_breaks == 1 and [t.info["segment"] for t in s.turns] == [0, 0, 1]
+
+
+def test_attacker_view(live):
+    mine, other = live.session(temperature=0.0), live.session(temperature=0.0)
+    url = f"{live.url}/v1/chat/completions"
+    body = {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    auth = {"Authorization": f"Bearer {mine.api_key}"}
+    assert httpx.post(url, json=body).status_code == 401  # no token
+    assert httpx.post(url, json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    # my key cannot reach another episode, by header or by URL; the same answer as for an unknown id
+    r = httpx.post(url, json=body, headers={**auth, "X-Session-ID": other.session_id})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
+    r = httpx.post(f"{live.url}/sessions/{other.session_id}/v1/chat/completions", json=body, headers=auth)
+    assert r.status_code == 404
+    r = httpx.post(f"{live.url}/sessions/{other.session_id}/reward", json={"reward": 1.0}, headers=auth)
+    assert r.status_code == 404 and other.reward is None and other.turns == []
+    assert httpx.post(f"{live.url}/env/sessions/whatever/step", json={"action": "x"}, headers=auth).status_code == 404
+    # a browser page of another origin, a repeated Authorization header
+    assert httpx.post(url, json=body, headers={**auth, "Origin": "http://evil.example"}).status_code == 403
+    assert httpx.post(url, json=body, headers=[("Authorization", f"Bearer {mine.api_key}"),
+                                               ("Authorization", f"Bearer {other.api_key}")]).status_code == 400
+    # bounded: the body, the messages, the tools, hostile shapes
+    big = {**body, "messages": [{"role": "user", "content": "x" * (5 * 1024 * 1024)}]}
+    assert httpx.post(url, json=big, headers=auth).status_code == 413
+    many = {**body, "messages": [{"role": "user", "content": "x"}] * 513}
+    assert httpx.post(url, json=many, headers=auth).json()["error"]["code"] == "too_many_messages"
+    tools = {**body, "tools": [CALCULATOR_TOOLS[0]] * 65}
+    assert httpx.post(url, json=tools, headers=auth).json()["error"]["code"] == "too_many_tools"
+    deep = '{"model": "x", "messages": ' + "[" * 5000 + "]" * 5000 + "}"
+    assert httpx.post(url, content=deep, headers={**auth, "Content-Type": "application/json"}).status_code == 400
+    bad = {**body, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
+    assert httpx.post(url, json=bad, headers=auth).status_code == 400
+    assert httpx.post(url, json={**body, "messages": []}, headers=auth).status_code == 400
+    assert httpx.post(url, json={**body, "max_tokens": -1}, headers=auth).status_code == 400
+    long_prompt = {**body, "messages": [{"role": "user", "content": "word " * 3000}]}
+    assert httpx.post(url, json=long_prompt, headers=auth).json()["error"]["code"] == "context_length_exceeded"
+    assert mine.turns == [] and other.turns == []  # nothing refused was recorded
+    # the reward: once, finite
+    rw = f"{live.url}/sessions/{mine.session_id}/reward"
+    nan = httpx.post(rw, content='{"reward": NaN}', headers={**auth, "Content-Type": "application/json"})
+    assert nan.status_code in (400, 422) and mine.reward is None
+    assert httpx.post(rw, json={"reward": 0.25}, headers=auth).status_code == 200 and mine.reward == 0.25
+    assert httpx.post(rw, json={"reward": 1.0}, headers=auth).status_code == 409 and mine.reward == 0.25
+    # a closed episode's key stops working
+    live.orch.gateway.close_session(mine.session_id)
+    assert httpx.post(url, json=body, headers=auth).status_code == 401
+    # the run's token reaches a session by id; without one it is an error, not a new episode
+    run = {"Authorization": f"Bearer {live.token}"}
+    assert httpx.post(url, json=body, headers={**run, "X-Session-ID": other.session_id}).status_code == 200
+    assert httpx.post(url, json=body, headers={**run, "X-Session-ID": "nope"}).status_code == 404
+    assert len(other.turns) == 1
+
+
+def test_gateway_binds_loopback_only_by_default(live):
+    with pytest.raises(ValueError, match="not loopback"):
+        GatewayServer(live.orch.gateway.app, host="0.0.0.0")
+
+
+# ------------------------------------------------------------------------------------------------ task files, commands
+@pytest.fixture()
+def task_file(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": i + 1}) + "\n" for i in range(3)))
+    return str(path)
+
+
+def test_task_file_rows_are_the_task_dicts(policy, task_file):
+    res, metrics = play(policy, "tests.gateway.programs:file_task", groups=2, tasks_override=task_file)
+    assert res.dropped_groups == 0 and len(res.episodes) == 8
+    assert [ep.reward for ep in res.episodes] == [0.25] * 8  # the program's own reward (the tiny model is random)
+    prompts = [policy[1].decode(ep.turns[0].prompt_ids) for ep in res.episodes]
+    assert all("What is 0 + 1?" in p for p in prompts[:4]) and all("What is 1 + 1?" in p for p in prompts[4:])
+
+
+COMMAND = (f"{sys.executable} -m tests.gateway.command_program MODE "
+           "{base_url} {api_key} {session_id} {task_json}")
+
+
+@pytest.mark.parametrize("mode,reward_via", [("print", "print"), ("post", "post")])
+def test_command_template_program(policy, task_file, mode, reward_via):
+    cmd = COMMAND.replace("MODE", mode)
+    res, _ = play(policy, "", command=cmd, tasks_override=task_file)
+    assert res.dropped_groups == 0 and [ep.reward for ep in res.episodes] == [0.25] * 4
+    assert all(ep.turns[-1].info["via"] == reward_via for ep in res.episodes)
+
+
+def test_failing_command_is_an_env_failure(policy, task_file):
+    cmd = COMMAND.replace("MODE", "fail")
+    res, _ = play(policy, "", command=cmd, tasks_override=task_file)
+    assert res.dropped_groups == 1 and "status 3" in res.failures[0]
