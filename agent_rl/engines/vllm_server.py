@@ -410,6 +410,7 @@ class VLLMServerEngine:
         self._cache_seen: dict[str, tuple[float, float]] = {}
         self._cache_counts = [0, 0]
         self.servers: list[ServerProcess] = []
+        self._ready = False  # set once the servers hold the run's first weights
         self._watchdog: subprocess.Popen[str] | None = None
 
         root = Path(sync_dir or tempfile.gettempdir())
@@ -444,6 +445,7 @@ class VLLMServerEngine:
                     self._post(url, "/update_weight_version", json={"new_version": "0"})
                 if sync_check:
                     self._step["engine/sync_logprob_diff"] = self._check(model, after=True)
+            self._ready = True
         except BaseException:
             self.close()
             raise
@@ -582,7 +584,9 @@ class VLLMServerEngine:
         if self._closed:
             raise RuntimeError("this vllm_server engine is closed")
         version = self.version + 1 if version is None else int(version)
-        before = self._check(model, after=False) if self.sync_check and self.sync_seconds else None
+        # the probe against the servers' current weights (not at the first sync of servers started elsewhere,
+        # whose weights may be any model's)
+        before = self._check(model, after=False) if self.sync_check and self._ready else None
         t0 = time.perf_counter()
         offline.write_sync_weights(model, self.sync_folder, self.dtype, self.untie)
         for url in self.router.live():

@@ -67,7 +67,8 @@ def pair(tmp_path_factory):
     model, tok = _tiny()
     root = tmp_path_factory.mktemp("pair")
     t0 = time.monotonic()
-    eng = get_engine("vllm_server", model, tok, server="auto", server_replicas=2, dtype="float32",
+    eng = get_engine("vllm_server", model, tok, server="auto", server_replicas=2, server_python=sys.executable,
+                     dtype="float32",
                      enforce_eager=True, kv_cache_gb=0.25, sync_dir=str(root / "sync"), run_dir=str(root))
     print(f"2 servers up in {time.monotonic() - t0:.0f} s: {eng.urls}")
     yield model, tok, eng
@@ -290,7 +291,8 @@ def test_acceptance_command_exits_0_logs_versions_and_leaves_no_server(tmp_path)
     cmd = [sys.executable, "-m", "agent_rl.train", "env=choose_item", "model=tiny", "model.tiny_hidden_size=128",
            "algo=grpo", "engine=vllm_server", "engine.server=auto", "env_server.mode=local", "trainer.total_steps=2",
            "trainer.tasks_per_step=2", f"trainer.output_dir={out}", f"engine.sync_dir={sync}",
-           "engine.enforce_eager=true", "engine.kv_cache_gb=0.25", "trainer.progress=false"]
+           "engine.enforce_eager=true", "engine.kv_cache_gb=0.25", f"engine.server_python={sys.executable}",
+           "trainer.progress=false"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: list[tuple[int, float]] = []
 
@@ -327,8 +329,8 @@ def test_trainer_killed_while_its_server_starts_leaves_nothing(tmp_path, signum)
         from agent_rl.learner.config import ModelConfig
         from agent_rl.models import load_policy
         model, tok = load_policy(ModelConfig(name="tiny", tiny_hidden_size=128))
-        get_engine("vllm_server", model, tok, server="auto", dtype="float32", enforce_eager=True,
-                   kv_cache_gb=0.25, sync_dir={str(sync)!r}, run_dir={str(tmp_path)!r})
+        get_engine("vllm_server", model, tok, server="auto", server_python={sys.executable!r}, dtype="float32",
+                   enforce_eager=True, kv_cache_gb=0.25, sync_dir={str(sync)!r}, run_dir={str(tmp_path)!r})
         print("ready", flush=True)
         import time; time.sleep(600)
     """)

@@ -215,3 +215,17 @@ def test_engine_config_refuses(bad):
 def test_weight_transfer_nccl_is_refused_on_cpu_before_anything_starts():
     with pytest.raises(ValueError, match="needs CUDA devices"):
         VLLMServerEngine(torch.nn.Linear(2, 2), None, server="auto", weight_transfer="ipc")
+
+
+def test_load_config_of_engine_vllm_server():
+    from agent_rl.compose import load_config
+    from agent_rl.config import ConfigError
+
+    cheap = ["env=choose_item", "model=tiny", "env_server.mode=local"]
+    cfg = load_config([*cheap, "engine=vllm_server", "engine.urls=[http://127.0.0.1:8000,http://10.0.0.2:8000]"])
+    assert cfg.engine.name == "vllm_server" and cfg.engine.server == "auto"
+    assert cfg.engine.urls == ["http://127.0.0.1:8000", "http://10.0.0.2:8000"]
+    with pytest.raises(ConfigError, match="engine.urls"):
+        load_config([*cheap, "engine=vllm_server", "engine.server=none"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config([*cheap, "engine=vllm_server", "engine.server_python=/no/such/python"])
