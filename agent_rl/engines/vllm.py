@@ -336,14 +336,40 @@ if not stopped:
     shutil.rmtree(folder, ignore_errors=True)
 """
 
-_LIVE: "weakref.WeakSet[VLLMEngine]" = weakref.WeakSet()
+def start_watchdog(folder: Path, procs: list[tuple[int, float]]) -> subprocess.Popen[str] | None:
+    """Write ``folder/owner.json`` (this process and ``procs``, the (pid, start time) of the processes it owns: the
+    sweep of dead runs reads it) and start the watchdog (:data:`_WATCHDOG`) that kills ``procs`` and their children
+    and removes ``folder`` when this process dies without :func:`stop_watchdog` (SIGKILL). None without ``procs``."""
+    (folder / "owner.json").write_text(json.dumps(
+        {"pid": os.getpid(), "start": _proc_start(os.getpid()), "engine_procs": procs}))
+    if not procs:
+        return None
+    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(folder), *(f"{p}:{s!r}" for p, s in procs)],
+                            stdin=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def stop_watchdog(dog: subprocess.Popen[str]) -> None:
+    """A normal close: the watchdog leaves without killing anything."""
+    try:
+        dog.stdin.write("stop\n")  # type: ignore[union-attr]
+        dog.stdin.close()  # type: ignore[union-attr]
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+    try:
+        dog.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        dog.kill()
+        dog.wait()
+
+
+_LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _PREVIOUS_HANDLERS: dict[int, Any] = {}
 _COUNTER = [0]
 _LOCK = threading.Lock()
 
 
 def close_all() -> None:
-    """Close every live vLLM engine of this process (atexit and the SIGTERM/SIGINT handlers call it)."""
+    """Close every live vLLM engine (``vllm`` and ``vllm_server``) of this process (atexit and the SIGTERM/SIGINT handlers call it)."""
     for engine in list(_LIVE):
         engine.close()
 
@@ -631,13 +657,8 @@ class VLLMEngine:
                 os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
             else:
                 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
-        procs = self._engine_procs = _new_children(before)
-        (self.sync_folder / "owner.json").write_text(json.dumps(
-            {"pid": os.getpid(), "start": _proc_start(os.getpid()), "engine_procs": procs}))
-        if procs:
-            self._watchdog = subprocess.Popen(
-                [sys.executable, "-c", _WATCHDOG, str(self.sync_folder), *(f"{p}:{s!r}" for p, s in procs)],
-                stdin=subprocess.PIPE, text=True, start_new_session=True)
+        self._engine_procs = _new_children(before)
+        self._watchdog = start_watchdog(self.sync_folder, self._engine_procs)
 
     # ---------------------------------------------------------------------------------------------- generate
     def generate(self, prompts: list[list[int]], temperatures: list[float], *, max_new_tokens: int,
@@ -741,19 +762,9 @@ class VLLMEngine:
                 log.warning("vllm engine: shutdown failed: %s", exc)
             del llm, core
             gc.collect()
-        dog = self._watchdog
-        if dog is not None:
+        if self._watchdog is not None:
             _kill_tree(self._engine_procs, timeout=5.0)  # what shutdown left (none when it went well)
-            try:
-                dog.stdin.write("stop\n")  # type: ignore[union-attr]
-                dog.stdin.close()  # type: ignore[union-attr]
-            except (BrokenPipeError, OSError, ValueError):
-                pass
-            try:
-                dog.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                dog.kill()
-                dog.wait()
+            stop_watchdog(self._watchdog)
         shutil.rmtree(self.sync_folder, ignore_errors=True)
 
     def __enter__(self) -> "VLLMEngine":

@@ -43,7 +43,6 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import hashlib
-import json
 import logging
 import os
 import re
@@ -423,7 +422,7 @@ class VLLMServerEngine:
             n = offline._COUNTER[0]
         self.sync_folder = Path(tempfile.mkdtemp(prefix=f"{offline.SYNC_PREFIX}{os.getpid()}-{n}-", dir=root))
         self.sync_folder.chmod(0o755)  # a remote server's user reads the weights (no secret in them)
-        offline._LIVE.add(self)  # type: ignore[arg-type]  (closed with the offline engines: atexit, signals)
+        offline._LIVE.add(self)  # closed with the offline engines: atexit, SIGTERM/SIGINT
         offline._install_handlers()
         self.api_key = secrets.token_urlsafe(32) if not urls else os.environ.get("VLLM_API_KEY", "")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -480,12 +479,7 @@ class VLLMServerEngine:
         """``owner.json`` (the sweep of dead runs reads it) and the watchdog that kills the servers when this
         process dies without closing the engine (SIGKILL)."""
         procs = [ps for ps in (s.pid_start() for s in self.servers) if ps is not None]
-        (self.sync_folder / "owner.json").write_text(json.dumps(
-            {"pid": os.getpid(), "start": offline._proc_start(os.getpid()), "engine_procs": procs}))
-        if procs:
-            self._watchdog = subprocess.Popen(
-                [sys.executable, "-c", offline._WATCHDOG, str(self.sync_folder), *(f"{p}:{s!r}" for p, s in procs)],
-                stdin=subprocess.PIPE, text=True, start_new_session=True)
+        self._watchdog = offline.start_watchdog(self.sync_folder, procs)
 
     # ---------------------------------------------------------------------------------------------- http
     def _server_of(self, url: str) -> ServerProcess | None:
@@ -666,24 +660,14 @@ class VLLMServerEngine:
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        offline._LIVE.discard(self)  # type: ignore[arg-type]
+        offline._LIVE.discard(self)
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
         for s in self.servers:
             s.stop()
-        dog = self._watchdog
-        if dog is not None:
-            try:
-                dog.stdin.write("stop\n")  # type: ignore[union-attr]
-                dog.stdin.close()  # type: ignore[union-attr]
-            except (BrokenPipeError, OSError, ValueError):
-                pass
-            try:
-                dog.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                dog.kill()
-                dog.wait()
+        if self._watchdog is not None:
+            offline.stop_watchdog(self._watchdog)
         http = getattr(self, "http", None)
         if http is not None:
             http.close()

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from agent_rl.engines import HFEngine, get_engine
 from agent_rl.engines.vllm_server import SERVER_MODULE, WeightSyncError
