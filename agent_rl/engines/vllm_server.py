@@ -45,6 +45,7 @@ import concurrent.futures
 import hashlib
 import logging
 import os
+import random
 import re
 import secrets
 import shutil
@@ -173,7 +174,7 @@ class HashRing:
 
 class Router:
     """Which replica serves a request: by episode id on a :class:`HashRing` (``affinity``), else the live replica
-    with the fewest requests in flight (the first such in ``urls`` order on a tie). Thread-safe; counts in-flight
+    with the fewest requests in flight (a tie drawn at random). Thread-safe; counts in-flight
     requests per replica and the largest total seen (:meth:`take_in_flight_max`)."""
 
     def __init__(self, urls: list[str], affinity: bool = True) -> None:
@@ -182,6 +183,7 @@ class Router:
         self.dead: set[str] = set()
         self.in_flight = {u: 0 for u in self.urls}
         self._max = 0
+        self._rng = random.Random(0)
         self._lock = threading.Lock()
 
     def acquire(self, episode_id: str | None) -> str:
@@ -194,9 +196,11 @@ class Router:
             url = None
             if self.affinity and episode_id is not None:
                 url = self.ring.node(episode_id, self.dead)
-            else:
+            else:  # the least loaded; a tie drawn at random (in a fixed order an episode's rows would land on the
+                # same replica turn after turn by accident)
                 live = [u for u in self.urls if u not in self.dead]
-                url = min(live, key=lambda u: self.in_flight[u]) if live else None
+                least = min((self.in_flight[u] for u in live), default=0)
+                url = self._rng.choice([u for u in live if self.in_flight[u] == least]) if live else None
             if url is None:
                 raise RuntimeError(f"every vLLM server is down: {self.urls}")
             self.in_flight[url] += 1
