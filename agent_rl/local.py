@@ -89,10 +89,13 @@ class LocalBackend:
         if not plays_ahead(cfg):
             self.engine = build_engine(cfg, base_module(self.model), self.tokenizer)  # closed by close()
         else:  # asynchronous rollouts: the engine samples with weights the update does not touch
-            if cfg.engine.name != "vllm":  # hf: its own copy of the policy, loaded after each update
+            if cfg.engine.name not in ("vllm", "vllm_server"):  # hf: its own copy, loaded after each update
                 self.engine_model = copy.deepcopy(base_module(self.model)).requires_grad_(False)
-            self.engine = VersionedEngine(build_engine(cfg, self.engine_model if self.engine_model is not None
-                                                       else base_module(self.model), self.tokenizer))
+            engine = build_engine(cfg, self.engine_model if self.engine_model is not None
+                                  else base_module(self.model), self.tokenizer)
+            # vllm_server labels its generations with the servers' weight version itself (a sync waits for the
+            # requests in flight): no wrapper, whose lock would let one call in flight at a time
+            self.engine = engine if getattr(engine, "carries_versions", False) else VersionedEngine(engine)
         self.total_steps = cfg.trainer.total_steps
         self.version = 0  # updates behind the engine's weights
         self._stack = contextlib.AsyncExitStack()
@@ -107,7 +110,7 @@ class LocalBackend:
         """The learner's weights (after ``version`` updates) into the engine (hf with its own copy: copied into it
         first; a versioned engine swaps them between two of its calls). Blocking: run it in a worker thread."""
         if not isinstance(self.engine, VersionedEngine):
-            self.engine.sync_weights(base_module(self.model))
+            self.engine.sync_weights(base_module(self.model), version)
         elif self.engine_model is not None:
             self.engine.sync(lambda: (self.engine_model.load_state_dict(base_module(self.model).state_dict()),
                                       self.engine.engine.sync_weights(self.engine_model)), version)
@@ -145,6 +148,10 @@ class LocalBackend:
 
     async def token_stats(self) -> dict[str, Any] | None:
         return self.learner.last_token_stats
+
+    async def engine_metrics(self) -> dict[str, float]:
+        step_metrics = getattr(self.engine, "step_metrics", None)  # vllm_server's (servers' /metrics: a thread)
+        return await asyncio.to_thread(step_metrics) if step_metrics is not None else {}
 
     async def evaluate(self, step: int, evaluator: TrainingEval) -> list[dict[str, Any]]:
         return await evaluator.results(step, self.pool, self.engine)

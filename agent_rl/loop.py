@@ -90,6 +90,10 @@ class Backend(Protocol):
     async def token_stats(self) -> dict[str, Any] | None:
         """The last update's per-token tensors, (B, L) in the batch's row order (the episode store)."""
 
+    async def engine_metrics(self) -> dict[str, float]:
+        """The step's engine metrics, once per step after the weight sync (``vllm_server``: weight version, sync
+        time, probe gap, prefix-cache hit rate, requests in flight; others: none)."""
+
     async def evaluate(self, step: int, evaluator: TrainingEval) -> list[dict[str, Any]]:
         """The in-training panel with the current weights; one result dict per panel."""
 
@@ -202,6 +206,7 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
                 warn_idle_step(step, result.dropped_groups, result.filtered_groups, refused)
             metrics["batch/rows"] = batch.num_rows if update_metrics is not None else 0
             await schedule.sync(step, trained=update_metrics is not None)  # v = s after step s (section 7)
+            metrics.update(await backend.engine_metrics())
             # 6. Evaluate when due (the panel plays with the weights the engines now hold).
             if evaluator.due(step, total):
                 metrics.update(evaluator.metrics(step, await backend.evaluate(step, evaluator)))

@@ -17,7 +17,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +40,7 @@ from agent_rl.models import load_policy
 from agent_rl.rollout import RolloutConfig, RolloutOrchestrator, get_prompt
 from agent_rl.types import Episode, Generation
 from envs.families import describe
-from servers.launch import ServerLaunch, new_token
+from servers.launch import ServerLaunch, free_port, new_token  # free_port: re-exported
 from servers.wait import ServerExited, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,13 +65,6 @@ def resolve_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A free TCP port on ``host`` ("" = every interface of this node)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def set_data_root(cfg: Config) -> None:

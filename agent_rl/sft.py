@@ -350,6 +350,10 @@ class BehaviourCloningBackend:
     async def token_stats(self) -> dict[str, Any] | None:
         return None
 
+    async def engine_metrics(self) -> dict[str, float]:
+        """None: behaviour cloning syncs its engine only for the panel."""
+        return {}
+
     async def evaluate(self, step: int, evaluator: TrainingEval) -> list[dict[str, Any]]:
         """The panel with the current weights (the engine is synced here, before it plays: eval only)."""
         if not self._synced:

@@ -21,6 +21,7 @@ from agent_rl import algos
 from agent_rl.config import BACKENDS, Config, ConfigError
 from agent_rl.engines import engine_names
 from agent_rl.engines.vllm import check_config as check_vllm
+from agent_rl.engines.vllm_server import check_config as check_vllm_server
 from agent_rl.models import model_context_length
 from agent_rl.rollout import get_prompt
 from agent_rl.rollout.tools import get_tool_call_format
@@ -184,6 +185,13 @@ def check_trainable(cfg: Config) -> list[str]:
     if cfg.engine.name == "vllm":  # vLLM found, recent enough, head size and context it can run (engines/vllm.py)
         try:
             notes += check_vllm(cfg, context)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if cfg.engine.max_model_len and (not context or cfg.engine.max_model_len < context):
+            context, source = cfg.engine.max_model_len, "engine.max_model_len"
+    if cfg.engine.name == "vllm_server":  # where its servers come from (engines/vllm_server.py)
+        try:
+            notes += check_vllm_server(cfg)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if cfg.engine.max_model_len and (not context or cfg.engine.max_model_len < context):

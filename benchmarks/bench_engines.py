@@ -1,4 +1,4 @@
-"""Engines side by side: hf vs vllm on the same prompts (a benchmark, not a test; ~10 minutes on 2 CPU cores).
+"""Engines side by side: hf vs vllm (vs vllm_server: ``--engines hf,vllm,vllm_server``) on the same prompts (a benchmark, not a test; ~10 minutes on 2 CPU cores).
 
     .venv-vllm/bin/python benchmarks/bench_engines.py                  # SmolLM2, batch 32, mixed temperatures
     .venv-vllm/bin/python benchmarks/bench_engines.py --model tiny --rounds 2 --sync-variants
@@ -157,6 +157,9 @@ def run_engine(args: argparse.Namespace) -> dict[str, float]:
     if args.engine == "vllm":
         extra = dict(dtype="float32", kv_cache_gb=args.kv_cache_gb, enforce_eager=args.enforce_eager,
                      multiprocessing=not args.in_process)
+    elif args.engine == "vllm_server":  # its own `vllm serve` (this Python), reached over HTTP
+        extra = dict(dtype="float32", kv_cache_gb=args.kv_cache_gb, enforce_eager=args.enforce_eager,
+                     server="auto", server_python=sys.executable)
     engine = get_engine(args.engine, model, tok, batch_size=args.batch, seed=0, **extra)
     start_s = time.perf_counter() - t0
     try:
@@ -182,7 +185,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, float]:
                   "logprob_diff": diff, "logprob_diff_after_sync": diff_after_sync}
         if args.engine == "vllm" and args.sync_variants and args.in_process:
             result.update(_time_sync_variants(engine, model, args.syncs))
-        if args.engine == "vllm":
+        if args.engine in ("vllm", "vllm_server"):
             result["prefix_cache_hit_rate"] = engine.prefix_cache_stats()["hit_rate"]
     finally:
         getattr(engine, "close", lambda: None)()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -26,10 +27,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TOKEN_ENV", "ServerLaunch", "new_token", "watch_parent"]
+__all__ = ["TOKEN_ENV", "ServerLaunch", "free_port", "new_token", "watch_parent"]
 
 #: The environment variable ``servers.serve`` reads its token from.
 TOKEN_ENV = "AGENT_RL_SERVER_TOKEN"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port on ``host`` ("" = every interface of this node): the env servers' and the vLLM servers' a run
+    starts (``agent_rl.runtime`` re-exports it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def new_token() -> str:

@@ -137,7 +137,8 @@ BAD = [
                         "'tp', 'uniform']. Did you mean 'js'?"),
     ("schedule.kind=linea", "unknown schedule 'linea' (schedule); valid names: ['constant', 'linear', 'none', "
                             "'power', 'sigmoid']. Did you mean 'linear'?"),
-    ("engine.name=vlm", "unknown engine 'vlm' (engine.name); valid names: ['hf', 'vllm']. Did you mean 'vllm'?"),
+    ("engine.name=vlm", "unknown engine 'vlm' (engine.name); valid names: ['hf', 'vllm', 'vllm_server']. "
+                        "Did you mean 'vllm'?"),
     ("env.prompt=mathh", "unknown prompt format 'mathh'; valid: ['alfworld', 'code', 'generic', 'math', 'react', "
                          "'react_webshop', 'textworld', 'webshop']"),
     ("credit=forking credit.level=turn", "credit=forking is not defined at credit.level=turn; it supports ['token']"),

@@ -223,7 +223,9 @@ class RolloutWorker:
         if torch.cuda.is_available() and cfg.rollout.worker_gpus > 0:
             self.model.to("cuda:0")
         self.engine = build_engine(cfg, self.model, self.tokenizer)
-        if plays_ahead(cfg):  # weights swapped between two engine calls, generations stamped
+        # weights swapped between two engine calls, generations stamped (vllm_server stamps its own: its servers'
+        # weight version; a sync waits for the requests in flight)
+        if plays_ahead(cfg) and not getattr(self.engine, "carries_versions", False):
             self.engine = VersionedEngine(self.engine, self.version)
         self.pool = self._run(self._make_pool())  # made on the orchestrator's event loop, which uses it
         self.orchestrator = build_orchestrator(cfg, self.pool, self.engine)
@@ -240,7 +242,7 @@ class RolloutWorker:
 
         def load() -> None:
             self.model.load_state_dict(weights)
-            getattr(self.engine, "engine", self.engine).sync_weights(self.model)
+            getattr(self.engine, "engine", self.engine).sync_weights(self.model, int(version))
 
         if isinstance(self.engine, VersionedEngine):  # asynchronous: between two engine calls of the stream
             self.engine.sync(load, int(version))
@@ -300,6 +302,11 @@ class RolloutWorker:
         if self._evaluator is None:
             self._evaluator = TrainingEval(self.cfg, Path(out_dir), Progress(enabled=False))
         return self._run(self._evaluator.results(step, self.pool, self.engine))
+
+    def engine_metrics(self) -> dict[str, float]:
+        """This worker's engine metrics of the step (``vllm_server``: ``step_metrics``; others: none)."""
+        step_metrics = getattr(self.engine, "step_metrics", None) if self._ready else None
+        return step_metrics() if step_metrics is not None else {}
 
     def pid(self) -> int:
         return os.getpid()

@@ -44,6 +44,7 @@ from agent_rl import algos
 from agent_rl.config import Config
 from agent_rl.distributed.actors import EnvServerReplica, LearnerRank, LearnerSpec, RolloutWorker
 from agent_rl.distributed.data_parallel import shard_indices, take_shard, unshard_rows
+from agent_rl.engines.vllm_server import merge_engine_metrics
 from agent_rl.eval.training import TrainingEval
 from agent_rl.loop import SkipUpdate
 from agent_rl.rollout import RolloutResult, merge_parallel_results
@@ -266,6 +267,10 @@ class RayBackend:
         self.weights = await self._rank0_weights()
         self.version = version
         await asyncio.gather(*[w.set_weights.remote(version, self.weights) for w in self.workers])
+
+    async def engine_metrics(self) -> dict[str, float]:
+        """The workers' engine metrics merged (:func:`merge_engine_metrics`)."""
+        return merge_engine_metrics(list(await asyncio.gather(*[w.engine_metrics.remote() for w in self.workers])))
 
     # ------------------------------------------------------------------ evaluate, save, close
     async def evaluate(self, step: int, evaluator: TrainingEval) -> list[dict[str, Any]]:

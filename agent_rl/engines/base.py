@@ -47,7 +47,11 @@ class Engine(Protocol):
         """The episode ``episode_id`` is over: drop what is kept for it (a no-op where nothing is)."""
         ...
 
-    def sync_weights(self, model: Any) -> None: ...
+    def sync_weights(self, model: Any, version: int | None = None) -> None:
+        """Give the engine ``model``'s current weights. ``version``: the learner version they are (algorithms.md
+        section 7); an engine that reports versions itself (``carries_versions``: ``vllm_server``) labels its
+        generations with it, the others ignore it (a :class:`~agent_rl.engines.VersionedEngine` stamps theirs)."""
+        ...
 
     def close(self) -> None:
         """Release what the engine holds (vLLM: its engine processes and sync files); idempotent. Every owner of an

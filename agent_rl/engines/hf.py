@@ -233,9 +233,10 @@ class HFEngine:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
-    def sync_weights(self, model: Any) -> None:
+    def sync_weights(self, model: Any, version: int | None = None) -> None:
         """The engine holds the learner's module itself: take ``model`` and drop every kept cache (they hold keys
-        and values of the previous weights), then give their freed pages back to the OS (``agent_rl.memory``)."""
+        and values of the previous weights), then give their freed pages back to the OS (``agent_rl.memory``).
+        ``version`` is not kept (a :class:`~agent_rl.engines.VersionedEngine` around it stamps versions)."""
         self.model = model
         self.clear_caches()
         release_free_heap()

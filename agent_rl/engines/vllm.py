@@ -336,14 +336,40 @@ if not stopped:
     shutil.rmtree(folder, ignore_errors=True)
 """
 
-_LIVE: "weakref.WeakSet[VLLMEngine]" = weakref.WeakSet()
+def start_watchdog(folder: Path, procs: list[tuple[int, float]]) -> subprocess.Popen[str] | None:
+    """Write ``folder/owner.json`` (this process and ``procs``, the (pid, start time) of the processes it owns: the
+    sweep of dead runs reads it) and start the watchdog (:data:`_WATCHDOG`) that kills ``procs`` and their children
+    and removes ``folder`` when this process dies without :func:`stop_watchdog` (SIGKILL). None without ``procs``."""
+    (folder / "owner.json").write_text(json.dumps(
+        {"pid": os.getpid(), "start": _proc_start(os.getpid()), "engine_procs": procs}))
+    if not procs:
+        return None
+    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(folder), *(f"{p}:{s!r}" for p, s in procs)],
+                            stdin=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def stop_watchdog(dog: subprocess.Popen[str]) -> None:
+    """A normal close: the watchdog leaves without killing anything."""
+    try:
+        dog.stdin.write("stop\n")  # type: ignore[union-attr]
+        dog.stdin.close()  # type: ignore[union-attr]
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+    try:
+        dog.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        dog.kill()
+        dog.wait()
+
+
+_LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _PREVIOUS_HANDLERS: dict[int, Any] = {}
 _COUNTER = [0]
 _LOCK = threading.Lock()
 
 
 def close_all() -> None:
-    """Close every live vLLM engine of this process (atexit and the SIGTERM/SIGINT handlers call it)."""
+    """Close every live vLLM engine (``vllm`` and ``vllm_server``) of this process (atexit and the SIGTERM/SIGINT handlers call it)."""
     for engine in list(_LIVE):
         engine.close()
 
@@ -438,6 +464,83 @@ def _write_model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.d
     save_file(state_for_vllm(model, dtype, untie), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
+# --------------------------------------------------------------------------------------------- shared with vllm_server
+def check_generate_args(prompts: list[list[int]], temperatures: list[float], row_seeds: list[int] | None,
+                        repetition_penalties: list[float] | None, episode_ids: list[str | None] | None) -> None:
+    """``generate``'s argument checks, the same for both vLLM engines (this one and ``vllm_server``).
+
+    Raises:
+        ValueError: lengths differ, an empty prompt, a negative temperature, an episode id twice.
+    """
+    check_episode_ids(episode_ids, len(prompts))
+    if len(prompts) != len(temperatures):
+        raise ValueError(f"{len(prompts)} prompts but {len(temperatures)} temperatures")
+    if row_seeds is not None and len(row_seeds) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(row_seeds)} row seeds")
+    if repetition_penalties is not None and len(repetition_penalties) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(repetition_penalties)} repetition penalties")
+    if any(len(p) == 0 for p in prompts) or any(t < 0 for t in temperatures):
+        raise ValueError("prompts must be non-empty and temperatures >= 0")
+
+
+def default_row_seeds(n: int, seed: int | None, generator: torch.Generator) -> list[int]:
+    """Row seeds of a call without ``row_seeds``: ``row_seed(seed, i)``, ``seed`` drawn from the engine's
+    ``generator`` when None (as the hf engine)."""
+    if seed is None:
+        seed = int(torch.randint(2**62, (1,), generator=generator))
+    return [row_seed(seed, i) for i in range(n)]
+
+
+def sampling_rows(tokenizer: Any, eos_token_ids: list[int], temperatures: list[float], *, max_new_tokens: int,
+                  top_p: float, top_k: int, stop: list[str] | None, row_seeds: list[int],
+                  repetition_penalties: list[float] | None) -> list[dict[str, Any]]:
+    """vLLM ``SamplingParams`` fields of each row (module docstring), as plain values: the offline engine builds
+    ``SamplingParams(**row)``, the server engine sends them as JSON (``/inference/v1/generate``).
+
+    A stop string held as a special token is invisible to vLLM's stop check (it matches the text decoded without
+    special tokens): its id is a stop id too, as an EOS (kept in the output, as EOS is)."""
+    stop_ids = sorted(set(eos_token_ids) | set(special_stop_ids(tokenizer, stop)))
+    rows = []
+    for i, t in enumerate(temperatures):
+        greedy = t <= 0
+        rows.append(dict(
+            temperature=float(t), top_p=1.0 if greedy else float(top_p),
+            top_k=-1 if greedy or top_k <= 0 else int(top_k), max_tokens=int(max_new_tokens), stop=stop or None,
+            stop_token_ids=stop_ids, logprobs=0, seed=int(row_seeds[i]) % 2**63, include_stop_str_in_output=True,
+            skip_special_tokens=True,
+            repetition_penalty=1.0 if repetition_penalties is None else float(repetition_penalties[i])))
+    return rows
+
+
+def model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.dtype, untie: bool,
+                 model_path: str | None = None) -> str:
+    """The folder vLLM starts from: ``model_path`` when given; else the model's own folder when it has one and is
+    not to be untied; else the model written into ``folder`` (:func:`_write_model_folder`)."""
+    if model_path is None:
+        own = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
+        model_path = own if own and (Path(own) / "config.json").is_file() and not untie else ""
+    if not model_path:
+        _write_model_folder(model, tokenizer, folder, dtype, untie)
+        model_path = str(folder)
+    return model_path
+
+
+def write_sync_weights(model: Any, folder: Path, dtype: torch.dtype, untie: bool) -> Path:
+    """The policy's weights as the one safetensors file vLLM's ``reload_weights(weights_path=folder)`` reads
+    (:func:`state_for_vllm`), written atomically; other safetensors files of ``folder`` (a start's shards and
+    index) are removed. Returns the file."""
+    from safetensors.torch import save_file
+
+    target = folder / "model.safetensors"
+    for old in folder.glob("*.safetensors*"):
+        if old != target:
+            old.unlink()
+    tmp = target.with_suffix(".tmp")
+    save_file(state_for_vllm(model, dtype, untie), str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, target)
+    return target
+
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -526,12 +629,7 @@ class VLLMEngine:
         # and a tied head loads nothing (its weight is the embedding's), so it would keep the old weights: on CPU vLLM
         # gets the tied model untied (config tie_word_embeddings=false, lm_head.weight a copy in every sync file).
         self.untie = bool(_tied_names(model)) and self.build == "cpu"
-        if model_path is None:
-            own = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
-            model_path = own if own and (Path(own) / "config.json").is_file() and not self.untie else ""
-        if not model_path:  # in memory (model=tiny), or untied: written, with its tokenizer, for vLLM to start from
-            _write_model_folder(model, self.tokenizer, self.sync_folder, self.dtype, self.untie)
-            model_path = str(self.sync_folder)
+        model_path = model_folder(model, self.tokenizer, self.sync_folder, self.dtype, self.untie, model_path)
         self.model_path = model_path
         if kv_cache_gb <= 0 and self.build == "cpu":
             kv_cache_gb = CPU_DEFAULT_KV_CACHE_GB
@@ -559,14 +657,8 @@ class VLLMEngine:
                 os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
             else:
                 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
-        procs = self._engine_procs = _new_children(before)
-        (self.sync_folder / "owner.json").write_text(json.dumps(
-            {"pid": os.getpid(), "start": _proc_start(os.getpid()), "engine_procs": procs}))
-        if procs:
-            self._watchdog = subprocess.Popen(
-                [sys.executable, "-c", _WATCHDOG, str(self.sync_folder), *(f"{p}:{s!r}" for p, s in procs)],
-                stdin=subprocess.PIPE, text=True, start_new_session=True)
-        self._weights_file = self.sync_folder / "model.safetensors"
+        self._engine_procs = _new_children(before)
+        self._watchdog = start_watchdog(self.sync_folder, self._engine_procs)
 
     # ---------------------------------------------------------------------------------------------- generate
     def generate(self, prompts: list[list[int]], temperatures: list[float], *, max_new_tokens: int,
@@ -583,38 +675,20 @@ class VLLMEngine:
         """
         if self._closed:
             raise RuntimeError("this vllm engine is closed")
-        check_episode_ids(episode_ids, len(prompts))
-        if len(prompts) != len(temperatures):
-            raise ValueError(f"{len(prompts)} prompts but {len(temperatures)} temperatures")
-        if row_seeds is not None and len(row_seeds) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(row_seeds)} row seeds")
-        if repetition_penalties is not None and len(repetition_penalties) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(repetition_penalties)} repetition penalties")
-        if any(len(p) == 0 for p in prompts) or any(t < 0 for t in temperatures):
-            raise ValueError("prompts must be non-empty and temperatures >= 0")
+        check_generate_args(prompts, temperatures, row_seeds, repetition_penalties, episode_ids)
         if not prompts:
             return []
         if row_seeds is None:
-            if seed is None:
-                if self._generator is None:
-                    self._generator = torch.Generator().manual_seed(self._seed)
-                seed = int(torch.randint(2**62, (1,), generator=self._generator))
-            row_seeds = [row_seed(seed, i) for i in range(len(prompts))]
+            if self._generator is None:
+                self._generator = torch.Generator().manual_seed(self._seed)
+            row_seeds = default_row_seeds(len(prompts), seed, self._generator)
         self.wake_up()
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        # a stop string held as a special token is invisible to vLLM's stop check (it matches the text decoded
-        # without special tokens): stop on its id as on an EOS (the id is kept in the output, as EOS is)
-        stop_ids = sorted(set(self.eos_token_ids) | set(special_stop_ids(self.tokenizer, stop)))
-        params = []
-        for i, t in enumerate(temperatures):
-            greedy = t <= 0
-            params.append(SamplingParams(
-                temperature=float(t), top_p=1.0 if greedy else top_p, top_k=-1 if greedy or top_k <= 0 else top_k,
-                max_tokens=max_new_tokens, stop=stop or None, stop_token_ids=stop_ids, logprobs=0,
-                seed=int(row_seeds[i]) % 2**63, include_stop_str_in_output=True, skip_special_tokens=True,
-                repetition_penalty=1.0 if repetition_penalties is None else float(repetition_penalties[i])))
+        params = [SamplingParams(**row) for row in sampling_rows(
+            self.tokenizer, self.eos_token_ids, temperatures, max_new_tokens=max_new_tokens, top_p=top_p,
+            top_k=top_k, stop=stop, row_seeds=row_seeds, repetition_penalties=repetition_penalties)]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         gens = []
         for prompt, out in zip(prompts, outs):
@@ -632,23 +706,17 @@ class VLLMEngine:
         """Nothing kept per episode (the prefix cache evicts by itself)."""
 
     # ---------------------------------------------------------------------------------------------- weights
-    def sync_weights(self, model: Any) -> None:
+    def sync_weights(self, model: Any, version: int | None = None) -> None:
         """Load the learner's current weights into vLLM in place (module docstring), then reset the prefix cache
-        (cached blocks hold keys/values of the old weights). The time it took is appended to ``sync_seconds``."""
+        (cached blocks hold keys/values of the old weights). The time it took is appended to ``sync_seconds``.
+        ``version`` is not kept here (a :class:`~agent_rl.engines.VersionedEngine` around it stamps versions)."""
         import time
-
-        from safetensors.torch import save_file
 
         if self._closed:
             raise RuntimeError("this vllm engine is closed")
         t0 = time.perf_counter()
         self.wake_up()
-        for old in self.sync_folder.glob("*.safetensors*"):  # the start's files (shards, index): one file now
-            if old != self._weights_file:
-                old.unlink()
-        tmp = self._weights_file.with_suffix(".tmp")
-        save_file(state_for_vllm(model, self.dtype, self.untie), str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, self._weights_file)
+        write_sync_weights(model, self.sync_folder, self.dtype, self.untie)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.sync_folder)})
         self.llm.reset_prefix_cache()
         self.sync_seconds.append(time.perf_counter() - t0)
@@ -694,19 +762,9 @@ class VLLMEngine:
                 log.warning("vllm engine: shutdown failed: %s", exc)
             del llm, core
             gc.collect()
-        dog = self._watchdog
-        if dog is not None:
+        if self._watchdog is not None:
             _kill_tree(self._engine_procs, timeout=5.0)  # what shutdown left (none when it went well)
-            try:
-                dog.stdin.write("stop\n")  # type: ignore[union-attr]
-                dog.stdin.close()  # type: ignore[union-attr]
-            except (BrokenPipeError, OSError, ValueError):
-                pass
-            try:
-                dog.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                dog.kill()
-                dog.wait()
+            stop_watchdog(self._watchdog)
         shutil.rmtree(self.sync_folder, ignore_errors=True)
 
     def __enter__(self) -> "VLLMEngine":

