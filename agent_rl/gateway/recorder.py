@@ -148,8 +148,9 @@ class GatewaySession:
 
 
 def _same(a: Message, b: Message) -> bool:
-    """Prefix equality of two normalized messages (contents exactly; tool calls by name and arguments)."""
-    return a == b
+    """Prefix equality of two normalized messages (contents exactly; tool calls by name and arguments, compared as
+    JSON: ``1``, ``1.0`` and ``true`` are equal in Python, not in what the policy wrote)."""
+    return a == b and json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 class PromptBuilder:
