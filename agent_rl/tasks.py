@@ -24,6 +24,8 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from envs.hosting.jsonable import lone_surrogate
+
 __all__ = ["FILE_BUILDERS", "TaskFileError", "TaskList", "load_tasks"]
 
 FILE_BUILDERS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -79,8 +81,6 @@ def _first_bad_jsonl_line(path: Path) -> tuple[int, str] | None:
     """(1-based line, reason) of the first line of a JSONL file that is not a JSON object of text: not UTF-8, not
     JSON, nested too deeply for the parser, not an object, or holding a lone UTF-16 surrogate (the field named);
     None if all are fine."""
-    from envs.hosting.jsonable import lone_surrogate
-
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             try:
