@@ -26,6 +26,7 @@ from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, Optim
 from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH, applied
 from agent_rl.trackers import LOGGERS, TrackingConfig
 from agent_rl.rollout.config import CURRICULA, PassRateConfig, RolloutConfig, TaskSamplerConfig
+from envs.families import describe
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SCHEMA_NAME = "agent_rl_schema"
@@ -354,6 +355,12 @@ class Config:
         if fork.enabled and fork.points >= self.rollout.max_turns:
             raise ValueError(f"rollout.fork.points={fork.points} fork turns need episodes of more turns than "
                              f"rollout.max_turns={self.rollout.max_turns} (a fork turn t is 1..max_turns-1)")
+        if fork.enabled and not self.env.external.enabled:
+            declared = describe(self.env.id, self.env.name).deterministic
+            if declared is not None and not declared(self.env_kwargs):
+                raise ValueError(f"rollout.fork replays a base's actions, and {self.env.id} with these env kwargs "
+                                 "declares that its episodes do not replay exactly (envs.families.EnvFamily."
+                                 "deterministic; math with the python tool: env.action_format=text)")
         if self.env.external.enabled:  # env=external (agent_rl.gateway, docs/gateway.md)
             if self.rollout.mode != "turn" or self.trainer.backend != "local":
                 raise ValueError("env=external trains per-turn rows on the local backend: it needs rollout.mode=turn "

@@ -62,6 +62,7 @@ def test_zero_temperature_is_refused():
     (["algo=ppo"], r"\(got gae"),
     (["rollout.fork.siblings=0"], r"siblings=0 forks nothing"),
     (["rollout.max_turns=3", "rollout.fork.points=3"], r"points=3 fork turns need .* rollout.max_turns=3"),
+    (["env=math", "env.action_format=tools", "rollout.max_turns=4"], r"do not replay exactly"),  # the orchestrator skipped forks silently
     (["env=external", "env.external.program=tests.gateway.programs:react_text",
       "env.external.tasks=agent_rl/Calculator-v0"], r"env=external does not fork groups"),
 ])
