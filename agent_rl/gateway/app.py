@@ -204,6 +204,14 @@ class Gateway:
             raise RequestError(f"the episode's {session.max_requests} model calls are used", "turn_budget_exhausted",
                                429)
 
+    def _check_text_size(self, texts: list[str]) -> None:
+        """Refuse text that cannot fit the prompt budget before it is rendered and encoded (encoding 4 MiB held the
+        event loop, which serves every session and the generation batcher, for ~8 s)."""
+        fewest = self.sampler.builder.fewest_tokens(texts)
+        if fewest > self.limits.max_prompt_tokens:
+            raise RequestError(f"the prompt is at least {fewest} tokens; at most {self.limits.max_prompt_tokens}",
+                               "context_length_exceeded")
+
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if len(prompt_ids) > self.limits.max_prompt_tokens:
             raise RequestError(f"the prompt is {len(prompt_ids)} tokens; at most {self.limits.max_prompt_tokens}",
@@ -217,6 +225,7 @@ class Gateway:
         messages = [normalize_message(m.model_dump(exclude_unset=False)) for m in body.messages]
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         tools_mode = bool(tools) and body.tool_choice != "none"
+        self._check_text_size([m["content"] for m in messages] + ([json.dumps(tools)] if tools else []))
         session.busy = True
         try:
             prompt_ids, extends = self.sampler.builder.prompt(session, messages, tools)
@@ -252,6 +261,7 @@ class Gateway:
         """Serve one text completion: a prompt that starts with the segment's text (prompt + sampled text) gets the
         recorded ids and only its new text encoded; any other prompt starts a new segment."""
         self._start_call(session)
+        self._check_text_size([body.prompt])
         session.busy = True
         try:
             seg = session.segments[-1] if session.segments else None

@@ -314,6 +314,15 @@ def test_attacker_view_text_session_keys_and_rewards(live):
         r = _post(rw, raw, auth)
         assert r.status_code == 400 and s.reward is None, raw
     assert s.turns and other.turns == []
+    # text that cannot fit the prompt budget is refused before it is encoded (4 MiB held the event loop ~8 s)
+    huge = {**body, "messages": [{"role": "user", "content": "word " * 400_000}]}
+    r = httpx.post(chat, json=huge, headers=auth)
+    assert r.json()["error"]["code"] == "context_length_exceeded" and "at least" in r.json()["error"]["message"]
+    r = httpx.post(completions, json={"prompt": "word " * 400_000}, headers=auth)
+    assert r.json()["error"]["code"] == "context_length_exceeded" and "at least" in r.json()["error"]["message"]
+    builder, tok = live.orch.builder, live.orch.tokenizer
+    for text in (" " * 5000, "\n" + " " * 4000, "é€😀" * 500, "word " * 2000, "<|im_end|>" * 300):
+        assert 0 < builder.fewest_tokens([text]) <= len(tok.encode(text, add_special_tokens=False)), text[:8]
     # an earlier tool call's arguments edited to a value Python calls equal (1 -> true, 1 -> 1.0): a prefix break
     call = {"type": "function", "function": {"name": "calc", "arguments": {"x": 1}}}
     for edited in ('{"x": true}', '{"x": 1.0}'):
