@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from agent_rl.algos.fork import FORK_ESTIMATORS
 from agent_rl.engines.config import EngineConfig
 from agent_rl.episodes import parse_save_episodes
 from agent_rl.eval.config import EvalConfig
@@ -25,6 +26,7 @@ from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, Optim
 from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH, applied
 from agent_rl.trackers import LOGGERS, TrackingConfig
 from agent_rl.rollout.config import CURRICULA, PassRateConfig, RolloutConfig, TaskSamplerConfig
+from envs.families import describe
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SCHEMA_NAME = "agent_rl_schema"
@@ -345,10 +347,27 @@ class Config:
         if self.env.name == "external" and not self.env.external.enabled:
             raise ValueError("env=external needs its agent program: env.external.program=MODULE:FUNCTION or "
                              "env.external.command='...' (docs/gateway.md)")
+        fork = self.rollout.fork
+        if fork.enabled and (self.algo.uses_critic or self.algo.adv_estimator not in FORK_ESTIMATORS):
+            raise ValueError(f"rollout.fork needs a group estimator with a per-group baseline: algo.adv_estimator "
+                             f"one of {', '.join(FORK_ESTIMATORS)} (got {self.algo.adv_estimator}; gigpo, "
+                             "reinforce_pp and ppo's critic bring their own step or critic credit)")
+        if fork.enabled and fork.points >= self.rollout.max_turns:
+            raise ValueError(f"rollout.fork.points={fork.points} fork turns need episodes of more turns than "
+                             f"rollout.max_turns={self.rollout.max_turns} (a fork turn t is 1..max_turns-1)")
+        if fork.enabled and not self.env.external.enabled:
+            declared = describe(self.env.id, self.env.name).deterministic
+            if declared is not None and not declared(self.env_kwargs):
+                raise ValueError(f"rollout.fork replays a base's actions, and {self.env.id} with these env kwargs "
+                                 "declares that its episodes do not replay exactly (envs.families.EnvFamily."
+                                 "deterministic; math with the python tool: env.action_format=text)")
         if self.env.external.enabled:  # env=external (agent_rl.gateway, docs/gateway.md)
             if self.rollout.mode != "turn" or self.trainer.backend != "local":
                 raise ValueError("env=external trains per-turn rows on the local backend: it needs rollout.mode=turn "
                                  f"and trainer.backend=local (got {self.rollout.mode}, {self.trainer.backend})")
+            if fork.enabled:
+                raise ValueError("env=external does not fork groups (rollout.fork.points=0): a sibling replays its "
+                                 "base's actions on the env, and an agent program cannot be replayed")
             if self.env.external.from_file:
                 self.env_server.mode = "local"  # nothing is started: the tasks are the file's rows
         if self.algo.dapo_overlong_max_len <= 0:

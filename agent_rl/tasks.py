@@ -24,6 +24,8 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from envs.hosting.jsonable import lone_surrogate
+
 __all__ = ["FILE_BUILDERS", "TaskFileError", "TaskList", "load_tasks"]
 
 FILE_BUILDERS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -76,18 +78,38 @@ def _quiet_datasets() -> Iterator[None]:
 
 
 def _first_bad_jsonl_line(path: Path) -> tuple[int, str] | None:
-    """(1-based line, reason) of the first line of a JSONL file that is not a JSON object; None if all are."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
+    """(1-based line, reason) of the first line of a JSONL file that is not a JSON object of text: not UTF-8, not
+    JSON, nested too deeply for the parser, not an object, or holding a lone UTF-16 surrogate (the field named);
+    None if all are fine."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a BOM may open the file
+            except UnicodeDecodeError as exc:
+                return number, f"not UTF-8 text (byte {exc.start} of the line: {exc.reason})"
             if not line.strip():
                 continue
             try:
                 value = json.loads(line)
+            except RecursionError:
+                return number, "nested deeper than the JSON parser reads"
             except ValueError as exc:
                 return number, f"not JSON ({exc})"
             if not isinstance(value, dict):
                 return number, f"a JSON {type(value).__name__}, not an object"
+            found = lone_surrogate(value, "")
+            if found:
+                return number, found
     return None
+
+
+def _bad_line(source: str, path: Path) -> TaskFileError | None:
+    """The error naming the first bad line of a JSONL task file (:func:`_first_bad_jsonl_line`); None for other
+    sources or when every line reads."""
+    bad = _first_bad_jsonl_line(path) if path.is_file() and path.suffix.lower() == ".jsonl" else None
+    if bad is None:
+        return None
+    return TaskFileError(f"{source}, line {bad[0]}: unreadable row: {bad[1]}", source=source, row=bad[0])
 
 
 def _is_saved_dataset(path: Path) -> bool:
@@ -122,10 +144,11 @@ def _read(source: str, split: str | None, cache_dir: str | None):
         except (TaskFileError, FileNotFoundError):
             raise
         except Exception as exc:  # datasets wraps pyarrow's parse errors in its own; find the line ourselves
-            bad = _first_bad_jsonl_line(path) if path.suffix.lower() == ".jsonl" else None
+            if path.stat().st_size < 4096 and not path.read_bytes().strip():
+                raise TaskFileError(f"{source}: the file is empty", source=source) from None
+            bad = _bad_line(source, path)
             if bad is not None:
-                raise TaskFileError(f"{source}, line {bad[0]}: unreadable row: {bad[1]}", source=source,
-                                    row=bad[0]) from None
+                raise bad from None
             cause = exc.__cause__ or exc
             raise TaskFileError(f"{source}: unreadable {builder} file: {type(cause).__name__}: {cause}",
                                 source=source) from exc
@@ -138,6 +161,26 @@ def _read(source: str, split: str | None, cache_dir: str | None):
     except Exception as exc:
         raise TaskFileError(f"{source}: neither a local file nor a dataset the hub could serve here "
                             f"({type(exc).__name__}: {exc})", source=source) from exc
+
+
+def _rows(ds: Any, source: str) -> Iterator[dict[str, Any]]:
+    """The rows of ``ds`` in order; text ``datasets`` cannot decode (not UTF-8: arrow reads it lazily, row by row) is
+    a :class:`TaskFileError` naming the JSONL line, else the row."""
+    rows = iter(ds)
+    i = 0
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except UnicodeDecodeError as exc:
+            bad = _bad_line(source, Path(source).expanduser())
+            if bad is not None:
+                raise bad from None
+            raise TaskFileError(f"{source}, row {i}: text that is not UTF-8 ({exc.reason})", source=source,
+                                row=i) from None
+        yield row
+        i += 1
 
 
 def _missing(value: Any) -> bool:
@@ -203,7 +246,7 @@ def load_tasks(
                                 f"{', '.join(columns)}", source=source, field=key)
     mapping = {k: c for k, c in mapping.items() if c in columns}
     rows: list[dict[str, Any]] = []
-    for i, row in enumerate(ds):
+    for i, row in enumerate(_rows(ds, source)):
         if filter is not None and not (filter(row) if callable(filter) else _matches(row, filter)):
             continue
         task: dict[str, Any] = {}

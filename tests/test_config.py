@@ -55,6 +55,24 @@ def test_zero_temperature_is_refused():
         load_config([*CHEAP, "algo=grpo", "algo.temperature=0"])
 
 
+@pytest.mark.parametrize("extra,match", [
+    # refused at load time, not after the first rollout in the learner
+    (["algo=grpo", "algo.adv_estimator=gigpo"], r"rollout.fork needs a group estimator .* \(got gigpo"),
+    (["algo=grpo", "algo.adv_estimator=reinforce_pp"], r"\(got reinforce_pp"),
+    (["algo=ppo"], r"\(got gae"),
+    (["rollout.fork.siblings=0"], r"siblings=0 forks nothing"),
+    (["rollout.max_turns=3", "rollout.fork.points=3"], r"points=3 fork turns need .* rollout.max_turns=3"),
+    (["env=math", "env.action_format=tools", "rollout.max_turns=4"], r"do not replay exactly"),  # the orchestrator skipped forks silently
+    (["env=external", "env.external.program=tests.gateway.programs:react_text",
+      "env.external.tasks=agent_rl/Calculator-v0"], r"env=external does not fork groups"),
+])
+def test_forked_group_config_edges_are_refused(extra, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config([*CHEAP, "rollout.fork.points=1", *extra])
+    ok = load_config([*CHEAP, "algo=grpo", "rollout.max_turns=3", "rollout.fork.points=2"])
+    assert ok.rollout.fork.enabled and load_config([*CHEAP, "algo=tgrl", "rollout.fork.points=1"]).rollout.fork.enabled
+
+
 def test_tiny_defaults_fit_the_context(capsys):
     # a reported input: model=tiny with the defaults (ALFWorld: prompt budget 4096 + engine.max_new_tokens 256)
     # exceeds the tiny model's 4096 positions. Right: the prompt budget is capped to 4096 - 256 = 3840, said in one line

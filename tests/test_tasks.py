@@ -112,6 +112,28 @@ def test_not_json_serialisable_value_is_refused(tmp_path):
         load_tasks(path, FIELDS, cache_dir=str(tmp_path / "c"))
 
 
+@pytest.mark.parametrize("line,reason", [
+    (b'{"question": "caf\xe9", "final": "1"}', r"not UTF-8"),  # latin-1 bytes: datasets failed lazily, unnamed
+    (b'{"question": ' + b"[" * 5000 + b"]" * 5000 + b"}", r"nested deeper"),  # RecursionError before
+    (b'{"question": "a\\ud800b", "final": "1"}', r"question: lone UTF-16 surrogate U\+D800"),
+])
+def test_a_broken_jsonl_line_in_the_middle_names_file_line_and_field(tmp_path, line, reason):
+    path = tmp_path / "mid.jsonl"
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in ROWS[:2]) + line + b"\n" +
+                     json.dumps(ROWS[0]).encode() + b"\n")
+    with pytest.raises(TaskFileError, match=r"mid\.jsonl, line 3: unreadable row: " + reason) as err:
+        load_tasks(path, FIELDS, cache_dir=str(tmp_path / "c"))
+    assert err.value.row == 3
+
+
+@pytest.mark.parametrize("name,text", [("empty.jsonl", ""), ("blank.jsonl", "\n\n"), ("empty.csv", "")])
+def test_an_empty_file_says_so(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)  # before: "unreadable json file: StopIteration: " (csv: "EmptyDataError")
+    with pytest.raises(TaskFileError, match=rf"{name}: the file is empty"):
+        load_tasks(path, cache_dir=str(tmp_path / "c"))
+
+
 def test_paths_that_do_not_exist_and_unknown_types(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_tasks(tmp_path / "nope.parquet")

@@ -33,6 +33,7 @@ from typing import Any, AsyncIterator, Callable, Protocol
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
 
 from agent_rl.gateway.recorder import (GatewaySession, PromptBuilder, RequestError, Segment, normalize_message,
                                        reply_message)
@@ -40,6 +41,7 @@ from agent_rl.gateway.schemas import (ChatCompletionRequest, CompletionRequest, 
                                       ignored_fields)
 from agent_rl.rollout.prompts.encoding import encode_data
 from agent_rl.types import Generation, Turn
+from envs.hosting.jsonable import lone_surrogate
 from servers.access import CLIENT_KEY, AccessGate
 from servers.middleware import BodyGuardMiddleware
 
@@ -94,6 +96,14 @@ class Sampler(Protocol):
         """One step of the program's env session (``StepResult``)."""
 
 
+def _check_text(body: BaseModel) -> None:
+    """Refuse a body with a lone UTF-16 surrogate (legal JSON, not text: no tokenizer encodes it, no reply could
+    echo it): 400 ``invalid_text`` naming the field, as the env servers do (``envs.hosting.jsonable``)."""
+    found = lone_surrogate(body.model_dump(), "body")
+    if found:
+        raise RequestError(found, "invalid_text")
+
+
 def _error(status: int, message: str, code: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code},
                          "detail": message, "code": code}, status_code=status)
@@ -132,6 +142,8 @@ class Gateway:
     def open_session(self, session_id: str | None = None, **kwargs: Any) -> GatewaySession:
         """A new episode's session (``kwargs``: :class:`GatewaySession` fields: temperature, key, ...)."""
         sid = session_id or secrets.token_hex(16)
+        if sid == RUN_CLIENT:  # the gate's client names are the session ids and the run's own name
+            raise RequestError(f"the session id {RUN_CLIENT!r} is reserved", "invalid_session_id")
         if sid in self.sessions:
             raise RequestError(f"session {sid!r} exists", "session_exists", 409)
         session = GatewaySession(session_id=sid, max_requests=self.limits.max_requests,
@@ -146,9 +158,13 @@ class Gateway:
             session.closed = True
         return session
 
-    def _session(self, request: Request, path_sid: str | None) -> GatewaySession:
+    def _session(self, request: Request, path_sid: str | None, *, open_new: bool = True) -> GatewaySession:
         client = request.scope.get(CLIENT_KEY)
-        sid = path_sid or request.headers.get("x-session-id")
+        header_sid = request.headers.get("x-session-id")
+        if path_sid is not None and header_sid is not None and header_sid != path_sid:
+            raise RequestError("the session in the URL and the X-Session-ID header differ; send one or the same",
+                               "session_mismatch")
+        sid = path_sid or header_sid
         if client != RUN_CLIENT:  # a session's own token: only that session
             if sid is not None and sid != client:
                 raise RequestError("session not found", "session_not_found", 404)
@@ -159,7 +175,7 @@ class Gateway:
             raise RequestError("no session: send X-Session-ID or use base_url .../sessions/<id>/v1",
                                "session_required", 400)
         session = self.sessions.get(sid)
-        if session is None and client == RUN_CLIENT and self.auto_sessions:
+        if session is None and client == RUN_CLIENT and self.auto_sessions and open_new:
             if len(sid) > 128 or not all(c.isalnum() or c in "-_." for c in sid):
                 raise RequestError("a session id is 1-128 characters of [A-Za-z0-9_.-]", "invalid_session_id")
             if len(self.sessions) >= 1024:
@@ -188,6 +204,14 @@ class Gateway:
             raise RequestError(f"the episode's {session.max_requests} model calls are used", "turn_budget_exhausted",
                                429)
 
+    def _check_text_size(self, texts: list[str]) -> None:
+        """Refuse text that cannot fit the prompt budget before it is rendered and encoded (encoding 4 MiB held the
+        event loop, which serves every session and the generation batcher, for ~8 s)."""
+        fewest = self.sampler.builder.fewest_tokens(texts)
+        if fewest > self.limits.max_prompt_tokens:
+            raise RequestError(f"the prompt is at least {fewest} tokens; at most {self.limits.max_prompt_tokens}",
+                               "context_length_exceeded")
+
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if len(prompt_ids) > self.limits.max_prompt_tokens:
             raise RequestError(f"the prompt is {len(prompt_ids)} tokens; at most {self.limits.max_prompt_tokens}",
@@ -201,6 +225,7 @@ class Gateway:
         messages = [normalize_message(m.model_dump(exclude_unset=False)) for m in body.messages]
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         tools_mode = bool(tools) and body.tool_choice != "none"
+        self._check_text_size([m["content"] for m in messages] + ([json.dumps(tools)] if tools else []))
         session.busy = True
         try:
             prompt_ids, extends = self.sampler.builder.prompt(session, messages, tools)
@@ -236,6 +261,7 @@ class Gateway:
         """Serve one text completion: a prompt that starts with the segment's text (prompt + sampled text) gets the
         recorded ids and only its new text encoded; any other prompt starts a new segment."""
         self._start_call(session)
+        self._check_text_size([body.prompt])
         session.busy = True
         try:
             seg = session.segments[-1] if session.segments else None
@@ -307,13 +333,15 @@ class Gateway:
         async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
             first = exc.errors()[0] if exc.errors() else {}
             where = ".".join(str(p) for p in first.get("loc", ()))
-            return _error(400, f"{where}: {first.get('msg', 'invalid request')}"[:500], "invalid_request")
+            code = "invalid_text" if first.get("type") == "string_unicode" else "invalid_request"  # lone surrogate
+            return _error(400, f"{where}: {first.get('msg', 'invalid request')}"[:500], code)
 
         def models() -> dict[str, Any]:
             return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                                 "owned_by": "agent_rl"}]}
 
         async def chat(request: Request, body: ChatCompletionRequest, sid: str | None = None) -> Any:
+            _check_text(body)
             session = self._session(request, sid)
             result = await self.chat(session, body)
             if not body.stream:
@@ -322,6 +350,7 @@ class Gateway:
             return StreamingResponse(_chat_chunks(result, include_usage), media_type="text/event-stream")
 
         async def completions(request: Request, body: CompletionRequest, sid: str | None = None) -> Any:
+            _check_text(body)
             session = self._session(request, sid)
             result = await self.completion(session, body)
             if not body.stream:
@@ -329,7 +358,8 @@ class Gateway:
             return StreamingResponse(_completion_chunks(result), media_type="text/event-stream")
 
         async def reward(request: Request, sid: str, body: RewardRequest) -> dict[str, Any]:
-            session = self._session(request, sid)
+            _check_text(body)
+            session = self._session(request, sid, open_new=False)  # a reward names an episode that exists
             if session.reward is not None:
                 raise RequestError("the episode's reward was already posted", "reward_exists", 409)
             session.reward = float(body.reward)
@@ -341,7 +371,8 @@ class Gateway:
             return {"session_id": session.session_id, "reward": session.reward}
 
         async def env_step(request: Request, env_sid: str, body: StepRequest) -> Any:
-            session = self._session(request, None)
+            _check_text(body)
+            session = self._session(request, None, open_new=False)
             if session.env_session is None or env_sid != session.env_session:
                 raise RequestError("session not found", "session_not_found", 404)
             return await self.sampler.env_step(session, env_sid, body.action)

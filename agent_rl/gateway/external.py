@@ -122,6 +122,9 @@ class ExternalRollout(RolloutOrchestrator):
         if cfg.mode != "turn":
             raise ValueError("env=external trains per-turn rows (rollout.mode=turn): an episode whose program "
                              "rewrote its history has turns that do not extend each other")
+        if cfg.fork.enabled:
+            raise ValueError("env=external does not fork groups (rollout.fork.points=0): a sibling replays its "
+                             "base's actions on the env, and an agent program cannot be replayed")
         super().__init__(pool, engine, get_prompt("generic"), cfg, max_new_tokens=max_new_tokens, top_p=top_p,
                          top_k=top_k, seed=seed, high_repetition_penalty=high_repetition_penalty,
                          action_format="tools", tool_call_format=tool_call_format, task_type_key=task_type_key,
@@ -270,9 +273,14 @@ class ExternalRollout(RolloutOrchestrator):
         except ValueError:
             return None  # no reward printed: the posted one, or the env's
 
-    async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0) -> Episode:
+    async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0,
+                    replay: tuple[Episode, int, int, str | None] | None = None,
+                    keep_cache: list[str] | None = None) -> Episode:
         """One attempt: the env session (task source), the gateway session, the program, the episode from the
-        recorded calls; raises :class:`EnvCallFailed` on any failure of the attempt (module docstring)."""
+        recorded calls; raises :class:`EnvCallFailed` on any failure of the attempt (module docstring). ``replay``
+        and ``keep_cache`` (the orchestrator's forked groups) are never given: ``rollout.fork`` is refused here."""
+        if replay is not None or keep_cache is not None:
+            raise ValueError("env=external does not fork groups (rollout.fork)")
         await self.start()
         reset = None
         if self.rows is None and self.external.tasks:

@@ -148,8 +148,22 @@ class GatewaySession:
 
 
 def _same(a: Message, b: Message) -> bool:
-    """Prefix equality of two normalized messages (contents exactly; tool calls by name and arguments)."""
-    return a == b
+    """Prefix equality of two normalized messages (contents exactly; tool calls by name and arguments, compared as
+    JSON: ``1``, ``1.0`` and ``true`` are equal in Python, not in what the policy wrote)."""
+    return a == b and json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _max_token_bytes(tokenizer: Any) -> int:
+    """The most UTF-8 bytes a single token decodes to (0 when the tokenizer has no vocabulary to read). A vocabulary
+    entry spells at least the bytes it decodes to (byte-level BPE: one character per byte; sentencepiece: ``▁`` for a
+    space; byte fallback: ``<0xE9>``), so entries are decoded longest first until no longer one can win."""
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    best = 0
+    for piece, token_id in sorted(vocab.items(), key=lambda kv: -len(str(kv[0]).encode("utf-8", "replace"))):
+        if len(str(piece).encode("utf-8", "replace")) <= best:
+            break
+        best = max(best, len(tokenizer.decode([token_id]).encode("utf-8", "replace")))
+    return best
 
 
 class PromptBuilder:
@@ -164,6 +178,15 @@ class PromptBuilder:
     def __init__(self, tokenizer: Any, tool_format: ToolCallFormat, eos_ids: set[int]) -> None:
         self.tokenizer, self.tool_format, self.eos_ids = tokenizer, tool_format, set(eos_ids)
         self.caps = TemplateTools.of(tokenizer)
+        self.max_token_bytes = _max_token_bytes(tokenizer)
+        """The most UTF-8 bytes one token decodes to (0: unknown, no bound)."""
+
+    def fewest_tokens(self, texts: Sequence[str]) -> int:
+        """A lower bound on the tokens ``texts`` encode to, without encoding them (bytes / :attr:`max_token_bytes`):
+        a request far over the prompt budget is refused before the tokenizer spends seconds on it."""
+        if not self.max_token_bytes:
+            return 0
+        return sum(len(t.encode("utf-8")) for t in texts) // self.max_token_bytes
 
     def full(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
         """Ids of a whole conversation (a new segment), as the orchestrator's first turn renders one."""

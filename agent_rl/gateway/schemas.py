@@ -76,10 +76,11 @@ class CompletionRequest(_Open):
 
 
 class RewardRequest(BaseModel):
-    """``POST /sessions/<id>/reward``: the episode's reward (a finite float) and optional info."""
+    """``POST /sessions/<id>/reward``: the episode's reward (a finite JSON number: not a string, not a boolean) and
+    optional info."""
 
     model_config = ConfigDict(extra="forbid")
-    reward: float = Field(allow_inf_nan=False)
+    reward: float = Field(strict=True, allow_inf_nan=False)
     info: dict[str, Any] = Field(default_factory=dict)
     won: bool | None = None
 

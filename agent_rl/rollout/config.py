@@ -50,6 +50,9 @@ class ForkConfig:
             raise ValueError(f"rollout.fork.budget={self.budget!r} is not valid; valid values: {', '.join(FORK_BUDGETS)}")
         if self.points < 0 or self.siblings < 0 or self.points > 64 or self.siblings > 64:
             raise ValueError("rollout.fork.points and rollout.fork.siblings must be in 0..64")
+        if self.points > 0 and self.siblings == 0:  # would fork nothing, silently
+            raise ValueError(f"rollout.fork.points={self.points} with rollout.fork.siblings=0 forks nothing: set "
+                             "siblings >= 1, or points=0 to turn forking off")
 
 
 @dataclass

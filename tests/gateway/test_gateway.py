@@ -139,7 +139,7 @@ def test_react_text_agent_per_session_url(policy):
 class Live:
     """An ExternalRollout's gateway served in a background event loop with an open stream (calls from this thread)."""
 
-    def __init__(self, policy, max_new_tokens: int = 12, **external) -> None:
+    def __init__(self, policy, max_new_tokens: int = 12, auto_sessions: bool = False, **external) -> None:
         model, tok = policy
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -147,7 +147,7 @@ class Live:
         engine = get_engine("hf", model, tok, seed=0)
         self.orch = ExternalRollout(None, engine, RolloutConfig(max_prompt_tokens=2000),
                                     ExternalConfig(program="tests.gateway.programs:no_reward", **external),
-                                    max_new_tokens=max_new_tokens, seed=0)
+                                    max_new_tokens=max_new_tokens, seed=0, auto_sessions=auto_sessions)
         self.call(self.orch.start())
         self.call(self.orch.open_stream(seed_key=0))
         self.url = self.orch.base_url
@@ -277,6 +277,93 @@ def test_attacker_view(live):
     assert httpx.post(url, json=body, headers={**run, "X-Session-ID": other.session_id}).status_code == 200
     assert httpx.post(url, json=body, headers={**run, "X-Session-ID": "nope"}).status_code == 404
     assert len(other.turns) == 1
+
+
+def _post(url: str, raw: str, headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(url, content=raw, headers={**headers, "Content-Type": "application/json"}, timeout=60)
+
+
+def test_attacker_view_text_session_keys_and_rewards(live):
+    """Text that is not Unicode, a session named twice, an edited tool call, a reward that is not a number: each a 4xx
+    with a code, nothing recorded."""
+    s, other = live.session(temperature=0.0), live.session(temperature=0.0)
+    auth = {"Authorization": f"Bearer {s.api_key}"}
+    chat, completions = f"{live.url}/v1/chat/completions", f"{live.url}/v1/completions"
+    # a lone UTF-16 surrogate is legal JSON but not text: 400 invalid_text wherever it is, never a 500
+    for url, raw in [(chat, '{"messages": [{"role": "user", "content": "a\\ud800b"}], "max_tokens": 2}'),
+                     (chat, '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}'),
+                     (chat, '{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
+                            '"function": {"name": "f", "description": "\\ud800"}}]}'),
+                     (completions, '{"prompt": "x\\udc00", "max_tokens": 2}')]:
+        r = _post(url, raw, auth)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_text", r.text
+        assert "U+D" in r.json()["error"]["message"] or "unicode" in r.json()["error"]["message"]
+    rw = f"{live.url}/sessions/{s.session_id}/reward"
+    r = _post(rw, '{"reward": 1.0, "info": {"note": "\\ud800"}}', auth)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_text" and s.reward is None
+    # the session named by the URL and by the header at once: they must agree (the run's token too)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    run = {"Authorization": f"Bearer {live.token}"}
+    for headers in ({**auth, "X-Session-ID": other.session_id}, {**run, "X-Session-ID": other.session_id}):
+        r = httpx.post(f"{live.url}/sessions/{s.session_id}/v1/chat/completions", json=body, headers=headers)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "session_mismatch"
+    assert httpx.post(f"{live.url}/sessions/{s.session_id}/v1/chat/completions", json=body,
+                      headers={**auth, "X-Session-ID": s.session_id}).status_code == 200
+    # a reward is a JSON number: not a string, not a boolean
+    for raw in ('{"reward": "1.5"}', '{"reward": true}', '{"reward": "NaN"}'):
+        r = _post(rw, raw, auth)
+        assert r.status_code == 400 and s.reward is None, raw
+    assert s.turns and other.turns == []
+    # text that cannot fit the prompt budget is refused before it is encoded (4 MiB held the event loop ~8 s)
+    huge = {**body, "messages": [{"role": "user", "content": "word " * 400_000}]}
+    r = httpx.post(chat, json=huge, headers=auth)
+    assert r.json()["error"]["code"] == "context_length_exceeded" and "at least" in r.json()["error"]["message"]
+    r = httpx.post(completions, json={"prompt": "word " * 400_000}, headers=auth)
+    assert r.json()["error"]["code"] == "context_length_exceeded" and "at least" in r.json()["error"]["message"]
+    builder, tok = live.orch.builder, live.orch.tokenizer
+    for text in (" " * 5000, "\n" + " " * 4000, "é€😀" * 500, "word " * 2000, "<|im_end|>" * 300):
+        assert 0 < builder.fewest_tokens([text]) <= len(tok.encode(text, add_special_tokens=False)), text[:8]
+    # an earlier tool call's arguments edited to a value Python calls equal (1 -> true, 1 -> 1.0): a prefix break
+    call = {"type": "function", "function": {"name": "calc", "arguments": {"x": 1}}}
+    for edited in ('{"x": true}', '{"x": 1.0}'):
+        t = live.session(temperature=0.0)
+        c = live.client(t)
+        first = [{"role": "user", "content": "q"}]
+        c.chat.completions.create(model="x", messages=first, max_tokens=2)
+        t.segments[-1].messages[-1] = {"role": "assistant", "content": "", "tool_calls": [call]}  # as if sampled
+        sent = {"id": "a", "type": "function", "function": {"name": "calc", "arguments": '{"x": 1}'}}
+        history = first + [{"role": "assistant", "content": "", "tool_calls": [sent]},
+                           {"role": "tool", "tool_call_id": "a", "content": "2"}]
+        c.chat.completions.create(model="x", messages=history, max_tokens=2)
+        assert t.prefix_breaks == 0  # the arguments as sampled extend the segment
+        history[1] = {"role": "assistant", "content": "",
+                      "tool_calls": [{**sent, "function": {"name": "calc", "arguments": edited}}]}
+        c.chat.completions.create(model="x", messages=history + [{"role": "user", "content": "and?"}], max_tokens=2)
+        assert t.prefix_breaks == 1 and [turn.info["segment"] for turn in t.turns] == [0, 0, 1], edited
+
+
+def test_standalone_sessions_named_by_the_client(policy):
+    """The standalone gateway opens sessions by name: the run's own client name is not one, and a reward names an
+    open session (posted once: a second one, or one for a session that never called, is refused)."""
+    gw = Live(policy, auto_sessions=True)
+    rewarded: list[str] = []
+    gw.orch.gateway.on_reward = lambda session: (rewarded.append(session.session_id),
+                                                 gw.orch.gateway.close_session(session.session_id))
+    try:
+        run = {"Authorization": f"Bearer {gw.token}"}
+        url = f"{gw.url}/v1/chat/completions"
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = httpx.post(url, json=body, headers={**run, "X-Session-ID": "run"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session_id"
+        # the run's token still works (a session named "run" took its place in the gate before)
+        assert httpx.post(url, json=body, headers={**run, "X-Session-ID": "s1"}).status_code == 200
+        r = httpx.post(f"{gw.url}/sessions/never/reward", json={"reward": 1.0}, headers=run)
+        assert r.status_code == 404 and "never" not in gw.orch.gateway.sessions
+        assert httpx.post(f"{gw.url}/sessions/s1/reward", json={"reward": 1.0}, headers=run).status_code == 200
+        assert httpx.post(f"{gw.url}/sessions/s1/reward", json={"reward": 0.0}, headers=run).status_code == 404
+        assert rewarded == ["s1"]
+    finally:
+        gw.close()
 
 
 def test_gateway_binds_loopback_only_by_default(live):

@@ -20,7 +20,7 @@ def test_external_tool_program_trains_two_tgrl_steps(tmp_path):
     main(["env=external", "env.external.program=tests.gateway.programs:calculator_tools",
           "env.external.tasks=agent_rl/Calculator-v0", "model=tiny", "algo=tgrl", "trainer.total_steps=2",
           "trainer.tasks_per_step=1", "engine.max_new_tokens=16", "trainer.progress=false",
-          "trainer.tensorboard=false", "trainer.eval_every=0", "trainer.save_episodes=all",
+          "trainer.loggers=[jsonl]", "trainer.eval_every=0", "trainer.save_episodes=all",
           f"trainer.output_dir={out}"])
     rows = read_metrics(out / "metrics.jsonl", "train")
     assert [r["step"] for r in rows] == [1, 2]
@@ -41,7 +41,7 @@ def test_external_program_on_a_task_file_learns_from_its_rewards(tmp_path):
     out = tmp_path / "run"
     main(["env=external", "env.external.program=tests.gateway.programs:reply_length", f"env.external.tasks={tasks}",
           "model=tiny", "algo=tgrl", "algo.warmup_steps=0", "trainer.total_steps=2", "trainer.tasks_per_step=2",
-          "engine.max_new_tokens=8", "trainer.progress=false", "trainer.tensorboard=false", "trainer.eval_every=0",
+          "engine.max_new_tokens=8", "trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.eval_every=0",
           f"trainer.output_dir={out}"])
     rows = read_metrics(out / "metrics.jsonl", "train")
     assert [r["gateway/requests"] for r in rows] == [8, 8]  # 2 tasks x G=4, one call each
