@@ -24,6 +24,7 @@ A tracker that fails to start, or to log, warns once on stderr and is dropped: a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import netrc
 import os
@@ -124,9 +125,21 @@ class WandbTracker:
         import wandb  # deferred: the optional tracker client
 
         self.mode = wandb_mode(tracking.wandb_mode)
-        self.run = wandb.init(project=tracking.project, name=run_name, config=config, tags=tags, dir=str(out),
+
+        def init() -> Any:
+            return wandb.init(project=tracking.project, name=run_name, config=config, tags=tags, dir=str(out),
                               mode=self.mode, id=run_id, resume="allow" if run_id else None,
                               settings=wandb.Settings(silent=True, console="off"))
+
+        try:
+            self.run = init()
+        except Exception:  # noqa: BLE001 (retried once; a second failure is the tracker's warning)
+            # wandb keeps one service process per Python process; when it has gone (killed, or shut down by a
+            # forked child's exit) every later init fails (MailboxClosedError, ConnectionResetError): drop it and
+            # start a fresh one, once (teardown forgets the dead one first, then may fail telling it to stop)
+            with contextlib.suppress(Exception):
+                wandb.teardown()
+            self.run = init()
         self.run_id = self.run.id
         self.out = out
 
@@ -142,7 +155,12 @@ class WandbTracker:
             self.run.save(str(Path(self.run.dir) / path.name), base_path=self.run.dir, policy="now")
 
     def close(self) -> None:
+        """Finish the run and stop this process's W&B service (the next run of the process starts its own, so
+        none inherits a service that died in between)."""
+        import wandb
+
         self.run.finish()
+        wandb.teardown()
 
 
 class MLflowTracker:

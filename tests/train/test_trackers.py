@@ -146,3 +146,25 @@ def test_trainer_tensorboard_is_refused_with_its_replacement():
         load_config(["model=tiny", "env=choose_item", "trainer.loggers=[jsonl,neptune]"], check=False)
     with pytest.raises(ConfigError, match="wandb_mode"):
         load_config(["model=tiny", "env=choose_item", "trainer.tracking.wandb_mode=cloud"], check=False)
+
+
+def test_a_dead_wandb_service_is_replaced_not_a_missing_tracker(tmp_path, monkeypatch):
+    """W&B keeps one service process per Python process: once it had died (in the full suite, a process that ran
+    other work between two runs), every later run's W&B tracker failed to start (MailboxClosedError, "could not
+    start") and the run went on without it. A run now starts a fresh service in that case."""
+    import psutil
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    wandb.setup()  # this process's service, as an earlier run left it
+    services = [p for p in psutil.Process().children(recursive=True) if "wandb-core" in " ".join(p.cmdline())]
+    assert services
+    for p in services:
+        p.kill()
+    psutil.wait_procs(services, timeout=10)
+    config = {"trainer": {"loggers": ["jsonl", "wandb"]}}
+    trackers = Trackers.open(["jsonl", "wandb"], tmp_path, config, TrackingConfig(), resume=False, tags=[])
+    assert [t.name for t in trackers.trackers] == ["wandb"]
+    trackers.log(1, {"step": 1, "kind": "train", "reward/mean": 0.5})
+    trackers.finish([])
+    assert not [p for p in psutil.Process().children(recursive=True) if "wandb-core" in " ".join(p.cmdline())]
