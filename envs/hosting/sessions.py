@@ -98,6 +98,15 @@ class SessionSettings:
             raise ValueError(f"invalid {self._kind}: {', '.join(bad)} ({self._rules})")
 
 
+def _refuse_host_paths(what: str, given: dict[str, Any] | None, refused: tuple[str, ...], hint: str = "") -> None:
+    """``EnvRejected`` (HTTP 422) naming the keys of ``given`` (a client's env kwargs or reset options) that are in
+    ``refused`` (host paths: where the data lives is the server's choice)."""
+    names = sorted(set(given or {}) & set(refused))
+    if names:
+        raise EnvRejected(f"{what} {', '.join(names)} name host paths, which the server chooses, not the client "
+                          f"(refused here: {', '.join(refused)}{hint})")
+
+
 class EnvBackend(Protocol):
     """What :class:`SessionManager` needs of a pool of envs (``WorkerPool`` and ``ThreadEnvPool`` have it)."""
 
@@ -252,11 +261,9 @@ class SessionManager:
         ``EnvFailed`` (500/504), ``InvalidText`` (422: a lone surrogate in any of the arguments).
         """
         _check_text(env_id=env_id, session_id=session_id, options=options, env_kwargs=env_kwargs)
-        refused = sorted(set(env_kwargs or {}) & set(self.settings.refused_env_kwargs))
-        if refused:
-            raise EnvRejected(f"env_kwargs {', '.join(refused)} name host paths, which the server chooses, not "
-                              f"the client (refused here: {', '.join(self.settings.refused_env_kwargs)})")
-        self._refuse_options(options)
+        _refuse_host_paths("env_kwargs", env_kwargs, self.settings.refused_env_kwargs)
+        _refuse_host_paths("reset options", options, self.settings.refused_options,
+                           "; select a game by task_id, split and index")
         if env_id not in (gymnasium.registry if self.settings.env_ids is None else self.settings.env_ids):
             served = "any registered id" if self.settings.env_ids is None else self.settings.env_ids
             raise UnknownEnv(f"env id {env_id!r} is not served here; served: {served}")
@@ -277,19 +284,13 @@ class SessionManager:
             session.last_used = time.monotonic()
         return session.session_id, observation, info
 
-    def _refuse_options(self, options: dict[str, Any] | None) -> None:
-        refused = sorted(set(options or {}) & set(self.settings.refused_options))
-        if refused:
-            raise EnvRejected(f"reset options {', '.join(refused)} name host paths, which the server chooses, not "
-                              f"the client (refused here: {', '.join(self.settings.refused_options)}; select a "
-                              "game by task_id, split and index)")
-
     async def reset(
         self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Reset an open session -> ``(observation, info)``; raises as :meth:`step`."""
         _check_text(options=options)
-        self._refuse_options(options)
+        _refuse_host_paths("reset options", options, self.settings.refused_options,
+                           "; select a game by task_id, split and index")
         async with self._exclusive(session_id) as session:
             observation, info = await self.pool.reset(session_id, seed=seed, options=options)
             session.done = False
