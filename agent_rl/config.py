@@ -352,6 +352,10 @@ class Config:
             raise ValueError(f"rollout.fork needs a group estimator with a per-group baseline: algo.adv_estimator "
                              f"one of {', '.join(FORK_ESTIMATORS)} (got {self.algo.adv_estimator}; gigpo, "
                              "reinforce_pp and ppo's critic bring their own step or critic credit)")
+        if fork.enabled and fork.select == "js" and self.engine.name != "hf":
+            raise ValueError(f"rollout.fork.select=js scores the base episodes' token JS with the hf engine's logits "
+                             f"(engine={self.engine.name} returns no full logits): use engine=hf, or select=entropy "
+                             "/ uniform / divergence")
         if fork.enabled and fork.points >= self.rollout.max_turns:
             raise ValueError(f"rollout.fork.points={fork.points} fork turns need episodes of more turns than "
                              f"rollout.max_turns={self.rollout.max_turns} (a fork turn t is 1..max_turns-1)")

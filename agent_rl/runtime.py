@@ -35,6 +35,7 @@ from agent_rl.engines import engine_kwargs, get_engine
 from agent_rl.gateway import ExternalRollout
 from agent_rl.envclient import HTTPEnvPool, LocalEnvPool
 from agent_rl.learner.checkpoint import STATE_FILES, incomplete_message, latest_checkpoint, missing_state
+from agent_rl.learner.config import t_high_value
 from agent_rl.lora import apply_lora, check_targets
 from agent_rl.models import load_policy
 from agent_rl.rollout import RolloutConfig, RolloutOrchestrator, get_prompt
@@ -159,7 +160,8 @@ def build_orchestrator(cfg: Config, pool: Any, engine: Any, *, rollout: RolloutC
         high_repetition_penalty=cfg.algo.high_repetition_penalty,
         action_format=cfg.env.action_format, tool_call_format=cfg.model.tool_call_format,
         task_type_key=describe(cfg.env.id, cfg.env.name).task_type_key,
-        policy=policy, on_turn=on_turn, on_episode=on_episode, deterministic=env_deterministic(cfg))
+        policy=policy, on_turn=on_turn, on_episode=on_episode, deterministic=env_deterministic(cfg),
+        fork_js_temperatures=(cfg.algo.t_low, t_high_value(cfg.algo)) if cfg.rollout.fork.select == "js" else None)
 
 
 def env_deterministic(cfg: Config) -> bool | None:

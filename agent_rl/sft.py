@@ -6,8 +6,8 @@ Warm-starts a policy on expert episodes, in the exact rows RL trains on, through
 loop's, ``trainer.save_every`` and ``trainer.eval_every`` included):
 
 1. **Collect** (once) ``sft.num_episodes`` expert episodes through the env client of the run (``env_server.mode``
-   http or local, :func:`agent_rl.runtime.open_env_pool`), tasks from the run's ``TaskSampler`` (``env.sampler``,
-   seeded by ``trainer.seed``), played by the RL orchestrator with the env's expert as its policy
+   http or local, :func:`agent_rl.runtime.open_env_pool`), tasks from the run's ``TaskSampler`` (``env.tasks`` rows
+   mapped by ``env.task_fields``, else ``env.sampler``; seeded by ``trainer.seed``; never the curriculum), played by the RL orchestrator with the env's expert as its policy
    (:class:`agent_rl.rollout.policies.ExpertPolicy`; the env made with its family's expert kwarg,
    ``envs.families``): each turn plays ``info["expert_action"]`` (ALFWorld: the fixed handcoded expert; TextWorld:
    the walkthrough, then TextWorld's planner; WebShop: the scripted oracle). Only won episodes are kept
@@ -62,7 +62,8 @@ from agent_rl.learner.learner import lr_scheduler, policy_trunk, response_positi
 from agent_rl.loop import FirstStepFailed, run
 from agent_rl.lora import base_module, is_lora
 from agent_rl.progress import Progress
-from agent_rl.rollout import GroupSpec, RolloutResult, TaskSampler, build_rollout_batch
+from agent_rl.rollout import GroupSpec, RolloutResult, build_rollout_batch
+from agent_rl.rollout.tasks import make_task_sampler
 from agent_rl.rollout.policies import ExpertPolicy, ScriptedEngine
 from agent_rl.rollout.prompts import format_ids
 from agent_rl.rollout.schedule import ExpertRows
@@ -293,8 +294,9 @@ class BehaviourCloningBackend:
             self.batch, self.collect_metrics = saved["batch"], saved["metrics"]
             print(f"reusing the {self.batch.num_rows} rows of {rows_file}", file=sys.stderr)
         else:
-            tasks = TaskSampler(cfg.env.id, cfg.env.sampler, env_kwargs=cfg.env_kwargs,
-                                seed=cfg.trainer.seed).sample(sft.num_episodes)
+            # the run's tasks (env.tasks rows, else env.sampler), drawn as RL's uniform sampler would draw them
+            sampler = make_task_sampler(cfg, announce=lambda text: print(text, file=sys.stderr), curriculum=False)
+            tasks = sampler.sample(sft.num_episodes)
             t0 = time.perf_counter()
             async with open_env_pool(cfg, self.out) as pool:
                 episodes, self.collect_metrics = await collect_expert_episodes(cfg, self.tokenizer, pool, tasks)

@@ -17,7 +17,7 @@ behaviour-cloned start, ``trainer.tasks_per_step=4``).
 
 ``results.json``: ``{algo: {seed: {"step": [...], "eval_success": [...], "wall_s": [...], "entropy": [...],
 "eval_invalid_frac": [...], "eval_mean_turns": [...], "train_step", "temperature", "delta_R", "delta_R_groups",
-"success_high", "success_low": [...]}}}`` (the panel's invalid-action fraction and mean turns; per training step the
+"success_high", "success_low", "groups_equal_frac", "rollout_success", "learnable_frac": [...]}}}`` (the panel's invalid-action fraction and mean turns; per training step the
 temperature the method chose, :func:`per_step_choices`, and TGRL's exploration gain)
 (entropy: the learner's ``actor/entropy`` of the last training step before each evaluation; None at step 0).
 """
@@ -179,13 +179,16 @@ TEMPERATURE_KEYS = ("tampo/t", "tgrl/t_high", "rollout/temperature")
 def per_step_choices(records: list[dict[str, Any]]) -> dict[str, list]:
     """Per training step of one run: ``train_step``, ``temperature`` (:data:`TEMPERATURE_KEYS`, None for a fixed-T
     method without one), and TGRL's ``delta_R``, ``delta_R_groups`` (informative groups), ``success_high`` /
-    ``success_low`` (None for the other algorithms)."""
+    ``success_low`` (None for the other algorithms); for every method ``groups_equal_frac`` (the step's groups whose
+    rewards were all equal: rollouts that taught nothing) and ``rollout_success``, and the pass-rate curriculum's
+    ``learnable_frac`` (None under uniform sampling)."""
     def col(key: str) -> list:
         return [r.get(key) for r in records]
     temps = [next((r[k] for k in TEMPERATURE_KEYS if k in r), None) for r in records]
     return {"train_step": col("step"), "temperature": temps, "delta_R": col("tgrl/delta_R"),
             "delta_R_groups": col("tgrl/delta_R_groups"), "success_high": col("tgrl/success_high"),
-            "success_low": col("tgrl/success_low")}
+            "success_low": col("tgrl/success_low"), "groups_equal_frac": col("rollout/groups_equal_frac"),
+            "rollout_success": col("success/rate"), "learnable_frac": col("curriculum/learnable_frac")}
 
 
 def steps_to(curve: dict[str, list], threshold: float, key: str = "step") -> float | None:

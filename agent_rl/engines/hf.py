@@ -63,7 +63,7 @@ from typing import Any, Iterator
 
 import torch
 
-from agent_rl.algos.logits import truncate_logits
+from agent_rl.algos.logits import js_divergence_from_logits, truncate_logits
 from agent_rl.engines.base import check_episode_ids, default_eos_token_ids, register_engine, row_seed
 from agent_rl.memory import release_free_heap
 from agent_rl.types import Generation
@@ -219,6 +219,8 @@ class HFEngine:
         # handed to the engine's thread before its episode was cancelled); the newest _MAX_ENDED are remembered
         self._ended: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
+        # one forward of the shared module at a time (generate's and token_js's, from the rollout's worker threads)
+        self._forward_lock = threading.Lock()
         self._counts = dict(prefill_tokens=0, kv_reuse_tokens=0, decode_tokens=0, evicted_episodes=0)
         self.model = model
         self.tokenizer = tokenizer
@@ -394,7 +396,7 @@ class HFEngine:
             self._in_flight |= live
         taken = self._take_all(ids)
         try:
-            with _eval_mode(self.model), torch.inference_mode():
+            with self._forward_lock, _eval_mode(self.model), torch.inference_mode():
                 for start in range(0, len(order), self.batch_size):
                     idx = order[start:start + self.batch_size]
                     pen = None if repetition_penalties is None else [float(repetition_penalties[i]) for i in idx]
@@ -407,6 +409,53 @@ class HFEngine:
             with self._lock:
                 self._in_flight -= live
         return results  # type: ignore[return-value]
+
+    def token_js(self, turns: list[tuple[list[int], list[int]]], t_low: float, t_high: float,
+                 chunk_size: int = 64) -> list[list[float]]:
+        """TGRL's token JS divergence of one episode's sampled tokens under the engine's weights, for choosing fork
+        turns (``rollout.fork.select=js``): algorithms.md section 3.3, ``p0 = softmax(z / t_low)``, ``p1 = softmax(z /
+        t_high)`` of the policy's logits z at each response position (no repetition penalty, no top-k / top-p), by
+        :func:`agent_rl.algos.js_divergence_from_logits`, the learner's function, so the values are the learner's
+        ``OldPolicyOutputs.js`` of the same tokens up to the engine-learner logit gap.
+
+        Args:
+            turns: the episode's turns in order, each ``(prompt_ids, response_ids)``. When every turn's prompt +
+                response starts the next turn's prompt (trajectory mode) one forward over the last turn's sequence
+                scores them all; otherwise each turn is one forward. Only the response positions' logits are formed
+                (``logits_to_keep``), ``chunk_size`` rows at a time in the JS.
+            t_low, t_high: T0 and T1 (> 0).
+        Returns:
+            per turn, (len(response_ids),) floats in [0, ln 2] (nats); [] for an empty response.
+        Raises:
+            ValueError: ``t_low`` or ``t_high`` <= 0, an empty prompt.
+        """
+        if t_low <= 0 or t_high <= 0:
+            raise ValueError(f"token_js needs temperatures > 0 (got t_low={t_low}, t_high={t_high})")
+        if any(not prompt for prompt, _ in turns):
+            raise ValueError("token_js: a turn with an empty prompt")
+        chained = all(list(turns[k + 1][0][:len(p) + len(r)]) == list(p) + list(r)
+                      for k, (p, r) in enumerate(turns[:-1]))
+        # (sequence, [(turn, first response position, response length)]) per forward
+        if chained and turns:
+            seq = list(turns[-1][0]) + list(turns[-1][1])
+            forwards = [(seq, [(k, len(p), len(r)) for k, (p, r) in enumerate(turns)])]
+        else:
+            forwards = [(list(p) + list(r), [(k, len(p), len(r))]) for k, (p, r) in enumerate(turns)]
+        out: list[list[float]] = [[] for _ in turns]
+        with self._forward_lock, _eval_mode(self.model), torch.inference_mode():
+            for seq, spans in forwards:
+                spans = [sp for sp in spans if sp[2] > 0]
+                if not spans:
+                    continue
+                # the logits at position i predict token i + 1: a response at [start, start + n) is scored from
+                # positions start - 1 .. start + n - 2
+                keep = torch.cat([torch.arange(start - 1, start + n - 1) for _, start, n in spans]).to(self.device)
+                ids = torch.tensor([seq[:int(keep.max()) + 1]], dtype=torch.long, device=self.device)
+                logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[0]
+                js = js_divergence_from_logits(_sampling_dtype(logits), t_low, t_high, chunk_size=chunk_size)
+                for (k, _, n), part in zip(spans, js.split([n for _, _, n in spans])):
+                    out[k] = part.tolist()
+        return out
 
     def _generate_batch(self, prompts: list[list[int]], temperatures: list[float], max_new_tokens: int,
                         top_p: float, top_k: int, stop: list[str], seeds: list[int],

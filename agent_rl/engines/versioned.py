@@ -29,6 +29,17 @@ class VersionedEngine:
             gen.policy_version = version
         return gens
 
+    @property
+    def token_js(self) -> Callable[..., Any]:
+        """The wrapped engine's ``token_js`` (``rollout.fork.select=js``), run between two syncs like ``generate``.
+        AttributeError when the wrapped engine has none (only hf scores token JS), so ``hasattr`` tells the truth."""
+        score = self.engine.token_js
+
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return score(*args, **kwargs)
+        return locked
+
     def sync(self, load: Callable[[], None], version: int) -> None:
         """Run ``load()`` (the weight copy into the engine) between two engine calls and set the version (blocking:
         call it in a worker thread from an event loop)."""

@@ -9,7 +9,7 @@ from agent_rl.algos.tampo import parse_temperature_schedule
 from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH
 
 ROLLOUT_MODES = ("turn", "trajectory")
-FORK_SELECT = ("uniform", "entropy", "divergence")
+FORK_SELECT = ("uniform", "entropy", "js", "divergence")
 FORK_BUDGETS = ("extra", "episodes")
 SAMPLER_KINDS = ("index", "seed")
 
@@ -29,8 +29,10 @@ class ForkConfig:
     """How the fork turns are chosen: ``uniform`` (random among the base's turns 1..K-1, seeded by the rollout seed,
     group and slot), ``entropy`` (the highest mean sampled-token surprisal ``-logprob``, the rollout's estimate of the
     turn's mean token entropy), ``divergence`` (the first turn where the base acts differently from the group's T0
-    episode; slot 0's when the group has no T0 episode; at most one point). ``js`` (the learner's TGRL JS) is not
-    built: rollouts do not have it."""
+    episode; slot 0's when the group has no T0 episode; at most one point), ``js`` (the highest mean TGRL token JS
+    of the turn, algorithms.md 3.3, between softmax(z / algo.t_low) and softmax(z / T1) of the sampling policy's
+    logits, T1 the group's high temperature; one scoring forward per base episode, ``fork/select_s``; the hf engine
+    only: the learner's JS comes after the rollout, and vLLM returns no full logits)."""
     budget: str = "extra"
     """``extra``: the siblings come on top of the G base episodes (``fork/extra_episodes``); ``episodes``: they are
     taken out of G, the group plays ``max(1, G // (1 + points * siblings))`` bases (its first slots' temperatures)
@@ -41,9 +43,6 @@ class ForkConfig:
         return self.points > 0 and self.siblings > 0
 
     def __post_init__(self) -> None:
-        if self.select == "js":
-            raise ValueError("rollout.fork.select=js is not built: the TGRL JS of a turn is computed by the learner, "
-                             "after the rollout; use uniform, entropy or divergence")
         if self.select not in FORK_SELECT:
             raise ValueError(f"rollout.fork.select={self.select!r} is not valid; valid values: {', '.join(FORK_SELECT)}")
         if self.budget not in FORK_BUDGETS:

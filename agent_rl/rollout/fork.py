@@ -22,7 +22,7 @@ from agent_rl.types import Episode, Turn
 
 #: per-call counters of forking (summed over rounds, workers and streams like the token counts).
 FORK_COUNTS = ("fork/groups", "fork/replay_mismatch", "fork/replay_s", "fork/extra_episodes", "fork/replayed_turns",
-               "fork/failed_siblings")
+               "fork/failed_siblings", "fork/select_s")
 
 
 class ReplayMismatch(RuntimeError):
@@ -38,10 +38,16 @@ def base_count(cfg: ForkConfig, group_size: int) -> int:
     return max(1, group_size // (1 + cfg.points * cfg.siblings))
 
 
-def fork_turns(cfg: ForkConfig, bases: Sequence[Episode], *, seed: int, group_id: int) -> list[list[int]]:
+def fork_turns(cfg: ForkConfig, bases: Sequence[Episode], *, seed: int, group_id: int,
+               token_js: Sequence[Sequence[Sequence[float]] | None] | None = None) -> list[list[int]]:
     """The fork turns of each base episode (ascending, each in ``1..len(turns)-1``: one replayed turn at least and a
     turn of the base after it), by ``cfg.select`` (:class:`ForkConfig`). A failed base gets none. ``uniform`` draws
-    with ``numpy.random.default_rng([seed, group_id, slot])``: the same rollout seed gives the same turns."""
+    with ``numpy.random.default_rng([seed, group_id, slot])``: the same rollout seed gives the same turns. ``js``
+    ranks the turns by the mean of ``token_js[slot][turn]`` (each base's per-turn token JS,
+    ``HFEngine.token_js``; ties to the earlier turn) and needs it for every base that has candidate turns.
+
+    Raises:
+        ValueError: ``select=js`` without ``token_js`` for a base."""
     out: list[list[int]] = []
     ref = next((ep for ep in bases if not ep.is_high), bases[0]) if bases else None
     for slot, ep in enumerate(bases):
@@ -53,8 +59,14 @@ def fork_turns(cfg: ForkConfig, bases: Sequence[Episode], *, seed: int, group_id
         if cfg.select == "uniform":
             rng = np.random.default_rng([int(seed) & (2**63 - 1), int(group_id) & (2**63 - 1), slot])
             picked = [cands[i] for i in rng.choice(len(cands), size=n, replace=False)]
-        elif cfg.select == "entropy":
-            score = [surprisal(ep.turns[k]) for k in cands]
+        elif cfg.select in ("entropy", "js"):
+            if cfg.select == "entropy":
+                score = [surprisal(ep.turns[k]) for k in cands]
+            else:
+                per_turn = token_js[slot] if token_js is not None and slot < len(token_js) else None
+                if per_turn is None or len(per_turn) < len(ep.turns):
+                    raise ValueError(f"rollout.fork.select=js: no token JS for base slot {slot}")
+                score = [sum(per_turn[k]) / len(per_turn[k]) if per_turn[k] else 0.0 for k in cands]
             picked = [cands[i] for i in sorted(range(len(cands)), key=lambda i: (-score[i], cands[i]))[:n]]
         else:  # divergence: the first turn where this base acts differently from the reference (T0) episode
             other = ref if ep is not ref else next((o for o in bases if o is not ep and o.failure is None), None)

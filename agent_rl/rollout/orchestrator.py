@@ -274,7 +274,7 @@ class RolloutOrchestrator:
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                  high_repetition_penalty: float = 1.0, action_format: str = "text",
                  tool_call_format: str = "hermes", task_type_key: str = "task_type", policy: Any = None,
-                 deterministic: bool | None = None,
+                 deterministic: bool | None = None, fork_js_temperatures: tuple[float, float] | None = None,
                  on_turn: Callable[[Generation], None] | None = None,
                  on_episode: Callable[[Episode], None] | None = None) -> None:
         if action_format not in ("text", "tools"):
@@ -306,8 +306,13 @@ class RolloutOrchestrator:
         self._runs = 0
         self.fork = cfg.fork if policy is None else type(cfg.fork)()  # forks of scripted policies: none
         self.fork_refused: dict[str, str] = {}
-        self.deterministic = deterministic
         """env id -> why forking is refused for it (the first replay mismatch, ``rollout/fork.py``)."""
+        self.deterministic = deterministic
+        self.fork_js_temperatures = fork_js_temperatures
+        if self.fork.enabled and self.fork.select == "js":
+            if fork_js_temperatures is None or not hasattr(engine, "token_js"):
+                raise ValueError("rollout.fork.select=js needs the engine's token JS (engine=hf) and the JS "
+                                 "temperatures (algo.t_low, T1)")
         self._fork_counts = dict.fromkeys(FORK_COUNTS, 0.0)
         self.policy_version = 0
         """The version of the engine's weights (algorithms.md section 7): set by the backend at each weight sync; a
@@ -612,13 +617,29 @@ class RolloutOrchestrator:
                 if end_episode is not None:
                     end_episode(eid)
 
+    async def _fork_js(self, spec: GroupSpec, bases: list[Episode]) -> list[list[list[float]]]:
+        """Each base's per-turn token JS (``rollout.fork.select=js``, ``HFEngine.token_js``) between T0 =
+        ``fork_js_temperatures[0]`` and T1 = the group's high temperature (its first high slot's: the step's T1 under
+        ``algo.t_high=auto``; ``fork_js_temperatures[1]`` when the group has no high slot), one scoring forward per
+        base in a worker thread; the time is counted in ``fork/select_s``."""
+        t_low, t_high = self.fork_js_temperatures  # type: ignore[misc]  (checked in __init__)
+        t_high = next((t for t, high in spec.temperatures if high), t_high)
+        t0 = time.perf_counter()
+        out = []
+        for ep in bases:
+            turns = [(t.prompt_ids, t.response_ids) for t in ep.turns]
+            out.append(await asyncio.to_thread(self.engine.token_js, turns, t_low, t_high) if turns else [])
+        self._fork_counts["fork/select_s"] += time.perf_counter() - t0
+        return out
+
     async def _siblings(self, spec: GroupSpec, bases: list[Episode], caches: list[str | None],
                         one: Callable[..., Awaitable[Episode]]) -> list[Episode]:
         """The forked siblings of a group's finished ``bases`` (:meth:`_group`); ``caches``: each base's kept engine
         cache id (None: none)."""
         g_size, n_base, env_id = len(spec.temperatures), len(bases), spec.task.env_id
         seed = self._batcher.seed if self._batcher is not None and self._batcher.seed is not None else 0
-        points = fork_turns(self.fork, bases, seed=seed, group_id=spec.task.group_id)
+        token_js = await self._fork_js(spec, bases) if self.fork.select == "js" else None
+        points = fork_turns(self.fork, bases, seed=seed, group_id=spec.task.group_id, token_js=token_js)
         jobs = [(b, t, sibling_slot(g_size, b, p, j, self.fork)) for b, turns in enumerate(points)
                 for p, t in enumerate(turns) for j in range(self.fork.siblings)]
         if self.fork.budget == "episodes":

@@ -203,10 +203,11 @@ class PassRateSampler(TaskSampler):
             self.last_step[int(i)] = int(last)
 
 
-def make_task_sampler(cfg: Any, *, announce: Any = None) -> TaskSampler:
+def make_task_sampler(cfg: Any, *, announce: Any = None, curriculum: bool = True) -> TaskSampler:
     """The run's sampler: rows of ``env.tasks`` (mapped by ``env.task_fields``, ``env.task_split``,
-    ``env.task_filter``) or ``env.sampler``; :class:`PassRateSampler` for ``trainer.curriculum=pass_rate``.
-    ``announce(text)`` receives the task file's description (row count, columns, first row).
+    ``env.task_filter``) or ``env.sampler``; :class:`PassRateSampler` for ``trainer.curriculum=pass_rate`` unless
+    ``curriculum`` is False (behaviour cloning: the expert's episodes are drawn once, uniformly, before any pass rate
+    exists). ``announce(text)`` receives the task file's description (row count, columns, first row).
 
     Raises:
         agent_rl.tasks.TaskFileError, FileNotFoundError: the task file (file, row and field named).
@@ -219,6 +220,6 @@ def make_task_sampler(cfg: Any, *, announce: Any = None) -> TaskSampler:
         if announce is not None:
             announce(rows.describe())
     kwargs = dict(env_kwargs=cfg.env_kwargs, seed=cfg.trainer.seed, rows=rows)
-    if cfg.trainer.curriculum == "pass_rate":
+    if curriculum and cfg.trainer.curriculum == "pass_rate":
         return PassRateSampler(cfg.env.id, cfg.env.sampler, cfg.trainer.pass_rate, **kwargs)
     return TaskSampler(cfg.env.id, cfg.env.sampler, **kwargs)

@@ -168,8 +168,14 @@ def test_fork_turn_selection():
     assert all(len(u) == 2 and all(1 <= t < n for t in u) for u, n in zip(uni, (3, 4)))
     one_turn = ep(["look"], [-1.0])
     assert fork_turns(ForkConfig(points=1), [one_turn], seed=0, group_id=0) == [[]]
-    with pytest.raises(ValueError, match="js is not built"):
-        ForkConfig(select="js")
+    # js: the highest mean token JS per turn; hand values (turn 0 is never a fork turn; a tie goes to the earlier)
+    js = [[[0.6], [0.1, 0.3], [0.05]], [[0.9], [0.2], [0.5, 0.1], [0.25, 0.25]]]
+    assert fork_turns(ForkConfig(points=1, select="js"), [t0, t1], seed=0, group_id=0, token_js=js) == [[1], [2]]
+    tie = [js[0], [[0.9], [0.2], [0.1, 0.3], [0.2, 0.2]]]  # all three candidates 0.2: the earliest
+    assert fork_turns(ForkConfig(points=1, select="js"), [t0, t1], seed=0, group_id=0, token_js=tie)[1] == [1]
+    assert fork_turns(ForkConfig(points=2, select="js"), [t0, t1], seed=0, group_id=0, token_js=js) == [[1, 2], [2, 3]]
+    with pytest.raises(ValueError, match="no token JS for base slot 0"):
+        fork_turns(ForkConfig(points=1, select="js"), [t0, t1], seed=0, group_id=0)
 
 
 class NoFork:
@@ -248,3 +254,60 @@ def test_an_env_declared_nondeterministic_is_refused_up_front(games):
     assert len(engine.rows) == sum(len(ep.turns) for ep in res.episodes)  # the bases' turns only
     assert env_deterministic(load_config(["env=math_python", "model=tiny"])) is False
     assert env_deterministic(load_config(["env=textworld", "model=tiny"])) is True
+
+
+@pytest.mark.parametrize("mode", ["trajectory", "turn"])
+def test_js_fork_turns_are_the_learners_tgrl_js(games, mode):
+    """``rollout.fork.select=js`` with the hf engine: the JS the rollout ranks turns by is the learner's TGRL token JS
+    (``OldPolicyOutputs.js`` of the no-grad pass, algorithms.md 3.3) of the same tokens to 1e-5, in trajectory mode (one
+    forward over the chained conversation) and per-turn mode (one per turn), and each base forks at the turn of highest
+    mean JS; the scoring time is counted (``fork/select_s``)."""
+    import torch
+
+    from agent_rl.engines import HFEngine
+    from agent_rl.learner import AlgoConfig, Learner, OptimConfig
+    from agent_rl.learner.config import ModelConfig
+    from agent_rl.models import load_policy
+
+    model, tok = load_policy(ModelConfig(name="tiny"))
+    engine = HFEngine(model, tok, seed=0)
+    cfg = RolloutConfig(mode=mode, max_turns=3, fork=ForkConfig(points=1, siblings=1, select="js"))
+    orch = RolloutOrchestrator(SimplePool(), engine, get_prompt("textworld"), cfg, max_new_tokens=6, seed=3,
+                               fork_js_temperatures=(0.3, 1.2))
+    spec = GroupSpec(Task(ENV, {"split": "train", "index": 0}, group_id=0, seed=7, env_kwargs=KW),
+                     [(0.3, False), (1.2, True)])
+    out = asyncio.run(orch.run_groups([spec], seed_key=1))
+    bases = [ep for ep in out.episodes if ep.fork is None]
+    assert len(bases) == 2 and all(len(ep.turns) == 3 for ep in bases)
+    assert out.metrics["fork/select_s"] > 0
+    # the learner's JS of the bases' rows (all rows scored at T0 = 0.3, T1 = 1.2 as high rows)
+    batch = build_rollout_batch(bases, pad_token_id=tok.pad_token_id, mode=mode)
+    batch.is_high[:] = True
+    learner = Learner(model, tok, AlgoConfig(name="tgrl", t_low=0.3, t_high=1.2, warmup_steps=0), OptimConfig())
+    ref = learner.evaluate(batch).js
+    rows = [(i, k) for i, ep in enumerate(bases) for k in ([None] if mode == "trajectory" else range(len(ep.turns)))]
+    picked = []
+    for i, ep in enumerate(bases):
+        got = engine.token_js([(t.prompt_ids, t.response_ids) for t in ep.turns], 0.3, 1.2)
+        assert [len(g) for g in got] == [len(t.response_ids) for t in ep.turns]
+        flat = [x for g in got for x in g]
+        want = torch.cat([ref[r][batch.response_mask[r].bool()] for r, (j, _) in enumerate(rows) if j == i])
+        assert torch.allclose(torch.tensor(flat), want.float(), atol=1e-5), (flat, want)
+        means = [sum(g) / len(g) for g in got]
+        picked.append(max((1, 2), key=lambda k: (means[k], -k)))
+    assert sorted((ep.fork.base_slot, ep.fork.turn) for ep in out.episodes if ep.fork is not None) == \
+        [(b, t) for b, t in enumerate(picked)]
+
+
+def test_js_fork_needs_the_hf_engines_logits():
+    """select=js is refused, with the reason, for an engine without token JS and for engine=vllm / vllm_server."""
+    from agent_rl.compose import load_config
+
+    cfg = RolloutConfig(mode="trajectory", max_turns=3, fork=ForkConfig(points=1, select="js"))
+    with pytest.raises(ValueError, match="needs the engine's token JS"):
+        RolloutOrchestrator(SimplePool(), SeededEngine(), get_prompt("textworld"), cfg, max_new_tokens=4,
+                            fork_js_temperatures=(0.3, 1.2))
+    for engine in ("vllm", "vllm_server"):
+        with pytest.raises(ValueError, match="returns no full logits"):
+            load_config(["env=textworld", "model=tiny", "algo=grpo", f"engine={engine}", "rollout.fork.points=1",
+                         "rollout.fork.select=js", "rollout.max_turns=4"])

@@ -147,3 +147,24 @@ def test_sft_with_lora_trains_the_adapter_and_resumes_it(games: Path, tmp_path: 
     assert not any("lora_" in k for k in AutoModelForCausalLM.from_pretrained(ckpt).state_dict())
     summary = sft_mod.main([*args, "sft.epochs=4", "trainer.resume=auto"])
     assert summary["steps"] == 4 and [r["step"] for r in read_metrics(out / "metrics.jsonl", "sft")] == [1, 2, 3, 4]
+
+
+def _prompts(out: Path) -> list[str]:
+    batch = torch.load(out / "sft_rows.pt", weights_only=False)["batch"]
+    return [str(batch.input_ids[i][batch.attention_mask[i].bool() & ~batch.response_mask[i].bool()].tolist())
+            for i in range(batch.num_rows)]
+
+
+def test_sft_plays_the_task_file_rows(sft_run, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``env.tasks=FILE`` reaches behaviour cloning (it used to be ignored: the expert played ``env.sampler``'s
+    games): a file holding only train game 1 gives rows of game 1 alone, where the sampler's 2 games give 2 prompts."""
+    assert len(set(_prompts(sft_run[0]))) == 2  # the env.sampler run above: games 0 and 1
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"split": "train", "index": 1}\n')
+    out = tmp_path / "file"
+    summary = sft_mod.main([*BASE, f"env.tasks={tasks}", "sft.num_episodes=3", "sft.epochs=1", "sft.batch_size=3",
+                            "trainer.curriculum=pass_rate", f"trainer.output_dir={out}"])
+    assert summary["rows"] == 3 and summary["collect/success_rate"] == 1.0
+    prompts = _prompts(out)
+    assert len(set(prompts)) == 1 and prompts[0] in set(_prompts(sft_run[0]))
+    assert "tasks: 1 rows from" in capsys.readouterr().err  # the task file's description (rows, columns, first row)
