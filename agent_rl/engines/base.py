@@ -59,6 +59,26 @@ class Engine(Protocol):
         ...
 
 
+class ClosesOnExit:
+    """Mixin of an engine that owns processes or servers (vllm, vllm_server): ``with engine:`` closes it, and so
+    does garbage collection (best effort; the watchdogs cover a killed interpreter). ``close`` must be idempotent."""
+
+    def close(self) -> None:  # pragma: no cover (every user defines it)
+        raise NotImplementedError
+
+    def __enter__(self) -> "ClosesOnExit":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter teardown)
+            pass
+
+
 def check_episode_ids(episode_ids: list[str | None] | None, n: int) -> None:
     """The engines' shared check of ``generate``'s ``episode_ids``: None, or n entries (str or None), no id twice
     (an episode has one prompt in flight at a time).

@@ -59,8 +59,8 @@ from typing import Any
 import torch
 
 from agent_rl import models
-from agent_rl.engines.base import (check_episode_ids, default_eos_token_ids, register_engine, row_seed,
-                                     special_stop_ids)
+from agent_rl.engines.base import (ClosesOnExit, check_episode_ids, default_eos_token_ids, register_engine,
+                                   row_seed, special_stop_ids)
 from agent_rl.lora import merged_state_dict
 from agent_rl.types import Generation
 
@@ -544,7 +544,7 @@ def write_sync_weights(model: Any, folder: Path, dtype: torch.dtype, untie: bool
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class VLLMEngine:
+class VLLMEngine(ClosesOnExit):
     """vLLM-backed engine (see module docstring).
 
     Args:
@@ -766,18 +766,6 @@ class VLLMEngine:
             _kill_tree(self._engine_procs, timeout=5.0)  # what shutdown left (none when it went well)
             stop_watchdog(self._watchdog)
         shutil.rmtree(self.sync_folder, ignore_errors=True)
-
-    def __enter__(self) -> "VLLMEngine":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 (interpreter teardown)
-            pass
 
 
 @register_engine("vllm")

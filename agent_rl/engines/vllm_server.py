@@ -62,7 +62,7 @@ import httpx
 import torch
 
 from agent_rl.engines import vllm as offline
-from agent_rl.engines.base import default_eos_token_ids, register_engine
+from agent_rl.engines.base import ClosesOnExit, default_eos_token_ids, register_engine
 from agent_rl.types import Generation
 from servers.launch import free_port
 from servers.wait import ServerExited, wait_healthy
@@ -348,7 +348,7 @@ class ServerProcess:
 
 
 # ------------------------------------------------------------------------------------------------ the engine
-class VLLMServerEngine:
+class VLLMServerEngine(ClosesOnExit):
     """The ``vllm_server`` engine (module docstring). ``carries_versions``: its generations carry the server's
     weight version, so the backends do not wrap it in a :class:`~agent_rl.engines.VersionedEngine` (its sync is
     ``/pause?mode=wait``: requests in flight finish with the weights they started under).
@@ -676,18 +676,6 @@ class VLLMServerEngine:
         if http is not None:
             http.close()
         shutil.rmtree(self.sync_folder, ignore_errors=True)
-
-    def __enter__(self) -> "VLLMServerEngine":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 (interpreter teardown)
-            pass
 
 
 @register_engine("vllm_server")
