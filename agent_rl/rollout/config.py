@@ -10,7 +10,7 @@ from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH
 
 ROLLOUT_MODES = ("turn", "trajectory")
 FORK_SELECT = ("uniform", "entropy", "js", "divergence")
-FORK_BUDGETS = ("extra", "episodes")
+FORK_BUDGETS = ("extra", "episodes", "turns")
 SAMPLER_KINDS = ("index", "seed")
 
 
@@ -36,7 +36,9 @@ class ForkConfig:
     budget: str = "extra"
     """``extra``: the siblings come on top of the G base episodes (``fork/extra_episodes``); ``episodes``: they are
     taken out of G, the group plays ``max(1, G // (1 + points * siblings))`` bases (its first slots' temperatures)
-    and forks fill the rest up to G episodes."""
+    and forks fill the rest up to G episodes; ``turns``: the same bases, and siblings while the group's generated
+    turns stay within G plain episodes' worth (``G * mean base turns``; a sibling generates only its turns after the
+    fork, :func:`agent_rl.rollout.fork.turn_budget_jobs`), so more siblings fit than under ``episodes``."""
 
     @property
     def enabled(self) -> bool:

@@ -22,7 +22,7 @@ from agent_rl.types import Episode, Turn
 
 #: per-call counters of forking (summed over rounds, workers and streams like the token counts).
 FORK_COUNTS = ("fork/groups", "fork/replay_mismatch", "fork/replay_s", "fork/extra_episodes", "fork/replayed_turns",
-               "fork/failed_siblings", "fork/select_s")
+               "fork/failed_siblings", "fork/select_s", "fork/generated_turns")
 
 
 class ReplayMismatch(RuntimeError):
@@ -32,10 +32,36 @@ class ReplayMismatch(RuntimeError):
 
 def base_count(cfg: ForkConfig, group_size: int) -> int:
     """How many of a group's ``group_size`` slots play base episodes: all of them (``budget=extra``), or
-    ``max(1, G // (1 + points * siblings))`` (``budget=episodes``: the forks fill the rest of G)."""
+    ``max(1, G // (1 + points * siblings))`` (``budget=episodes`` and ``budget=turns``: the forks fill the rest)."""
     if not cfg.enabled or cfg.budget == "extra":
         return group_size
     return max(1, group_size // (1 + cfg.points * cfg.siblings))
+
+
+def turn_budget_jobs(jobs: Sequence[tuple[int, int, int]], bases: Sequence[Episode], group_size: int
+                     ) -> list[tuple[int, int, int]]:
+    """``budget=turns``: the siblings ``jobs`` (``(base, fork turn, slot)``, in order) that fit the group's budget of
+    generated turns, G plain episodes' worth estimated from the bases: ``budget = round(G * mean base turns)``. The
+    bases' own turns are spent first; a sibling forked at turn t of a base of n turns is expected to generate the
+    n - t turns after the fork (its replayed prefix is not generated), and is taken, in order, while the expected
+    total stays within the budget (a job that does not fit is skipped, a shorter later one may still fit). The
+    turns actually generated are counted in ``fork/generated_turns``."""
+    if not bases:
+        return []
+    budget = round(group_size * sum(len(ep.turns) for ep in bases) / len(bases))
+    used = sum(len(ep.turns) for ep in bases)
+    out = []
+    for b, t, slot in jobs:
+        cost = max(1, len(bases[b].turns) - t)
+        if used + cost <= budget:
+            out.append((b, t, slot))
+            used += cost
+    return out
+
+
+def generated_turns(episodes: Sequence[Episode]) -> int:
+    """Turns sampled by the policy over ``episodes`` (a sibling's replayed turns before its fork excluded)."""
+    return sum(len(ep.turns) - (ep.fork.turn if ep.fork is not None else 0) for ep in episodes)
 
 
 def fork_turns(cfg: ForkConfig, bases: Sequence[Episode], *, seed: int, group_id: int,

@@ -47,7 +47,7 @@ from agent_rl.algos import dapo_keep_groups
 from agent_rl.engines.base import row_seed
 from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.fork import (FORK_COUNTS, ReplayMismatch, base_count, check_replayed_prompt, check_replayed_step,
-                                   fork_turns, sibling_slot)
+                                   fork_turns, generated_turns, sibling_slot, turn_budget_jobs)
 from agent_rl.rollout.parsing import parse_action
 from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, render_followup
 from agent_rl.rollout.prompts.tools import ToolPrompt
@@ -608,9 +608,13 @@ class RolloutOrchestrator:
         try:
             bases = list(await gather_all(*(one(spec.task, t, h, slot, None, caches[slot] if share else None)
                                             for slot, (t, h) in enumerate(spec.temperatures[:n_base]))))
-            if not self.fork.enabled or any(ep.failure is not None for ep in bases) or env_id in self.fork_refused:
+            if not self.fork.enabled:
                 return bases
-            return bases + await self._siblings(spec, bases, [c[0] if c else None for c in caches], one)
+            eps = bases
+            if not any(ep.failure is not None for ep in bases) and env_id not in self.fork_refused:
+                eps = bases + await self._siblings(spec, bases, [c[0] if c else None for c in caches], one)
+            self._fork_counts["fork/generated_turns"] += generated_turns(eps)
+            return eps
         finally:
             end_episode = getattr(self.engine, "end_episode", None)
             for eid in (e for c in caches for e in c):
@@ -644,6 +648,8 @@ class RolloutOrchestrator:
                 for p, t in enumerate(turns) for j in range(self.fork.siblings)]
         if self.fork.budget == "episodes":
             jobs = jobs[:max(0, g_size - n_base)]
+        elif self.fork.budget == "turns":
+            jobs = turn_budget_jobs(jobs, bases, g_size)
 
         async def sibling(b: int, t: int, slot: int) -> Episode | None:
             base = bases[b]

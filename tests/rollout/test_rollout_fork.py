@@ -311,3 +311,42 @@ def test_js_fork_needs_the_hf_engines_logits():
         with pytest.raises(ValueError, match="returns no full logits"):
             load_config(["env=textworld", "model=tiny", "algo=grpo", f"engine={engine}", "rollout.fork.points=1",
                          "rollout.fork.select=js", "rollout.max_turns=4"])
+
+
+def test_turn_budget_keeps_the_siblings_within_g_plain_episodes_of_turns():
+    """``budget=turns``, hand example: G = 4, two bases of 4 and 2 turns -> budget round(4 * 3) = 12 turns, 6 spent
+    by the bases; siblings (base, fork turn) cost the base's turns after the fork: (0, 1) 3 -> 9, (0, 1) 3 -> 12,
+    (0, 3) 1 -> 13 > 12 skipped, (1, 1) 1 -> 13 skipped. ``generated_turns`` excludes a sibling's replayed prefix."""
+    from agent_rl.rollout.fork import generated_turns, turn_budget_jobs
+    from agent_rl.types import Episode, ForkOrigin, Turn
+
+    def ep(n, fork=None):
+        e = Episode(task=Task(ENV, {}), temperature=1.0, is_high=False, fork=fork)
+        e.turns = [Turn(prompt_ids=[1], response_ids=[2], response_logprobs=[-0.1], action="look") for _ in range(n)]
+        return e
+
+    bases = [ep(4), ep(2)]
+    jobs = [(0, 1, 4), (0, 1, 5), (0, 3, 6), (1, 1, 7)]
+    assert turn_budget_jobs(jobs, bases, 4) == [(0, 1, 4), (0, 1, 5)]
+    assert turn_budget_jobs(jobs, bases, 8) == jobs  # budget 24: everything fits
+    assert turn_budget_jobs(jobs, [], 4) == []
+    assert generated_turns([*bases, ep(4, ForkOrigin(0, 1)), ep(3, ForkOrigin(0, 2))]) == 6 + 3 + 1
+
+
+def test_turn_budget_group_generates_at_most_its_budget(games):
+    """budget=turns on real games: the group's generated turns (``fork/generated_turns``) stay within G times the
+    bases' mean turns, and more siblings are played than ``budget=episodes`` allows (G - bases)."""
+    fork = ForkConfig(points=1, siblings=3, budget="turns")
+    engine = SeededEngine()
+    cfg = RolloutConfig(mode="trajectory", max_turns=5, fork=fork)
+    orch = RolloutOrchestrator(SimplePool(), engine, get_prompt("textworld"), cfg, max_new_tokens=64, seed=3)
+    spec = GroupSpec(Task(ENV, {"split": "train", "index": 0}, group_id=0, seed=7, env_kwargs=KW), [(1.0, False)] * 8)
+    out = asyncio.run(orch.run_groups([spec], seed_key=1))
+    bases = [ep for ep in out.episodes if ep.fork is None]
+    sibs = [ep for ep in out.episodes if ep.fork is not None]
+    assert len(bases) == 2  # max(1, 8 // (1 + 1 * 3))
+    budget = round(8 * sum(len(b.turns) for b in bases) / len(bases))
+    assert out.metrics["fork/generated_turns"] == sum(len(e.turns) - (e.fork.turn if e.fork else 0)
+                                                      for e in out.episodes)
+    expected = sum(len(b.turns) for b in bases) + sum(len(bases[s.fork.base_slot].turns) - s.fork.turn for s in sibs)
+    assert expected <= budget and len(sibs) >= 1
