@@ -117,8 +117,10 @@ def learning_signal(steps: list[dict[str, Any]]) -> dict[str, Any]:
              if isinstance(r.get("rollout/groups_equal_frac"), (int, float)) and r.get("rollout/groups")]
     none = sum(r["rollout/groups_equal_frac"] >= 1.0 for r in known)
     grad = sum(isinstance(r.get("actor/grad_norm"), (int, float)) and r["actor/grad_norm"] > 0 for r in steps)
+    mixed = [r for r in known if isinstance(r.get("rollout/groups_mixed_success_frac"), (int, float))]
     return {"steps": len(steps), "measured": len(known), "with_signal": len(known) - none, "no_signal": none,
-            "grad_norm_positive": grad}
+            "grad_norm_positive": grad,
+            "with_success_signal": sum(r["rollout/groups_mixed_success_frac"] > 0 for r in mixed) if mixed else None}
 
 
 def signal_line(signal: dict[str, Any]) -> str:
@@ -129,6 +131,9 @@ def signal_line(signal: dict[str, Any]) -> str:
     text = (f"learning signal: {signal['with_signal']} of {known} RL step(s) had a group with unequal rewards; "
             f"{none} of {known} ({none / max(known, 1):.0%}) had {NO_SIGNAL}; actor/grad_norm > 0 in "
             f"{signal['grad_norm_positive']} of {n}")
+    if signal.get("with_success_signal") is not None and signal["with_signal"]:
+        text += (f"; {signal['with_success_signal']} of {known} had a group with both won and lost episodes (the "
+                 "rest of the signal is reward shaping, e.g. rollout.invalid_penalty)")
     if known and none == known:
         text += f" -- this run trained nothing: {NO_SIGNAL} at every step"
     return text

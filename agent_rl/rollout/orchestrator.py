@@ -952,7 +952,9 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     ``episode/turns_mean``; ``episode/truncated_frac`` episodes that ended without termination (turn/prompt budget or
     the env's time limit); ``episode/invalid_action_frac`` invalid turns / turns; ``rollout/groups`` the groups
     (``Task.group_id``) and ``rollout/groups_equal_frac`` the fraction whose episodes' rewards are all equal (a
-    group of zero reward variance: every group advantage 0; 1.0 = the step has no learning signal).
+    group of zero reward variance: every group advantage 0; 1.0 = the step has no learning signal);
+    ``rollout/groups_mixed_success_frac`` the fraction with both won and lost episodes (a signal of success itself,
+    where unequal rewards can also come from shaping such as ``rollout.invalid_penalty``).
     """
     turns = [t for ep in episodes for t in ep.turns]
     n_ep, n_turns = max(len(episodes), 1), max(len(turns), 1)
@@ -967,10 +969,15 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "rollout/episodes": float(len(episodes)),
     }
     groups: dict[Any, list[float]] = {}
+    wins: dict[Any, set[bool]] = {}
     for ep in episodes:
         groups.setdefault(ep.task.group_id, []).append(ep.reward)
+        wins.setdefault(ep.task.group_id, set()).add(bool(ep.won))
     metrics["rollout/groups"] = float(len(groups))
     metrics["rollout/groups_equal_frac"] = sum(map(all_equal, groups.values())) / max(len(groups), 1)
+    # groups with both won and lost episodes: the signal of success itself (unequal rewards may come from shaping
+    # alone, e.g. rollout.invalid_penalty)
+    metrics["rollout/groups_mixed_success_frac"] = sum(len(w) == 2 for w in wins.values()) / max(len(wins), 1)
     by_type: dict[str, list[bool]] = {}
     for ep in episodes:
         if ep.task_type:

@@ -126,3 +126,16 @@ def test_sync_rounds_play_the_prefetched_tasks_first_and_count_them_pending():
             "time/overlap_s": 0.0}
 
     asyncio.run(main())
+
+
+def test_rollout_metrics_split_reward_signal_from_success_signal():
+    """Three groups: rewards differ only by an invalid-action penalty (no win); one win among losses; all won. Two of
+    three groups have unequal rewards, one of three mixes won and lost episodes."""
+    def ep(g, reward, won):
+        return Episode(task=Task("e", group_id=g), temperature=1.0, is_high=True, reward=reward, won=won)
+
+    eps = [ep(0, -0.1, False), ep(0, -0.3, False), ep(1, 1.0, True), ep(1, 0.0, False), ep(2, 1.0, True),
+           ep(2, 1.0, True)]
+    m = rollout_metrics(eps)
+    assert m["rollout/groups"] == 3 and m["rollout/groups_equal_frac"] == pytest.approx(1 / 3)
+    assert m["rollout/groups_mixed_success_frac"] == pytest.approx(1 / 3)

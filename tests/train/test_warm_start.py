@@ -54,6 +54,8 @@ def test_alfworld_cpu_preset_is_its_own_and_its_panel_holds_only_the_trained_typ
     assert (cfg.trainer.warm_start, cfg.rollout.mode, cfg.engine.kv_reuse, cfg.algo.warmup_steps) == \
         ("bc", "trajectory", True, 1)
     assert cfg.env.kwargs["task_types"] == ["pick_and_place_simple"]
+    # the invalid-action penalty reaches the env (its InvalidActionPenalty wrapper), in training and in panels
+    assert cfg.rollout.invalid_penalty == 0.1 and cfg.env_kwargs["invalid_action_penalty"] == 0.1
     assert cfg.env.sampler.num_tasks == len(list_games("train", ["pick_and_place_simple"]))  # 790: every index valid
     try:
         [panel] = build_panels(cfg, num_tasks=cfg.trainer.eval_tasks)
@@ -112,10 +114,16 @@ def test_summary_says_how_many_steps_had_a_learning_signal(tmp_path: Path) -> No
     steps = [{"kind": "train", "step": s, "rollout/groups": 3.0, "rollout/groups_equal_frac": f,
               "actor/grad_norm": g} for s, f, g in [(1, 1.0, 0.0), (2, 2 / 3, 0.4), (3, 1.0, 0.0), (4, 0.0, 1.1)]]
     signal = learning_signal(steps)
-    assert signal == {"steps": 4, "measured": 4, "with_signal": 2, "no_signal": 2, "grad_norm_positive": 2}
+    assert signal == {"steps": 4, "measured": 4, "with_signal": 2, "no_signal": 2, "grad_norm_positive": 2,
+                      "with_success_signal": None}
     line = signal_line(signal)
     assert line == ("learning signal: 2 of 4 RL step(s) had a group with unequal rewards; 2 of 4 (50%) had no "
                     "learning signal (all rewards equal); actor/grad_norm > 0 in 2 of 4")
+    # with the success split (rollout/groups_mixed_success_frac): step 2's signal was shaping only, step 4's wins
+    shaped = [{**r, "rollout/groups_mixed_success_frac": m} for r, m in zip(steps, (0.0, 0.0, 0.0, 1 / 3))]
+    assert signal_line(learning_signal(shaped)) == line + (
+        "; 1 of 4 had a group with both won and lost episodes (the rest of the signal is reward shaping, e.g. "
+        "rollout.invalid_penalty)")
     dead = signal_line(learning_signal([{**r, "rollout/groups_equal_frac": 1.0, "actor/grad_norm": 0.0}
                                         for r in steps]))
     assert dead.endswith("this run trained nothing: no learning signal (all rewards equal) at every step")
