@@ -80,7 +80,9 @@ def plan_line(cfg: Config) -> str:
              + ("before and after the warm start and " if t.warm_start == "bc" else "before RL, ")
              + f"every {t.eval_every} RL steps and after the last" if t.eval_every > 0 else "no panel")
     return (f"plan: {ws}RL {cfg.algo.name} for {t.total_steps} step(s) x {t.tasks_per_step} task(s) x G={g} "
-            f"episodes x <= {turns} turns ({cfg.rollout.mode} rows){tgrl}; lr {cfg.optim.lr:g}; {panel}")
+            f"episodes x <= {turns} turns ({cfg.rollout.mode} rows){tgrl}; lr {cfg.optim.lr:g}"
+            + (f"; invalid-action penalty {cfg.rollout.invalid_penalty:g} a turn" if cfg.rollout.invalid_penalty else "")
+            + f"; {panel}")
 
 
 def run_warm_start(cfg: Config, out: Path, progress: Progress, config_file: Path | None = None) -> dict[str, Any]:
