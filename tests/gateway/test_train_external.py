@@ -46,3 +46,22 @@ def test_external_program_on_a_task_file_learns_from_its_rewards(tmp_path):
     rows = read_metrics(out / "metrics.jsonl", "train")
     assert [r["gateway/requests"] for r in rows] == [8, 8]  # 2 tasks x G=4, one call each
     assert all(r["batch/rows"] == 8 for r in rows) and any(r["actor/grad_norm"] > 0 for r in rows)
+
+
+def test_external_program_under_max_staleness_counts_every_request(tmp_path):
+    """``trainer.max_staleness=1`` (the asynchronous producer, algorithms.md section 7) with an agent program: every
+    step logs the gateway's counters (the producer's cycle totals, like its generation counters), and no request
+    goes uncounted: the requests counted over the run are at least the rows trained (one row per call), the rest
+    being calls of groups still in flight or dropped as stale."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"question": f"What is {i} + 1?"}) + "\n" for i in range(4)))
+    out = tmp_path / "run"
+    main(["env=external", "env.external.program=tests.gateway.programs:reply_length", f"env.external.tasks={tasks}",
+          "model=tiny", "algo=grpo", "trainer.max_staleness=1", "trainer.total_steps=3", "trainer.tasks_per_step=2",
+          "engine.max_new_tokens=8", "trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.eval_every=0",
+          f"trainer.output_dir={out}"])
+    rows = read_metrics(out / "metrics.jsonl", "train")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all("gateway/requests" in r and r["gateway/prefix_breaks"] == 0 for r in rows)
+    assert all(r["batch/rows"] == 8 for r in rows)  # 2 tasks x G = 4, one call each
+    assert sum(r["gateway/requests"] for r in rows) >= sum(r["batch/rows"] for r in rows), [r["gateway/requests"] for r in rows]
