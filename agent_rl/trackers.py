@@ -163,8 +163,32 @@ class WandbTracker:
         wandb.teardown()
 
 
+def path_safe_names(keys: list[str], logged: set[str], dirs: set[str], names: dict[str, str]) -> dict[str, str]:
+    """MLflow names for metric ``keys``, such that no name is a ``/``-path prefix of another: MLflow's file store
+    writes metric ``a/b`` as the file ``metrics/a/b``, so ``eval/p/success`` and ``eval/p/success/Algebra`` (a panel's
+    success and its per-type breakdown) cannot both exist, and the second one logged raised ``Not a directory``
+    (which turned the tracker off for the rest of the run). A new key keeps its name unless it collides with a name
+    already logged; then its last ``/`` becomes ``.`` until it does not (``eval/p/success/Algebra`` ->
+    ``eval/p/success.Algebra``). Keys are named in (depth, name) order, so a parent keeps its name over the children
+    first seen with it; a resumed run passes its logged names first, and a key renamed before gets the same name
+    again (a name equal to a logged one is that metric's, not a collision). ``names`` (key -> name), ``logged`` (names) and ``dirs`` (their ``/`` prefixes) are the run's
+    state, updated in place; returns ``names`` restricted to ``keys``."""
+    for key in sorted((k for k in keys if k not in names), key=lambda k: (k.count("/"), k)):
+        name = key
+        while "/" in name and (name in dirs or any(name[:i] in logged for i, c in enumerate(name) if c == "/")):
+            head, _, tail = name.rpartition("/")
+            name = f"{head}.{tail}"
+        names[key] = name
+        logged.add(name)
+        dirs.update(name[:i] for i, c in enumerate(name) if c == "/")
+    return {k: names[k] for k in keys}
+
+
 class MLflowTracker:
-    """An MLflow run (module docstring), through ``MlflowClient`` (no global active run)."""
+    """An MLflow run (module docstring), through ``MlflowClient`` (no global active run). Metric names are the
+    project's, except where one would be a ``/``-path prefix of another (:func:`path_safe_names`: MLflow's file store
+    cannot hold both ``eval/p/success`` and ``eval/p/success/Algebra``; the breakdown is logged as
+    ``eval/p/success.Algebra``)."""
 
     name = "mlflow"
 
@@ -191,6 +215,12 @@ class MLflowTracker:
             self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
         self._tag = RunTag
+        self._names: dict[str, str] = {}  # metric key -> its MLflow name (path_safe_names)
+        self._logged: set[str] = set()
+        self._dirs: set[str] = set()
+        if run_id is not None:  # a resumed run's names stand: new keys must not collide with them
+            existing = list(self.client.get_run(run_id).data.metrics)
+            path_safe_names(existing, self._logged, self._dirs, self._names)
 
     @staticmethod
     def _param(value: Any) -> str:
@@ -201,7 +231,8 @@ class MLflowTracker:
         from mlflow.entities import Metric  # deferred: the optional tracker client
 
         now = int(time.time() * 1000)
-        batch = [Metric(k, v, now, step) for k, v in metrics.items()]
+        names = path_safe_names(list(metrics), self._logged, self._dirs, self._names)
+        batch = [Metric(names[k], v, now, step) for k, v in metrics.items()]
         for i in range(0, len(batch), 1000):  # log_batch takes at most 1000 metrics per call
             self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
 

@@ -168,3 +168,40 @@ def test_a_dead_wandb_service_is_replaced_not_a_missing_tracker(tmp_path, monkey
     trackers.log(1, {"step": 1, "kind": "train", "reward/mean": 0.5})
     trackers.finish([])
     assert not [p for p in psutil.Process().children(recursive=True) if "wandb-core" in " ".join(p.cmdline())]
+
+
+def test_path_safe_names_hand_cases():
+    from agent_rl.trackers import path_safe_names
+
+    state = (set(), set(), {})
+    got = path_safe_names(["eval/p/success/Algebra", "eval/p/success", "reward/mean", "success/rate"], *state)
+    assert got == {"eval/p/success/Algebra": "eval/p/success.Algebra", "eval/p/success": "eval/p/success",
+                   "reward/mean": "reward/mean", "success/rate": "success/rate"}
+    # a parent first seen after its child: the child keeps its name, the parent is renamed; names are stable
+    assert path_safe_names(["a/b", "a/b/c"], *state)["a/b"] == "a/b"
+    assert path_safe_names(["x/y/z"], *state) == {"x/y/z": "x/y/z"}
+    assert path_safe_names(["x/y"], *state) == {"x/y": "x.y"}
+    assert path_safe_names(["x/y", "eval/p/success/Algebra"], *state) == {
+        "x/y": "x.y", "eval/p/success/Algebra": "eval/p/success.Algebra"}
+
+
+def test_mlflow_holds_a_metric_and_its_breakdown(tmp_path, monkeypatch):
+    """A panel's success and its per-type breakdown (``eval/p/success`` and ``eval/p/success/<type>``, what the math
+    panels log) in one MLflow file store: before, the second name raised ``Not a directory`` and the tracker went off
+    for the rest of the run, losing ``reward/mean`` of every step. A resumed run logs the breakdown under the same
+    name."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    trackers = Trackers.open(["mlflow"], tmp_path, {}, TrackingConfig(), resume=False)
+    trackers.log(0, {"step": 0, "kind": "eval", "eval/p/success": 0.5, "eval/p/success/Algebra": 1.0})
+    trackers.log(1, {"step": 1, "kind": "train", "reward/mean": 0.25})
+    trackers.close()
+    state = __import__("json").loads((tmp_path / "trackers.json").read_text())
+    again = Trackers.open(["mlflow"], tmp_path, {}, TrackingConfig(), resume=True)
+    again.log(2, {"step": 2, "kind": "eval", "eval/p/success": 0.75, "eval/p/success/Algebra": 0.0,
+                  "reward/mean": 0.5})
+    again.close()
+    client, run = mlflow_run(tmp_path, state["mlflow"])
+    history = {k: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)]
+               for k in ("eval/p/success", "eval/p/success.Algebra", "reward/mean")}
+    assert history == {"eval/p/success": [(0, 0.5), (2, 0.75)], "eval/p/success.Algebra": [(0, 1.0), (2, 0.0)],
+                       "reward/mean": [(1, 0.25), (2, 0.5)]}
