@@ -35,10 +35,15 @@ def test_external_tool_program_trains_two_tgrl_steps(tmp_path):
         assert all(t["observation"] for t in turns)  # the env's answer to each call
 
 
-def test_external_program_on_a_task_file_learns_from_its_rewards(tmp_path):
+def _question_file(tmp_path):
+    """A task file of 4 rows ``{"question": "What is i + 1?"}``."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"question": f"What is {i} + 1?"}) + "\n" for i in range(4)))
-    out = tmp_path / "run"
+    return tasks
+
+
+def test_external_program_on_a_task_file_learns_from_its_rewards(tmp_path):
+    tasks, out = _question_file(tmp_path), tmp_path / "run"
     main(["env=external", "env.external.program=tests.gateway.programs:reply_length", f"env.external.tasks={tasks}",
           "model=tiny", "algo=tgrl", "algo.warmup_steps=0", "trainer.total_steps=2", "trainer.tasks_per_step=2",
           "engine.max_new_tokens=8", "trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.eval_every=0",
@@ -53,9 +58,7 @@ def test_external_program_under_max_staleness_counts_every_request(tmp_path):
     step logs the gateway's counters (the producer's cycle totals, like its generation counters), and no request
     goes uncounted: the requests counted over the run are at least the rows trained (one row per call), the rest
     being calls of groups still in flight or dropped as stale."""
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"question": f"What is {i} + 1?"}) + "\n" for i in range(4)))
-    out = tmp_path / "run"
+    tasks, out = _question_file(tmp_path), tmp_path / "run"
     main(["env=external", "env.external.program=tests.gateway.programs:reply_length", f"env.external.tasks={tasks}",
           "model=tiny", "algo=grpo", "trainer.max_staleness=1", "trainer.total_steps=3", "trainer.tasks_per_step=2",
           "engine.max_new_tokens=8", "trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.eval_every=0",
