@@ -48,8 +48,8 @@ def turn_budget_jobs(jobs: Sequence[tuple[int, int, int]], bases: Sequence[Episo
     turns actually generated are counted in ``fork/generated_turns``."""
     if not bases:
         return []
-    budget = round(group_size * sum(len(ep.turns) for ep in bases) / len(bases))
-    used = sum(len(ep.turns) for ep in bases)
+    used = sum(len(ep.turns) for ep in bases)  # the bases' own turns, spent first
+    budget = round(group_size * used / len(bases))
     out = []
     for b, t, slot in jobs:
         cost = max(1, len(bases[b].turns) - t)

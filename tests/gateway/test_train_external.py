@@ -35,20 +35,19 @@ def test_external_tool_program_trains_two_tgrl_steps(tmp_path):
         assert all(t["observation"] for t in turns)  # the env's answer to each call
 
 
-def _question_file(tmp_path):
-    """A task file of 4 rows ``{"question": "What is i + 1?"}``."""
-    tasks = tmp_path / "tasks.jsonl"
+def _train_reply_length(tmp_path, *overrides: str):
+    """Train the ``reply_length`` program (tests.gateway.programs) on a task file of 4 rows ``{"question": "What is
+    i + 1?"}`` (tiny model, 2 tasks a step, 8 new tokens); returns the ``train`` rows of its ``metrics.jsonl``."""
+    tasks, out = tmp_path / "tasks.jsonl", tmp_path / "run"
     tasks.write_text("".join(json.dumps({"question": f"What is {i} + 1?"}) + "\n" for i in range(4)))
-    return tasks
+    main(["env=external", "env.external.program=tests.gateway.programs:reply_length", f"env.external.tasks={tasks}",
+          "model=tiny", "trainer.tasks_per_step=2", "engine.max_new_tokens=8", "trainer.progress=false",
+          "trainer.loggers=[jsonl]", "trainer.eval_every=0", f"trainer.output_dir={out}", *overrides])
+    return read_metrics(out / "metrics.jsonl", "train")
 
 
 def test_external_program_on_a_task_file_learns_from_its_rewards(tmp_path):
-    tasks, out = _question_file(tmp_path), tmp_path / "run"
-    main(["env=external", "env.external.program=tests.gateway.programs:reply_length", f"env.external.tasks={tasks}",
-          "model=tiny", "algo=tgrl", "algo.warmup_steps=0", "trainer.total_steps=2", "trainer.tasks_per_step=2",
-          "engine.max_new_tokens=8", "trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.eval_every=0",
-          f"trainer.output_dir={out}"])
-    rows = read_metrics(out / "metrics.jsonl", "train")
+    rows = _train_reply_length(tmp_path, "algo=tgrl", "algo.warmup_steps=0", "trainer.total_steps=2")
     assert [r["gateway/requests"] for r in rows] == [8, 8]  # 2 tasks x G=4, one call each
     assert all(r["batch/rows"] == 8 for r in rows) and any(r["actor/grad_norm"] > 0 for r in rows)
 
@@ -58,12 +57,7 @@ def test_external_program_under_max_staleness_counts_every_request(tmp_path):
     step logs the gateway's counters (the producer's cycle totals, like its generation counters), and no request
     goes uncounted: the requests counted over the run are at least the rows trained (one row per call), the rest
     being calls of groups still in flight or dropped as stale."""
-    tasks, out = _question_file(tmp_path), tmp_path / "run"
-    main(["env=external", "env.external.program=tests.gateway.programs:reply_length", f"env.external.tasks={tasks}",
-          "model=tiny", "algo=grpo", "trainer.max_staleness=1", "trainer.total_steps=3", "trainer.tasks_per_step=2",
-          "engine.max_new_tokens=8", "trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.eval_every=0",
-          f"trainer.output_dir={out}"])
-    rows = read_metrics(out / "metrics.jsonl", "train")
+    rows = _train_reply_length(tmp_path, "algo=grpo", "trainer.max_staleness=1", "trainer.total_steps=3")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all("gateway/requests" in r and r["gateway/prefix_breaks"] == 0 for r in rows)
     assert all(r["batch/rows"] == 8 for r in rows)  # 2 tasks x G = 4, one call each
