@@ -297,6 +297,12 @@ def test_js_fork_turns_are_the_learners_tgrl_js(games, mode):
         picked.append(max((1, 2), key=lambda k: (means[k], -k)))
     assert sorted((ep.fork.base_slot, ep.fork.turn) for ep in out.episodes if ep.fork is not None) == \
         [(b, t) for b, t in enumerate(picked)]
+    turns = [(t.prompt_ids, t.response_ids) for t in bases[0].turns]
+    with pytest.raises(ValueError, match="temperatures > 0"):
+        engine.token_js(turns, 0.0, 1.2)
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.token_js([([], turns[0][1])], 0.3, 1.2)
+    assert engine.token_js([], 0.3, 1.2) == []
 
 
 def test_js_fork_needs_the_hf_engines_logits():
