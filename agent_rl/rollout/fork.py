@@ -32,10 +32,15 @@ class ReplayMismatch(RuntimeError):
 
 def base_count(cfg: ForkConfig, group_size: int) -> int:
     """How many of a group's ``group_size`` slots play base episodes: all of them (``budget=extra``), or
-    ``max(1, G // (1 + points * siblings))`` (``budget=episodes`` and ``budget=turns``: the forks fill the rest)."""
+    ``max(1, G // (1 + points * siblings))`` (``budget=episodes`` and ``budget=turns``: the forks fill the rest).
+    ``select=divergence`` keeps at least 2 bases (``min(2, G)``): a base forks where it first acts differently from
+    another base (the group's T0 episode), so a lone base would never fork (a TGRL group of G = 4 with points=1,
+    siblings=3 played 1 base and no sibling: a run of bases only, not a forked one). With 2 bases of a TGRL group
+    (slots 0 and 1: T0 and a T1 episode) the T1 base forks at its divergence turn."""
     if not cfg.enabled or cfg.budget == "extra":
         return group_size
-    return max(1, group_size // (1 + cfg.points * cfg.siblings))
+    floor = min(2, group_size) if cfg.select == "divergence" else 1
+    return max(floor, group_size // (1 + cfg.points * cfg.siblings))
 
 
 def turn_budget_jobs(jobs: Sequence[tuple[int, int, int]], bases: Sequence[Episode], group_size: int

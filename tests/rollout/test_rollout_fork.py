@@ -356,3 +356,17 @@ def test_turn_budget_group_generates_at_most_its_budget(games):
                                                       for e in out.episodes)
     expected = sum(len(b.turns) for b in bases) + sum(len(bases[s.fork.base_slot].turns) - s.fork.turn for s in sibs)
     assert expected <= budget and len(sibs) >= 1
+
+
+def test_divergence_keeps_two_bases_under_a_budget():
+    """``budget=episodes|turns`` with ``select=divergence``: a lone base has no other base to diverge from, so it
+    would never fork (a TGRL group of G = 4, 1 point x 3 siblings played 1 base and 0 siblings): 2 bases are kept
+    (the T0 episode and a T1 one), and the T1 base forks where it first acts differently from the T0 one."""
+    from agent_rl.rollout.fork import base_count
+
+    for budget in ("episodes", "turns"):
+        assert base_count(ForkConfig(points=1, siblings=3, budget=budget, select="divergence"), 4) == 2
+        assert base_count(ForkConfig(points=1, siblings=3, budget=budget, select="uniform"), 4) == 1
+        assert base_count(ForkConfig(points=1, siblings=1, budget=budget, select="divergence"), 8) == 4
+        assert base_count(ForkConfig(points=1, siblings=3, budget=budget, select="divergence"), 1) == 1
+    assert base_count(ForkConfig(points=1, siblings=3, budget="extra", select="divergence"), 4) == 4
