@@ -6,8 +6,8 @@ Each JSONL line is one row: ``{"step": int, "kind": KIND, <metric>: float | null
 - ``"train"``: one RL training step (``agent_rl.train``, both backends), ``step`` >= 1. Holds every metric name of
   algorithms.md section 6 (``null`` when a step has no value for it, e.g. the learner metrics of a step whose groups
   were all dropped), plus any other metric the rollout or the learner returned (``batch/rows``, ``rollout/...``);
-  never an ``eval/`` name. Under a single-temperature algo every episode counts as "low": ``tgrl/delta_R`` and
-  ``tgrl/success_high`` read 0.0 and ``tgrl/success_low`` equals ``success/rate``.
+  never an ``eval/`` name. Under a single-temperature algo (no T1 episode: GRPO, TAMPO, a temperature schedule)
+  ``tgrl/delta_R``, ``tgrl/success_high`` and ``tgrl/success_low`` are ``null``: there is no TGRL quantity to log.
 - ``"eval"``: one in-training evaluation of the held-out panel(s) (``trainer.eval_every``), only ``eval/<panel>/...``
   names; ``step`` = updates done when it ran (0 = before training; at step N it follows that step's ``train`` row).
 - ``"sft"``: one behaviour-cloning optimizer step (``agent_rl.sft``): ``sft/...``, ``time/step_s``; step 1 also the

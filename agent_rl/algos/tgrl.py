@@ -228,8 +228,13 @@ def tgrl_metrics(
         success: (B,) bool, the episode was won; None = ``rewards > 0``.
         episode_index: (B,) int, optional: count each episode once (per-turn mode).
     Returns:
-        dict of python floats; a success rate over zero episodes is 0.0.
+        dict of python floats; a success rate over zero episodes is 0.0. Empty when no row is high: a batch sampled
+        at one temperature (GRPO, TAMPO, a temperature schedule) has no T1 episode, and a ``tgrl/success_low`` equal
+        to its success rate or a ``tgrl/delta_R`` of 0 would read as a measured TGRL quantity. TGRL's warm-up (every
+        episode at T1, flagged high) keeps them.
     """
+    if not bool(is_high.bool().any()):
+        return {}
     succ = (as_float(rewards) > 0) if success is None else success.bool()
     r, g, h, (s,) = _per_episode(rewards, group_index, is_high, episode_index, succ)
     h = h.bool()

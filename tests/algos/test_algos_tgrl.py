@@ -158,6 +158,11 @@ def test_delta_r_hand():
     # success = R > 0: high episodes 6 of 8 -> 0.75; low 1 of 2 -> 0.5
     assert m == pytest.approx({"tgrl/delta_R": 1 / 6, "tgrl/delta_R_groups": 2.0, "tgrl/success_high": 0.75,
                                "tgrl/success_low": 0.5})  # both groups with T0 and T1 vary: informative
+    # one temperature (GRPO, TAMPO, a schedule): no row is high, nothing TGRL-specific to report
+    assert tgrl_metrics(r, g, torch.zeros_like(high)) == {}
+    # warm-up: every row high -> kept (success_high = 7 of 10, no T0 episode -> 0.0, no informative group)
+    assert tgrl_metrics(r, g, torch.ones_like(high)) == pytest.approx(
+        {"tgrl/delta_R": 0.0, "tgrl/delta_R_groups": 0.0, "tgrl/success_high": 0.7, "tgrl/success_low": 0.0})
 
 
 def test_delta_r_per_episode():

@@ -280,6 +280,12 @@ def test_max_staleness_0_equals_the_golden_synchronous_run(tmp_path, name):
             # is that times the informative count / 2
             old = want.pop("tgrl/delta_R")
             assert row["tgrl/delta_R"] * row["tgrl/delta_R_groups"] / 2 == pytest.approx(old, abs=1e-12)
+        if name == "grpo":
+            # one temperature, no T1 episode: the fixture's code logged TGRL's quantities as 0.0 / the success rate;
+            # they are null now (agent_rl.algos.tgrl_metrics returns nothing without a high row)
+            for key in [k for k in want if k.startswith("tgrl/")]:
+                want.pop(key)
+                assert row.get(key) is None, key
         assert set(want) <= set(row), sorted(set(want) - set(row))
         for key, value in want.items():
             if isinstance(value, float):
