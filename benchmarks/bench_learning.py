@@ -62,7 +62,9 @@ def evaluate(cfg: Any, checkpoint: Path | None, panel: int, split: str, temperat
     async def run() -> float:
         pool = LocalEnvPool(mode="process", max_workers=2, preload_envs=[cfg.env.id])
         # at most the pool's sessions at once (2 workers x 8): beyond that sessions are refused, not queued
-        rollout = dataclasses.replace(cfg.rollout, max_concurrent_episodes=16)
+        # a panel plays its games as given, like agent_rl.eval.runner.eval_rollout_config: no forked siblings (a
+        # run's rollout.fork would add episodes to the panel, and select=js refuses an engine without T0/T1)
+        rollout = dataclasses.replace(cfg.rollout, max_concurrent_episodes=16, fork=type(cfg.rollout.fork)())
         try:
             orch = RolloutOrchestrator(pool, engine, get_prompt(cfg.env.prompt), rollout,
                                        max_new_tokens=cfg.engine.max_new_tokens, seed=0)

@@ -68,3 +68,17 @@ def test_cached_evaluate_plays_once(bench, tmp_path, monkeypatch):
     assert bench.cached_evaluate(cfg, None, args) == 0.5 and len(played) == 2
     no_cache = argparse.Namespace(eval_cache="", panel=8, split="test")
     assert bench.cached_evaluate(cfg, None, no_cache) == 0.75 and len(played) == 3
+
+
+@pytest.mark.parametrize("select", ["js", "uniform"])
+def test_a_panel_never_forks(bench, select):
+    """A run's ``rollout.fork`` does not reach the panel: it plays exactly its games (forks under ``budget=extra``
+    would add sibling episodes to the count; ``select=js`` refused the panel's engine, which has no T0/T1)."""
+    cfg = load_config(["env=choose_item", "model=tiny", "algo=tgrl", "rollout.max_turns=2", "engine.max_new_tokens=4",
+                       "rollout.fork.points=1", "rollout.fork.siblings=3", "rollout.fork.budget=extra",
+                       f"rollout.fork.select={select}"])
+    assert cfg.rollout.fork.enabled
+    stats: dict = {}
+    success = bench.evaluate(cfg, None, 3, "test", temperature=1.0, stats=stats)
+    assert len(stats["episodes"]) == 3 and [e["index"] for e in stats["episodes"]] == [0, 1, 2]
+    assert success == sum(e["won"] for e in stats["episodes"]) / 3
