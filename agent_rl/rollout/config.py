@@ -35,8 +35,9 @@ class ForkConfig:
     only: the learner's JS comes after the rollout, and vLLM returns no full logits)."""
     budget: str = "extra"
     """``extra``: the siblings come on top of the G base episodes (``fork/extra_episodes``); ``episodes``: they are
-    taken out of G, the group plays ``max(1, G // (1 + points * siblings))`` bases (its first slots' temperatures; at least 2 with
-    ``select=divergence``, :func:`agent_rl.rollout.fork.base_count`)
+    taken out of G, the group plays ``max(1, G // (1 + points * siblings))`` bases (its first slots' temperatures; at
+    least 2 with ``select=divergence``, and up to a TGRL group's first T1 slot, :func:`agent_rl.rollout.fork.base_count`;
+    a budget takes the T1 bases' siblings first, :func:`agent_rl.rollout.fork.budget_order`)
     and forks fill the rest up to G episodes; ``turns``: the same bases, and siblings while the group's generated
     turns stay within G plain episodes' worth (``G * mean base turns``; a sibling generates only its turns after the
     fork, :func:`agent_rl.rollout.fork.turn_budget_jobs`), so more siblings fit than under ``episodes``."""

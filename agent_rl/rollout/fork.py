@@ -30,17 +30,34 @@ class ReplayMismatch(RuntimeError):
     the task and the action prefix)."""
 
 
-def base_count(cfg: ForkConfig, group_size: int) -> int:
+def base_count(cfg: ForkConfig, group_size: int, *, first_high: int | None = None) -> int:
     """How many of a group's ``group_size`` slots play base episodes: all of them (``budget=extra``), or
     ``max(1, G // (1 + points * siblings))`` (``budget=episodes`` and ``budget=turns``: the forks fill the rest).
     ``select=divergence`` keeps at least 2 bases (``min(2, G)``): a base forks where it first acts differently from
     another base (the group's T0 episode), so a lone base would never fork (a TGRL group of G = 4 with points=1,
     siblings=3 played 1 base and no sibling: a run of bases only, not a forked one). With 2 bases of a TGRL group
-    (slots 0 and 1: T0 and a T1 episode) the T1 base forks at its divergence turn."""
+    (slots 0 and 1: T0 and a T1 episode) the T1 base forks at its divergence turn.
+
+    ``first_high``: the group's first T1 slot (TGRL: ``n_low``; None for a group without one). The bases always
+    reach it, whatever ``select``: a sibling samples at its base's temperature, so bases of T0 slots only would make
+    the whole group T0, and TGRL trains only T1 rows (algorithms.md section 3): a TGRL group of G = 4 with
+    points=1, siblings=8 under ``budget=turns`` played its T0 episode and 8 T0 siblings and trained nothing (grad
+    norm 0 at every step after warm-up)."""
     if not cfg.enabled or cfg.budget == "extra":
         return group_size
     floor = min(2, group_size) if cfg.select == "divergence" else 1
+    if first_high is not None:
+        floor = max(floor, min(group_size, first_high + 1))
     return max(floor, group_size // (1 + cfg.points * cfg.siblings))
+
+
+def budget_order(jobs: Sequence[tuple[int, int, int]], bases: Sequence[Episode]) -> list[tuple[int, int, int]]:
+    """The sibling ``jobs`` (``(base, fork turn, slot)``) in the order a budget (``budget=episodes|turns``) takes
+    them: the siblings of T1 bases first, then the others, each in their order. TGRL trains only T1 rows (algorithms.md
+    section 3), so a T0 base's siblings are the ones a budget should drop (their rows would carry no advantage); a
+    group without T1 episodes keeps its order. (Before this, a TGRL group under ``select=divergence`` spent its
+    turn budget on the T0 base's siblings first, listed before the T1 base's.)"""
+    return sorted(jobs, key=lambda job: not bases[job[0]].is_high)
 
 
 def turn_budget_jobs(jobs: Sequence[tuple[int, int, int]], bases: Sequence[Episode], group_size: int

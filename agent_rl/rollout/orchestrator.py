@@ -46,8 +46,8 @@ from agent_rl.aio import gather_all
 from agent_rl.algos import dapo_keep_groups
 from agent_rl.engines.base import row_seed
 from agent_rl.rollout.config import RolloutConfig
-from agent_rl.rollout.fork import (FORK_COUNTS, ReplayMismatch, base_count, check_replayed_prompt, check_replayed_step,
-                                   fork_turns, generated_turns, sibling_slot, turn_budget_jobs)
+from agent_rl.rollout.fork import (FORK_COUNTS, ReplayMismatch, base_count, budget_order, check_replayed_prompt,
+                                   check_replayed_step, fork_turns, generated_turns, sibling_slot, turn_budget_jobs)
 from agent_rl.rollout.parsing import parse_action
 from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, render_followup
 from agent_rl.rollout.prompts.tools import ToolPrompt
@@ -598,7 +598,8 @@ class RolloutOrchestrator:
         discarded (``fork/failed_siblings``): neither drops the group. Forks only start once every base finished
         without failure (a failed group is dropped whole anyway)."""
         g_size = len(spec.temperatures)
-        n_base = base_count(self.fork, g_size)
+        n_base = base_count(self.fork, g_size,
+                            first_high=next((i for i, (_, high) in enumerate(spec.temperatures) if high), None))
         env_id = spec.task.env_id
         if self.fork.enabled and self.deterministic is False:
             self.fork_refused.setdefault(env_id, "the env family declares that its episodes do not replay exactly "
@@ -646,6 +647,8 @@ class RolloutOrchestrator:
         points = fork_turns(self.fork, bases, seed=seed, group_id=spec.task.group_id, token_js=token_js)
         jobs = [(b, t, sibling_slot(g_size, b, p, j, self.fork)) for b, turns in enumerate(points)
                 for p, t in enumerate(turns) for j in range(self.fork.siblings)]
+        if self.fork.budget != "extra":
+            jobs = budget_order(jobs, bases)  # a T1 base's siblings first: TGRL trains only T1 rows
         if self.fork.budget == "episodes":
             jobs = jobs[:max(0, g_size - n_base)]
         elif self.fork.budget == "turns":

@@ -370,3 +370,44 @@ def test_divergence_keeps_two_bases_under_a_budget():
         assert base_count(ForkConfig(points=1, siblings=1, budget=budget, select="divergence"), 8) == 4
         assert base_count(ForkConfig(points=1, siblings=3, budget=budget, select="divergence"), 1) == 1
     assert base_count(ForkConfig(points=1, siblings=3, budget="extra", select="divergence"), 4) == 4
+
+
+@pytest.mark.parametrize("select", ["uniform", "js", "entropy", "divergence"])
+def test_a_tgrl_group_keeps_a_t1_base_and_forks_it_first(select):
+    """A sibling samples at its base's temperature, and TGRL trains only T1 rows: the bases reach the group's first
+    T1 slot whatever ``select`` (a TGRL group of G = 4, 1 point x 8 siblings under ``budget=turns`` played its T0
+    episode and 8 T0 siblings and trained nothing), and a budget takes a T1 base's siblings first."""
+    from agent_rl.rollout.fork import base_count, budget_order
+    from agent_rl.types import Episode
+
+    for budget in ("episodes", "turns"):
+        cfg = ForkConfig(points=1, siblings=8, budget=budget, select=select)
+        assert base_count(cfg, 4, first_high=1) == 2  # T0 at slot 0, T1 from slot 1 (n_low = 1)
+        assert base_count(cfg, 4, first_high=2) == 3  # n_low = 2: the bases reach the first T1 slot
+        assert base_count(cfg, 4, first_high=0) == (2 if select == "divergence" else 1)  # warm-up: all at T1
+        assert base_count(cfg, 4) == (2 if select == "divergence" else 1)  # one temperature (GRPO)
+        assert base_count(cfg, 1, first_high=3) == 1  # never more bases than slots
+    bases = [Episode(task=Task(ENV, {}), temperature=0.3, is_high=False),
+             Episode(task=Task(ENV, {}), temperature=1.2, is_high=True)]
+    jobs = [(0, 1, 4), (0, 1, 5), (1, 2, 6), (1, 3, 7)]
+    assert budget_order(jobs, bases) == [(1, 2, 6), (1, 3, 7), (0, 1, 4), (0, 1, 5)]
+    low = [bases[0], Episode(task=Task(ENV, {}), temperature=1.0, is_high=False)]
+    assert budget_order(jobs, low) == jobs  # no T1 base: order kept
+
+
+def test_a_tgrl_group_under_a_turn_budget_plays_t1_siblings(games):
+    """End to end on real games: a TGRL-shaped group (1 at T0 = 0.3, 3 at T1 = 1.2) with 1 point x 8 siblings and
+    ``budget=turns`` plays a T1 base and its siblings are T1 episodes (before: 1 T0 base, T0 siblings only)."""
+    fork = ForkConfig(points=1, siblings=8, budget="turns", select="uniform")
+    cfg = RolloutConfig(mode="trajectory", max_turns=5, fork=fork)
+    orch = RolloutOrchestrator(SimplePool(), SeededEngine(), get_prompt("textworld"), cfg, max_new_tokens=64, seed=3)
+    spec = GroupSpec(Task(ENV, {"split": "train", "index": 0}, group_id=0, seed=7, env_kwargs=KW),
+                     [(0.3, False), (1.2, True), (1.2, True), (1.2, True)])
+    out = asyncio.run(orch.run_groups([spec], seed_key=1))
+    bases = [ep for ep in out.episodes if ep.fork is None]
+    sibs = [ep for ep in out.episodes if ep.fork is not None]
+    assert [(b.temperature, b.is_high) for b in bases] == [(0.3, False), (1.2, True)]
+    assert sibs, "the T1 base has fork turns within the budget"
+    high_first = [s.is_high for s in sibs]
+    assert high_first == sorted(high_first, reverse=True) and high_first[0]  # a T1 base's siblings first
+    assert all(s.temperature == bases[s.fork.base_slot].temperature for s in sibs)
