@@ -40,7 +40,9 @@ class ForkConfig:
     a budget takes the T1 bases' siblings first, :func:`agent_rl.rollout.fork.budget_order`)
     and forks fill the rest up to G episodes; ``turns``: the same bases, and siblings while the group's generated
     turns stay within G plain episodes' worth (``G * mean base turns``; a sibling generates only its turns after the
-    fork, :func:`agent_rl.rollout.fork.turn_budget_jobs`), so more siblings fit than under ``episodes``."""
+    fork, :func:`agent_rl.rollout.fork.turn_budget_jobs`), so more siblings fit than under ``episodes``. What the
+    siblings leave of either budget is played as plain episodes of the next slots
+    (:func:`agent_rl.rollout.fork.spare_slots`, ``fork/filled_episodes``)."""
 
     @property
     def enabled(self) -> bool:

@@ -22,7 +22,7 @@ from agent_rl.types import Episode, Turn
 
 #: per-call counters of forking (summed over rounds, workers and streams like the token counts).
 FORK_COUNTS = ("fork/groups", "fork/replay_mismatch", "fork/replay_s", "fork/extra_episodes", "fork/replayed_turns",
-               "fork/failed_siblings", "fork/select_s", "fork/generated_turns")
+               "fork/failed_siblings", "fork/select_s", "fork/generated_turns", "fork/filled_episodes")
 
 
 class ReplayMismatch(RuntimeError):
@@ -145,6 +145,31 @@ def sibling_slot(group_size: int, base_slot: int, point: int, sibling: int, cfg:
     group's G slots, so no sibling samples with a base's row seeds (``row_seed(seed, group, slot, turn)``: with the
     base's slot it would resample the base's continuation exactly)."""
     return group_size + (base_slot * cfg.points + point) * cfg.siblings + sibling
+
+
+def spare_slots(cfg: ForkConfig, bases: Sequence[Episode], jobs: Sequence[tuple[int, int, int]],
+                group_size: int) -> int:
+    """``budget=episodes|turns``: how many of the group's unplayed slots (those after its ``bases``) are played as
+    plain episodes because the planned sibling ``jobs`` (after the budget) leave budget unspent. ``episodes``: the
+    slots the jobs do not fill, ``G - bases - jobs``; ``turns``: what is left of ``round(G * mean base turns)`` after
+    the bases' turns and the jobs' expected turns (:func:`turn_budget_jobs`), in whole mean-base episodes, at most
+    ``G - bases``. 0 under ``budget=extra``, without bases, or when forking is off.
+
+    Why: a budget is what the group may spend, not a cap that silently shrinks the batch. Without this, a group with
+    no fork turn (``select=divergence`` when the bases already differ at turn 0, a base of one turn, an env whose
+    forks are refused) played only its bases: TGRL with divergence forks, 1 point x 8 siblings under
+    ``budget=turns``, generated 152 turns a step against TGRL's ~300 and trained on 2 episodes a group instead of 4."""
+    if not cfg.enabled or cfg.budget == "extra" or not bases:
+        return 0
+    free = max(0, group_size - len(bases))
+    if cfg.budget == "episodes":
+        return max(0, free - len(jobs))
+    base_turns = [len(ep.turns) for ep in bases]
+    mean = sum(base_turns) / len(bases)
+    if mean <= 0:
+        return free
+    used = sum(base_turns) + sum(len(bases[b].turns) - t for b, t, _ in jobs)
+    return max(0, min(free, int((round(group_size * mean) - used) // mean)))
 
 
 def check_replayed_prompt(k: int, prompt_ids: Sequence[int], base: Turn) -> None:

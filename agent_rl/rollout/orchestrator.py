@@ -47,7 +47,8 @@ from agent_rl.algos import dapo_keep_groups
 from agent_rl.engines.base import row_seed
 from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.fork import (FORK_COUNTS, ReplayMismatch, base_count, budget_order, check_replayed_prompt,
-                                   check_replayed_step, fork_turns, generated_turns, sibling_slot, turn_budget_jobs)
+                                   check_replayed_step, fork_turns, generated_turns, sibling_slot, spare_slots,
+                                   turn_budget_jobs)
 from agent_rl.rollout.parsing import parse_action
 from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, render_followup
 from agent_rl.rollout.prompts.tools import ToolPrompt
@@ -596,7 +597,9 @@ class RolloutOrchestrator:
         temperature, is_high, slot, replay)`` plays one episode. A sibling whose replay mismatched is discarded and
         forking refused for the env id (``fork_refused``, ``fork/replay_mismatch``); a sibling that failed is
         discarded (``fork/failed_siblings``): neither drops the group. Forks only start once every base finished
-        without failure (a failed group is dropped whole anyway)."""
+        without failure (a failed group is dropped whole anyway). Under ``budget=episodes|turns`` the budget the
+        siblings leave unspent is played as plain episodes of the next slots (:func:`agent_rl.rollout.fork.spare_slots`,
+        ``fork/filled_episodes``), concurrently with the siblings; the order is bases, those, then siblings."""
         g_size = len(spec.temperatures)
         n_base = base_count(self.fork, g_size,
                             first_high=next((i for i, (_, high) in enumerate(spec.temperatures) if high), None))
@@ -611,9 +614,16 @@ class RolloutOrchestrator:
                                             for slot, (t, h) in enumerate(spec.temperatures[:n_base]))))
             if not self.fork.enabled:
                 return bases
-            eps = bases
-            if not any(ep.failure is not None for ep in bases) and env_id not in self.fork_refused:
-                eps = bases + await self._siblings(spec, bases, [c[0] if c else None for c in caches], one)
+            if any(ep.failure is not None for ep in bases):
+                return bases  # the group is dropped whole: no forks, no fill
+            jobs = await self._sibling_jobs(spec, bases) if env_id not in self.fork_refused else []
+            n_fill = spare_slots(self.fork, bases, jobs, g_size)
+            fill_slots = list(enumerate(spec.temperatures, 0))[n_base:n_base + n_fill]
+            sibs, fill = await gather_all(
+                self._siblings(spec, bases, jobs, [c[0] if c else None for c in caches], one),
+                gather_all(*(one(spec.task, t, h, slot) for slot, (t, h) in fill_slots)))
+            self._fork_counts["fork/filled_episodes"] += len(fill)
+            eps = bases + list(fill) + sibs
             self._fork_counts["fork/generated_turns"] += generated_turns(eps)
             return eps
         finally:
@@ -637,11 +647,9 @@ class RolloutOrchestrator:
         self._fork_counts["fork/select_s"] += time.perf_counter() - t0
         return out
 
-    async def _siblings(self, spec: GroupSpec, bases: list[Episode], caches: list[str | None],
-                        one: Callable[..., Awaitable[Episode]]) -> list[Episode]:
-        """The forked siblings of a group's finished ``bases`` (:meth:`_group`); ``caches``: each base's kept engine
-        cache id (None: none)."""
-        g_size, n_base, env_id = len(spec.temperatures), len(bases), spec.task.env_id
+    async def _sibling_jobs(self, spec: GroupSpec, bases: list[Episode]) -> list[tuple[int, int, int]]:
+        """The siblings to play for a group's finished ``bases``: ``(base, fork turn, slot)``, after the budget."""
+        g_size, n_base = len(spec.temperatures), len(bases)
         seed = self._batcher.seed if self._batcher is not None and self._batcher.seed is not None else 0
         token_js = await self._fork_js(spec, bases) if self.fork.select == "js" else None
         points = fork_turns(self.fork, bases, seed=seed, group_id=spec.task.group_id, token_js=token_js)
@@ -653,6 +661,13 @@ class RolloutOrchestrator:
             jobs = jobs[:max(0, g_size - n_base)]
         elif self.fork.budget == "turns":
             jobs = turn_budget_jobs(jobs, bases, g_size)
+        return jobs
+
+    async def _siblings(self, spec: GroupSpec, bases: list[Episode], jobs: list[tuple[int, int, int]],
+                        caches: list[str | None], one: Callable[..., Awaitable[Episode]]) -> list[Episode]:
+        """Play the forked sibling ``jobs`` (:meth:`_sibling_jobs`) of a group's finished ``bases``
+        (:meth:`_group`); ``caches``: each base's kept engine cache id (None: none)."""
+        env_id = spec.task.env_id
 
         async def sibling(b: int, t: int, slot: int) -> Episode | None:
             base = bases[b]

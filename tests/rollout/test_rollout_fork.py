@@ -348,14 +348,18 @@ def test_turn_budget_group_generates_at_most_its_budget(games):
     orch = RolloutOrchestrator(SimplePool(), engine, get_prompt("textworld"), cfg, max_new_tokens=64, seed=3)
     spec = GroupSpec(Task(ENV, {"split": "train", "index": 0}, group_id=0, seed=7, env_kwargs=KW), [(1.0, False)] * 8)
     out = asyncio.run(orch.run_groups([spec], seed_key=1))
-    bases = [ep for ep in out.episodes if ep.fork is None]
+    bases = out.episodes[:2]  # max(1, 8 // (1 + 1 * 3)) bases, then the plain episodes filling the budget
+    fill = [ep for ep in out.episodes[2:] if ep.fork is None]
     sibs = [ep for ep in out.episodes if ep.fork is not None]
-    assert len(bases) == 2  # max(1, 8 // (1 + 1 * 3))
-    budget = round(8 * sum(len(b.turns) for b in bases) / len(bases))
+    assert all(ep.fork is None for ep in bases) and out.metrics["fork/filled_episodes"] == len(fill)
+    mean = sum(len(b.turns) for b in bases) / len(bases)
+    budget = round(8 * mean)
     assert out.metrics["fork/generated_turns"] == sum(len(e.turns) - (e.fork.turn if e.fork else 0)
                                                       for e in out.episodes)
-    expected = sum(len(b.turns) for b in bases) + sum(len(bases[s.fork.base_slot].turns) - s.fork.turn for s in sibs)
+    expected = (sum(len(b.turns) for b in bases) + sum(len(bases[s.fork.base_slot].turns) - s.fork.turn for s in sibs)
+                + len(fill) * mean)
     assert expected <= budget and len(sibs) >= 1
+    assert budget - expected < mean or len(bases) + len(fill) == 8  # what is left would not buy one more episode
 
 
 def test_divergence_keeps_two_bases_under_a_budget():
@@ -411,3 +415,42 @@ def test_a_tgrl_group_under_a_turn_budget_plays_t1_siblings(games):
     high_first = [s.is_high for s in sibs]
     assert high_first == sorted(high_first, reverse=True) and high_first[0]  # a T1 base's siblings first
     assert all(s.temperature == bases[s.fork.base_slot].temperature for s in sibs)
+
+
+@pytest.mark.parametrize("budget", ["episodes", "turns"])
+def test_a_budget_the_forks_cannot_spend_is_played_as_plain_episodes(games, budget):
+    """A group whose forks are refused (an env declared nondeterministic) or that has no fork turn still plays G
+    episodes' worth under ``budget=episodes|turns``: the unspent slots are played as plain episodes at their own
+    temperatures and seed slots (``fork/filled_episodes``). Before, the group played its one base only: TGRL with
+    divergence forks generated half of TGRL's turns."""
+    fork = ForkConfig(points=1, siblings=3, budget=budget)
+    cfg = RolloutConfig(mode="trajectory", max_turns=5, fork=fork)
+    engine = SeededEngine()
+    orch = RolloutOrchestrator(SimplePool(), engine, get_prompt("textworld"), cfg, max_new_tokens=64, seed=3,
+                               deterministic=False)
+    temps = [(0.3, False), (1.2, True), (1.2, True), (1.2, True)]
+    spec = GroupSpec(Task(ENV, {"split": "train", "index": 0}, group_id=0, seed=7, env_kwargs=KW), temps)
+    out = asyncio.run(orch.run_groups([spec], seed_key=1))
+    assert orch.fork_refused and out.metrics["fork/extra_episodes"] == 0
+    assert [(ep.temperature, ep.is_high, ep.fork) for ep in out.episodes] == [(t, h, None) for t, h in temps]
+    assert out.metrics["fork/filled_episodes"] == 2  # bases: slots 0 and 1 (T0 and the first T1), fill: 2 and 3
+    # the fill samples with its own slots' row seeds (as the plain group would): four distinct first-turn seeds
+    first_turn_seeds = {rs for prompt, rs in engine.rows}
+    assert len(first_turn_seeds) >= 4
+
+
+def test_spare_slots_hand_example():
+    """``spare_slots``: G = 4, one base of 4 turns. episodes: 4 - 1 - jobs. turns: budget round(4 * 4) = 16; a job
+    forked at turn 1 costs 3: none -> (16 - 4) // 4 = 3 plain; one -> (16 - 7) // 4 = 2; three -> 16 - 13 = 3 < 4: 0."""
+    from agent_rl.rollout.fork import spare_slots
+    from agent_rl.types import Episode, Turn
+
+    base = Episode(task=Task(ENV, {}), temperature=1.0, is_high=False)
+    base.turns = [Turn(prompt_ids=[1], response_ids=[2], response_logprobs=[-0.1], action="look") for _ in range(4)]
+    job = (0, 1, 4)
+    assert [spare_slots(ForkConfig(points=1, siblings=3, budget="episodes"), [base], [job] * n, 4)
+            for n in (0, 1, 3)] == [3, 2, 0]
+    assert [spare_slots(ForkConfig(points=1, siblings=3, budget="turns"), [base], [job] * n, 4)
+            for n in (0, 1, 3)] == [3, 2, 0]
+    assert spare_slots(ForkConfig(points=1, siblings=3, budget="extra"), [base], [], 4) == 0
+    assert spare_slots(ForkConfig(points=1, siblings=3, budget="turns"), [], [], 4) == 0
