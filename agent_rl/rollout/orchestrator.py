@@ -618,7 +618,7 @@ class RolloutOrchestrator:
                 return bases  # the group is dropped whole: no forks, no fill
             jobs = await self._sibling_jobs(spec, bases) if env_id not in self.fork_refused else []
             n_fill = spare_slots(self.fork, bases, jobs, g_size)
-            fill_slots = list(enumerate(spec.temperatures, 0))[n_base:n_base + n_fill]
+            fill_slots = enumerate(spec.temperatures[n_base:n_base + n_fill], start=n_base)
             sibs, fill = await gather_all(
                 self._siblings(spec, bases, jobs, [c[0] if c else None for c in caches], one),
                 gather_all(*(one(spec.task, t, h, slot) for slot, (t, h) in fill_slots)))

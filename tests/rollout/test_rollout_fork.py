@@ -434,9 +434,11 @@ def test_a_budget_the_forks_cannot_spend_is_played_as_plain_episodes(games, budg
     assert orch.fork_refused and out.metrics["fork/extra_episodes"] == 0
     assert [(ep.temperature, ep.is_high, ep.fork) for ep in out.episodes] == [(t, h, None) for t, h in temps]
     assert out.metrics["fork/filled_episodes"] == 2  # bases: slots 0 and 1 (T0 and the first T1), fill: 2 and 3
-    # the fill samples with its own slots' row seeds (as the plain group would): four distinct first-turn seeds
-    first_turn_seeds = {rs for prompt, rs in engine.rows}
-    assert len(first_turn_seeds) >= 4
+    # the fill samples with its own slots' row seeds (as the plain group would): the first turn's prompt (the same
+    # reset for all four) was sampled 4 times, with 4 different row seeds
+    first_prompt = tuple(out.episodes[0].turns[0].prompt_ids)
+    first_turn_seeds = [rs for prompt, rs in engine.rows if prompt == first_prompt]
+    assert len(first_turn_seeds) == 4 and len(set(first_turn_seeds)) == 4
 
 
 def test_spare_slots_hand_example():
