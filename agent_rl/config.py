@@ -366,9 +366,6 @@ class Config:
                                  "declares that its episodes do not replay exactly (envs.families.EnvFamily."
                                  "deterministic; math with the python tool: env.action_format=text)")
         if self.env.external.enabled:  # env=external (agent_rl.gateway, docs/gateway.md)
-            if self.rollout.mode != "turn" or self.trainer.backend != "local":
-                raise ValueError("env=external trains per-turn rows on the local backend: it needs rollout.mode=turn "
-                                 f"and trainer.backend=local (got {self.rollout.mode}, {self.trainer.backend})")
             if fork.enabled:
                 raise ValueError("env=external does not fork groups (rollout.fork.points=0): a sibling replays its "
                                  "base's actions on the env, and an agent program cannot be replayed")

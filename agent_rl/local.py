@@ -57,8 +57,7 @@ class LocalPlayer:
         return self.rollout.stream_counters()
 
     def collected(self, step: int, result: RolloutResult) -> None:
-        """The step's metrics are the orchestrator's, plus what it adds (``take_metrics``: the gateway's)."""
-        result.metrics.update(self.rollout.take_metrics())
+        """Nothing to add: the step's metrics are the orchestrator's (its event counters included)."""
 
 
 class LocalBackend:

@@ -108,8 +108,10 @@ class RolloutBatch:
         group_index: (B,) long, rows of the same group (same task) share it.
         episode_index: (B,) long, rows of the same episode share it.
         is_high: (B,) bool, sampled at the high temperature (TGRL).
-        turn_index: (B,) long, 0-based turn of the row in its episode (0 in full-trajectory mode).
-        num_turns: (B,) long, number of turns K of the row's episode.
+        turn_index: (B,) long, 0-based turn of the row in its episode (full-trajectory mode: the row's segment, 0
+            but for a gateway episode that rewrote its history, ``agent_rl.rollout.batch.segments``).
+        num_turns: (B,) long, number of turns K of the row's episode (full-trajectory mode: its rows, 1 but for
+            such a gateway episode; turn-level credit sees no turns inside a row).
         rewards: (B,) float, the episode reward broadcast to every row of the episode.
         episode_rewards: (E,) float, one per episode (E episodes), and ``episode_group_index`` (E,),
             ``episode_is_high`` (E,) bool, for group statistics computed per episode rather than per row.

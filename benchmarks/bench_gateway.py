@@ -4,8 +4,9 @@ program breaks the prefix.
 Orchestrator: ``RolloutOrchestrator`` plays Calculator-v0 in tools mode (the env's tools, hermes calls). Gateway:
 ``ExternalRollout`` runs ``tests.gateway.programs:calculator_tools`` (the real ``openai`` client; its env steps go
 through the gateway's env route) on the same tasks, group temperatures and budgets. Both use the same engine and
-in-process envs. Reported per path: wall per episode, generated tokens/s, model calls, and for the gateway
-``gateway/prefix_breaks`` (requests that did not extend their episode).
+in-process envs. Reported per path: wall per episode, generated tokens/s, model calls, prompt tokens reused from the
+engine's KV cache, replies holding a ``<tool_call>``, episodes won, and for the gateway ``gateway/prefix_breaks``
+(requests that did not extend their episode's segment) and ``gateway/segments`` / ``gateway/attempts``.
 
     OMP_NUM_THREADS=2 python benchmarks/bench_gateway.py --model smollm2 --tasks 1 --turns 3 --max-new-tokens 48
 
@@ -40,23 +41,26 @@ async def measure(path: str, args: argparse.Namespace, engine) -> dict:
         orch = RolloutOrchestrator(pool, engine, get_prompt("generic"), cfg, max_new_tokens=args.max_new_tokens,
                                    seed=0, action_format="tools")
     else:
-        orch = ExternalRollout(pool, engine, cfg, ExternalConfig(program="tests.gateway.programs:calculator_tools",
+        orch = ExternalRollout(pool, engine, cfg, ExternalConfig(program=f"tests.gateway.programs:{args.program}",
                                                                  tasks=ENV), max_new_tokens=args.max_new_tokens, seed=0)
     sampler = TaskSampler(ENV, TaskSamplerConfig(kind="seed"), seed=0, env_kwargs={"action_format": "tools"})
     t0 = time.perf_counter()
     try:
         res = await orch.collect(sampler.sample, args.tasks, AlgoConfig(name="tgrl", warmup_steps=0), step=1)
         wall = time.perf_counter() - t0
-        extra = orch.take_metrics()
+        extra = {k: v for k, v in res.metrics.items() if k.startswith("gateway/")}
     finally:
         await orch.aclose()
         await pool.aclose()
     calls = sum(len(ep.turns) for ep in res.episodes)
+    tool_replies = sum("<tool_call>" in engine.tokenizer.decode(t.response_ids) for ep in res.episodes for t in ep.turns)
     return {"path": path, "episodes": len(res.episodes), "calls": calls, "wall_s": round(wall, 2),
             "wall_per_episode_s": round(wall / max(len(res.episodes), 1), 2),
             "tokens_per_s": round(res.metrics["throughput/tokens_per_s"], 2),
             "generate_s": round(res.metrics["time/generate_s"], 2),
-            "dropped_groups": res.dropped_groups, **{k: v for k, v in extra.items()}}
+            "kv_reuse_tokens": res.metrics["throughput/kv_reuse_tokens"],
+            "tool_call_replies": tool_replies, "won": sum(ep.won for ep in res.episodes),
+            "dropped_groups": res.dropped_groups, **extra}
 
 
 def main() -> None:
@@ -66,6 +70,9 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--out", default="")
+    ap.add_argument("--program", default="calculator_tools",
+                    help="the gateway path's program in tests.gateway.programs (calculator_tools_fewshot: a worked "
+                         "tool call in its system message)")
     args = ap.parse_args()
     import torch
 

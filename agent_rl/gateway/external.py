@@ -41,7 +41,7 @@ from agent_rl.gateway.config import ExternalConfig
 from agent_rl.gateway.recorder import GatewaySession, PromptBuilder, RequestError
 from agent_rl.gateway.server import GatewayServer
 from agent_rl.rollout.config import RolloutConfig
-from agent_rl.rollout.orchestrator import EnvCallFailed, RolloutOrchestrator
+from agent_rl.rollout.orchestrator import GATEWAY_COUNTS, EnvCallFailed, RolloutOrchestrator
 from agent_rl.rollout.prompts import get_prompt
 from agent_rl.rollout.tools import decode_for_parsing, strip_reasoning
 from agent_rl.tasks import load_tasks
@@ -102,14 +102,14 @@ class ExternalRollout(RolloutOrchestrator):
     Args:
         pool: the run's env client (the task source's env sessions; None for the standalone gateway).
         engine: the engine (``tokenizer``, ``generate``).
-        cfg: :class:`RolloutConfig` (``mode`` must be ``turn``: a prefix break makes turns that do not extend each
-            other, so an episode is not one full-trajectory row).
+        cfg: :class:`RolloutConfig` (``mode=trajectory``: one row per segment of an episode; a prefix break
+            starts a segment whose turns do not extend the earlier ones, ``agent_rl.rollout.batch.segments``).
         external: :class:`ExternalConfig`.
         host, port: where the gateway listens (loopback; port 0: a free one).
         Other arguments: as :class:`RolloutOrchestrator`.
 
     Raises:
-        ValueError: ``rollout.mode=trajectory``; a program that cannot be loaded.
+        ValueError: ``rollout.fork`` on; a program that cannot be loaded.
     """
 
     def __init__(self, pool: Any, engine: Any, cfg: RolloutConfig, external: ExternalConfig, *,
@@ -119,9 +119,6 @@ class ExternalRollout(RolloutOrchestrator):
                  port: int = 0, on_turn: Callable[[Generation], None] | None = None,
                  on_episode: Callable[[Episode], None] | None = None, token: str | None = None,
                  auto_sessions: bool = False, allow_remote: bool = False) -> None:
-        if cfg.mode != "turn":
-            raise ValueError("env=external trains per-turn rows (rollout.mode=turn): an episode whose program "
-                             "rewrote its history has turns that do not extend each other")
         if cfg.fork.enabled:
             raise ValueError("env=external does not fork groups (rollout.fork.points=0): a sibling replays its "
                              "base's actions on the env, and an agent program cannot be replayed")
@@ -145,7 +142,6 @@ class ExternalRollout(RolloutOrchestrator):
         self._threads = concurrent.futures.ThreadPoolExecutor(external.concurrency,
                                                               thread_name_prefix="agent-program")
         self._programs = asyncio.Semaphore(external.concurrency)
-        self._step_counts = {"requests": 0, "prefix_breaks": 0, "segments": 0, "episodes": 0}
 
     # ---------------------------------------------------------------------------------------------- the server
     @property
@@ -222,15 +218,17 @@ class ExternalRollout(RolloutOrchestrator):
                 "truncated": bool(step.truncated), "info": info}
 
     # ---------------------------------------------------------------------------------------------- episodes
-    def take_metrics(self) -> dict[str, float]:
-        """The gateway's counters since the last call: ``gateway/requests`` (model calls served),
-        ``gateway/prefix_breaks`` (requests that did not extend their episode's segment), ``gateway/segments_mean``
-        (segments per episode attempt)."""
-        c = self._step_counts
-        out = {"gateway/requests": float(c["requests"]), "gateway/prefix_breaks": float(c["prefix_breaks"]),
-               "gateway/segments_mean": c["segments"] / max(c["episodes"], 1)}
-        self._step_counts = {k: 0 for k in c}
-        return out
+    def event_counts(self) -> dict[str, float]:
+        """The orchestrator's counters plus the gateway's (:data:`~agent_rl.rollout.orchestrator.GATEWAY_COUNTS`)
+        since :meth:`reset_counts`: ``gateway/requests`` (model calls served), ``gateway/prefix_breaks`` (requests
+        that did not extend their episode's segment), ``gateway/segments`` and ``gateway/attempts`` (episode attempts,
+        failed ones included; segments per attempt = their ratio). They reach each step's record on every backend and
+        schedule as the fork counters do."""
+        return {**super().event_counts(), **self._gateway_counts}
+
+    def reset_counts(self) -> None:
+        super().reset_counts()
+        self._gateway_counts = dict.fromkeys(GATEWAY_COUNTS, 0.0)
 
     def _task_dict(self, task: Task, reset: Any, session: GatewaySession) -> dict[str, Any]:
         if self.rows is not None:  # a file's row is the task dict
@@ -306,11 +304,11 @@ class ExternalRollout(RolloutOrchestrator):
             return self._episode_of(task, temperature, is_high, session, reset, result)
         finally:
             self.gateway.close_session(session.session_id)
-            c = self._step_counts
-            c["requests"] += session.requests
-            c["prefix_breaks"] += session.prefix_breaks
-            c["segments"] += len(session.segments)
-            c["episodes"] += 1
+            c = self._gateway_counts
+            c["gateway/requests"] += session.requests
+            c["gateway/prefix_breaks"] += session.prefix_breaks
+            c["gateway/segments"] += len(session.segments)
+            c["gateway/attempts"] += 1
             end_episode = getattr(self.engine, "end_episode", None)
             if end_episode is not None:
                 end_episode(episode_id)

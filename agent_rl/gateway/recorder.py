@@ -14,7 +14,8 @@ prefix break: never silently merged.
 
 Every call is one :class:`~agent_rl.types.Turn` (prompt ids as the engine saw them, response ids and log-probs as
 sampled), so the rows of an episode are built by :func:`agent_rl.rollout.build_rollout_batch` exactly as for
-orchestrated episodes (per-turn rows; only sampled tokens carry ``response_mask`` 1).
+orchestrated episodes (per-turn rows, or in full-trajectory mode one row per segment; only sampled tokens carry
+``response_mask`` 1).
 """
 
 from __future__ import annotations

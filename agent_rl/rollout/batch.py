@@ -3,7 +3,10 @@
 Per-turn mode (``mode="turn"``): every turn of every episode is a row, ``prompt_ids + response_ids``; only the
 response positions carry ``response_mask`` 1. Full-trajectory mode (``mode="trajectory"``): one row per episode, the
 last turn's prompt (which, in that mode, is the whole conversation so far: first prompt, responses, observation
-tokens) plus the last response; every turn's response positions carry mask 1, observation tokens 0.
+tokens) plus the last response; every turn's response positions carry mask 1, observation tokens 0. A gateway
+episode (``agent_rl.gateway``) whose program rewrote its history has several segments, whose turns do not extend
+each other: one row per segment (:func:`segments`), in order, with ``turn_index`` the segment and ``num_turns`` their
+number (an orchestrated episode: 0 and 1, one row).
 """
 
 from __future__ import annotations
@@ -35,16 +38,29 @@ def _trained(ep: Episode, k: int) -> float:
     return 0.0 if ep.fork is not None and k < ep.fork.turn else 1.0
 
 
-def _trajectory_row(ep: Episode) -> tuple[list[int], list[float], list[float], list[int], list[int]]:
-    """(ids, response_mask, logprobs, policy versions, token turns) of a full-trajectory row; turn k's response
-    starts at len(turn_k.prompt_ids)."""
-    last = ep.turns[-1]
+def segments(ep: Episode) -> list[range]:
+    """The turn ranges of ``ep``'s full-trajectory rows: runs of consecutive turns with the same
+    ``turn.info["segment"]`` (a gateway episode's segments, ``agent_rl.gateway``: a request that did not extend the
+    conversation starts a new one); an orchestrated episode has one, all its turns."""
+    starts = [k for k in range(len(ep.turns))
+              if k == 0 or ep.turns[k].info.get("segment", 0) != ep.turns[k - 1].info.get("segment", 0)]
+    return [range(a, b) for a, b in zip(starts, starts[1:] + [len(ep.turns)])]
+
+
+def _trajectory_row(ep: Episode, turns: range) -> tuple[list[int], list[float], list[float], list[int], list[int]]:
+    """(ids, response_mask, logprobs, policy versions, token turns) of the full-trajectory row of ``ep``'s turns
+    ``turns`` (one segment); turn k's response starts at len(turn_k.prompt_ids).
+
+    Raises:
+        ValueError: a turn of the segment whose prompt is not the conversation so far."""
+    last = ep.turns[turns[-1]]
     ids = list(last.prompt_ids) + list(last.response_ids)
     mask = [0.0] * len(ids)
     logp = [0.0] * len(ids)
     version = [-1] * len(ids)
     turn_of = [-1] * len(ids)
-    for k, turn in enumerate(ep.turns):
+    for k in turns:
+        turn = ep.turns[k]
         start = len(turn.prompt_ids)
         if ids[start:start + len(turn.response_ids)] != list(turn.response_ids):
             raise ValueError("full-trajectory turns must extend each other (turn prompt = conversation so far)")
@@ -81,12 +97,15 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
         episodes: E episodes, none failed (``episode.failure is None``) and each with >= 1 turn; groups are the
             episodes' ``task.group_id`` values (remapped to 0..num_groups-1 in order of first appearance).
         pad_token_id: id written in padded positions (attention_mask and response_mask 0 there).
-        mode: ``turn`` (B = total turns) or ``trajectory`` (B = E).
+        mode: ``turn`` (B = total turns) or ``trajectory`` (B = E, or more: one row per segment of a gateway
+            episode, :func:`segments`).
 
     Returns:
         RolloutBatch with input_ids/attention_mask (B, L) long, response_mask/engine_logprobs (B, L) float,
         policy_versions (B, L) long (each response token's ``Turn.policy_version``, -1 elsewhere), per-row
-        temperature/group_index/episode_index/is_high/turn_index/num_turns/rewards (B,), and per-episode
+        temperature/group_index/episode_index/is_high/turn_index/num_turns/rewards (B,) (``turn_index``/``num_turns``:
+        the turn k of K in per-turn mode; in full-trajectory mode the row's segment and the episode's segments, 0
+        and 1 for an orchestrated episode: turn-level credit sees no turns inside a row), and per-episode
         episode_rewards/episode_group_index/episode_is_high (E,). L = longest row. ``rewards`` broadcasts
         ``episode.reward`` (already including any invalid-action penalty) to the episode's rows. ``extras``:
         ``episode_won`` (E,) bool (the env's ``won``; the learner's TGRL success rates), ``response_lengths`` (one per
@@ -118,8 +137,10 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
                              [-1] * n_p + [int(turn.policy_version)] * n_r, [-1] * n_p + [k] * n_r))
                 meta.append((ep.temperature, g, e, ep.is_high, k, k_turns, ep.reward))
         else:
-            rows.append(_trajectory_row(ep))
-            meta.append((ep.temperature, g, e, ep.is_high, 0, k_turns, ep.reward))
+            parts = segments(ep)
+            for s, turns in enumerate(parts):
+                rows.append(_trajectory_row(ep, turns))
+                meta.append((ep.temperature, g, e, ep.is_high, s, len(parts), ep.reward))
 
     n_rows, length = len(rows), max(len(r[0]) for r in rows)
     input_ids = torch.full((n_rows, length), pad_token_id, dtype=torch.long)  # (B, L)

@@ -65,6 +65,13 @@ MAX_REASONING_RESUMES = 8
 _PROMPT_TAIL_TOKENS = 64  # the prompt tokens read to see whether the generation prompt opened a reasoning block
 
 TOKEN_COUNTS = ("throughput/prefill_tokens", "throughput/decode_tokens", "throughput/kv_reuse_tokens")
+GATEWAY_COUNTS = ("gateway/requests", "gateway/prefix_breaks", "gateway/segments", "gateway/attempts")
+"""The gateway's per-step counters (``env=external``, :class:`agent_rl.gateway.ExternalRollout`): model calls served,
+requests that did not extend their episode's segment, segments, episode attempts (failed ones included)."""
+EVENT_COUNTS = FORK_COUNTS + GATEWAY_COUNTS
+"""Counters an orchestrator keeps only when its runs have them (:meth:`RolloutOrchestrator.event_counts`: forks,
+the gateway): summed over rounds, Ray workers' chunks and streams like :data:`TOKEN_COUNTS`, the asynchronous
+producer logging each cycle's difference."""
 
 
 class EnvCallFailed(RuntimeError):
@@ -314,7 +321,7 @@ class RolloutOrchestrator:
             if fork_js_temperatures is None or not hasattr(engine, "token_js"):
                 raise ValueError("rollout.fork.select=js needs the engine's token JS (engine=hf) and the JS "
                                  "temperatures (algo.t_low, T1)")
-        self._fork_counts = dict.fromkeys(FORK_COUNTS, 0.0)
+        self.reset_counts()
         self.policy_version = 0
         """The version of the engine's weights (algorithms.md section 7): set by the backend at each weight sync; a
         turn records it when its generation is requested, unless the engine stamps its own
@@ -324,10 +331,16 @@ class RolloutOrchestrator:
             if self.tool_format is not None:
                 render_followup(self.tokenizer, "probe", role=self._tool_role)
 
-    def take_metrics(self) -> dict[str, float]:
-        """Metrics a subclass adds to each step's record, counted since the last call (the gateway's
-        ``gateway/*``, :class:`agent_rl.gateway.ExternalRollout`); none here."""
-        return {}
+    def event_counts(self) -> dict[str, float]:
+        """Counters of :data:`EVENT_COUNTS` this orchestrator keeps, since :meth:`reset_counts` (the start of a
+        :meth:`run_groups` call or of a stream): the fork counters with ``rollout.fork`` on, else none; a subclass
+        adds its own (the gateway's, :class:`agent_rl.gateway.ExternalRollout`). They reach a round's metrics and
+        :meth:`stream_counters`, so every backend and schedule logs them the same way."""
+        return dict(self._fork_counts) if self.fork.enabled else {}
+
+    def reset_counts(self) -> None:
+        """Zero the counters of :meth:`event_counts`."""
+        self._fork_counts = dict.fromkeys(FORK_COUNTS, 0.0)
 
     # ------------------------------------------------------------------ env calls
     async def _env(self, make_call: Callable[[], Awaitable[T]]) -> T:
@@ -720,7 +733,7 @@ class RolloutOrchestrator:
                 finally:
                     batcher.episode_finished()
 
-        self._fork_counts = dict.fromkeys(FORK_COUNTS, 0.0)
+        self.reset_counts()
         try:  # structured: cancelled or failed, every episode is cancelled and has finished before this returns
             results = await gather_all(*(self._group(g, one) for g in groups))
         except BaseException:
@@ -756,8 +769,7 @@ class RolloutOrchestrator:
             "throughput/decode_tokens": float(batcher.generated_tokens),
             "throughput/kv_reuse_tokens": float(batcher.kv_reuse_tokens),
         })
-        if self.fork.enabled:
-            metrics.update(self._fork_counts)
+        metrics.update(self.event_counts())
         self.last_batcher = batcher  # generation statistics of the last run (benchmarks)
         return RolloutResult(episodes=kept, metrics=metrics, dropped_groups=dropped, failures=failures)
 
@@ -773,7 +785,7 @@ class RolloutOrchestrator:
         if kwargs["seed"] is not None:
             kwargs["seed"] = int(np.random.default_rng([int(kwargs["seed"]), int(seed_key)]).integers(2**31))
         self._env_s, self._retries, self._failed_episodes = 0.0, 0, 0
-        self._fork_counts = dict.fromkeys(FORK_COUNTS, 0.0)
+        self.reset_counts()
         self._batcher = GenerationBatcher(self.engine, **kwargs)
         self._stream_server = asyncio.create_task(self._batcher.run())
         n = self.cfg.max_concurrent_episodes
@@ -805,14 +817,14 @@ class RolloutOrchestrator:
     def stream_counters(self) -> dict[str, float]:
         """Totals of the open stream: ``generate_s`` (engine busy), ``tokens`` generated, ``prefill_tokens`` and
         ``kv_reuse_tokens`` (prompt tokens computed / taken from the engine's cache), ``episode_retries``,
-        ``failed_episodes``, ``env_calls_s`` (summed over concurrent episodes)."""
+        ``failed_episodes``, ``env_calls_s`` (summed over concurrent episodes), and :meth:`event_counts`."""
         b = self._batcher
         return {"generate_s": b.busy_s if b is not None else 0.0,
                 "tokens": float(b.generated_tokens) if b is not None else 0.0,
                 "prefill_tokens": float(b.prefill_tokens) if b is not None else 0.0,
                 "kv_reuse_tokens": float(b.kv_reuse_tokens) if b is not None else 0.0,
                 "episode_retries": float(self._retries), "failed_episodes": float(getattr(self, "_failed_episodes", 0)),
-                "env_calls_s": self._env_s, **(self._fork_counts if self.fork.enabled else {})}
+                "env_calls_s": self._env_s, **self.event_counts()}
 
     async def close_stream(self) -> None:
         """Stop the stream's batcher (episodes still waiting for generation get no answer: cancel them first)."""
@@ -870,7 +882,7 @@ async def collect_groups(play: Callable[[list[Task], int], Awaitable[RolloutResu
         wall += res.metrics["time/rollout_s"]
         env_wait += res.metrics["time/env_wait_frac"] * res.metrics["time/rollout_s"]
         tokens += res.metrics["throughput/tokens_per_s"] * res.metrics["time/rollout_s"]
-        counts = sum_counters([counts, res.metrics], TOKEN_COUNTS + present(FORK_COUNTS, [res.metrics]))
+        counts = sum_counters([counts, res.metrics], TOKEN_COUNTS + present(EVENT_COUNTS, [res.metrics]))
         generate += res.metrics["time/generate_s"]
         retries += res.metrics["rollout/episode_retries"]
         failed += res.metrics["rollout/failed_episodes"]
@@ -932,13 +944,13 @@ def merge_parallel_results(results: Sequence[RolloutResult], *, wall_s: float) -
         "time/env_calls_s": sum(m.get("time/env_calls_s", 0.0) for m in parts),
         "throughput/tokens_per_s": sum(m.get("throughput/tokens_per_s", 0.0) * b for m, b in zip(parts, busy)) /
         max(wall_s, 1e-9),
-        **sum_counters(parts, TOKEN_COUNTS + present(FORK_COUNTS, parts)),
+        **sum_counters(parts, TOKEN_COUNTS + present(EVENT_COUNTS, parts)),
     })
     return out
 
 
 def present(keys: Sequence[str], parts: Sequence[Mapping[str, float]]) -> tuple[str, ...]:
-    """The ``keys`` some part has (forking's counters exist only in runs with ``rollout.fork`` on)."""
+    """The ``keys`` some part has (:data:`EVENT_COUNTS` exist only in runs that have them: forks, the gateway)."""
     return tuple(k for k in keys if any(k in part for part in parts))
 
 

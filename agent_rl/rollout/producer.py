@@ -45,8 +45,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from agent_rl.rollout.fork import FORK_COUNTS
-from agent_rl.rollout.orchestrator import GroupSpec, RolloutResult, all_equal, rollout_metrics
+from agent_rl.rollout.orchestrator import EVENT_COUNTS, GroupSpec, RolloutResult, all_equal, rollout_metrics
 from agent_rl.types import Episode, Task
 
 #: a replayed task's group id is its first group id + replays x this (group ids must stay distinct in a stream).
@@ -231,7 +230,7 @@ class AsyncProducer:
         self._arrived = asyncio.Event()
         self._runner: asyncio.Task | None = None
         self._active_s, self._active_since = 0.0, None  # time with >= 1 group in flight
-        self._fork_last: dict[str, float] = {}
+        self._events_last: dict[str, float] = {}
         self._last_counters = {"generate_s": 0.0, "tokens": 0.0, "episode_retries": 0.0, "failed_episodes": 0.0,
                                "prefill_tokens": 0.0, "kv_reuse_tokens": 0.0}
         self._cycle_start = time.perf_counter()
@@ -376,10 +375,10 @@ class AsyncProducer:
             "async/engine_version": float(self.version),
         })
         metrics.update(adm.metrics())
-        for key in FORK_COUNTS:  # rollout.fork: the cycle's fork counters (a fork is part of its group: admitted
-            if key in counters:  # or discarded with it)
-                metrics[key] = counters[key] - self._fork_last.get(key, 0.0)
-                self._fork_last[key] = counters[key]
+        for key in EVENT_COUNTS:  # the cycle's fork and gateway counters (a fork is part of its group: admitted
+            if key in counters:  # or discarded with it; a gateway call counts when it is served)
+                metrics[key] = counters[key] - self._events_last.get(key, 0.0)
+                self._events_last[key] = counters[key]
         return RolloutResult(episodes=episodes, metrics=metrics, dropped_groups=len(adm.failures),
                              filtered_groups=adm.filtered, failures=list(adm.failures),
                              versions=[g.min_version for g in adm.admitted], outcomes=list(adm.outcomes))

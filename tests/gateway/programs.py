@@ -32,11 +32,18 @@ def env_step(task: dict[str, Any], action: str) -> dict[str, Any]:
     return r.json()
 
 
-def calculator_tools(task: dict[str, Any], gateway: dict[str, Any]) -> Any:
+FEW_SHOT = ("You solve arithmetic problems with tools. To use a tool, reply with one call and nothing else, e.g.\n"
+            '<tool_call>\n{"name": "calc", "arguments": {"expression": "12*7"}}\n</tool_call>\nthen, once you know '
+            'the result:\n<tool_call>\n{"name": "answer", "arguments": {"answer": "84"}}\n</tool_call>')
+"""A system message with a worked call in the hermes format (``calculator_tools_fewshot``: small models copy it)."""
+
+
+def calculator_tools(task: dict[str, Any], gateway: dict[str, Any], *,
+                     system: str = "You solve arithmetic problems with tools.") -> Any:
     """Solve a Calculator problem with the calc/answer tools: every tool call runs on the env; a reply without a
     call is sent to the env as text (judged: an invalid action). Reward: the env's (returns None)."""
     llm = client(gateway)
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You solve arithmetic problems with tools."},
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system},
                                       {"role": "user", "content": task["observation"]}]
     for _ in range(3):
         resp = llm.chat.completions.create(model="any-name", messages=messages, tools=CALCULATOR_TOOLS,
@@ -59,6 +66,12 @@ def calculator_tools(task: dict[str, Any], gateway: dict[str, Any]) -> Any:
                 return None
             messages.append({"role": "user", "content": str(step["observation"])})
     return None
+
+
+def calculator_tools_fewshot(task: dict[str, Any], gateway: dict[str, Any]) -> Any:
+    """:func:`calculator_tools` with :data:`FEW_SHOT` as its system message (so that a small model writes tool calls,
+    and the client sends them back as ``tool_calls`` with ``tool`` results: the prefix rule on tool calls)."""
+    return calculator_tools(task, gateway, system=FEW_SHOT)
 
 
 _ACTION = re.compile(r"Action:\s*((?:calc|answer)\[[^\]]*\])")

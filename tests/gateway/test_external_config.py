@@ -19,8 +19,12 @@ def test_external_config(tmp_path):
     assert cfg.env_server.mode == "local"  # a task file needs no env server
     with pytest.raises(ConfigError, match="env.external.program=MODULE:FUNCTION"):
         load_config(["env=external", "model=tiny"])
-    with pytest.raises(ConfigError, match="rollout.mode=turn"):
-        load_config(BASE + ["rollout.mode=trajectory"])
+    # full-trajectory rows (one per segment) and the Ray backend load (tests/gateway/test_gateway.py,
+    # test_train_external.py train them)
+    cfg = load_config(BASE + ["rollout.mode=trajectory", "trainer.backend=ray"])
+    assert cfg.rollout.mode == "trajectory" and cfg.trainer.backend == "ray"
+    with pytest.raises(ConfigError, match="does not fork groups"):
+        load_config(BASE + ["rollout.fork.points=1", "rollout.fork.siblings=2"])
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(BASE + [f"env.external.tasks={tmp_path / 'missing.jsonl'}"])
     with pytest.raises(ConfigError, match="exclusive"):

@@ -57,10 +57,12 @@ class RecordingEngine:
 
 
 def play(policy, program: str, *, groups: int = 1, max_new_tokens: int = 12, engine=None,
-         tasks_override: str | None = None, **external):
+         tasks_override: str | None = None, mode: str = "turn", **external):
+    """Play ``groups`` TGRL groups of ``program`` on Calculator; returns the result and its metrics (the gateway's
+    counters among them, :data:`agent_rl.rollout.orchestrator.GATEWAY_COUNTS`)."""
     model, tok = policy
     engine = engine or get_engine("hf", model, tok, seed=0)
-    cfg = RolloutConfig(max_turns=3, episode_retries=1, retry_backoff_s=0.0)
+    cfg = RolloutConfig(max_turns=3, episode_retries=1, retry_backoff_s=0.0, mode=mode)
 
     async def go():
         pool = LocalEnvPool()
@@ -70,7 +72,7 @@ def play(policy, program: str, *, groups: int = 1, max_new_tokens: int = 12, eng
         try:
             sampler = TaskSampler(ENV, TaskSamplerConfig(kind="seed"), seed=0)
             res = await orch.collect(sampler.sample, groups, AlgoConfig(name="tgrl", warmup_steps=0), step=1)
-            return res, orch.take_metrics()
+            return res, res.metrics
         finally:
             await orch.aclose()
             await pool.aclose()
@@ -105,7 +107,8 @@ def test_recorded_ids_are_the_engines_and_prompts_extend(policy):
 
 def test_prefix_break_starts_a_second_segment(policy):
     res, metrics = play(policy, "tests.gateway.programs:rewriting")
-    assert metrics["gateway/prefix_breaks"] == 4 and metrics["gateway/segments_mean"] == 2.0
+    assert metrics["gateway/prefix_breaks"] == 4 and metrics["gateway/segments"] == 8
+    assert metrics["gateway/attempts"] == 4
     for ep in res.episodes:
         assert [t.info["segment"] for t in ep.turns] == [0, 0, 1] and ep.reward == 0.5
         a, b, c = ep.turns
@@ -114,9 +117,31 @@ def test_prefix_break_starts_a_second_segment(policy):
         assert "Summary of the problem" in policy[1].decode(c.prompt_ids)
 
 
+def test_prefix_break_in_trajectory_mode_gives_one_row_per_segment(policy):
+    """``rollout.mode=trajectory``: a segment's turns extend each other (the recorded ids spliced), so each segment
+    is one row; the rewritten history starts a second row, never merged into the first."""
+    _, tok = policy
+    res, metrics = play(policy, "tests.gateway.programs:rewriting", mode="trajectory")
+    assert metrics["gateway/prefix_breaks"] == 4 and res.dropped_groups == 0
+    batch = build_rollout_batch(res.episodes, pad_token_id=tok.pad_token_id, mode="trajectory")
+    assert batch.num_rows == 8  # 4 episodes x 2 segments
+    assert batch.episode_index.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert batch.turn_index.tolist() == [0, 1] * 4 and batch.num_turns.tolist() == [2] * 8
+    for e, ep in enumerate(res.episodes):
+        a, b, c = ep.turns  # segments 0, 0, 1
+        first, second = batch.input_ids[2 * e], batch.input_ids[2 * e + 1]
+        n0, n1 = len(b.prompt_ids) + len(b.response_ids), len(c.prompt_ids) + len(c.response_ids)
+        assert first[:n0].tolist() == b.prompt_ids + b.response_ids and second[:n1].tolist() == c.prompt_ids + c.response_ids
+        # only what the policy sampled is trained, once: the responses of a and b in row 0, of c in row 1
+        assert int(batch.response_mask[2 * e].sum()) == len(a.response_ids) + len(b.response_ids)
+        assert int(batch.response_mask[2 * e + 1].sum()) == len(c.response_ids)
+        assert batch.engine_logprobs[2 * e + 1][len(c.prompt_ids):n1].tolist() == pytest.approx(c.response_logprobs)
+
+
 def test_crashing_program_is_rerun_never_scored(policy):
-    res, _ = play(policy, "tests.gateway.programs:crash_first_attempt")
+    res, metrics = play(policy, "tests.gateway.programs:crash_first_attempt")
     assert res.metrics["rollout/episode_retries"] == 1 and res.dropped_groups == 0
+    assert metrics["gateway/attempts"] == 5  # the crashed attempt is counted, its episode played again
     assert [ep.reward for ep in res.episodes] == [1.0] * 4  # the re-run's reward; the crash gave none
     res, _ = play(policy, "tests.gateway.programs:always_crash")
     assert res.dropped_groups == 1 and res.episodes == [] and "harness always crashes" in res.failures[0]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agent_rl.algos.credit import turn_tp_mask
 from agent_rl.rollout import build_rollout_batch, parse_action
+from agent_rl.rollout.batch import segments
 from agent_rl.types import Episode, Task, Turn
 
 
@@ -80,8 +82,33 @@ def test_trajectory_rows_by_hand():
     assert b.engine_logprobs[1].tolist() == pytest.approx([0, -1.0, -1.1, 0, -1.2, 0, -1.3, 0, 0])
     assert b.attention_mask.sum(1).tolist() == [9, 7]
     assert b.group_index.tolist() == [0, 1] and b.episode_index.tolist() == [0, 1]
-    assert b.turn_index.tolist() == [0, 0] and b.num_turns.tolist() == [3, 3]
+    # one row per episode: turn-level credit sees no turns inside it (turn 0 of 1; it was 0 of 3, and the turn-level
+    # TP mask, which keeps turn k of K iff k >= floor(K S) or k = K - 1, dropped both rows at S = 0.5)
+    assert b.turn_index.tolist() == [0, 0] and b.num_turns.tolist() == [1, 1]
+    assert turn_tp_mask(b.turn_index, b.num_turns, 0.5).tolist() == [1.0, 1.0]
     assert b.rewards.tolist() == [0.5, 1.0]
+
+
+def test_trajectory_rows_per_segment():
+    """A gateway episode whose program rewrote its history (``turn.info["segment"]``): one row per segment, by hand;
+    the segment's turns extend each other, the new segment's prompt does not extend the old one."""
+    ep = Episode(task=Task("x", group_id=0), temperature=1.0, is_high=True, reward=2.0, turns=[
+        turn([1, 2], [3], [-0.1]),
+        turn([1, 2, 3, 9], [4, 5], [-0.2, -0.3]),
+        turn([8, 8], [6], [-0.4]),  # segment 1: the history rewritten
+    ])
+    for t, seg in zip(ep.turns, (0, 0, 1)):
+        t.info["segment"] = seg
+    assert [list(r) for r in segments(ep)] == [[0, 1], [2]]
+    b = build_rollout_batch([ep], pad_token_id=0, mode="trajectory")
+    assert b.input_ids.tolist() == [[1, 2, 3, 9, 4, 5], [8, 8, 6, 0, 0, 0]]
+    assert b.response_mask.tolist() == [[0, 0, 1, 0, 1, 1], [0, 0, 1, 0, 0, 0]]
+    assert b.engine_logprobs[1].tolist() == pytest.approx([0, 0, -0.4, 0, 0, 0])
+    assert b.episode_index.tolist() == [0, 0] and b.turn_index.tolist() == [0, 1] and b.num_turns.tolist() == [2, 2]
+    assert b.rewards.tolist() == [2.0, 2.0] and b.episode_rewards.tolist() == [2.0]
+    ep.turns[2].info["segment"] = 0  # the same turns claimed as one segment: refused, never merged
+    with pytest.raises(ValueError, match="extend each other"):
+        build_rollout_batch([ep], pad_token_id=0, mode="trajectory")
 
 
 def test_failed_episode_and_bad_mode_rejected():
