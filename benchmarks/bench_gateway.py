@@ -58,6 +58,7 @@ async def measure(path: str, args: argparse.Namespace, engine) -> dict:
             "wall_per_episode_s": round(wall / max(len(res.episodes), 1), 2),
             "tokens_per_s": round(res.metrics["throughput/tokens_per_s"], 2),
             "generate_s": round(res.metrics["time/generate_s"], 2),
+            "prefill_tokens": res.metrics["throughput/prefill_tokens"],
             "kv_reuse_tokens": res.metrics["throughput/kv_reuse_tokens"],
             "tool_call_replies": tool_replies, "won": sum(ep.won for ep in res.episodes),
             "dropped_groups": res.dropped_groups, **extra}
