@@ -66,6 +66,10 @@ class Turn:
     policy_version: int = 0
     """The policy version v that sampled the response tokens: the number of completed RL steps whose weights the
     engine held when the turn's generation started (algorithms.md section 7; a synchronous run's step s: s - 1)."""
+    segment: int = 0
+    """The segment of its episode the turn belongs to: 0, but for a gateway episode (``agent_rl.gateway``) whose
+    program rewrote its history, where each request that did not extend the conversation starts the next one (a
+    field of its own, never read from ``info``, which the env writes)."""
 
 
 @dataclass(frozen=True)

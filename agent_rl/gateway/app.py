@@ -287,7 +287,7 @@ class Gateway:
             seg.messages = [{"role": "_text", "content": body.prompt + gen.text}]
             seg.prompt_ids, seg.response_ids = list(prompt_ids), list(gen.token_ids)
             seg.ids = list(prompt_ids) + list(gen.token_ids)
-            turn.info["segment"] = len(session.segments) - 1
+            turn.segment = turn.info["segment"] = len(session.segments) - 1
             session.turns.append(turn)
             self._count(session, extends, ignored_fields(body))
         finally:

@@ -227,7 +227,7 @@ class PromptBuilder:
         seg.messages = list(messages) + [reply]
         seg.prompt_ids, seg.response_ids = list(prompt_ids), list(turn.response_ids)
         seg.ids = list(prompt_ids) + list(turn.response_ids)
-        turn.info["segment"] = len(session.segments) - 1
+        turn.segment = turn.info["segment"] = len(session.segments) - 1
         session.turns.append(turn)
 
 

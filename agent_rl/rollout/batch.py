@@ -39,11 +39,10 @@ def _trained(ep: Episode, k: int) -> float:
 
 
 def segments(ep: Episode) -> list[range]:
-    """The turn ranges of ``ep``'s full-trajectory rows: runs of consecutive turns with the same
-    ``turn.info["segment"]`` (a gateway episode's segments, ``agent_rl.gateway``: a request that did not extend the
-    conversation starts a new one); an orchestrated episode has one, all its turns."""
-    starts = [k for k in range(len(ep.turns))
-              if k == 0 or ep.turns[k].info.get("segment", 0) != ep.turns[k - 1].info.get("segment", 0)]
+    """The turn ranges of ``ep``'s full-trajectory rows: runs of consecutive turns with the same ``Turn.segment`` (a
+    gateway episode's segments, ``agent_rl.gateway``: a request that did not extend the conversation starts a new
+    one); an orchestrated episode has one, all its turns."""
+    starts = [k for k in range(len(ep.turns)) if k == 0 or ep.turns[k].segment != ep.turns[k - 1].segment]
     return [range(a, b) for a, b in zip(starts, starts[1:] + [len(ep.turns)])]
 
 

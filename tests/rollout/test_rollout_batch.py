@@ -90,15 +90,15 @@ def test_trajectory_rows_by_hand():
 
 
 def test_trajectory_rows_per_segment():
-    """A gateway episode whose program rewrote its history (``turn.info["segment"]``): one row per segment, by hand;
-    the segment's turns extend each other, the new segment's prompt does not extend the old one."""
+    """A gateway episode whose program rewrote its history (``Turn.segment``): one row per segment, by hand; the
+    segment's turns extend each other, the new segment's prompt does not extend the old one."""
     ep = Episode(task=Task("x", group_id=0), temperature=1.0, is_high=True, reward=2.0, turns=[
         turn([1, 2], [3], [-0.1]),
         turn([1, 2, 3, 9], [4, 5], [-0.2, -0.3]),
         turn([8, 8], [6], [-0.4]),  # segment 1: the history rewritten
     ])
     for t, seg in zip(ep.turns, (0, 0, 1)):
-        t.info["segment"] = seg
+        t.segment = seg
     assert [list(r) for r in segments(ep)] == [[0, 1], [2]]
     b = build_rollout_batch([ep], pad_token_id=0, mode="trajectory")
     assert b.input_ids.tolist() == [[1, 2, 3, 9, 4, 5], [8, 8, 6, 0, 0, 0]]
@@ -106,9 +106,20 @@ def test_trajectory_rows_per_segment():
     assert b.engine_logprobs[1].tolist() == pytest.approx([0, 0, -0.4, 0, 0, 0])
     assert b.episode_index.tolist() == [0, 0] and b.turn_index.tolist() == [0, 1] and b.num_turns.tolist() == [2, 2]
     assert b.rewards.tolist() == [2.0, 2.0] and b.episode_rewards.tolist() == [2.0]
-    ep.turns[2].info["segment"] = 0  # the same turns claimed as one segment: refused, never merged
+    ep.turns[2].segment = 0  # the same turns claimed as one segment: refused, never merged
     with pytest.raises(ValueError, match="extend each other"):
         build_rollout_batch([ep], pad_token_id=0, mode="trajectory")
+
+
+def test_an_envs_info_never_splits_a_trajectory_row():
+    """An env's step info is the env's: an env that writes ``info["segment"]`` does not cut its episode's row."""
+    ep = Episode(task=Task("x", group_id=0), temperature=1.0, is_high=False, reward=1.0, turns=[
+        turn([1, 2], [3], [-0.1]),
+        turn([1, 2, 3, 9], [4, 5], [-0.2, -0.3]),
+    ])
+    ep.turns[1].info["segment"] = 7
+    b = build_rollout_batch([ep], pad_token_id=0, mode="trajectory")
+    assert b.num_rows == 1 and b.input_ids.tolist() == [[1, 2, 3, 9, 4, 5]]
 
 
 def test_failed_episode_and_bad_mode_rejected():
