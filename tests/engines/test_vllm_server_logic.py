@@ -235,3 +235,34 @@ def test_load_config_of_engine_vllm_server():
         load_config([*cheap, "engine=vllm_server", "engine.server=none"])
     with pytest.raises(ConfigError, match="does not exist"):
         load_config([*cheap, "engine=vllm_server", "engine.server_python=/no/such/python"])
+
+
+def test_lora_adapter_sync_args_environment_and_refusals():
+    """``engine.lora_sync=adapter``: the server's LoRA arguments (the smallest rank vLLM accepts that holds the
+    adapter), runtime adapter loading in its environment, and the configs refused at load with the reason."""
+    from agent_rl.compose import load_config
+    from agent_rl.config import ConfigError
+    from agent_rl.engines.vllm_server import lora_server_args
+
+    assert lora_server_args(8) == ["--enable-lora", "--max-loras", "1", "--max-lora-rank", "8"]
+    assert lora_server_args(5)[-1] == "8" and lora_server_args(1)[-1] == "1" and lora_server_args(300)[-1] == "320"
+    for bad in (0, 513):
+        with pytest.raises(ValueError, match="vLLM serves LoRA ranks"):
+            lora_server_args(bad)
+    env = server_environment("k", base={}, lora=True)
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in server_environment("k", base={})
+    with pytest.raises(ValueError, match="lora_sync"):
+        EngineConfig(lora_sync="delta")
+    cheap = ["env=choose_item", "model=tiny", "env_server.mode=local", "engine=vllm_server",
+             "engine.urls=[http://127.0.0.1:8000]", "engine.lora_sync=adapter"]
+    with pytest.raises(ConfigError, match="model.lora.rank=0"):
+        load_config(cheap)
+    with pytest.raises(ConfigError, match="trainer.backend=ray"):
+        load_config([*cheap, "model.lora.rank=8", "trainer.backend=ray"])
+    with pytest.raises(ConfigError, match="vLLM serves LoRA ranks"):
+        load_config([*cheap, "model.lora.rank=1024"])
+    cfg = load_config([*cheap, "model.lora.rank=8"])
+    assert cfg.engine.lora_sync == "adapter"
+    with pytest.raises(ValueError, match="no LoRA adapter"):
+        VLLMServerEngine(torch.nn.Linear(2, 2), None, server="auto", lora_sync="adapter")

@@ -174,6 +174,43 @@ def test_merge_of_a_gathered_state_dict_equals_peft_merge(tiny):
     assert merge_lora_state_dict(plain, pm) is plain
 
 
+def test_save_adapter_writes_what_peft_saves_and_peft_loads_it(tiny, tmp_path):
+    """``save_adapter`` of the transformers model inside a peft model (what the engines hold) writes peft's own
+    layout: the same keys and tensors as ``PeftModel.save_pretrained``, a config peft reads back, and
+    ``PeftModel.from_pretrained`` on a fresh base gives the adapted policy's logits; ``base_state_dict`` is the
+    plain model's names with W alone (the adapted layers' weights are the base's, not merged)."""
+    from safetensors.torch import load_file
+
+    from agent_rl.lora import adapter_config, base_state_dict, save_adapter
+
+    pm, tok = _lora(tiny)
+    inner = base_module(pm)
+    plain = type(inner)(inner.config)
+    assert adapter_config(inner).r == RANK and adapter_config(pm).r == RANK and adapter_config(plain) is None
+    size = save_adapter(inner, tmp_path / "ours")
+    pm.save_pretrained(str(tmp_path / "peft"), safe_serialization=True)
+    ours = load_file(str(tmp_path / "ours" / "adapter_model.safetensors"))
+    theirs = load_file(str(tmp_path / "peft" / "adapter_model.safetensors"))
+    assert ours.keys() == theirs.keys() and len(ours) == 2 * 7 * inner.config.num_hidden_layers
+    assert all(k.startswith("base_model.model.") and (".lora_A.weight" in k or ".lora_B.weight" in k) for k in ours)
+    for k in theirs:
+        torch.testing.assert_close(ours[k], theirs[k], atol=0, rtol=0, msg=k)
+    assert size == (tmp_path / "ours" / "adapter_model.safetensors").stat().st_size
+    saved = json.loads((tmp_path / "ours" / "adapter_config.json").read_text())
+    assert saved["r"] == RANK and saved["lora_alpha"] == ALPHA and set(saved["target_modules"]) == set(
+        LORA_DEFAULT_TARGETS)
+    fresh = type(inner)(inner.config)
+    fresh.load_state_dict(base_state_dict(pm), strict=True)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    torch.testing.assert_close(base_state_dict(pm)[q], inner.model.layers[0].self_attn.q_proj.base_layer.weight)
+    loaded = peft.PeftModel.from_pretrained(fresh, str(tmp_path / "ours")).eval()
+    x = torch.tensor([[1, 5, 9, 13, 17, 21]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).logits, pm.eval()(x).logits, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="no LoRA adapter"):
+        save_adapter(plain, tmp_path / "none")
+
+
 def test_kl_reference_is_the_adapter_disabled_model(tiny):
     """kl_coef > 0 with LoRA: no second copy; the reference log-probs are the base model's, so the KL is 0 before
     the first update (peft's B = 0 init), and the policy moves away from the reference after it."""
