@@ -2,6 +2,8 @@
 
     .venv-vllm/bin/python benchmarks/bench_engines.py                  # SmolLM2, batch 32, mixed temperatures
     .venv-vllm/bin/python benchmarks/bench_engines.py --model tiny --rounds 2 --sync-variants
+    .venv-vllm/bin/python benchmarks/bench_engines.py --engines hf,vllm,vllm_server,vllm_server_affinity \
+        --batch 1,4,16 --max-new-tokens 32 --rounds 2          # batch sizes, and 2 replicas on ALFWorld
 
 Run it with ``.venv-vllm`` (``bash scripts/setup_vllm.sh``): both engines are there (the hf engine needs only
 transformers). Each engine is measured in a process of its own (``--engine NAME`` is that process), so peak memory
@@ -9,12 +11,16 @@ is that engine's alone: the sum of the resident memory of the process and its ch
 worker), sampled every 50 ms. Per engine:
 
 - ``start_s``: building the engine (vLLM: its engine processes, weight load, KV cache; hf: nothing to build);
-- ``tokens_per_s``: generated tokens / wall time of a ``generate`` call over ``--batch`` prompts, rows alternating
-  T = 0.3 and 1.2, ``--max-new-tokens`` each (EOS ends a row early; the count is of tokens actually generated),
-  mean over ``--rounds`` calls after one warm-up call;
+- ``tokens_per_s_b<B>``: generated tokens / wall time of a ``generate`` call over B prompts (each size of
+  ``--batch``, one engine start for all), rows alternating T = 0.3 and 1.2, ``--max-new-tokens`` each (EOS ends a
+  row early; the count is of tokens actually generated), mean over ``--rounds`` calls after one warm-up call;
 - ``sync_s``: ``sync_weights`` after a change of every weight, mean over ``--syncs`` (hf: shares the module);
 - ``logprob_diff``: max |engine - learner| log-prob of the sampled tokens at each row's temperature (sanity);
 - ``peak_rss_gb``.
+
+``vllm_server_affinity`` (:func:`run_affinity`): two replicas play one real ALFWorld rollout (``--affinity-tasks``
+x 4 episodes x ``--affinity-turns`` turns, trajectory mode) with and without episode affinity: the prefix-cache hit
+rate of each.
 
 ``--sync-variants`` (vllm only) adds a run with vLLM's engine core in this process and times there the reload
 inputs vLLM offers, for the choice the engine made: the
@@ -149,8 +155,9 @@ def run_engine(args: argparse.Namespace) -> dict[str, float]:
     kw = {"tiny_hidden_size": 128} if args.model == "tiny" else {}
     model, tok = load_policy(ModelConfig(name=args.model, **kw))
     model.eval()
-    prompts = _prompts(tok, args.batch)
-    temps = [0.3 if i % 2 == 0 else 1.2 for i in range(args.batch)]
+    batches = _batches(args.batch)
+    prompts = _prompts(tok, max(batches))
+    temps = [0.3 if i % 2 == 0 else 1.2 for i in range(max(batches))]
     peak = PeakRSS()
     t0 = time.perf_counter()
     extra = {}
@@ -160,19 +167,22 @@ def run_engine(args: argparse.Namespace) -> dict[str, float]:
     elif args.engine == "vllm_server":  # its own `vllm serve` (this Python), reached over HTTP
         extra = dict(dtype="float32", kv_cache_gb=args.kv_cache_gb, enforce_eager=args.enforce_eager,
                      server="auto", server_python=sys.executable)
-    engine = get_engine(args.engine, model, tok, batch_size=args.batch, seed=0, **extra)
+    engine = get_engine(args.engine, model, tok, batch_size=max(batches), seed=0, **extra)
     start_s = time.perf_counter() - t0
+    result: dict[str, float] = {}
     try:
-        gens = engine.generate(prompts, temps, max_new_tokens=args.max_new_tokens, seed=0)  # warm-up
-        rates = []
-        for r in range(args.rounds):
-            t0 = time.perf_counter()
-            gens = engine.generate(prompts, temps, max_new_tokens=args.max_new_tokens, seed=r + 1)
-            dt = time.perf_counter() - t0
-            rates.append(sum(len(g.token_ids) for g in gens) / dt)
-            print(f"  {args.engine}: round {r + 1}: {sum(len(g.token_ids) for g in gens)} tokens in {dt:.2f} s",
-                  flush=True)
-        diff = _logprob_diff(model, prompts, gens, temps)
+        for b in batches:  # smallest first; each after a warm-up call of its own size
+            engine.generate(prompts[:b], temps[:b], max_new_tokens=args.max_new_tokens, seed=0)
+            rates = []
+            for r in range(args.rounds):
+                t0 = time.perf_counter()
+                gens = engine.generate(prompts[:b], temps[:b], max_new_tokens=args.max_new_tokens, seed=r + 1)
+                dt = time.perf_counter() - t0
+                rates.append(sum(len(g.token_ids) for g in gens) / dt)
+                print(f"  {args.engine}: batch {b}, round {r + 1}: {sum(len(g.token_ids) for g in gens)} tokens in "
+                      f"{dt:.2f} s", flush=True)
+            result[f"tokens_per_s_b{b}"] = sum(rates) / len(rates)
+        diff = _logprob_diff(model, prompts[:b], gens, temps[:b])
         syncs = []
         for _ in range(args.syncs):
             _perturb(model)
@@ -181,8 +191,8 @@ def run_engine(args: argparse.Namespace) -> dict[str, float]:
             syncs.append(time.perf_counter() - t0)
         gens = engine.generate(prompts[:4], temps[:4], max_new_tokens=8, seed=99)
         diff_after_sync = _logprob_diff(model, prompts[:4], gens, temps[:4])
-        result = {"start_s": start_s, "tokens_per_s": sum(rates) / len(rates), "sync_s": sum(syncs) / len(syncs),
-                  "logprob_diff": diff, "logprob_diff_after_sync": diff_after_sync}
+        result.update({"start_s": start_s, "sync_s": sum(syncs) / len(syncs), "logprob_diff": diff,
+                       "logprob_diff_after_sync": diff_after_sync})
         if args.engine == "vllm" and args.sync_variants and args.in_process:
             result.update(_time_sync_variants(engine, model, args.syncs))
         if args.engine in ("vllm", "vllm_server"):
@@ -193,10 +203,83 @@ def run_engine(args: argparse.Namespace) -> dict[str, float]:
     return result
 
 
+def _batches(spec: str) -> list[int]:
+    """``--batch``: one size or a comma list (``1,4,16``), sorted."""
+    sizes = sorted({int(b) for b in str(spec).split(",") if b.strip()})
+    if not sizes or sizes[0] < 1:
+        raise SystemExit(f"--batch {spec}: sizes must be >= 1")
+    return sizes
+
+
+def run_affinity(args: argparse.Namespace) -> dict[str, float]:
+    """Two ``vllm serve`` replicas (one engine, ``server_replicas=2``) play the same real ALFWorld rollout twice,
+    ``--affinity-tasks`` x 4 episodes x ``--affinity-turns`` turns in trajectory mode (each turn's prompt extends the
+    episode's last): with episode affinity (an episode's turns on one replica) and without (each request to the
+    least-loaded replica). Per arm: the servers' prefix-cache hit rate (per-request cached tokens over prompt
+    tokens, and the servers' own ``/metrics``), generated tokens, wall time. The caches are reset between arms."""
+    import asyncio
+
+    import torch
+
+    from agent_rl.engines import get_engine
+    from agent_rl.engines.vllm_server import Router
+    from agent_rl.envclient import LocalEnvPool
+    from agent_rl.learner.config import AlgoConfig, ModelConfig
+    from agent_rl.models import load_policy
+    from agent_rl.rollout import RolloutConfig, RolloutOrchestrator, TaskSampler, TaskSamplerConfig, get_prompt
+
+    torch.set_num_threads(args.threads)
+    kw = {"tiny_hidden_size": 128} if args.model == "tiny" else {}
+    model, tok = load_policy(ModelConfig(name=args.model, **kw))
+    t0 = time.perf_counter()
+    engine = get_engine("vllm_server", model.eval(), tok, batch_size=32, seed=0, dtype="float32",
+                        kv_cache_gb=args.kv_cache_gb, enforce_eager=args.enforce_eager, server="auto",
+                        server_python=sys.executable, server_replicas=2)
+    out: dict[str, float] = {"start_s": time.perf_counter() - t0}
+    env_id = "agent_rl/ALFWorld-v0"
+
+    async def arm() -> dict[str, float]:
+        pool = LocalEnvPool()
+        cfg = RolloutConfig(max_turns=args.affinity_turns, mode="trajectory")
+        orch = RolloutOrchestrator(pool, engine, get_prompt("alfworld"), cfg, max_new_tokens=args.max_new_tokens,
+                                   seed=0)
+        sampler = TaskSampler(env_id, TaskSamplerConfig(kind="index", num_tasks=3553, options={"split": "train"}),
+                              seed=0)
+        t = time.perf_counter()
+        try:
+            res = await orch.collect(sampler.sample, args.affinity_tasks, AlgoConfig(name="grpo", group_size=4),
+                                     step=1)
+        finally:
+            await orch.aclose()
+            await pool.aclose()
+        return {"wall_s": time.perf_counter() - t, "episodes": float(len(res.episodes)),
+                "turns": float(sum(len(ep.turns) for ep in res.episodes)),
+                "generated_tokens": float(sum(len(t.response_ids) for ep in res.episodes for t in ep.turns))}
+
+    try:
+        for affinity in (True, False):
+            name = "affinity" if affinity else "no_affinity"
+            for url in engine.urls:
+                engine._post(url, "/reset_prefix_cache")
+            engine.router = Router(engine.urls, affinity)
+            engine.step_metrics()  # the /metrics counters from here
+            q0, h0 = engine._cache_counts
+            got = asyncio.run(arm())
+            q, h = engine._cache_counts[0] - q0, engine._cache_counts[1] - h0
+            got["hit_rate"] = h / q if q else 0.0
+            got["hit_rate_server_metrics"] = engine.step_metrics()["engine/prefix_cache_hit_rate"]
+            got["prompt_tokens"] = float(q)
+            print(f"  {name}: " + ", ".join(f"{k} {v:.3g}" for k, v in got.items()), flush=True)
+            out.update({f"{name}_{k}": v for k, v in got.items()})
+    finally:
+        engine.close()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", default="32", help="batch size, or a comma list of them (1,4,16)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--syncs", type=int, default=3)
@@ -204,13 +287,17 @@ def main() -> None:
     ap.add_argument("--kv-cache-gb", type=float, default=1.0)
     ap.add_argument("--enforce-eager", action="store_true", help="vllm: no torch.compile")
     ap.add_argument("--sync-variants", action="store_true", help="vllm: also time the other reload inputs")
-    ap.add_argument("--engines", default="hf,vllm")
+    ap.add_argument("--engines", default="hf,vllm",
+                    help="comma list of hf, vllm, vllm_server, vllm_server_affinity (2 replicas, ALFWorld rollout)")
+    ap.add_argument("--affinity-tasks", type=int, default=2, help="vllm_server_affinity: tasks (x 4 episodes)")
+    ap.add_argument("--affinity-turns", type=int, default=10, help="vllm_server_affinity: turns per episode")
     ap.add_argument("--engine", help=argparse.SUPPRESS)  # the per-engine child process
     ap.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="runs/bench_engines")
     args = ap.parse_args()
     if args.engine:
-        print("RESULT " + json.dumps(run_engine(args)), flush=True)
+        run = run_affinity if args.engine == "vllm_server_affinity" else run_engine
+        print("RESULT " + json.dumps(run(args)), flush=True)
         return
     runs = []
     for name in args.engines.split(","):
@@ -226,6 +313,7 @@ def main() -> None:
     base = [f"--model={args.model}", f"--batch={args.batch}", f"--max-new-tokens={args.max_new_tokens}",
             f"--rounds={args.rounds}", f"--syncs={args.syncs}", f"--threads={args.threads}",
             f"--kv-cache-gb={args.kv_cache_gb}", *(["--enforce-eager"] if args.enforce_eager else []),
+            f"--affinity-tasks={args.affinity_tasks}", f"--affinity-turns={args.affinity_turns}",
             *(["--sync-variants"] if args.sync_variants else [])]
     for name, in_process in runs:
         label = f"{name}{' (in-process)' if in_process else ''}"
