@@ -234,7 +234,7 @@ def run_affinity(args: argparse.Namespace) -> dict[str, float]:
     t0 = time.perf_counter()
     engine = get_engine("vllm_server", model.eval(), tok, batch_size=32, seed=0, dtype="float32",
                         kv_cache_gb=args.kv_cache_gb, enforce_eager=args.enforce_eager, server="auto",
-                        server_python=sys.executable, server_replicas=2)
+                        server_python=sys.executable, server_replicas=2, run_dir=args.out)
     out: dict[str, float] = {"start_s": time.perf_counter() - t0}
     env_id = "agent_rl/ALFWorld-v0"
 
@@ -313,7 +313,7 @@ def main() -> None:
     base = [f"--model={args.model}", f"--batch={args.batch}", f"--max-new-tokens={args.max_new_tokens}",
             f"--rounds={args.rounds}", f"--syncs={args.syncs}", f"--threads={args.threads}",
             f"--kv-cache-gb={args.kv_cache_gb}", *(["--enforce-eager"] if args.enforce_eager else []),
-            f"--affinity-tasks={args.affinity_tasks}", f"--affinity-turns={args.affinity_turns}",
+            f"--affinity-tasks={args.affinity_tasks}", f"--affinity-turns={args.affinity_turns}", f"--out={out}",
             *(["--sync-variants"] if args.sync_variants else [])]
     for name, in_process in runs:
         label = f"{name}{' (in-process)' if in_process else ''}"

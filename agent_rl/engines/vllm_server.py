@@ -102,12 +102,15 @@ def default_server_python() -> str:
 
 def server_command(python: str, model_path: str, port: int, *, host: str = "127.0.0.1", dtype: str = "float32",
                    seed: int = 0, kv_cache_gb: float = 0.0, max_model_len: int = 0, enforce_eager: bool = False,
-                   tensor_parallel_size: int = 1, extra_args: list[str] | tuple[str, ...] = ()) -> list[str]:
+                   tensor_parallel_size: int = 1, prefill_limits: dict[str, Any] | None = None,
+                   extra_args: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The argv of one ``vllm serve`` of ``model_path`` on ``host:port`` with the run's options: token-in/token-out
     (``--enable-scale-out``), processed log-probs, prefix caching with per-request cached-token counts, ``dtype``,
     ``seed``, ``--kv-cache-memory-bytes`` (``kv_cache_gb``; 0 = 1 GiB, the offline engine's CPU default),
-    ``--max-model-len`` (when > 0), ``--enforce-eager``, ``--tensor-parallel-size``; then ``extra_args``. No secret
-    in it (the API key goes in the environment: :func:`server_environment`)."""
+    ``--max-model-len`` (when > 0), ``--enforce-eager``, ``--tensor-parallel-size``, ``prefill_limits``
+    (:func:`agent_rl.engines.vllm.cpu_prefill_limits` on CPU: ``--no-enable-chunked-prefill
+    --max-num-batched-tokens N``); then ``extra_args``. No secret in it (the API key goes in the environment:
+    :func:`server_environment`)."""
     kv = kv_cache_gb if kv_cache_gb > 0 else offline.CPU_DEFAULT_KV_CACHE_GB
     cmd = [python, "-m", SERVER_MODULE, "--model", model_path, "--host", host, "--port", str(port),
            "--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--enable-prefix-caching",
@@ -115,6 +118,9 @@ def server_command(python: str, model_path: str, port: int, *, host: str = "127.
            "--kv-cache-memory-bytes", str(int(kv * 2**30)), "--tensor-parallel-size", str(tensor_parallel_size)]
     cmd += ["--max-model-len", str(max_model_len)] if max_model_len > 0 else []
     cmd += ["--enforce-eager"] if enforce_eager else []
+    if prefill_limits:
+        cmd += [] if prefill_limits.get("enable_chunked_prefill", True) else ["--no-enable-chunked-prefill"]
+        cmd += ["--max-num-batched-tokens", str(int(prefill_limits["max_num_batched_tokens"]))]
     return cmd + [str(a) for a in extra_args]
 
 
@@ -520,11 +526,13 @@ class VLLMServerEngine(ClosesOnExit):
         env = server_environment(self.api_key, lora=self.adapter is not None)
         if self.adapter is not None:
             extra = self._lora_args + extra
+        # the servers run on this machine: a CPU one must not split a seeded prompt's prefill (cpu_prefill_limits)
+        limits = None if torch.cuda.is_available() else offline.cpu_prefill_limits(model, max_model_len)
         for i in range(replicas):
             port = free_port()
             cmd = server_command(python, self.model_path, port, dtype=self.dtype_name, seed=seed,
                                  kv_cache_gb=kv_cache_gb, max_model_len=max_model_len, enforce_eager=enforce_eager,
-                                 tensor_parallel_size=tp, extra_args=extra)
+                                 tensor_parallel_size=tp, prefill_limits=limits, extra_args=extra)
             self.servers.append(ServerProcess(cmd, env, f"http://127.0.0.1:{port}",
                                               logs / f"vllm_server-{os.getpid()}-{i}.log"))
         t0 = time.monotonic()
@@ -595,8 +603,10 @@ class VLLMServerEngine(ClosesOnExit):
                 self.router.release(url)
             if r.status_code == 400 or r.status_code == 422:
                 raise ValueError(f"vllm server {url} refused the request: {r.text[:500]}")
-            if r.status_code >= 400:
-                raise RuntimeError(f"vllm server {url}: HTTP {r.status_code}: {r.text[:500]}")
+            if r.status_code >= 400:  # a server error: its log says why (vLLM's 500 points "above" to it)
+                server = self._server_of(url)
+                raise RuntimeError(f"vllm server {url}: HTTP {r.status_code}: {r.text[:500]}"
+                                   + (f"\n{server.tail()}" if server else ""))
             return response_generation(r.json())
         raise RuntimeError(f"every vLLM server is down (last: {last})\n{self._tails()}")
 

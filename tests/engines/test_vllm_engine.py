@@ -141,6 +141,21 @@ def test_per_row_seeds_same_tokens_alone_and_in_any_batch(policy, engine):
     assert other != alone[0]
 
 
+def test_long_seeded_prompts_are_never_split_on_cpu(policy, engine):
+    """Two seeded prompts of 2,500 tokens in one call (5,000 new tokens, over vLLM-CPU's 4,096-token step budget
+    for ``LLM``): with chunked prefill vLLM-CPU would split one of them and its engine core would die rewinding
+    the row's CPU generator (``CPU Generator does not use offset``: ``cpu_prefill_limits``); here both come back,
+    their log-probs the learner's, and the engine still answers."""
+    model, tok = policy
+    if engine.build != "cpu":
+        pytest.skip("the CPU build's limits (CUDA generators have offsets)")
+    prompts = [list(range(100, 2600)), list(range(3100, 5600))]
+    gens = engine.generate(prompts, [1.0, 1.0], max_new_tokens=4, row_seeds=[1, 2])
+    assert all(len(g.token_ids) == 4 for g in gens)
+    assert max(_max_diff(model, p, g, 1.0) for p, g in zip(prompts, gens)) < TOL
+    assert len(engine.generate([_prompt(tok, "still up?")], [1.0], max_new_tokens=2)[0].token_ids) >= 1
+
+
 def test_stop_ids_are_the_hf_engines(policy, engine):
     model, tok = policy
     assert engine.eos_token_ids == HFEngine(model, tok).eos_token_ids

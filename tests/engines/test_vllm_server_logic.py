@@ -266,3 +266,22 @@ def test_lora_adapter_sync_args_environment_and_refusals():
     assert cfg.engine.lora_sync == "adapter"
     with pytest.raises(ValueError, match="no LoRA adapter"):
         VLLMServerEngine(torch.nn.Linear(2, 2), None, server="auto", lora_sync="adapter")
+
+
+def test_cpu_prefill_limits_and_the_server_flags():
+    """On vLLM's CPU build a seeded prompt's prefill must never be split (``cpu_prefill_limits``): chunked prefill
+    off and a step budget that holds the longest sequence, at least vLLM's CPU floor of 4096; the server gets them
+    as flags (before the user's ``server_args``, which may override them)."""
+    from types import SimpleNamespace
+
+    from agent_rl.engines.vllm import cpu_prefill_limits
+
+    smol = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=8192))
+    assert cpu_prefill_limits(smol, 0) == {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192}
+    assert cpu_prefill_limits(smol, 2048)["max_num_batched_tokens"] == 4096
+    assert cpu_prefill_limits(smol, 16384)["max_num_batched_tokens"] == 16384
+    assert cpu_prefill_limits(torch.nn.Linear(2, 2), 0)["max_num_batched_tokens"] == 4096
+    cmd = server_command("py", "m", 1, prefill_limits=cpu_prefill_limits(smol, 0), extra_args=["--x"])
+    joined = " ".join(cmd)
+    assert "--no-enable-chunked-prefill --max-num-batched-tokens 8192 --x" in joined
+    assert "chunked" not in " ".join(server_command("py", "m", 1))
