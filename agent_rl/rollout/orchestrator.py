@@ -374,8 +374,22 @@ class RolloutOrchestrator:
     async def aclose(self) -> None:
         """Cancel prefetched resets and close their sessions."""
         futures, self._prefetched, self._prefetched_tasks = list(self._prefetched.values()), {}, []
-        for fut in futures:
-            fut.cancel()
+        await self._close_resets(futures)
+
+    async def _release_prefetched(self, group_ids: set[int]) -> None:
+        """Close the prefetched sessions of ``group_ids`` that no episode took: a group that played fewer than its
+        G slots as plain episodes (forks under ``rollout.fork.budget=episodes|turns`` play 1..G bases and fill
+        the rest only as far as the budget goes) left them open, and each step's leftovers held the env's capacity
+        until none was free (measured: 8 tasks x 4 slots a step with forks, ``EnvUnavailable: all 8 workers hold 8
+        sessions`` and 2-3 of 8 groups dropped at every 4th step)."""
+        stale = [key for key in self._prefetched if key[0] in group_ids]
+        await self._close_resets([self._prefetched.pop(key) for key in stale], cancel=False)
+
+    async def _close_resets(self, futures: list[asyncio.Future], cancel: bool = True) -> None:
+        """Close the sessions of reset futures (cancelled first with ``cancel``; best effort)."""
+        if cancel:
+            for fut in futures:
+                fut.cancel()
         for fut in futures:
             try:
                 reset = await fut
@@ -744,6 +758,7 @@ class RolloutOrchestrator:
             with contextlib.suppress(asyncio.CancelledError):
                 await server
             self._batcher = None
+            await self._release_prefetched({g.task.group_id for g in groups})
         kept: list[Episode] = []
         dropped = 0
         failures: list[str] = []
