@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -143,18 +144,25 @@ def _time_sync_variants(engine, model, syncs: int) -> dict[str, float]:
     return out
 
 
-def run_engine(args: argparse.Namespace) -> dict[str, float]:
-    """One engine, in this process (``--engine NAME``)."""
+def _load(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The benchmark's policy (``--model``; tiny: hidden size 128) in eval mode and its tokenizer, with
+    ``--threads`` torch threads."""
     import torch
 
-    from agent_rl.engines import get_engine
     from agent_rl.learner.config import ModelConfig
     from agent_rl.models import load_policy
 
     torch.set_num_threads(args.threads)
     kw = {"tiny_hidden_size": 128} if args.model == "tiny" else {}
     model, tok = load_policy(ModelConfig(name=args.model, **kw))
-    model.eval()
+    return model.eval(), tok
+
+
+def run_engine(args: argparse.Namespace) -> dict[str, float]:
+    """One engine, in this process (``--engine NAME``)."""
+    from agent_rl.engines import get_engine
+
+    model, tok = _load(args)
     batches = _batches(args.batch)
     prompts = _prompts(tok, max(batches))
     temps = [0.3 if i % 2 == 0 else 1.2 for i in range(max(batches))]
@@ -219,20 +227,15 @@ def run_affinity(args: argparse.Namespace) -> dict[str, float]:
     tokens, and the servers' own ``/metrics``), generated tokens, wall time. The caches are reset between arms."""
     import asyncio
 
-    import torch
-
     from agent_rl.engines import get_engine
     from agent_rl.engines.vllm_server import Router
     from agent_rl.envclient import LocalEnvPool
-    from agent_rl.learner.config import AlgoConfig, ModelConfig
-    from agent_rl.models import load_policy
+    from agent_rl.learner.config import AlgoConfig
     from agent_rl.rollout import RolloutConfig, RolloutOrchestrator, TaskSampler, TaskSamplerConfig, get_prompt
 
-    torch.set_num_threads(args.threads)
-    kw = {"tiny_hidden_size": 128} if args.model == "tiny" else {}
-    model, tok = load_policy(ModelConfig(name=args.model, **kw))
+    model, tok = _load(args)
     t0 = time.perf_counter()
-    engine = get_engine("vllm_server", model.eval(), tok, batch_size=32, seed=0, dtype="float32",
+    engine = get_engine("vllm_server", model, tok, batch_size=32, seed=0, dtype="float32",
                         kv_cache_gb=args.kv_cache_gb, enforce_eager=args.enforce_eager, server="auto",
                         server_python=sys.executable, server_replicas=2, run_dir=args.out)
     out: dict[str, float] = {"start_s": time.perf_counter() - t0}
@@ -263,9 +266,10 @@ def run_affinity(args: argparse.Namespace) -> dict[str, float]:
                 engine._post(url, "/reset_prefix_cache")
             engine.router = Router(engine.urls, affinity)
             engine.step_metrics()  # the /metrics counters from here
-            q0, h0 = engine._cache_counts
+            before = engine.prefix_cache_stats()
             got = asyncio.run(arm())
-            q, h = engine._cache_counts[0] - q0, engine._cache_counts[1] - h0
+            after = engine.prefix_cache_stats()
+            q, h = after["queries"] - before["queries"], after["hits"] - before["hits"]
             got["hit_rate"] = h / q if q else 0.0
             got["hit_rate_server_metrics"] = engine.step_metrics()["engine/prefix_cache_hit_rate"]
             got["prompt_tokens"] = float(q)

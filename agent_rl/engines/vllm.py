@@ -496,7 +496,6 @@ def cpu_prefill_limits(model: Any, max_model_len: int) -> dict[str, Any]:
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(context, CPU_MIN_BATCHED_TOKENS)}
 
 
-
 def check_generate_args(prompts: list[list[int]], temperatures: list[float], row_seeds: list[int] | None,
                         repetition_penalties: list[float] | None, episode_ids: list[str | None] | None) -> None:
     """``generate``'s argument checks, the same for both vLLM engines (this one and ``vllm_server``).

@@ -558,6 +558,13 @@ class VLLMServerEngine(ClosesOnExit):
     def _tails(self) -> str:
         return "\n".join(s.tail() for s in self.servers) or "(servers started elsewhere: see their logs)"
 
+    def _http_error(self, url: str, path: str, r: httpx.Response) -> RuntimeError:
+        """The error of an HTTP error answer of server ``url`` to ``path``: its status and body and, for a server
+        error (5xx) of a server this engine started, its log's tail (vLLM's 500 says the cause is "above", there)."""
+        server = self._server_of(url) if r.status_code >= 500 else None
+        return RuntimeError(f"vllm server {url}{path}: HTTP {r.status_code}: {r.text[:500]}"
+                            + (f"\n{server.tail()}" if server else ""))
+
     def _post(self, url: str, path: str, **kw: Any) -> Any:
         """POST to one server; JSON of the answer (its text when not JSON; None when empty).
 
@@ -571,7 +578,7 @@ class VLLMServerEngine(ClosesOnExit):
             raise RuntimeError(f"vllm server {url}{path}: {type(exc).__name__}: {exc}"
                                + (f"\n{server.tail()}" if server else "")) from None
         if r.status_code >= 400:
-            raise RuntimeError(f"vllm server {url}{path}: HTTP {r.status_code}: {r.text[:500]}")
+            raise self._http_error(url, path, r)
         if not r.content:
             return None
         if "json" not in r.headers.get("content-type", ""):
@@ -603,10 +610,8 @@ class VLLMServerEngine(ClosesOnExit):
                 self.router.release(url)
             if r.status_code == 400 or r.status_code == 422:
                 raise ValueError(f"vllm server {url} refused the request: {r.text[:500]}")
-            if r.status_code >= 400:  # a server error: its log says why (vLLM's 500 points "above" to it)
-                server = self._server_of(url)
-                raise RuntimeError(f"vllm server {url}: HTTP {r.status_code}: {r.text[:500]}"
-                                   + (f"\n{server.tail()}" if server else ""))
+            if r.status_code >= 400:
+                raise self._http_error(url, "", r)
             return response_generation(r.json())
         raise RuntimeError(f"every vLLM server is down (last: {last})\n{self._tails()}")
 
