@@ -17,11 +17,13 @@ export PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| transformers', transformers.__version__)"
   timeout 300 python3 -m pytest -m gpu -q -rA -s -p no:cacheprovider tests/learner tests/engines
-  # issue 36: engine=vllm_server on a GPU (the servers run with this python: it needs vLLM; weight_transfer=reload;
-  # nccl/ipc are refused until wired up and measured here; lora_sync=adapter; long prompts keep chunked prefill on CUDA)
+  # issue 36: engine=vllm_server on a GPU (the servers run with this python: it needs vLLM; weight_transfer=reload,
+  # then nccl and ipc: the gap before/after two syncs and their seconds; lora_sync=adapter; long prompts keep chunked
+  # prefill on CUDA)
   if python3 -c "import vllm" 2>/dev/null; then
     timeout 900 python3 -m pytest -m vllm -q -rA -s -p no:cacheprovider tests/engines/test_vllm_server_engine.py \
-      -k "per_row or sync_gap or affinity or lora_adapter or long_seeded"
+      tests/engines/test_vllm_transfer.py \
+      -k "per_row or sync_gap or affinity or lora_adapter or long_seeded or transfer"
   else
     echo "vllm_server: vLLM is not installed in this image, skipped"
   fi

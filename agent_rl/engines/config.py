@@ -81,7 +81,12 @@ class EngineConfig:
     stays in that replica's cache; false = every request to the replica with the fewest in flight."""
     weight_transfer: str = field(default="reload", metadata=MAY_CHANGE)
     """vllm_server: how weights reach the servers: ``reload`` (written to ``sync_dir``, then vLLM's
-    ``reload_weights``; CPU and GPU) | ``nccl`` | ``ipc`` (vLLM's weight-transfer API; CUDA only, refused on CPU)."""
+    ``reload_weights``; CPU and GPU) | ``nccl`` | ``ipc`` (vLLM's weight-transfer API: tensors over NCCL, or CUDA
+    IPC handles for a server on the trainer's GPU; CUDA only, refused on CPU, and they need vLLM importable by the
+    trainer: ``agent_rl.engines.vllm_transfer``)."""
+    weight_transfer_host: str = field(default="", metadata=MAY_CHANGE)
+    """vllm_server with weight_transfer=nccl: the address the servers reach the trainer at for NCCL's rendezvous
+    ("" = 127.0.0.1, the run's own servers; servers in ``urls`` on other machines need the trainer's address)."""
     lora_sync: str = field(default="merged", metadata=MAY_CHANGE)
     """vllm_server with a LoRA policy (``model.lora.rank > 0``): ``merged`` = the adapter merged into W and the full
     weights synced (any backend) | ``adapter`` = the servers serve the frozen base with vLLM's LoRA support and each
@@ -135,7 +140,8 @@ def engine_kwargs(cfg: Any) -> dict[str, Any]:
                 kv_reuse_max_tokens=eng.kv_reuse_max_tokens, urls=list(eng.urls), server=eng.server,
                 server_python=eng.server_python, server_replicas=eng.server_replicas,
                 server_args=list(eng.server_args), server_start_timeout_s=eng.server_start_timeout_s,
-                affinity=eng.affinity, weight_transfer=eng.weight_transfer, lora_sync=eng.lora_sync,
+                affinity=eng.affinity, weight_transfer=eng.weight_transfer,
+                weight_transfer_host=eng.weight_transfer_host, lora_sync=eng.lora_sync,
                 sync_check=eng.sync_check,
                 sync_check_tol=eng.sync_check_tol, request_timeout_s=eng.request_timeout_s,
                 run_dir=getattr(getattr(cfg, "trainer", None), "output_dir", "") or "")

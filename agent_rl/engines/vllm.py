@@ -430,8 +430,9 @@ def _tied_names(model: torch.nn.Module) -> list[str]:
 
 
 def state_for_vllm(model: torch.nn.Module, dtype: torch.dtype, untie: bool = False,
-                   merge: bool = True) -> dict[str, torch.Tensor]:
-    """The policy's tensors to hand vLLM, on CPU, floating ones in its ``dtype``. A tensor tied to an earlier one
+                   merge: bool = True, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """The policy's tensors to hand vLLM, on ``device`` (CPU: a file; the policy's own device: vLLM's weight
+    transfer, ``agent_rl.engines.vllm_transfer``), floating ones in its ``dtype``. A tensor tied to an earlier one
     (``lm_head.weight`` of tied embeddings) is left out (vLLM ties it itself; safetensors refuses shared storage), or
     with ``untie`` written as a copy of its own (vLLM then holds an untied model: see :class:`VLLMEngine`).
     LoRA: ``merge`` = the adapter merged into W (``merged_state_dict``); false = the base weights alone
@@ -445,7 +446,7 @@ def state_for_vllm(model: torch.nn.Module, dtype: torch.dtype, untie: bool = Fal
         t = tensor.detach()
         if t.is_floating_point():
             t = t.to(dtype)
-        t = t.to("cpu").contiguous()
+        t = t.to(device).contiguous()
         out[name] = t.clone() if name in tied else t
     return out
 

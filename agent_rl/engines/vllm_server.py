@@ -32,6 +32,11 @@ first), ``/collective_rpc`` (``reload_weights``, the offline engine's reload), `
   ``/collective_rpc reload_weights`` -> ``/reset_prefix_cache`` -> ``/update_weight_version`` -> ``/resume``. Then,
   by default (``engine.sync_check``), each server's greedy log-probs on a fixed probe are compared with the
   learner's on the same tokens; a gap over ``engine.sync_check_tol`` raises (:class:`WeightSyncError`).
+  ``engine.weight_transfer=nccl|ipc`` (GPU) moves tensors instead of a file, through vLLM's weight-transfer API
+  (:mod:`agent_rl.engines.vllm_transfer`: vLLM's trainer-side engines, so vLLM must be importable by the trainer;
+  servers started with ``--weight-transfer-config``): ``/pause`` -> ``/start_weight_update`` -> ``/update_weights``
+  (the NCCL broadcast, or CUDA IPC handles) -> ``/finish_weight_update`` -> the same cache reset, version, resume
+  and probe check.
 - LoRA (``model.lora.rank > 0``): by default the adapter is merged into W and synced as above
   (``engine.lora_sync=merged``). ``engine.lora_sync=adapter`` uses vLLM's LoRA serving instead: the servers start
   from the frozen base weights with ``--enable-lora`` (:func:`lora_server_args`) and runtime adapter loading
@@ -51,7 +56,9 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import hashlib
+import importlib.util
 import logging
+import math
 import os
 import random
 import re
@@ -138,17 +145,50 @@ def lora_server_args(rank: int) -> list[str]:
     return ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(fits[0])]
 
 
-def server_environment(api_key: str, base: dict[str, str] | None = None, lora: bool = False) -> dict[str, str]:
+def server_environment(api_key: str, base: dict[str, str] | None = None, lora: bool = False,
+                       unpickle: bool = False) -> dict[str, str]:
     """The server's environment: ``base`` (default ``os.environ``) with the dev endpoints on
     (``VLLM_SERVER_DEV_MODE=1``) and the API key (``VLLM_API_KEY``, read by vLLM's auth middleware); ``lora``:
-    adapters loaded at run time (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: ``/v1/load_lora_adapter``, behind the key)."""
+    adapters loaded at run time (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: ``/v1/load_lora_adapter``, behind the key);
+    ``unpickle``: ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, which CUDA IPC's handles over HTTP need (the server then
+    unpickles what ``/update_weights`` receives: only a loopback server the run starts gets it)."""
     env = dict(os.environ if base is None else base)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env["VLLM_API_KEY"] = api_key
     if lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if unpickle:
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     env.pop("PYTHONPATH", None)  # the trainer's path would shadow the server venv's packages
     return env
+
+
+def check_weight_transfer(weight_transfer: str, lora_sync: str = "merged") -> None:
+    """Refuse an ``engine.weight_transfer`` this process cannot drive (``reload`` always can).
+
+    Raises:
+        ValueError: not reload | nccl | ipc; nccl/ipc without CUDA devices, with ``lora_sync=adapter`` (an adapter
+            is loaded from a folder: it has no tensor path), or without vLLM importable here (the trainer's half of
+            vLLM's weight transfer is vLLM's own code: :mod:`agent_rl.engines.vllm_transfer`).
+    """
+    if weight_transfer == "reload":
+        return
+    if weight_transfer not in ("nccl", "ipc"):
+        raise ValueError(f"engine.weight_transfer={weight_transfer!r}: valid: reload | nccl | ipc")
+    if not torch.cuda.is_available():
+        raise ValueError(f"engine.weight_transfer={weight_transfer}: vLLM's {weight_transfer.upper()} weight "
+                         "transfer needs CUDA devices and torch finds none; on CPU use engine.weight_transfer=reload "
+                         "(the default: weights written to engine.sync_dir, then reload_weights)")
+    if lora_sync == "adapter":
+        raise ValueError(f"engine.weight_transfer={weight_transfer} with engine.lora_sync=adapter: an adapter is "
+                         "loaded from a folder (/v1/load_lora_adapter); use engine.weight_transfer=reload, or "
+                         "engine.lora_sync=merged to send the merged weights by "
+                         f"{weight_transfer.upper()}")
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError(f"engine.weight_transfer={weight_transfer}: the trainer's half of vLLM's weight transfer "
+                         "is vLLM's own code (vllm.distributed.weight_transfer), and vllm is not importable by this "
+                         f"Python ({sys.executable}): install vllm here, or use engine.weight_transfer=reload "
+                         "(HTTP and a file only)")
 
 
 def check_config(cfg: Any) -> list[str]:
@@ -159,7 +199,8 @@ def check_config(cfg: Any) -> list[str]:
         notes: where the servers come from.
     Raises:
         ValueError: ``engine.server=none`` without ``engine.urls``; ``server=auto`` without a Python to run vLLM
-            (``engine.server_python`` or ``.venv-vllm``); ``engine.weight_transfer`` nccl/ipc without CUDA;
+            (``engine.server_python`` or ``.venv-vllm``); ``engine.weight_transfer`` nccl/ipc that cannot run
+            (:func:`check_weight_transfer`);
             ``engine.lora_sync=adapter`` without a LoRA policy, on the Ray backend (its rollout workers hold the
             merged policy, no adapter; FSDP is Ray's), or with a rank vLLM does not serve.
     """
@@ -173,10 +214,7 @@ def check_config(cfg: Any) -> list[str]:
             raise ValueError(f"engine.lora_sync=adapter with trainer.backend={cfg.trainer.backend}: the Ray rollout "
                              "workers receive the merged policy (no adapter to send); use engine.lora_sync=merged")
         lora_server_args(rank)
-    if eng.weight_transfer != "reload" and not torch.cuda.is_available():
-        raise ValueError(f"engine.weight_transfer={eng.weight_transfer}: vLLM's {eng.weight_transfer.upper()} weight "
-                         "transfer needs CUDA devices and torch finds none; on CPU use engine.weight_transfer=reload "
-                         "(the default: weights written to engine.sync_dir, then reload_weights)")
+    check_weight_transfer(eng.weight_transfer, eng.lora_sync)
     if eng.urls:
         return [f"engine=vllm_server: {len(eng.urls)} server(s) at {', '.join(eng.urls)} (they must read "
                 f"engine.sync_dir={eng.sync_dir or tempfile.gettempdir()})"]
@@ -414,13 +452,17 @@ class VLLMServerEngine(ClosesOnExit):
         sync_dir: folder of the engine's sync folder ("" = the system temp folder; shared with remote servers).
         run_dir: folder of the servers' logs ("" = the sync folder).
         affinity: episode-id affinity (:class:`Router`).
-        weight_transfer: ``reload`` (``nccl``/``ipc``: vLLM's weight-transfer API, CUDA only).
+        weight_transfer: ``reload`` (a file in the sync folder, then ``reload_weights``) | ``nccl`` | ``ipc``
+            (vLLM's weight-transfer API, CUDA only, vLLM importable here: :mod:`agent_rl.engines.vllm_transfer`).
+        weight_transfer_host: the address the servers reach this process at for NCCL's rendezvous ("" =
+            127.0.0.1: the run's own servers).
         lora_sync: ``merged`` (a LoRA adapter merged into W, synced as the full weights) | ``adapter`` (the servers
             apply the adapter; only it is sent: module docstring).
         sync_check, sync_check_tol: the probe check after each sync and its tolerance.
         request_timeout_s: seconds one generation may take.
     Raises:
-        ValueError: ``server=none`` without ``urls``; ``weight_transfer`` other than reload (CPU: no NCCL/CUDA IPC);
+        ValueError: ``server=none`` without ``urls``; a ``weight_transfer`` that cannot run here
+            (:func:`check_weight_transfer`);
             ``lora_sync=adapter`` for a model without a LoRA adapter, or of a rank vLLM does not serve.
         RuntimeError: a server that did not start (its log's tail), or a first check that failed.
     """
@@ -432,19 +474,17 @@ class VLLMServerEngine(ClosesOnExit):
                  server_start_timeout_s: float = 900.0, dtype: str = "float32", seed: int = 0,
                  eos_token_ids: list[int] | None = None, kv_cache_gb: float = 0.0, max_model_len: int = 0,
                  enforce_eager: bool = False, tensor_parallel_size: int = 1, sync_dir: str = "", run_dir: str = "",
-                 affinity: bool = True, weight_transfer: str = "reload", lora_sync: str = "merged",
-                 sync_check: bool = True,
+                 affinity: bool = True, weight_transfer: str = "reload", weight_transfer_host: str = "",
+                 lora_sync: str = "merged", sync_check: bool = True,
                  sync_check_tol: float = 1e-4, request_timeout_s: float = 600.0, **_: Any) -> None:
         urls = [u.rstrip("/") for u in (urls or [])]
         if not urls and server != "auto":
             raise ValueError("engine=vllm_server needs engine.urls=[http://HOST:PORT,...] or engine.server=auto")
-        if weight_transfer != "reload":
-            if not torch.cuda.is_available():
-                raise ValueError(f"engine.weight_transfer={weight_transfer}: vLLM's {weight_transfer.upper()} weight "
-                                 "transfer needs CUDA devices and torch finds none; on CPU use "
-                                 "engine.weight_transfer=reload (the default)")
-            raise ValueError(f"engine.weight_transfer={weight_transfer}: not measured yet (docs/training.md, "
-                             "scripts/gpu_checks.sh); use engine.weight_transfer=reload")
+        check_weight_transfer(weight_transfer, lora_sync)
+        self.weight_transfer, self.weight_transfer_host = weight_transfer, weight_transfer_host or "127.0.0.1"
+        self.tensor_parallel_size = tensor_parallel_size
+        self._transfer: dict[str, Any] = {}  # url -> vLLM's trainer-side engine (nccl | ipc)
+        self._source: Any = None
         if dtype not in offline._DTYPES:
             raise ValueError(f"dtype={dtype!r}; valid: {sorted(offline._DTYPES)}")
         if lora_sync not in ("merged", "adapter"):
@@ -523,9 +563,14 @@ class VLLMServerEngine(ClosesOnExit):
         self.model_path = offline.model_folder(model, self.tokenizer, self.sync_folder, self.dtype, self.untie,
                                                merge=self.adapter is None)
         logs = Path(run_dir) if run_dir else self.sync_folder
-        env = server_environment(self.api_key, lora=self.adapter is not None)
+        env = server_environment(self.api_key, lora=self.adapter is not None,
+                                 unpickle=self.weight_transfer == "ipc")
         if self.adapter is not None:
             extra = self._lora_args + extra
+        if self.weight_transfer != "reload":
+            from agent_rl.engines import vllm_transfer
+
+            extra = vllm_transfer.server_args(self.weight_transfer) + extra
         # the servers run on this machine: a CPU one must not split a seeded prompt's prefill (cpu_prefill_limits)
         limits = None if torch.cuda.is_available() else offline.cpu_prefill_limits(model, max_model_len)
         for i in range(replicas):
@@ -671,7 +716,9 @@ class VLLMServerEngine(ClosesOnExit):
         # whose weights may be any model's)
         before = self._check(model, after=False) if self.sync_check and self._ready else None
         t0 = time.perf_counter()
-        if self.adapter is None:
+        if self.weight_transfer != "reload":
+            sent = self._tensors_for_transfer(model)
+        elif self.adapter is None:
             sent = offline.write_sync_weights(model, self.sync_folder, self.dtype, self.untie).stat().st_size
         else:  # a new folder per version: vLLM keys its loaded adapter by path too
             folder = self.sync_folder / f"adapter-{version}"
@@ -680,7 +727,9 @@ class VLLMServerEngine(ClosesOnExit):
         for url in self.router.live():
             self._post(url, "/pause", params={"mode": "wait"})
             try:
-                if self.adapter is None:
+                if self.weight_transfer != "reload":
+                    self._transfer_to(url)
+                elif self.adapter is None:
                     self._post(url, "/collective_rpc", json={"method": "reload_weights",
                                                              "kwargs": {"weights_path": str(self.sync_folder)}})
                 else:
@@ -689,6 +738,8 @@ class VLLMServerEngine(ClosesOnExit):
                 self._post(url, "/update_weight_version", json={"new_version": str(version)})
             finally:
                 self._post(url, "/resume")
+        if self._source is not None:
+            self._source.release()
         if self.adapter is not None:
             for old in self.sync_folder.glob("adapter-*"):
                 if old != folder:
@@ -702,6 +753,39 @@ class VLLMServerEngine(ClosesOnExit):
             self._step["engine/sync_logprob_diff_before"] = before
         if self.sync_check:
             self._step["engine/sync_logprob_diff"] = self._check(model, after=True)
+
+    def _tensors_for_transfer(self, model: Any) -> int:
+        """nccl/ipc: take ``model``'s current weights for the sends of this sync; returns their bytes."""
+        from agent_rl.engines import vllm_transfer
+
+        if self._source is None:
+            self._source = vllm_transfer.PolicySource(model, self.dtype, self.untie)
+        self._source.refresh(model)
+        return sum(m.dtype.itemsize * math.prod(m.shape) for m in self._source.metadata())
+
+    def _transfer_to(self, url: str) -> None:
+        """nccl/ipc: the weights taken by :meth:`_tensors_for_transfer` into server ``url`` through vLLM's
+        trainer-side engine (built at the first sync to that server: the NCCL rendezvous or IPC handshake).
+
+        Raises:
+            RuntimeError: the handshake or the transfer failed (the server's message and log tail).
+        """
+        from agent_rl.engines import vllm_transfer
+
+        try:
+            sender = self._transfer.get(url)
+            if sender is None:
+                sender = vllm_transfer.trainer_engine(
+                    self.weight_transfer, url, self._source, master_address=self.weight_transfer_host,
+                    tensor_parallel_size=self.tensor_parallel_size, timeout_s=self.request_timeout_s)
+                self._transfer[url] = sender
+            sender.send_weights()
+        except Exception as exc:  # noqa: BLE001 (requests' and NCCL's errors alike: one message with the log)
+            self._transfer.pop(url, None)
+            server = self._server_of(url)
+            tail = f"\n{server.tail()}" if server is not None else ""
+            raise RuntimeError(f"vllm server {url}: weight transfer ({self.weight_transfer}) failed: "
+                               f"{type(exc).__name__}: {exc}{tail}") from exc
 
     def _load_adapter(self, url: str, folder: Path) -> None:
         """The adapter in ``folder`` into server ``url`` under :data:`LORA_NAME`, in place of the one loaded before
@@ -785,6 +869,11 @@ class VLLMServerEngine(ClosesOnExit):
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        for sender in getattr(self, "_transfer", {}).values():
+            try:
+                sender.shutdown()  # the trainer's communicator (a remote server keeps its own until it stops)
+            except Exception:  # noqa: BLE001 (closing: a group already broken has nothing to free)
+                log.warning("vllm_server engine: the weight-transfer group did not shut down cleanly")
         for s in self.servers:
             s.stop()
         if self._watchdog is not None:

@@ -41,9 +41,9 @@ def _prompt(tok, text: str) -> list[int]:
 def _learner_logprobs(model, prompt: list[int], ids: list[int], t: float, top_k: int = 0, top_p: float = 1.0):
     """The learner's recomputation: log softmax(truncate(z) / T)[token] at each response position (T = 0: T = 1,
     untruncated, as the engines report greedy rows)."""
-    x = torch.tensor([prompt + ids])
+    x = torch.tensor([prompt + ids], device=next(model.parameters()).device)  # a policy on the GPU too
     with torch.no_grad():
-        z = model(x).logits[0, len(prompt) - 1:-1].float()
+        z = model(x).logits[0, len(prompt) - 1:-1].float().cpu()
     if t <= 0:
         t, top_k, top_p = 1.0, 0, 1.0
     z = truncate_logits(z, t, top_k, top_p)
@@ -257,9 +257,10 @@ def _one_update(model, prompt: list[int], ids: list[int]) -> None:
     """One real optimiser step (AdamW, lr 1e-3) on the policy-gradient loss of a sampled response."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model.train()
-    x = torch.tensor([prompt + ids])
+    device = next(model.parameters()).device
+    x = torch.tensor([prompt + ids], device=device)
     logp = torch.log_softmax(model(x).logits[0, len(prompt) - 1:-1].float(), -1)
-    loss = -logp.gather(-1, torch.tensor(ids)[:, None]).mean()
+    loss = -logp.gather(-1, torch.tensor(ids, device=device)[:, None]).mean()
     loss.backward()
     opt.step()
     opt.zero_grad()

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from agent_rl.config import Config
 from agent_rl.engines.config import EngineConfig
 from agent_rl.engines.vllm_server import (SERVER_MODULE, HashRing, Router, VLLMServerEngine, check_config,
-                                          merge_engine_metrics, parse_prefix_cache, response_generation,
+                                          check_weight_transfer, merge_engine_metrics, parse_prefix_cache, response_generation,
                                           server_command, server_environment)
 
 URLS = ["http://127.0.0.1:8001", "http://127.0.0.1:8002", "http://127.0.0.1:8003"]
@@ -221,6 +221,37 @@ def test_engine_config_refuses(bad):
 def test_weight_transfer_nccl_is_refused_on_cpu_before_anything_starts():
     with pytest.raises(ValueError, match="needs CUDA devices"):
         VLLMServerEngine(torch.nn.Linear(2, 2), None, server="auto", weight_transfer="ipc")
+
+
+def test_weight_transfer_refusals_in_order(monkeypatch):
+    """nccl/ipc: refused without CUDA; on a CUDA machine (availability patched: the order of the checks is what is
+    tested) with the adapter sync, and without vLLM importable by the trainer's Python (the main suite's .venv has
+    none: the real import machinery answers)."""
+    import importlib.util
+
+    check_weight_transfer("reload", "adapter")  # the file path serves every policy
+    with pytest.raises(ValueError, match="valid: reload"):
+        check_weight_transfer("tcp")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="needs CUDA devices"):
+        check_weight_transfer("nccl", "adapter")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="lora_sync=adapter: an adapter is loaded from a folder"):
+        check_weight_transfer("ipc", "adapter")
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ValueError, match="vllm is not importable by this Python"):
+            check_weight_transfer("nccl")
+        with pytest.raises(ValueError, match="vllm is not importable"):
+            check_config(_cfg(urls=["http://h:1"], weight_transfer="ipc"))
+    else:
+        check_weight_transfer("nccl")
+
+
+def test_ipc_servers_get_unpickling_and_nothing_else_does():
+    base = {"PATH": "/bin"}
+    assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in server_environment("k", base=base)
+    assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in server_environment("k", base=base, lora=True)
+    assert server_environment("k", base=base, unpickle=True)["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
 
 
 def test_load_config_of_engine_vllm_server():
