@@ -568,7 +568,7 @@ class VLLMServerEngine(ClosesOnExit):
         if self.adapter is not None:
             extra = self._lora_args + extra
         if self.weight_transfer != "reload":
-            from agent_rl.engines import vllm_transfer
+            from agent_rl.engines import vllm_transfer  # deferred: imports vLLM (nccl|ipc only)
 
             extra = vllm_transfer.server_args(self.weight_transfer) + extra
         # the servers run on this machine: a CPU one must not split a seeded prompt's prefill (cpu_prefill_limits)
@@ -756,7 +756,7 @@ class VLLMServerEngine(ClosesOnExit):
 
     def _tensors_for_transfer(self, model: Any) -> int:
         """nccl/ipc: take ``model``'s current weights for the sends of this sync; returns their bytes."""
-        from agent_rl.engines import vllm_transfer
+        from agent_rl.engines import vllm_transfer  # deferred: imports vLLM (nccl|ipc only)
 
         if self._source is None:
             self._source = vllm_transfer.PolicySource(model, self.dtype, self.untie)
@@ -770,7 +770,7 @@ class VLLMServerEngine(ClosesOnExit):
         Raises:
             RuntimeError: the handshake or the transfer failed (the server's message and log tail).
         """
-        from agent_rl.engines import vllm_transfer
+        from agent_rl.engines import vllm_transfer  # deferred: imports vLLM (nccl|ipc only)
 
         try:
             sender = self._transfer.get(url)
