@@ -603,12 +603,17 @@ class VLLMServerEngine(ClosesOnExit):
     def _tails(self) -> str:
         return "\n".join(s.tail() for s in self.servers) or "(servers started elsewhere: see their logs)"
 
+    def _log_tail(self, url: str) -> str:
+        """A newline and the log's tail of server ``url`` when this engine started it; "" for a server started
+        elsewhere (its log is not here)."""
+        server = self._server_of(url)
+        return f"\n{server.tail()}" if server is not None else ""
+
     def _http_error(self, url: str, path: str, r: httpx.Response) -> RuntimeError:
         """The error of an HTTP error answer of server ``url`` to ``path``: its status and body and, for a server
         error (5xx) of a server this engine started, its log's tail (vLLM's 500 says the cause is "above", there)."""
-        server = self._server_of(url) if r.status_code >= 500 else None
-        return RuntimeError(f"vllm server {url}{path}: HTTP {r.status_code}: {r.text[:500]}"
-                            + (f"\n{server.tail()}" if server else ""))
+        tail = self._log_tail(url) if r.status_code >= 500 else ""
+        return RuntimeError(f"vllm server {url}{path}: HTTP {r.status_code}: {r.text[:500]}{tail}")
 
     def _post(self, url: str, path: str, **kw: Any) -> Any:
         """POST to one server; JSON of the answer (its text when not JSON; None when empty).
@@ -782,10 +787,8 @@ class VLLMServerEngine(ClosesOnExit):
             sender.send_weights()
         except Exception as exc:  # noqa: BLE001 (requests' and NCCL's errors alike: one message with the log)
             self._transfer.pop(url, None)
-            server = self._server_of(url)
-            tail = f"\n{server.tail()}" if server is not None else ""
             raise RuntimeError(f"vllm server {url}: weight transfer ({self.weight_transfer}) failed: "
-                               f"{type(exc).__name__}: {exc}{tail}") from exc
+                               f"{type(exc).__name__}: {exc}{self._log_tail(url)}") from exc
 
     def _load_adapter(self, url: str, folder: Path) -> None:
         """The adapter in ``folder`` into server ``url`` under :data:`LORA_NAME`, in place of the one loaded before

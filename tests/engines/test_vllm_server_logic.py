@@ -316,3 +316,24 @@ def test_cpu_prefill_limits_and_the_server_flags():
     joined = " ".join(cmd)
     assert "--no-enable-chunked-prefill --max-num-batched-tokens 8192 --x" in joined
     assert "chunked" not in " ".join(server_command("py", "m", 1))
+
+
+def test_http_errors_carry_the_log_tail_of_a_server_the_engine_started_for_5xx_only(tmp_path):
+    """A 5xx of a server the engine started carries its log's last lines (vLLM's 500 says the cause is in its log); a
+    4xx, or a server started elsewhere, carries status and body only."""
+    import httpx
+
+    from agent_rl.engines.vllm_server import ServerProcess
+
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(f"line {i}" for i in range(40)) + "\nRuntimeError: CPU Generator does not use offset\n")
+    eng = VLLMServerEngine.__new__(VLLMServerEngine)  # the error builder alone: no server is started
+    eng.servers = [ServerProcess(["python"], {}, "http://127.0.0.1:1", log)]
+    err = str(eng._http_error("http://127.0.0.1:1", "/inference/v1/generate", httpx.Response(500, text="boom")))
+    assert err.startswith("vllm server http://127.0.0.1:1/inference/v1/generate: HTTP 500: boom\n--- last 30 lines")
+    # 41 lines: the last 30 are lines 11..39 and the error
+    assert "CPU Generator does not use offset" in err and "\nline 11\n" in err and "\nline 10\n" not in err
+    assert str(eng._http_error("http://127.0.0.1:1", "/pause", httpx.Response(400, text="bad mode"))) == \
+        "vllm server http://127.0.0.1:1/pause: HTTP 400: bad mode"
+    assert str(eng._http_error("http://10.0.0.2:8000", "/x", httpx.Response(503, text="down"))) == \
+        "vllm server http://10.0.0.2:8000/x: HTTP 503: down"
