@@ -786,9 +786,20 @@ class VLLMServerEngine(ClosesOnExit):
                 self._transfer[url] = sender
             sender.send_weights()
         except Exception as exc:  # noqa: BLE001 (requests' and NCCL's errors alike: one message with the log)
-            self._transfer.pop(url, None)
+            self._drop_sender(url)  # vLLM: after a failed send the group is unusable and must be torn down
             raise RuntimeError(f"vllm server {url}: weight transfer ({self.weight_transfer}) failed: "
                                f"{type(exc).__name__}: {exc}{self._log_tail(url)}") from exc
+
+    def _drop_sender(self, url: str) -> None:
+        """Forget server ``url``'s trainer-side transfer engine and shut its communicator down (a failed send, or
+        the engine's close); the next sync to ``url`` builds a new one."""
+        sender = self._transfer.pop(url, None)
+        if sender is None:
+            return
+        try:
+            sender.shutdown()  # the trainer's communicator (a remote server keeps its own until it stops)
+        except Exception:  # noqa: BLE001 (a group already broken has nothing left to free)
+            log.warning("vllm_server engine: the weight-transfer group of %s did not shut down cleanly", url)
 
     def _load_adapter(self, url: str, folder: Path) -> None:
         """The adapter in ``folder`` into server ``url`` under :data:`LORA_NAME`, in place of the one loaded before
@@ -872,11 +883,8 @@ class VLLMServerEngine(ClosesOnExit):
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-        for sender in getattr(self, "_transfer", {}).values():
-            try:
-                sender.shutdown()  # the trainer's communicator (a remote server keeps its own until it stops)
-            except Exception:  # noqa: BLE001 (closing: a group already broken has nothing to free)
-                log.warning("vllm_server engine: the weight-transfer group did not shut down cleanly")
+        for url in list(getattr(self, "_transfer", {})):
+            self._drop_sender(url)
         for s in self.servers:
             s.stop()
         if self._watchdog is not None:

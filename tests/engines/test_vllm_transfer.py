@@ -81,6 +81,29 @@ def test_server_arguments_parse_in_vllm_serve(backend):
     assert AsyncEngineArgs.from_cli_args(args).weight_transfer_config.backend == backend
 
 
+def test_a_failed_handshake_is_one_clear_error_and_leaves_no_sender(tmp_path):
+    """The transfer path of the engine against a port nobody serves: vLLM's trainer engine fails to build (on CPU
+    vLLM's IPC engine asks for the accelerator before its HTTP handshake; on a GPU its client finds the port
+    closed), the engine raises one error naming the server, the backend and the cause, and keeps no sender for
+    that server (the next sync builds a new one). The engine is assembled without servers (none can take a transfer
+    on CPU)."""
+    from agent_rl.engines.vllm_server import VLLMServerEngine
+    from agent_rl.engines.vllm_transfer import PolicySource
+    from servers.launch import free_port
+
+    model, _ = _tiny()
+    url = f"http://127.0.0.1:{free_port()}"
+    eng = VLLMServerEngine.__new__(VLLMServerEngine)
+    eng.weight_transfer, eng.weight_transfer_host, eng.tensor_parallel_size = "ipc", "127.0.0.1", 1
+    eng.request_timeout_s, eng.servers, eng._transfer = 5.0, [], {}
+    eng._source = PolicySource(model, torch.float32, False)
+    for _ in range(2):  # the same error again: nothing half-built was kept
+        cause = "ConnectionError" if torch.cuda.is_available() else "RuntimeError: Cannot access accelerator device"
+        with pytest.raises(RuntimeError, match=rf"vllm server {url}: weight transfer \(ipc\) failed: {cause}"):
+            eng._transfer_to(url)
+        assert eng._transfer == {}
+
+
 # ------------------------------------------------------------------------------------------ GPU: the transfers
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM's NCCL and CUDA IPC weight transfer need CUDA")
 @pytest.mark.parametrize("backend", ["nccl", "ipc"])
