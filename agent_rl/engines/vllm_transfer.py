@@ -55,6 +55,7 @@ class PolicySource(WeightSource):
         self._state = state_for_vllm(self.model, self.dtype, self.untie, device=device)
 
     def release(self) -> None:
+        """Drop the weights taken for the last send (after a sync: the policy's tensors are not held twice)."""
         self._state = None
 
     def _tensors(self) -> dict[str, torch.Tensor]:
