@@ -17,7 +17,8 @@ behaviour-cloned start, ``trainer.tasks_per_step=4``).
 
 ``results.json``: ``{algo: {seed: {"step": [...], "eval_success": [...], "wall_s": [...], "entropy": [...],
 "eval_invalid_frac": [...], "eval_mean_turns": [...], "train_step", "temperature", "delta_R", "delta_R_groups",
-"success_high", "success_low", "groups_equal_frac", "rollout_success", "learnable_frac": [...]}}}`` (the panel's invalid-action fraction and mean turns; per training step the
+"success_high", "success_low", "groups_equal_frac", "rollout_success", "learnable_frac", "generated_turns", ... (the
+cost and fork columns of :func:`per_step_choices`): [...]}}}`` (the panel's invalid-action fraction and mean turns; per training step the
 temperature the method chose, :func:`per_step_choices`, and TGRL's exploration gain)
 (entropy: the learner's ``actor/entropy`` of the last training step before each evaluation; None at step 0).
 """
@@ -183,14 +184,34 @@ def per_step_choices(records: list[dict[str, Any]]) -> dict[str, list]:
     method without one), and TGRL's ``delta_R``, ``delta_R_groups`` (informative groups), ``success_high`` /
     ``success_low`` (None for the other algorithms); for every method ``groups_equal_frac`` (the step's groups whose
     rewards were all equal: rollouts that taught nothing) and ``rollout_success``, and the pass-rate curriculum's
-    ``learnable_frac`` (None under uniform sampling)."""
+    ``learnable_frac`` (None under uniform sampling).
+
+    What a step cost and what it trained on, for every method: ``generated_turns`` (turns the policy generated:
+    ``fork/generated_turns`` under ``rollout.fork``, a sibling's replayed prefix not counted; otherwise episodes x
+    mean turns), ``kv_reuse_tokens``, ``grad_norm`` (0: the step had no learning signal), ``dropped_groups``,
+    ``rollout_s`` and ``update_s``; and under ``rollout.fork`` (None without) ``fork_groups``, ``fork_siblings``
+    (``fork/extra_episodes``), ``filled_episodes``, ``replay_s`` (summed over siblings, not wall),
+    ``replayed_turns`` and ``replay_mismatch``."""
     def col(key: str) -> list:
         return [r.get(key) for r in records]
+
+    def generated(r: dict[str, Any]) -> float | None:
+        if "fork/generated_turns" in r:
+            return r["fork/generated_turns"]
+        if "rollout/episodes" in r and "episode/turns_mean" in r:
+            return r["rollout/episodes"] * r["episode/turns_mean"]
+        return None
     temps = [next((r[k] for k in TEMPERATURE_KEYS if k in r), None) for r in records]
     return {"train_step": col("step"), "temperature": temps, "delta_R": col("tgrl/delta_R"),
             "delta_R_groups": col("tgrl/delta_R_groups"), "success_high": col("tgrl/success_high"),
             "success_low": col("tgrl/success_low"), "groups_equal_frac": col("rollout/groups_equal_frac"),
-            "rollout_success": col("success/rate"), "learnable_frac": col("curriculum/learnable_frac")}
+            "rollout_success": col("success/rate"), "learnable_frac": col("curriculum/learnable_frac"),
+            "generated_turns": [generated(r) for r in records], "kv_reuse_tokens": col("throughput/kv_reuse_tokens"),
+            "grad_norm": col("actor/grad_norm"), "dropped_groups": col("rollout/dropped_groups"),
+            "rollout_s": col("time/rollout_s"), "update_s": col("time/update_s"), "fork_groups": col("fork/groups"),
+            "fork_siblings": col("fork/extra_episodes"), "filled_episodes": col("fork/filled_episodes"),
+            "replay_s": col("fork/replay_s"), "replayed_turns": col("fork/replayed_turns"),
+            "replay_mismatch": col("fork/replay_mismatch")}
 
 
 def steps_to(curve: dict[str, list], threshold: float, key: str = "step") -> float | None:
