@@ -250,10 +250,11 @@ def plot(results: dict[str, dict[str, dict[str, list]]], path: Path) -> None:
     axes[2].set(xlabel="training step", ylabel="policy entropy at the sampling T (nats/token)")
     # one legend under the panels (long override names do not fit inside them)
     handles, labels = axes[0].get_legend_handles_labels()
-    rows = (len(labels) + 1) // 2
-    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=9, frameon=False)
-    fig.tight_layout(rect=(0, 0.06 * rows, 1, 1))
-    fig.savefig(path, dpi=120)
+    ncol = 1 if max(map(len, labels), default=0) > 80 else 2  # a fork arm's name is wider than half the figure
+    rows = -(-len(labels) // ncol)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.045 * rows, 1, 1))
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # the legend's widest name is never clipped
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
