@@ -156,7 +156,7 @@ def check_trainable(cfg: Config) -> list[str]:
 
     Checks: registry names (estimator, policy loss, credit rule and level, schedule, engine, prompt format); the env
     id and its constructor kwargs; ``trainer.device``; the model's context (prompt budget capped, see
-    :func:`fit_prompt_budget`); batch-level estimators need >= 2 episodes per step; gigpo needs per-turn rows; DAPO
+    :func:`fit_prompt_budget`); batch-level estimators need >= 2 episodes per step; DAPO
     overlong ``L_c <= L_max``.
     Single-group checks (``algo=dapo`` with G < 2, group estimators with G = 1, temperatures 0) are in the
     dataclasses' ``__post_init__``.
@@ -208,9 +208,6 @@ def check_trainable(cfg: Config) -> list[str]:
         raise ConfigError(f"env.tools={list(cfg.env.tools)} makes an episode multi-turn (tool calls, then the final "
                           f"answer) but rollout.max_turns={cfg.rollout.max_turns}; set rollout.max_turns >= 2 "
                           "(env=math_python uses 4)")
-    if algo.adv_estimator == "gigpo" and cfg.rollout.mode != "turn":
-        raise ConfigError("algo.adv_estimator=gigpo groups turns by their observation: it needs rollout.mode=turn "
-                          f"(got {cfg.rollout.mode})")
     if algo.dapo_overlong and algo.dapo_overlong_cache_len > algo.dapo_overlong_max_len:
         raise ConfigError(f"algo.dapo_overlong_cache_len={algo.dapo_overlong_cache_len} must be <= "
                           f"algo.dapo_overlong_max_len={algo.dapo_overlong_max_len}")

@@ -175,8 +175,6 @@ BAD = [
     ("model.path=/no/such/model", "model.path='/no/such/model' is not a folder"),
     ("env_server.local_kind=threads", "env_server.local_kind='threads' is not valid; valid values: thread, process"),
     ("rollout.max_prompt_tokens=0", "rollout.max_prompt_tokens >= 1"),
-    ("algo=grpo algo.adv_estimator=gigpo rollout.mode=trajectory", "algo.adv_estimator=gigpo groups turns by their "
-                                                                   "observation: it needs rollout.mode=turn"),
     ("algo=grp", "unknown option algo=grp: available options in 'algo': dapo, drgrpo, grpo, gspo, ppo, rloo, tampo, "
                  "tgrl. Did you mean algo=grpo?"),
     ("trainer.total_steps=many", "could not be converted to Integer (trainer.total_steps)"),

@@ -31,6 +31,7 @@ __all__ = [
     "rloo_advantages",
     "reinforce_pp_advantages",
     "gigpo_advantages",
+    "gigpo_token_advantages",
     "discounted_turn_returns",
     "compute_gae",
     "dapo_overlong_penalty",
@@ -225,6 +226,67 @@ def gigpo_advantages(
     anchor = torch.unique(pairs, dim=0, return_inverse=True)[1]  # (B,) anchor-state group id
     a_step = grpo_advantages(returns, anchor, std=std, eps=eps)
     return (a_ep.double() + step_weight * a_step.double()).to(rewards.dtype)
+
+
+@torch.no_grad()
+def gigpo_token_advantages(
+    episode_rewards: Tensor,
+    episode_group_index: Tensor,
+    turn_obs_key: Tensor,
+    token_turn: Tensor,
+    episode_index: Tensor,
+    response_mask: Tensor,
+    **kwargs: Any,
+) -> Tensor:
+    """GiGPO on full-trajectory rows (``rollout.mode=trajectory``): the same per-turn advantages as
+    :func:`gigpo_advantages` on per-turn rows, written on each turn's response tokens (docs/algorithms_impl.md,
+    "GiGPO"). Choice: a trajectory row holds all of an episode's turns, so the estimator runs on one virtual row per
+    (episode, turn) and turn k's tokens get that row's value; the result equals, token by token, what per-turn mode
+    gives for the same episodes (tested).
+
+    Args:
+        episode_rewards: (E,) float, R of each episode. episode_group_index: (E,) long, its task group.
+        turn_obs_key: (E, K) long, the observation key each turn acted on (:func:`gigpo_advantages`'s ``obs_key``;
+            keys are >= 0), -1 past an episode's last turn.
+        token_turn: (B, T) long, the 0-based turn of each response token (any value where the mask is 0).
+        episode_index: (B,) long, each row's episode (0..E-1).
+        response_mask: (B, T) 0/1.
+        **kwargs: passed to :func:`gigpo_advantages` (``gamma``, ``step_weight``, ``std``, ``eps``).
+    Returns:
+        (B, T) float32 advantages, 0 where ``response_mask`` is 0.
+    Raises:
+        ValueError: bad shapes, or a masked token whose turn is not one of its episode's turns.
+    """
+    r = as_float(episode_rewards)
+    check_1d("episode_rewards", r)
+    e = r.shape[0]
+    check_1d("episode_group_index", episode_group_index, e)
+    if turn_obs_key.dim() != 2 or turn_obs_key.shape[0] != e:
+        raise ValueError(f"turn_obs_key must be (E={e}, K), got {tuple(turn_obs_key.shape)}")
+    check_2d("response_mask", response_mask)
+    check_2d("token_turn", token_turn, tuple(response_mask.shape))
+    check_1d("episode_index", episode_index, response_mask.shape[0])
+    keys = turn_obs_key.long()
+    ep_idx, k_idx = (keys >= 0).nonzero(as_tuple=True)  # one virtual per-turn row per (episode, turn)
+    a = gigpo_advantages(r[ep_idx], episode_group_index.long()[ep_idx], episode_index=ep_idx, turn_index=k_idx,
+                         obs_key=keys[ep_idx, k_idx], **kwargs)
+    table = torch.zeros(keys.shape, dtype=torch.float64, device=r.device)  # (E, K)
+    table[ep_idx, k_idx] = a.double()
+    m = response_mask > 0
+    turn = token_turn.long()
+    row_ep = episode_index.long()[:, None].expand(turn.shape)
+    k_max = keys.shape[1]
+    at = turn.clamp(0, max(k_max - 1, 0))
+    bad = m & ((turn < 0) | (turn >= k_max))
+    if k_max:
+        bad |= m & (keys[row_ep, at] < 0)
+    if bool(bad.any()):
+        raise ValueError("a masked token's token_turn is not one of its episode's turns (turn_obs_key -1 or out of "
+                         "range)")
+    if k_max == 0:
+        return torch.zeros(response_mask.shape, dtype=torch.float32, device=response_mask.device)
+    adv = table[row_ep, at]
+    return torch.where(m, adv, torch.zeros_like(adv)).float()
 
 
 @torch.no_grad()

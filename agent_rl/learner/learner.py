@@ -636,12 +636,18 @@ class Learner:
             base_adv: Tensor = torch.where(rm > 0, (adv - mean) / (var.sqrt() + 1e-8), 0.0)
         elif algos.ADV_ESTIMATORS.meta(algo.adv_estimator).get("row_level", False):
             # row-level estimators (gigpo) see every turn row: rewards broadcast, episodes, turns, observation keys
-            if b.obs_key is None:
+            ex = b.extras or {}
+            if b.obs_key is not None:
+                base_adv = algos.compute_advantages(
+                    algo.adv_estimator, ep_rewards[b.episode_index], b.group_index,
+                    episode_index=b.episode_index, turn_index=b.turn_index, obs_key=b.obs_key, std=algo.std)
+            elif "episode_turn_obs_key" in ex and "token_turn" in ex:  # trajectory rows: per-turn values on tokens
+                base_adv = algos.gigpo_token_advantages(ep_rewards, b.episode_group_index, ex["episode_turn_obs_key"],
+                                                        ex["token_turn"], b.episode_index, rm, std=algo.std)
+            else:
                 raise ValueError(f"algo.adv_estimator={algo.adv_estimator} needs each turn's observation key "
-                                 "(RolloutBatch.extras['obs_key'], per-turn mode)")
-            base_adv = algos.compute_advantages(
-                algo.adv_estimator, ep_rewards[b.episode_index], b.group_index,
-                episode_index=b.episode_index, turn_index=b.turn_index, obs_key=b.obs_key, std=algo.std)
+                                 "(RolloutBatch.extras['obs_key'] in per-turn mode; 'episode_turn_obs_key' and "
+                                 "'token_turn' in full-trajectory mode: build_rollout_batch writes them)")
         else:
             ep_adv = algos.compute_advantages(algo.adv_estimator, ep_rewards, b.episode_group_index,
                                               std=algo.std)

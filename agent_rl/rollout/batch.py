@@ -109,9 +109,11 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
         ``episode.reward`` (already including any invalid-action penalty) to the episode's rows. ``extras``:
         ``episode_won`` (E,) bool (the env's ``won``; the learner's TGRL success rates), ``response_lengths`` (one per
         turn, in episode order; equals the rows only in per-turn mode), and in per-turn mode ``obs_key`` (B,) long:
-        the observation each turn acted on (:func:`observation_key`; GiGPO's anchor states). With forked siblings
+        the observation each turn acted on (:func:`observation_key`; GiGPO's anchor states); in full-trajectory
+        mode ``episode_turn_obs_key`` (E, K) long, the same keys per episode and turn (-1 past its last turn), and
+        ``token_turn`` (B, L) long, the turn of each response token (-1 elsewhere). With forked siblings
         (``Episode.fork``, ``rollout.fork``): their replayed turns carry ``response_mask`` 0, and ``extras`` adds
-        :func:`fork_extras` and ``token_turn`` (B, L) long, the turn of each response token (-1 elsewhere).
+        :func:`fork_extras` and ``token_turn`` (in either mode).
 
     Raises:
         ValueError: unknown mode, a failed or empty episode, no episodes.
@@ -163,9 +165,14 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
     }
     if mode == "turn":
         extras["obs_key"] = torch.tensor([k for ep in episodes for k in _obs_keys(ep)], dtype=torch.long)
+    else:  # GiGPO on trajectory rows (algos.gigpo_token_advantages): each turn's key, each token's turn
+        k_max = max(len(ep.turns) for ep in episodes)
+        extras["episode_turn_obs_key"] = torch.tensor([_obs_keys(ep) + [-1] * (k_max - len(ep.turns))
+                                                       for ep in episodes], dtype=torch.long)
+    if mode == "trajectory" or any(ep.fork is not None for ep in episodes):
+        extras["token_turn"] = token_turn
     if any(ep.fork is not None for ep in episodes):
         extras.update(fork_extras(episodes))
-        extras["token_turn"] = token_turn
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

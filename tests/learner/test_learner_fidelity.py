@@ -163,12 +163,14 @@ def test_learner_logprobs_match_a_truncating_sampler(tiny, top_k, top_p):
     assert float((full - batch.engine_logprobs).abs()[rm].max()) > 1e-3
 
 
+@pytest.mark.parametrize("mode", ["turn", "trajectory"])
 @pytest.mark.parametrize("same_obs,want_turn1", [(True, 2 ** 0.5), (False, 0.5 ** 0.5)])
-def test_gigpo_through_the_learner(tiny, same_obs, want_turn1):
+def test_gigpo_through_the_learner(tiny, same_obs, want_turn1, mode):
     """algo.adv_estimator=gigpo reads each turn's observation key from build_rollout_batch. Group of 2 episodes x
     2 turns, rewards [1, 0]: episode GRPO +-0.7071; step part (gamma 0.95, sparse): turn 0 (shared initial state)
     returns [0.95, 0] -> +-0.7071; turn 1 acted on the observation after turn 0: the same text in both episodes ->
-    returns [1, 0] -> +-0.7071 (total +-1.4142), different texts -> anchor groups of one -> 0 (total +-0.7071)."""
+    returns [1, 0] -> +-0.7071 (total +-1.4142), different texts -> anchor groups of one -> 0 (total +-0.7071).
+    Full-trajectory mode: the same values on each turn's tokens of the episode's one row."""
     from agent_rl.rollout.batch import build_rollout_batch
     from agent_rl.types import Episode, Task, Turn
 
@@ -178,16 +180,21 @@ def test_gigpo_through_the_learner(tiny, same_obs, want_turn1):
         obs0 = "You are in room A." if same_obs else f"You are in room {'AB'[e]}."
         turns = [Turn(prompt_ids=[5, 6, 7], response_ids=[10 + e, 11], response_logprobs=[0.0, 0.0], action="go",
                       observation=obs0),
-                 Turn(prompt_ids=[5, 6, 7, 8], response_ids=[12, 13 + e], response_logprobs=[0.0, 0.0],
+                 Turn(prompt_ids=[5, 6, 7, 10 + e, 11, 8], response_ids=[12, 13 + e], response_logprobs=[0.0, 0.0],
                       action="take", observation="done")]
         episodes.append(Episode(task=Task(env_id="x", group_id=0), temperature=1.0, is_high=False, turns=turns,
                                 reward=reward, won=reward > 0))
-    batch = build_rollout_batch(episodes, pad_token_id=tok.pad_token_id)
+    batch = build_rollout_batch(episodes, pad_token_id=tok.pad_token_id, mode=mode)
     learner = Learner(model, tok, AlgoConfig(name="grpo", adv_estimator="gigpo", group_size=2), OptimConfig(lr=1e-3))
     learner.update(batch, step=1, total_steps=10)
     adv = learner.last_token_stats["advantages"]
     rm = batch.response_mask > 0
-    sign = torch.tensor([1.0, 1.0, -1.0, -1.0])  # rows: ep0 turn0, ep0 turn1, ep1 turn0, ep1 turn1
+    sign = torch.tensor([1.0, 1.0, -1.0, -1.0])  # ep0 turn0, ep0 turn1, ep1 turn0, ep1 turn1
     want = sign * torch.tensor([2 ** 0.5, want_turn1, 2 ** 0.5, want_turn1])
-    for r in range(4):
-        torch.testing.assert_close(adv[r][rm[r]], want[r].expand(2), atol=1e-4, rtol=0)
+    if mode == "turn":  # rows: ep0 turn0, ep0 turn1, ep1 turn0, ep1 turn1
+        for r in range(4):
+            torch.testing.assert_close(adv[r][rm[r]], want[r].expand(2), atol=1e-4, rtol=0)
+    else:  # rows: ep0, ep1; each row's response tokens are turn 0's two then turn 1's two
+        assert batch.num_rows == 2
+        for e in range(2):
+            torch.testing.assert_close(adv[e][rm[e]], want[2 * e:2 * e + 2].repeat_interleave(2), atol=1e-4, rtol=0)
