@@ -359,12 +359,13 @@ class Config:
         if fork.enabled and fork.points >= self.rollout.max_turns:
             raise ValueError(f"rollout.fork.points={fork.points} fork turns need episodes of more turns than "
                              f"rollout.max_turns={self.rollout.max_turns} (a fork turn t is 1..max_turns-1)")
-        if fork.enabled and not self.env.external.enabled:
+        if fork.enabled and fork.restore == "replay" and not self.env.external.enabled:
             declared = describe(self.env.id, self.env.name).deterministic
             if declared is not None and not declared(self.env_kwargs):
                 raise ValueError(f"rollout.fork replays a base's actions, and {self.env.id} with these env kwargs "
                                  "declares that its episodes do not replay exactly (envs.families.EnvFamily."
-                                 "deterministic; math with the python tool: env.action_format=text)")
+                                 "deterministic; math with the python tool: env.action_format=text; an env with "
+                                 "clone_state/set_state: rollout.fork.restore=state)")
         if self.env.external.enabled:  # env=external (agent_rl.gateway, docs/gateway.md)
             if fork.enabled:
                 raise ValueError("env=external does not fork groups (rollout.fork.points=0): a sibling replays its "

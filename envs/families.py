@@ -66,8 +66,9 @@ class EnvFamily:
     """Single-answer tasks (math, code): the results also name success ``accuracy``."""
     deterministic: Callable[[Mapping[str, Any]], bool] | None = None
     """``(env kwargs) -> whether an episode is reproduced exactly by resetting with its seed and options and replaying
-    its actions`` (forked groups, ``rollout.fork``: False refuses forking up front; True or None: forks are made and
-    every replayed turn is still checked). None: not declared."""
+    its actions`` (forked groups, ``rollout.fork`` with ``restore=replay``: False refuses forking up front; True or
+    None: forks are made and every replayed turn is still checked; ``restore=state`` copies the env's state instead
+    and does not read it). None: not declared."""
 
     @property
     def has_panels(self) -> bool:

@@ -30,7 +30,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket
 
-from envs.hosting import Session, SessionManager, SessionNotFound
+from envs.hosting import Session, SessionManager, SessionNotFound, SnapshotNotFound
 from envs.hosting.errors import UnknownEnv
 from envs.hosting.pool import StepReply
 from servers.tokens import LOCAL_CLIENT, client_of, is_loopback_host
@@ -174,4 +174,26 @@ class ClientSessions:
     async def close(self, session_id: str) -> None:
         self.get(session_id)
         await self.manager.close(session_id)
+
+    # snapshots: another client's snapshot (or one of another env than ``env_id``) is ``SnapshotNotFound``, as one
+    # that does not exist
+    def owns_snapshot(self, snapshot_id: str) -> bool:
+        snap = self.manager.snapshots.get(snapshot_id)
+        return snap is not None and snap.owner == self.client and self.env_id in (None, snap.env_id)
+
+    async def snapshot(self, session_id: str) -> str:
+        """:meth:`SessionManager.snapshot` of the client's session (the snapshot is the client's)."""
+        self.get(session_id)
+        return await self.manager.snapshot(session_id)
+
+    async def restore(self, snapshot_id: str, **kwargs: Any) -> tuple[str, Any, dict[str, Any]]:
+        """:meth:`SessionManager.restore` of the client's snapshot, the new session owned by the client."""
+        if not self.owns_snapshot(snapshot_id):
+            raise SnapshotNotFound(snapshot_id)
+        return await self.manager.restore(snapshot_id, owner=self.client, **kwargs)
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        if not self.owns_snapshot(snapshot_id):
+            raise SnapshotNotFound(snapshot_id)
+        await self.manager.drop_snapshot(snapshot_id)
 

@@ -122,6 +122,7 @@ def create_app(
     app.include_router(meta.router)
     app.include_router(meta.envs_router, dependencies=[Depends(get_client)])
     app.include_router(sessions.router, dependencies=[Depends(get_client)])
+    app.include_router(sessions.snapshots_router, dependencies=[Depends(get_client)])
     # OpenEnv (HTTP, WS) and MCP under each env's path; a one-env server answers them at its root too (not /health)
     for env_id in env_ids:
         app.include_router(build_router(env_id, facts[env_id]), prefix=openenv_path(env_id))
@@ -133,9 +134,11 @@ def create_app(
     app.state.mcp = mcps
 
     async def _hosting_error(request: Request, exc: Exception) -> JSONResponse:
-        # POST /sessions (and the stateless OpenEnv routes while they open one): a failure means no session exists;
+        # POST /sessions, POST /snapshots/{id}/restore (and the stateless OpenEnv routes while they open one): a failure means no session exists;
         # on /step or /reset the open session was closed
-        opening = getattr(request.state, "opening", request.url.path.rstrip("/") == "/sessions")
+        path = request.url.path.rstrip("/")
+        opening = getattr(request.state, "opening", path == "/sessions"
+                          or (path.startswith("/snapshots/") and path.endswith("/restore")))
         status, code, detail = describe_error(exc, opening=opening)
         headers = {"Retry-After": str(config.retry_after_s)} if status == 503 else None
         return _error(status, code, detail, headers=headers)

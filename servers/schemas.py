@@ -86,6 +86,20 @@ class CreateSessionResponse(ResetResponse):
                     "description, parameters}} (an env made with action_format=tools); [] when it declares none")
 
 
+class SnapshotResponse(BaseModel):
+    """A kept env-state snapshot of a session (the state stays on the server)."""
+
+    snapshot_id: str
+
+
+class RestoreRequest(_Strict):
+    """Open a session in a snapshot's state."""
+
+    session_id: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_-]{16,64}$",
+        description="id chosen by the client, as in POST /sessions; 409 session_exists if a live session has it")
+
+
 class StepResponse(BaseModel):
     """gymnasium's ``step`` tuple as an object."""
 

@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None,
                    help="env worker processes at most (default: max-sessions, one process per session)")
     p.add_argument("--ttl", type=float, default=600.0, help="idle session time-to-live, seconds")
+    p.add_argument("--max-snapshots", type=int, default=256,
+                   help="env-state snapshots kept at most (forked groups by state copy; 503 beyond)")
     p.add_argument("--max-action-bytes", type=int, default=64 * 1024)
     p.add_argument("--prestart-workers", type=int, default=1, help="workers started before /health is up")
     p.add_argument("--env-timeout", type=float, default=600.0, help="seconds one env call may take")
@@ -111,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                          token=token, tokens=tokens, allowed_origins=[o.rstrip("/") for o in args.allowed_origins],
                          max_action_bytes=args.max_action_bytes, imports=args.imports,
                          prestart_workers=args.prestart_workers, env_timeout_s=args.env_timeout,
-                         reset_nice=args.reset_nice)
+                         reset_nice=args.reset_nice, max_snapshots=args.max_snapshots)
     except (ImportError, ValueError) as exc:
         parser.error(str(exc))
     from servers.protocol import header_timeout_protocol

@@ -61,6 +61,7 @@ def test_zero_temperature_is_refused():
     (["algo=grpo", "algo.adv_estimator=reinforce_pp"], r"\(got reinforce_pp"),
     (["algo=ppo"], r"\(got gae"),
     (["rollout.fork.siblings=0"], r"siblings=0 forks nothing"),
+    (["rollout.fork.restore=copy"], r"rollout.fork.restore='copy' is not valid; valid values: replay, state"),
     (["rollout.max_turns=3", "rollout.fork.points=3"], r"points=3 fork turns need .* rollout.max_turns=3"),
     (["env=math", "env.action_format=tools", "rollout.max_turns=4"], r"do not replay exactly"),  # the orchestrator skipped forks silently
     (["env=external", "env.external.program=tests.gateway.programs:react_text",
@@ -71,6 +72,10 @@ def test_forked_group_config_edges_are_refused(extra, match):
         load_config([*CHEAP, "rollout.fork.points=1", *extra])
     ok = load_config([*CHEAP, "algo=grpo", "rollout.max_turns=3", "rollout.fork.points=2"])
     assert ok.rollout.fork.enabled and load_config([*CHEAP, "algo=tgrl", "rollout.fork.points=1"]).rollout.fork.enabled
+    # the state route copies the env's state: an env declared not to replay exactly is not refused for it
+    by_state = load_config([*CHEAP, "rollout.fork.points=1", "rollout.fork.restore=state", "env=math",
+                            "env.action_format=tools", "rollout.max_turns=4"])
+    assert by_state.rollout.fork.restore == "state"
 
 
 def test_tiny_defaults_fit_the_context(capsys):

@@ -10,6 +10,7 @@ from agent_rl.envclient.base import (
     ResetResult,
     SessionBusy,
     SessionNotFound,
+    SnapshotNotFound,
     StepResult,
 )
 from agent_rl.envclient.http import HTTPEnvPool
@@ -26,5 +27,6 @@ __all__ = [
     "ResetResult",
     "SessionBusy",
     "SessionNotFound",
+    "SnapshotNotFound",
     "StepResult",
 ]

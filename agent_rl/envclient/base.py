@@ -24,6 +24,7 @@ __all__ = [
     "ResetResult",
     "SessionBusy",
     "SessionNotFound",
+    "SnapshotNotFound",
     "StepResult",
     "client_error",
 ]
@@ -63,6 +64,10 @@ class SessionNotFound(EnvClientError):
     """The session does not exist (closed, expired after the server's TTL, or broken by an env failure)."""
 
 
+class SnapshotNotFound(EnvClientError):
+    """The env-state snapshot does not exist (dropped, expired after the server's TTL, or its worker ended)."""
+
+
 class EpisodeOver(EnvClientError):
     """Step after the episode ended (terminated or truncated)."""
 
@@ -88,8 +93,10 @@ def client_error(message: str, *, status: int, code: str | None, session_route: 
         session_route: the request named a session (``/sessions/{id}/...``): a 404 is then ``SessionNotFound``.
         in_process: no HTTP was involved: the error's ``status`` is ``None``.
     """
-    if status == 404 and code != "unknown_env" and session_route:
-        cls: type[EnvClientError] = SessionNotFound
+    if status == 404 and code == "snapshot_not_found":
+        cls: type[EnvClientError] = SnapshotNotFound
+    elif status == 404 and code != "unknown_env" and session_route:
+        cls = SessionNotFound
     elif status == 409:
         cls = SessionBusy if code == "session_busy" else EpisodeOver
     elif status == 503:
@@ -123,6 +130,16 @@ class EnvPool(Protocol):
     async def close(self, session_id: str) -> None:
         """Free the session (idempotent: closing an unknown or expired session is not an error)."""
         ...
+
+    # Optional (both pools of this package have them): env-state snapshots, for an env whose unwrapped class has
+    # ``clone_state()``/``set_state(state)`` (forked groups, ``rollout.fork.restore=state``). The state never leaves
+    # the process that holds the env; a snapshot is named by an id.
+    #   async def snapshot(self, session_id: str) -> str: keep the session's current state -> snapshot id
+    #       (EnvClientError code "invalid_request" when the env has no clone_state/set_state; EpisodeOver after the
+    #       episode ended)
+    #   async def restore(self, snapshot_id: str) -> ResetResult: a new session in that state (its observation and
+    #       info: the source's last); SnapshotNotFound
+    #   async def drop_snapshot(self, snapshot_id: str) -> None: free it (idempotent)
 
     async def aclose(self) -> None:
         """Close every session this pool opened and release its resources."""

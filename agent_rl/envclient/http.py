@@ -22,6 +22,7 @@ from agent_rl.envclient.base import (
     EnvUnavailable,
     ResetResult,
     SessionNotFound,
+    SnapshotNotFound,
     StepResult,
     client_error,
 )
@@ -101,6 +102,7 @@ class HTTPEnvPool:
             transport=transport,
         )
         self._url_of: dict[str, str] = {}  # session id -> URL of the server that holds it
+        self._snapshot_url: dict[str, str] = {}  # snapshot id -> URL of the server that keeps it
         self._load: Counter[str] = Counter({u: 0 for u in self.urls})
         self._turn = 0
         self.orphan_timeout_s = orphan_timeout_s
@@ -153,7 +155,8 @@ class HTTPEnvPool:
         code = payload.get("code") if isinstance(payload, dict) else None
         status = response.status_code
         message = f"{response.request.method} {response.request.url.path} -> {status}: {detail}"
-        raise client_error(message, status=status, code=code, session_route="/sessions/" in response.request.url.path)
+        raise client_error(message, status=status, code=code,
+                           session_route="/sessions/" in response.request.url.path)
 
     def _url_for(self, session_id: str) -> str:
         try:
@@ -242,6 +245,40 @@ class HTTPEnvPool:
         except asyncio.CancelledError:  # e.g. the caller's deadline: the DELETE may not have been applied
             self._orphans[session_id] = url
             raise
+
+    # ---- env-state snapshots (EnvPool's optional methods; the state stays on the server) -----------------------
+    async def snapshot(self, session_id: str) -> str:
+        """``POST /sessions/{id}/snapshot`` -> the snapshot id (kept on the session's server, owned by this client;
+        422 ``EnvClientError`` when the env has no ``clone_state``/``set_state``)."""
+        url = self._url_for(session_id)
+        payload = self._check(await self._send("POST", url, f"/sessions/{session_id}/snapshot"))
+        self._snapshot_url[payload["snapshot_id"]] = url
+        return str(payload["snapshot_id"])
+
+    async def restore(self, snapshot_id: str) -> ResetResult:
+        """``POST /snapshots/{id}/restore``: a new session in the snapshot's state, on the server that keeps it (an
+        answer lost on the way leaves an orphan session, deleted later like a lost reset's)."""
+        url = self._snapshot_url.get(snapshot_id)
+        if url is None:
+            raise SnapshotNotFound(f"snapshot {snapshot_id!r} was not taken by this pool (or is dropped)")
+        session_id = uuid.uuid4().hex
+        try:
+            response = await self._send("POST", url, f"/snapshots/{snapshot_id}/restore", {"session_id": session_id})
+        except (EnvServerError, asyncio.CancelledError):
+            self._orphans[session_id] = url
+            raise
+        payload = self._check(response)
+        self._url_of[payload["session_id"]] = url
+        self._load[url] += 1
+        return ResetResult(payload["session_id"], payload["observation"], payload.get("info") or {})
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        """``DELETE /snapshots/{id}`` (idempotent; a server that cannot be reached drops it at its TTL)."""
+        url = self._snapshot_url.pop(snapshot_id, None)
+        if url is None:
+            return
+        with contextlib.suppress(SnapshotNotFound, EnvUnavailable, EnvServerError):
+            self._check(await self._send("DELETE", url, f"/snapshots/{snapshot_id}"))
 
     # ---- orphans ---------------------------------------------------------------------------------------------
     @property

@@ -102,6 +102,23 @@ class LocalEnvPool:
         reply = await self._call(self.manager.step(session_id, action))
         return StepResult(reply.observation, reply.reward, reply.terminated, reply.truncated, reply.info)
 
+    async def snapshot(self, session_id: str) -> str:
+        """Keep the session's env state (the env's ``clone_state()``) -> a snapshot id (:meth:`restore` opens a
+        session in it). ``EnvClientError`` (``code="invalid_request"``) when the env has no
+        ``clone_state``/``set_state``, ``EpisodeOver`` after its episode ended."""
+        return await self._call(self.manager.snapshot(session_id))
+
+    async def restore(self, snapshot_id: str) -> ResetResult:
+        """A new session in a snapshot's state; its observation and info are the source's last
+        (``SnapshotNotFound``)."""
+        session_id, observation, info = await self._call(self.manager.restore(snapshot_id))
+        return ResetResult(session_id, observation, info)
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        """Free a snapshot (idempotent)."""
+        if snapshot_id in self.manager.snapshots:
+            await self._call(self.manager.drop_snapshot(snapshot_id))
+
     async def close(self, session_id: str) -> None:
         """Close the session's env (idempotent)."""
         if session_id in self.manager.sessions:

@@ -41,6 +41,7 @@ from agent_rl.gateway.config import ExternalConfig
 from agent_rl.gateway.recorder import GatewaySession, PromptBuilder, RequestError
 from agent_rl.gateway.server import GatewayServer
 from agent_rl.rollout.config import RolloutConfig
+from agent_rl.rollout.fork import ForkSource, SiblingStart
 from agent_rl.rollout.orchestrator import GATEWAY_COUNTS, EnvCallFailed, RolloutOrchestrator
 from agent_rl.rollout.prompts import get_prompt
 from agent_rl.rollout.tools import decode_for_parsing, strip_reasoning
@@ -272,12 +273,11 @@ class ExternalRollout(RolloutOrchestrator):
             return None  # no reward printed: the posted one, or the env's
 
     async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0,
-                    replay: tuple[Episode, int, int, str | None] | None = None,
-                    keep_cache: list[str] | None = None) -> Episode:
+                    replay: SiblingStart | None = None, source: ForkSource | None = None) -> Episode:
         """One attempt: the env session (task source), the gateway session, the program, the episode from the
         recorded calls; raises :class:`EnvCallFailed` on any failure of the attempt (module docstring). ``replay``
-        and ``keep_cache`` (the orchestrator's forked groups) are never given: ``rollout.fork`` is refused here."""
-        if replay is not None or keep_cache is not None:
+        and ``source`` (the orchestrator's forked groups) are never given: ``rollout.fork`` is refused here."""
+        if replay is not None or source is not None:
             raise ValueError("env=external does not fork groups (rollout.fork)")
         await self.start()
         reset = None

@@ -11,6 +11,7 @@ from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH
 ROLLOUT_MODES = ("turn", "trajectory")
 FORK_SELECT = ("uniform", "entropy", "js", "divergence")
 FORK_BUDGETS = ("extra", "episodes", "turns")
+FORK_RESTORE = ("replay", "state")
 SAMPLER_KINDS = ("index", "seed")
 
 
@@ -44,6 +45,15 @@ class ForkConfig:
     siblings leave of either budget is played as plain episodes of the next slots
     (:func:`agent_rl.rollout.fork.spare_slots`, ``fork/filled_episodes``)."""
 
+    restore: str = "replay"
+    """How a sibling gets its base's state at the fork turn: ``replay`` (a fresh session reset with the base's seed
+    and options replays the base's actions, each turn checked; for an env whose episodes replay exactly,
+    ``envs.families.EnvFamily.deterministic``) or ``state`` (the base's session is snapshotted after each of its
+    turns, the env's own ``clone_state()``, and a sibling opens a session in the snapshot of its fork turn,
+    ``set_state``, with no replayed env step: for an env that does not replay exactly, or whose steps cost more
+    than a copy of its state; the env pool must have ``snapshot``/``restore``, both of this package's do). A
+    snapshot is taken at every turn of every base because the fork turns are chosen after the base ends."""
+
     @property
     def enabled(self) -> bool:
         return self.points > 0 and self.siblings > 0
@@ -53,6 +63,9 @@ class ForkConfig:
             raise ValueError(f"rollout.fork.select={self.select!r} is not valid; valid values: {', '.join(FORK_SELECT)}")
         if self.budget not in FORK_BUDGETS:
             raise ValueError(f"rollout.fork.budget={self.budget!r} is not valid; valid values: {', '.join(FORK_BUDGETS)}")
+        if self.restore not in FORK_RESTORE:
+            raise ValueError(f"rollout.fork.restore={self.restore!r} is not valid; valid values: "
+                             f"{', '.join(FORK_RESTORE)}")
         if self.points < 0 or self.siblings < 0 or self.points > 64 or self.siblings > 64:
             raise ValueError("rollout.fork.points and rollout.fork.siblings must be in 0..64")
         if self.points > 0 and self.siblings == 0:  # would fork nothing, silently

@@ -3,7 +3,9 @@ siblings' slots, and the replay check. The orchestrator plays the siblings (:met
 ``replay=``); the credit is ``agent_rl.algos.fork_advantages`` (docs/algorithms_impl.md, "Forked groups").
 
 A sibling of base b at fork turn t is reset on a fresh session with b's task (reset seed and options) and replays
-b's actions of turns 0..t-1. Replay is exact only if the env is deterministic given the task and the action prefix,
+b's actions of turns 0..t-1 (``rollout.fork.restore=replay``), or opens a session in the snapshot of b's env state
+taken after b's turn t-1 (``restore=state``: the env's ``clone_state``/``set_state``, kept where the env lives;
+:class:`ForkSource` holds a base's snapshot ids, :class:`SiblingStart` what a sibling starts from). Replay is exact only if the env is deterministic given the task and the action prefix,
 so every replayed turn is checked: the prompt the sibling would show (observation, admissible actions, history, in
 trajectory mode the whole conversation) must equal b's, and each replayed step's observation, reward and
 terminated/truncated flags must equal b's. A difference raises :class:`ReplayMismatch`; the orchestrator then
@@ -13,7 +15,8 @@ discards the sibling, refuses forking for that env id for the rest of the run (t
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -22,7 +25,40 @@ from agent_rl.types import Episode, Turn
 
 #: per-call counters of forking (summed over rounds, workers and streams like the token counts).
 FORK_COUNTS = ("fork/groups", "fork/replay_mismatch", "fork/replay_s", "fork/extra_episodes", "fork/replayed_turns",
-               "fork/failed_siblings", "fork/select_s", "fork/generated_turns", "fork/filled_episodes")
+               "fork/failed_siblings", "fork/select_s", "fork/generated_turns", "fork/filled_episodes",
+               "fork/snapshots", "fork/snapshot_s")
+
+
+@dataclass
+class ForkSource:
+    """What a base episode keeps for its siblings while they play (the orchestrator frees it after the group).
+
+    Attributes:
+        keep_cache: keep the base's engine cache (``engine.fork_episode``); its id lands in ``cache``.
+        snapshot: take a snapshot of the env state after every turn that is not the last (``restore=state``).
+        snapshots: fork turn t -> the snapshot id of the state before turn t (taken after turn t-1).
+        reset: the base's reset ``(observation, info)``: a restored sibling rebuilds its prompts from it.
+    """
+
+    keep_cache: bool = False
+    snapshot: bool = False
+    cache: list[str] = field(default_factory=list)
+    snapshots: dict[int, str] = field(default_factory=dict)
+    reset: tuple[Any, dict[str, Any]] | None = None
+
+
+@dataclass
+class SiblingStart:
+    """Where a forked sibling starts: base ``base`` (group slot ``base_slot``) at fork turn ``turn``; ``cache``: the
+    base's kept engine cache id (None: none); ``snapshot``: the snapshot id of the base's state before ``turn``
+    (None: replay the base's actions); ``reset``: the base's reset ``(observation, info)`` (with ``snapshot``)."""
+
+    base: Episode
+    base_slot: int
+    turn: int
+    cache: str | None = None
+    snapshot: str | None = None
+    reset: tuple[Any, dict[str, Any]] | None = None
 
 
 class ReplayMismatch(RuntimeError):

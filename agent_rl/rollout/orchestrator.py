@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
@@ -46,9 +47,9 @@ from agent_rl.aio import gather_all
 from agent_rl.algos import dapo_keep_groups
 from agent_rl.engines.base import row_seed
 from agent_rl.rollout.config import RolloutConfig
-from agent_rl.rollout.fork import (FORK_COUNTS, ReplayMismatch, base_count, budget_order, check_replayed_prompt,
-                                   check_replayed_step, fork_turns, generated_turns, sibling_slot, spare_slots,
-                                   turn_budget_jobs)
+from agent_rl.rollout.fork import (FORK_COUNTS, ForkSource, ReplayMismatch, SiblingStart, base_count, budget_order,
+                                   check_replayed_prompt, check_replayed_step, fork_turns, generated_turns,
+                                   sibling_slot, spare_slots, turn_budget_jobs)
 from agent_rl.rollout.parsing import parse_action
 from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, render_followup
 from agent_rl.rollout.prompts.tools import ToolPrompt
@@ -57,6 +58,7 @@ from agent_rl.rollout.tools import (TemplateTools, decode_for_parsing, get_tool_
 from agent_rl.types import Episode, ForkOrigin, Generation, Task, Turn
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 _EPISODE_IDS = itertools.count()  # episode attempt ids, unique in the process (engines key caches by them)
 #: per-step token counts of generation (summed over rounds and workers): prompt tokens computed, tokens sampled,
 #: prompt tokens whose keys/values came from the engine's cache (``engine.kv_reuse``, vLLM's prefix cache).
@@ -275,7 +277,8 @@ class RolloutOrchestrator:
         on_turn, on_episode: called with every turn's :class:`Generation` and every finished (or failed) episode
             (progress displays, the evaluation's per-task records).
         deterministic: the env family's declaration (``envs.families.EnvFamily.deterministic`` of the run's env
-            kwargs): False refuses ``rollout.fork`` up front; True or None: forks are made, every replay checked.
+            kwargs): False refuses ``rollout.fork`` up front under ``restore=replay``; True or None: forks are made,
+            every replay checked (``restore=state`` does not read it).
     """
 
     def __init__(self, pool: Any, engine: Any, prompt: PromptFormat, cfg: RolloutConfig, *, max_new_tokens: int,
@@ -317,6 +320,10 @@ class RolloutOrchestrator:
         """env id -> why forking is refused for it (the first replay mismatch, ``rollout/fork.py``)."""
         self.deterministic = deterministic
         self.fork_js_temperatures = fork_js_temperatures
+        if self.fork.enabled and self.fork.restore == "state" and not all(
+                hasattr(pool, m) for m in ("snapshot", "restore", "drop_snapshot")):
+            raise ValueError(f"rollout.fork.restore=state needs an env pool with snapshot/restore/drop_snapshot "
+                             f"({type(pool).__name__} has none; LocalEnvPool and HTTPEnvPool have them)")
         if self.fork.enabled and self.fork.select == "js":
             if fork_js_temperatures is None or not hasattr(engine, "token_js"):
                 raise ValueError("rollout.fork.select=js needs the engine's token JS (engine=hf) and the JS "
@@ -507,29 +514,39 @@ class RolloutOrchestrator:
                           cached_tokens=first.cached_tokens, policy_version=first.policy_version), opened
 
     async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0,
-                    replay: tuple[Episode, int, int, str | None] | None = None,
-                    keep_cache: list[str] | None = None) -> Episode:
-        """One attempt at an episode; raises :class:`EnvCallFailed` on env failure. ``replay=(base, base slot, t)``:
-        a forked sibling (``rollout.fork``): turns 0..t-1 replay the base's actions on this fresh session, each
-        checked equal to the base's (:class:`agent_rl.rollout.fork.ReplayMismatch` otherwise), and are copies of the
-        base's turns; sampling starts at turn t; ``base cache id``: the base's kept engine cache, which the sibling's
-        starts from (``engine.fork_episode``: the shared prefix is prefilled once). ``keep_cache``: a finished
-        episode's engine cache is kept, its id appended there (the caller ends it), instead of dropped."""
+                    replay: SiblingStart | None = None, source: ForkSource | None = None) -> Episode:
+        """One attempt at an episode; raises :class:`EnvCallFailed` on env failure. ``replay``: a forked sibling
+        (``rollout.fork``): turns 0..t-1 (t = ``replay.turn``) are copies of the base's turns, sampling starts at
+        turn t. Without ``replay.snapshot`` they replay the base's actions on a fresh session, each checked equal to
+        the base's (:class:`agent_rl.rollout.fork.ReplayMismatch` otherwise); with it the session is opened in the
+        snapshot of the base's state before turn t (``pool.restore``) and only the prompts are rebuilt (and
+        checked) from the base's reset and turns. ``replay.cache``: the base's kept engine cache, which the
+        sibling's starts from (``engine.fork_episode``: the shared prefix is prefilled once). ``source``: a base
+        episode's :class:`ForkSource`: its finished engine cache is kept there (the caller ends it) instead of
+        dropped, and, with ``source.snapshot``, its env state is snapshotted after every turn but the last."""
         cfg = self.cfg
-        base, fork_at = (replay[0], replay[2]) if replay is not None else (None, 0)
+        base, fork_at = (replay.base, replay.turn) if replay is not None else (None, 0)
+        restored = replay is not None and replay.snapshot is not None
         t_replay = time.perf_counter()
         early = self._prefetched.pop((task.group_id, slot), None) if replay is None else None
-        reset = await early if early is not None else await self._reset(task)
+        if restored:
+            snapshot_id = replay.snapshot  # type: ignore[union-attr]
+            reset = await self._env(lambda: self.pool.restore(snapshot_id))
+        else:
+            reset = await early if early is not None else await self._reset(task)
         sid = reset.session_id
         episode_id = f"ep{next(_EPISODE_IDS)}"  # the engine's key for this attempt's kept keys/values
         fork_cache = getattr(self.engine, "fork_episode", None)
-        if replay is not None and replay[3] is not None and fork_cache is not None:
-            fork_cache(replay[3], episode_id)
+        if replay is not None and replay.cache is not None and fork_cache is not None:
+            fork_cache(replay.cache, episode_id)
         kept = False
         try:
-            obs, info = reset.observation, dict(reset.info or {})
+            obs, info = replay.reset if restored else (reset.observation, reset.info)  # type: ignore[union-attr,misc]
+            info = dict(info or {})
+            if source is not None and replay is None:
+                source.reset = (obs, dict(info))
             ep = Episode(task=task, temperature=temperature, is_high=is_high, task_type=info.get(self.task_type_key),
-                         fork=ForkOrigin(replay[1], fork_at) if replay is not None else None)
+                         fork=ForkOrigin(replay.base_slot, fork_at) if replay is not None else None)
             task_text = self.prompt.task_text(obs, info)
             tools = info.get("tools")
             if self.tool_format is not None and tools is None:
@@ -552,11 +569,16 @@ class RolloutOrchestrator:
                 if base is not None and k < fork_at:  # a replayed turn: the base's, checked
                     check_replayed_prompt(k, prompt_ids, base.turns[k])
                     old = base.turns[k]
-                    step = await self._env(lambda: self.pool.step(sid, old.action))
-                    check_replayed_step(k, step.observation, step.reward, step.terminated, step.truncated, old)
-                    ep.turns.append(dataclasses.replace(old, info=dict(step.info or {})))
-                    history.append((obs, old.action))
-                    obs, info = step.observation, dict(step.info or {})
+                    if restored:  # the session is already in the state after this turn: no env step
+                        ep.turns.append(old)
+                        history.append((obs, old.action))
+                        obs, info = old.observation, dict(old.info or {})
+                    else:
+                        step = await self._env(lambda: self.pool.step(sid, old.action))
+                        check_replayed_step(k, step.observation, step.reward, step.terminated, step.truncated, old)
+                        ep.turns.append(dataclasses.replace(old, info=dict(step.info or {})))
+                        history.append((obs, old.action))
+                        obs, info = step.observation, dict(step.info or {})
                     if k == fork_at - 1:
                         self._fork_counts["fork/replay_s"] += time.perf_counter() - t_replay
                         self._fork_counts["fork/replayed_turns"] += fork_at
@@ -578,11 +600,13 @@ class RolloutOrchestrator:
                 obs, info = step.observation, step_info
                 if step.terminated or step.truncated:
                     break
+                if source is not None and source.snapshot and replay is None and k + 1 < cfg.max_turns:
+                    await self._snapshot(task.env_id, sid, k + 1, source)
             env_reward = sum(t.reward for t in ep.turns)
             ep.reward = env_reward  # an invalid-action penalty is already in it (envs.wrappers, rollout.invalid_penalty)
             ep.won = bool(info.get("won", env_reward > 0)) if ep.turns else False
-            if keep_cache is not None and ep.failure is None:
-                keep_cache.append(episode_id)
+            if source is not None and source.keep_cache and ep.failure is None:
+                source.cache.append(episode_id)
                 kept = True
             return ep
         finally:
@@ -594,9 +618,34 @@ class RolloutOrchestrator:
             except Exception:  # noqa: BLE001 (closing is best effort; the server's TTL reaps leftovers)
                 pass
 
+    def _refuse_fork(self, env_id: str, reason: str) -> None:
+        """Refuse forking for ``env_id`` for the rest of the run (``fork_refused``), logged once with the reason."""
+        if env_id not in self.fork_refused:
+            self.fork_refused[env_id] = reason
+            log.warning("rollout.fork refused for %s for the rest of the run: %s", env_id, reason)
+
+    async def _snapshot(self, env_id: str, session_id: str, turn: int, source: ForkSource) -> None:
+        """Snapshot a base's env state before its turn ``turn`` into ``source.snapshots`` (``restore=state``). An env
+        without ``clone_state``/``set_state`` (the pool's 422 ``invalid_request``) refuses forking for ``env_id``
+        (``fork_refused``) and the base plays on; any other failure fails the attempt (:class:`EnvCallFailed`)."""
+        if env_id in self.fork_refused:
+            source.snapshot = False
+            return
+        t0 = time.perf_counter()
+        try:
+            source.snapshots[turn] = await asyncio.wait_for(self.pool.snapshot(session_id), self.cfg.env_timeout_s)
+        except Exception as exc:  # noqa: BLE001 (a client error, a timeout, a broken server)
+            if getattr(exc, "code", None) != "invalid_request":  # the env failed: so did the attempt
+                raise EnvCallFailed(f"snapshot: {type(exc).__name__}: {exc}") from exc
+            self._refuse_fork(env_id, f"rollout.fork.restore=state: {exc}")
+            source.snapshot = False
+            return
+        finally:
+            self._fork_counts["fork/snapshot_s"] += time.perf_counter() - t0
+        self._fork_counts["fork/snapshots"] += 1
+
     async def _episode(self, task: Task, temperature: float, is_high: bool, slot: int = 0,
-                       replay: tuple[Episode, int, int, str | None] | None = None,
-                       keep_cache: list[str] | None = None) -> Episode:
+                       replay: SiblingStart | None = None, source: ForkSource | None = None) -> Episode:
         """An episode with re-runs from the same task; a final failure is returned as ``Episode.failure``
         (``replay``: a forked sibling, :meth:`_play`; its :class:`ReplayMismatch` is raised, never re-run)."""
         reason = ""
@@ -606,7 +655,9 @@ class RolloutOrchestrator:
                 self._retries += 1
                 await asyncio.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
             try:
-                ep = await self._play(task, temperature, is_high, slot, replay, keep_cache)
+                if source is not None:  # a re-run starts its base's snapshots and cache afresh
+                    await self._free_source(source)
+                ep = await self._play(task, temperature, is_high, slot, replay, source)
                 break
             except EnvCallFailed as exc:
                 reason = str(exc)
@@ -631,23 +682,29 @@ class RolloutOrchestrator:
         n_base = base_count(self.fork, g_size,
                             first_high=next((i for i, (_, high) in enumerate(spec.temperatures) if high), None))
         env_id = spec.task.env_id
-        if self.fork.enabled and self.deterministic is False:
-            self.fork_refused.setdefault(env_id, "the env family declares that its episodes do not replay exactly "
-                                                 "(envs.families.EnvFamily.deterministic)")
-        caches: list[list[str]] = [[] for _ in range(n_base)]  # each base's kept engine cache (its siblings' prefix)
-        share = self.fork.enabled and env_id not in self.fork_refused and hasattr(self.engine, "fork_episode")
+        by_state = self.fork.restore == "state"
+        if self.fork.enabled and self.deterministic is False and not by_state:
+            self._refuse_fork(env_id, "the env family declares that its episodes do not replay exactly "
+                                      "(envs.families.EnvFamily.deterministic); rollout.fork.restore=state forks an "
+                                      "env that has clone_state/set_state")
+        forking = self.fork.enabled and env_id not in self.fork_refused
+        # each base's kept engine cache (its siblings' prefix) and, with restore=state, its env-state snapshots
+        sources = [ForkSource(keep_cache=forking and hasattr(self.engine, "fork_episode"),
+                              snapshot=forking and by_state) for _ in range(n_base)]
         try:
-            bases = list(await gather_all(*(one(spec.task, t, h, slot, None, caches[slot] if share else None)
+            bases = list(await gather_all(*(one(spec.task, t, h, slot, None, sources[slot] if forking else None)
                                             for slot, (t, h) in enumerate(spec.temperatures[:n_base]))))
             if not self.fork.enabled:
                 return bases
             if any(ep.failure is not None for ep in bases):
                 return bases  # the group is dropped whole: no forks, no fill
             jobs = await self._sibling_jobs(spec, bases) if env_id not in self.fork_refused else []
+            if by_state:  # a sibling needs its fork turn's snapshot (none where snapshots were refused)
+                jobs = [(b, t, slot) for b, t, slot in jobs if t in sources[b].snapshots]
             n_fill = spare_slots(self.fork, bases, jobs, g_size)
             fill_slots = enumerate(spec.temperatures[n_base:n_base + n_fill], start=n_base)
             sibs, fill = await gather_all(
-                self._siblings(spec, bases, jobs, [c[0] if c else None for c in caches], one),
+                self._siblings(spec, bases, jobs, sources, one),
                 gather_all(*(one(spec.task, t, h, slot) for slot, (t, h) in fill_slots)))
             self._fork_counts["fork/filled_episodes"] += len(fill)
             eps = bases + list(fill) + sibs
@@ -655,9 +712,18 @@ class RolloutOrchestrator:
             return eps
         finally:
             end_episode = getattr(self.engine, "end_episode", None)
-            for eid in (e for c in caches for e in c):
+            for eid in (e for src in sources for e in src.cache):
                 if end_episode is not None:
                     end_episode(eid)
+            await gather_all(*(self._free_source(src) for src in sources))
+
+    async def _free_source(self, source: ForkSource) -> None:
+        """Drop a base's env-state snapshots (best effort, bounded by ``rollout.env_timeout_s``: a server that cannot
+        be reached drops them at its TTL)."""
+        snapshots, source.snapshots = list(source.snapshots.values()), {}
+        for snapshot_id in snapshots:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.pool.drop_snapshot(snapshot_id), self.cfg.env_timeout_s)
 
     async def _fork_js(self, spec: GroupSpec, bases: list[Episode]) -> list[list[list[float]]]:
         """Each base's per-turn token JS (``rollout.fork.select=js``, ``HFEngine.token_js``) between T0 =
@@ -691,18 +757,22 @@ class RolloutOrchestrator:
         return jobs
 
     async def _siblings(self, spec: GroupSpec, bases: list[Episode], jobs: list[tuple[int, int, int]],
-                        caches: list[str | None], one: Callable[..., Awaitable[Episode]]) -> list[Episode]:
+                        sources: list[ForkSource], one: Callable[..., Awaitable[Episode]]) -> list[Episode]:
         """Play the forked sibling ``jobs`` (:meth:`_sibling_jobs`) of a group's finished ``bases``
-        (:meth:`_group`); ``caches``: each base's kept engine cache id (None: none)."""
+        (:meth:`_group`); ``sources``: what each base kept (:class:`ForkSource`: engine cache, snapshots)."""
         env_id = spec.task.env_id
 
         async def sibling(b: int, t: int, slot: int) -> Episode | None:
             base = bases[b]
             try:
-                return await one(spec.task, base.temperature, base.is_high, slot, (base, b, t, caches[b]))
+                src = sources[b]
+                start = SiblingStart(base, b, t, cache=src.cache[0] if src.cache else None,
+                                     snapshot=src.snapshots.get(t) if self.fork.restore == "state" else None,
+                                     reset=src.reset)
+                return await one(spec.task, base.temperature, base.is_high, slot, start)
             except ReplayMismatch as exc:
                 self._fork_counts["fork/replay_mismatch"] += 1
-                self.fork_refused.setdefault(env_id, str(exc))
+                self._refuse_fork(env_id, str(exc))
                 return None
 
         played = await gather_all(*(sibling(*job) for job in jobs))
@@ -737,13 +807,12 @@ class RolloutOrchestrator:
         server = asyncio.create_task(batcher.run())
         sem = asyncio.Semaphore(self.cfg.max_concurrent_episodes) if self.cfg.max_concurrent_episodes > 0 else None
 
-        async def one(task: Task, temp: float, high: bool, slot: int,
-                      replay: tuple[Episode, int, int, str | None] | None = None,
-                      keep_cache: list[str] | None = None) -> Episode:
+        async def one(task: Task, temp: float, high: bool, slot: int, replay: SiblingStart | None = None,
+                      source: ForkSource | None = None) -> Episode:
             async with sem if sem is not None else contextlib.nullcontext():
                 batcher.episode_started()
                 try:
-                    return await self._episode(task, temp, high, slot, replay, keep_cache)
+                    return await self._episode(task, temp, high, slot, replay, source)
                 finally:
                     batcher.episode_finished()
 
@@ -815,13 +884,12 @@ class RolloutOrchestrator:
             raise RuntimeError("play_group needs open_stream() first")
         sem = self._stream_sem
 
-        async def one(task: Task, temp: float, high: bool, slot: int,
-                      replay: tuple[Episode, int, int, str | None] | None = None,
-                      keep_cache: list[str] | None = None) -> Episode:
+        async def one(task: Task, temp: float, high: bool, slot: int, replay: SiblingStart | None = None,
+                      source: ForkSource | None = None) -> Episode:
             async with sem if sem is not None else contextlib.nullcontext():
                 batcher.episode_started()
                 try:
-                    return await self._episode(task, temp, high, slot, replay, keep_cache)
+                    return await self._episode(task, temp, high, slot, replay, source)
                 finally:
                     batcher.episode_finished()
 

@@ -25,11 +25,12 @@ from envs.hosting.errors import (
     SessionBusy,
     SessionExists,
     SessionNotFound,
+    SnapshotNotFound,
     UnknownEnv,
 )
 from envs.hosting.jsonable import lone_surrogate, scrub_text, to_jsonable
 from envs.hosting.pool import StepReply, WorkerPool, env_module
-from envs.hosting.sessions import Session, SessionManager, SessionSettings
+from envs.hosting.sessions import Session, SessionManager, SessionSettings, Snapshot
 from envs.hosting.threads import ThreadEnvPool
 
 __all__ = [
@@ -46,7 +47,9 @@ __all__ = [
     "SessionExists",
     "SessionManager",
     "SessionNotFound",
+    "SnapshotNotFound",
     "SessionSettings",
+    "Snapshot",
     "StepReply",
     "ThreadEnvPool",
     "UnknownEnv",

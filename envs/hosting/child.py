@@ -6,6 +6,13 @@ Protocol (one request at a time per worker): ``(op, session_id, args)`` -> ``(st
 kwargs, seed or options), ``"infra"`` (the env could not judge, :class:`envs.errors.EnvInfraError`).
 :func:`raise_for_status` turns a reply's status into the :mod:`envs.hosting.errors` exception.
 
+Snapshots (forked groups by state copy, ``rollout.fork.restore=state``): ``"snapshot"`` keeps the state of an open
+session's env (the unwrapped env's ``clone_state()``, an opaque object that never leaves this host) under a snapshot
+id; ``"restore"`` opens a new session on a fresh env of the same id and kwargs, reset with the source session's seed
+and options, then ``set_state(state)``; its step count (``TimeLimit``) is the source's at the snapshot, and it
+answers the source's last observation and info. ``"drop_snapshot"`` frees one. An env without both methods is
+``"rejected"`` (it can still be forked by replay, if it replays exactly).
+
 Kept envs: a closed session's env is kept (up to ``keep_envs`` per env id + kwargs) and handed to the next session
 that asks for the same env id and kwargs; that session's ``reset`` starts a fresh episode (the gymnasium
 contract). This saves ``gymnasium.make`` and keeps the env's per-instance resources: ALFWorld's env loads a private
@@ -31,7 +38,7 @@ from envs.errors import EnvInfraError
 from envs.hosting.errors import EnvFailed, EnvInfraFailed, EnvRejected
 from envs.hosting.jsonable import scrub_text, to_jsonable
 
-__all__ = ["EnvHost", "can_renice", "raise_for_status", "rss_bytes", "worker_main"]
+__all__ = ["EnvHost", "StateUnsupported", "can_renice", "raise_for_status", "rss_bytes", "worker_main"]
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -54,6 +61,10 @@ def can_renice() -> bool:
         return bool(int(caps.split()[1], 16) & (1 << 23))  # CAP_SYS_NICE
     except (OSError, StopIteration, ValueError, IndexError):
         return False
+
+
+class StateUnsupported(ValueError):
+    """The env has no ``clone_state``/``set_state``: a snapshot of it is refused (``"rejected"``, HTTP 422)."""
 
 
 def raise_for_status(status: str, payload: Any) -> Any:
@@ -88,9 +99,16 @@ class EnvHost:
         self.made_with: dict[str, str] = {}  # session id -> env key (env id + kwargs)
         self.kept: dict[str, list[Any]] = {}  # env key -> envs of closed sessions, ready for reuse
         self.collect_due = False  # an env was really closed: the worker runs gc.collect() after replying
+        # session id -> (env id, env kwargs, seed, options) of its last reset, its steps since, its last answer
+        self.episode_of: dict[str, tuple[str, dict[str, Any] | None, int | None, dict[str, Any] | None]] = {}
+        self.steps: dict[str, int] = {}
+        self.last: dict[str, tuple[Any, Any]] = {}
+        # snapshot id -> (env id, env kwargs, seed, options, steps, last answer, state)
+        self.snapshots: dict[str, tuple[Any, ...]] = {}
         self.handlers: dict[str, Callable[[str, Any], Any]] = {
             "open": self.open, "reset": self.reset, "step": self.step, "close": self.close, "ping": self.ping,
-            "shutdown": self.shutdown, "info": self.info,
+            "shutdown": self.shutdown, "info": self.info, "snapshot": self.snapshot, "restore": self.restore,
+            "drop_snapshot": self.drop_snapshot,
         }
 
     def handle(self, op: str, session_id: str, args: Any) -> tuple[str, Any, str]:
@@ -103,8 +121,8 @@ class EnvHost:
             return "ok", handler(session_id, args), ""
         except Exception as exc:
             # make/reset rejecting the client's kwargs/seed/options is the client's error, not the env's
-            rejected = op in ("open", "reset", "info") and isinstance(exc, (ValueError, LookupError, TypeError,
-                                                                             gymnasium.error.Error))
+            rejected = isinstance(exc, StateUnsupported) or op in ("open", "reset", "info") and isinstance(
+                exc, (ValueError, LookupError, TypeError, gymnasium.error.Error))
             status = "infra" if isinstance(exc, EnvInfraError) else "rejected" if rejected else "error"
             # an env's message is env text: valid Unicode for the JSON answer (docs/servers.md, "Text")
             return status, scrub_text(f"{type(exc).__name__}: {exc}"), scrub_text(traceback.format_exc(limit=20))
@@ -127,7 +145,15 @@ class EnvHost:
             except BaseException:
                 self._close(session_id, keep=False)  # its state is unknown: do not hand it to another session
                 raise
-        return to_jsonable(observation), to_jsonable(info)
+        return self._started(session_id, (env_id, env_kwargs, seed, options), observation, info)
+
+    def _started(self, session_id: str, episode: tuple[str, dict[str, Any] | None, int | None,
+                                                       dict[str, Any] | None],
+                 observation: Any, info: Any) -> tuple[Any, Any]:
+        """Record a session's new episode (what a snapshot of it needs) -> its JSON-ready answer."""
+        answer = to_jsonable(observation), to_jsonable(info)
+        self.episode_of[session_id], self.steps[session_id], self.last[session_id] = episode, 0, answer
+        return answer
 
     def reset(self, session_id: str, args: tuple[int | None, dict[str, Any] | None]) -> tuple[Any, Any]:
         """``env.reset(seed, options)`` of an open session -> ``(observation, info)``."""
@@ -138,7 +164,8 @@ class EnvHost:
             except BaseException:
                 self.made_with.pop(session_id, None)  # an env that raised is closed, never handed on
                 raise
-        return to_jsonable(observation), to_jsonable(info)
+        env_id, env_kwargs = self.episode_of[session_id][:2]
+        return self._started(session_id, (env_id, env_kwargs, seed, options), observation, info)
 
     def step(self, session_id: str, action: Any) -> tuple[Any, float, bool, bool, Any]:
         """``env.step(action)`` -> ``(observation, reward, terminated, truncated, info)``."""
@@ -147,7 +174,51 @@ class EnvHost:
         except BaseException:
             self.made_with.pop(session_id, None)  # an env that raised is closed, never handed on
             raise
-        return to_jsonable(observation), float(reward), bool(terminated), bool(truncated), to_jsonable(info)
+        observation, info = to_jsonable(observation), to_jsonable(info)
+        self.steps[session_id] = self.steps.get(session_id, 0) + 1
+        self.last[session_id] = (observation, info)
+        return observation, float(reward), bool(terminated), bool(truncated), info
+
+    # ---- snapshots (module docstring) -----------------------------------------------------------------------
+    @staticmethod
+    def _state_api(env: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+        """The unwrapped env's ``(clone_state, set_state)``, or :class:`StateUnsupported`."""
+        inner = env.unwrapped
+        clone, restore = getattr(inner, "clone_state", None), getattr(inner, "set_state", None)
+        if not callable(clone) or not callable(restore):
+            raise StateUnsupported(f"{type(inner).__name__} has no clone_state()/set_state(state): its state cannot "
+                                   "be copied (fork it by replay: rollout.fork.restore=replay)")
+        return clone, restore
+
+    def snapshot(self, session_id: str, snapshot_id: str) -> None:
+        """Keep the open session's current state as ``snapshot_id`` (``clone_state()``; its episode untouched)."""
+        env = self.sessions[session_id]
+        clone, _ = self._state_api(env)
+        env_id, env_kwargs, seed, options = self.episode_of[session_id]
+        self.snapshots[snapshot_id] = (env_id, env_kwargs, seed, options, self.steps[session_id],
+                                       self.last[session_id], clone())
+
+    def restore(self, session_id: str, snapshot_id: str) -> tuple[Any, Any]:
+        """Open ``session_id`` in the state of ``snapshot_id`` -> the source's last ``(observation, info)``."""
+        env_id, env_kwargs, seed, options, steps, last, state = self.snapshots[snapshot_id]
+        self.open(session_id, (env_id, env_kwargs, seed, options))
+        env = self.sessions[session_id]
+        try:
+            self._state_api(env)[1](state)
+            wrapper = env
+            while isinstance(wrapper, gymnasium.Wrapper):  # the step budget carries on from the source's count
+                if isinstance(wrapper, gymnasium.wrappers.TimeLimit):
+                    wrapper._elapsed_steps = steps
+                wrapper = wrapper.env
+        except BaseException:
+            self._close(session_id, keep=False)  # half-restored: never hand it on
+            raise
+        self.steps[session_id], self.last[session_id] = steps, last
+        return last
+
+    def drop_snapshot(self, session_id: str, snapshot_id: str) -> None:
+        """Free a snapshot (idempotent)."""
+        self.snapshots.pop(snapshot_id, None)
 
     def info(self, session_id: str, args: tuple[str, dict[str, Any] | None]) -> Any:
         """What an open session's env declares, without touching its episode: ``("tools", None)`` -> its tools
@@ -192,11 +263,13 @@ class EnvHost:
         for env in [e for envs_ in self.kept.values() for e in envs_]:
             env.close()
         self.kept.clear()
+        self.snapshots.clear()
 
     def _close(self, session_id: str, *, keep: bool = True) -> bool:
         """Close a session; keep its env for reuse if there is room. True if an env was really closed."""
         env = self.sessions.pop(session_id, None)
         key = self.made_with.pop(session_id, None)
+        self.episode_of.pop(session_id, None), self.steps.pop(session_id, None), self.last.pop(session_id, None)
         if env is None:
             return False
         if keep and key is not None and len(self.kept.setdefault(key, [])) < self.keep_envs:

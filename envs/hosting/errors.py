@@ -15,6 +15,7 @@ __all__ = [
     "EnvTimeout",
     "EpisodeOver",
     "HTTP_ERRORS",
+    "SnapshotNotFound",
     "InvalidText",
     "SessionBusy",
     "SessionExists",
@@ -52,6 +53,10 @@ class SessionNotFound(KeyError):
     """No live session with this id (never created, closed, expired, or broken by an env failure)."""
 
 
+class SnapshotNotFound(KeyError):
+    """No kept snapshot with this id (never taken, dropped, expired after the TTL, or its worker ended)."""
+
+
 class SessionExists(RuntimeError):
     """A live session already has the client-chosen session id."""
 
@@ -84,6 +89,7 @@ class EnvNotReady(RuntimeError):
 # client picks its client error from the same pair, so both clients raise the same class for the same situation.
 HTTP_ERRORS: list[tuple[type[Exception], int, str]] = [
     (SessionNotFound, 404, "session_not_found"),
+    (SnapshotNotFound, 404, "snapshot_not_found"),
     (UnknownEnv, 404, "unknown_env"),
     (EpisodeOver, 409, "episode_over"),
     (SessionBusy, 409, "session_busy"),

@@ -121,6 +121,10 @@ class WorkerPool:
         self._by_session: dict[str, WorkerHandle] = {}
         # session id -> (env id, env kwargs, owner)
         self._made_with: dict[str, tuple[str, dict[str, Any] | None, str | None]] = {}
+        # snapshot id -> (the worker holding its state, its source session's made-with); a snapshot is booked in its
+        # worker's ``sessions``/``owners`` under ``snapshot:<id>``: it keeps the worker (and its owner) as a session
+        # does, so no other client's session shares that process and the worker is not recycled under it
+        self._snapshots: dict[str, tuple[WorkerHandle, tuple[str, dict[str, Any] | None, str | None]]] = {}
         # env id -> whether its env declares a per-process task cache (``metadata["worker_cache"]``), learnt from
         # its first open (the server's start-up check opens every served env once); unknown: not shared
         self.worker_cache: dict[str, bool] = {}
@@ -218,6 +222,53 @@ class WorkerPool:
         its episode is not touched."""
         return await self._worker_of(session_id).call("info", session_id, (what, params), self.timeout_s)
 
+    async def snapshot(self, session_id: str, snapshot_id: str) -> None:
+        """Keep the open session's env state as ``snapshot_id`` in its worker (:meth:`EnvHost.snapshot`). Raises
+        ``EnvRejected`` (the env has no ``clone_state``/``set_state``) or ``EnvFailed``."""
+        worker = self._worker_of(session_id)
+        await worker.call("snapshot", session_id, snapshot_id, self.timeout_s)
+        booked = f"snapshot:{snapshot_id}"
+        worker.sessions[booked], worker.owners[booked] = worker.sessions[session_id], worker.owners[session_id]
+        self._snapshots[snapshot_id] = (worker, self._made_with[session_id])
+
+    async def restore(self, session_id: str, snapshot_id: str, *, owner: str | None = None) -> tuple[Any, Any]:
+        """Open ``session_id`` in the state of ``snapshot_id`` -> ``(observation, info)`` (the source's last). It
+        opens on the snapshot's worker, where the state is, even beyond ``max_sessions_per_worker`` (the session
+        manager's ``max_sessions`` still bounds it). Raises ``KeyError`` (unknown snapshot, or its worker ended:
+        the state is gone, the snapshot forgotten), ``EnvFailed`` (the env failed)."""
+        worker, made_with = self._snapshots[snapshot_id]
+        if not worker.alive:
+            self._snapshots.pop(snapshot_id, None)
+            raise KeyError(snapshot_id)
+        worker.sessions[session_id] = worker.sessions.get(f"snapshot:{snapshot_id}")
+        worker.owners[session_id] = owner
+        self._by_session[session_id] = worker
+        self._made_with[session_id] = made_with
+        worker.resets += 1
+        try:
+            observation, info = await worker.call("restore", session_id, snapshot_id, self.timeout_s)
+        except BaseException:
+            await self._release(session_id, send_close=True)
+            raise
+        return observation, info
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        """Free a snapshot (idempotent); recycle its worker if it is due."""
+        worker, _ = self._snapshots.pop(snapshot_id, (None, None))
+        if worker is None:
+            return
+        booked = f"snapshot:{snapshot_id}"
+        worker.sessions.pop(booked, None)
+        worker.owners.pop(booked, None)
+        if worker.alive:
+            try:
+                await worker.call("drop_snapshot", "", snapshot_id, self.timeout_s)
+            except EnvFailed:
+                pass
+        if not worker.sessions:
+            worker.idle_since = time.monotonic()
+            await self._recycle()
+
     async def close(self, session_id: str) -> None:
         """Close the session's env (idempotent); recycle its worker if it is due."""
         await self._release(session_id, send_close=True)
@@ -289,4 +340,5 @@ class WorkerPool:
         workers, self._workers = self._workers, []
         self._by_session.clear()
         self._made_with.clear()
+        self._snapshots.clear()
         await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)

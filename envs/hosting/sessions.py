@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,13 +33,14 @@ from envs.hosting.errors import (
     SessionBusy,
     SessionExists,
     SessionNotFound,
+    SnapshotNotFound,
     UnknownEnv,
 )
 from envs.hosting.jsonable import lone_surrogate
 from envs.hosting.pool import StepReply, WorkerPool, env_module
 from envs.jsondepth import MAX_JSON_DEPTH, value_depth
 
-__all__ = ["EnvBackend", "Session", "SessionManager", "SessionSettings"]
+__all__ = ["EnvBackend", "Session", "SessionManager", "SessionSettings", "Snapshot"]
 
 
 @dataclass
@@ -56,6 +57,9 @@ class SessionSettings:
     """Worker processes at most; ``None``: ``max_sessions`` (one process per live session)."""
     max_sessions_per_worker: int = 8
     """Sessions sharing one worker at most (when workers run out, or to share a cached game)."""
+    max_snapshots: int = 256
+    """Kept env-state snapshots at most (``SessionManager.snapshot``; ``AtCapacity`` beyond). They expire after
+    ``session_ttl_s`` unused, as sessions do."""
     imports: list[str] = field(default_factory=list)
     """Modules workers import first (a user's module that calls ``gymnasium.register``)."""
     prestart_workers: int = 1
@@ -87,6 +91,7 @@ class SessionSettings:
             ("max_sessions", self.max_sessions is None or self.max_sessions >= 1),
             ("workers", self.workers is None or self.workers >= 0),
             ("max_sessions_per_worker", self.max_sessions_per_worker >= 1),
+            ("max_snapshots", self.max_snapshots >= 0),
             ("session_ttl_s", self.session_ttl_s is None or self.session_ttl_s > 0),
             ("prestart_workers", self.prestart_workers >= 0),
             ("env_timeout_s", self.env_timeout_s is None or self.env_timeout_s > 0)] if not ok]
@@ -117,6 +122,10 @@ class EnvBackend(Protocol):
                     ) -> tuple[Any, dict[str, Any]]: ...
     async def step(self, session_id: str, action: Any) -> StepReply: ...
     async def info(self, session_id: str, what: str, params: Any = None) -> Any: ...
+    async def snapshot(self, session_id: str, snapshot_id: str) -> None: ...
+    async def restore(self, session_id: str, snapshot_id: str, *, owner: str | None = None
+                      ) -> tuple[Any, Any]: ...
+    async def drop_snapshot(self, snapshot_id: str) -> None: ...
     async def close(self, session_id: str) -> None: ...
     async def reap(self) -> None: ...
     def broken_sessions(self) -> list[str]: ...
@@ -138,6 +147,20 @@ class Session:
     busy: bool = False
     owner: str | None = None
     """The client that opened it (the HTTP server's client name; ``None``: the server's own, or no clients)."""
+
+
+@dataclass
+class Snapshot:
+    """One kept env state (:meth:`SessionManager.snapshot`); the state itself stays where the env lives."""
+
+    snapshot_id: str
+    env_id: str
+    owner: str | None = None
+    """The client whose session it was taken of (only that client may restore or drop it)."""
+    steps: int = 0
+    """Steps of the source episode when it was taken."""
+    created_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
 
 
 class SessionManager:
@@ -165,6 +188,7 @@ class SessionManager:
             )
         self.pool: Any = pool
         self.sessions: dict[str, Session] = {}
+        self.snapshots: dict[str, Snapshot] = {}
         self._reaper: asyncio.Task[None] | None = None
         self.expired = 0
 
@@ -195,6 +219,7 @@ class SessionManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
         self.sessions.clear()
+        self.snapshots.clear()
         await self.pool.aclose()
 
     async def _reap_forever(self) -> None:
@@ -214,6 +239,8 @@ class SessionManager:
             if self.sessions.pop(session_id, None) is not None:
                 self.expired += session_id in expired
             await self.pool.close(session_id)
+        for snapshot_id in [k for k, snap in self.snapshots.items() if ttl is not None and now - snap.last_used > ttl]:
+            await self.drop_snapshot(snapshot_id)
         await self.pool.reap()
 
     # ---- helpers ---------------------------------------------------------------------------------------------
@@ -267,15 +294,21 @@ class SessionManager:
         if env_id not in (gymnasium.registry if self.settings.env_ids is None else self.settings.env_ids):
             served = "any registered id" if self.settings.env_ids is None else self.settings.env_ids
             raise UnknownEnv(f"env id {env_id!r} is not served here; served: {served}")
-        if session_id is not None and session_id in self.sessions:
-            raise SessionExists(f"a live session has the id {session_id!r}")
+        return await self._open(Session(session_id or "", env_id, busy=True, owner=owner), lambda sid: self.pool.open(
+            sid, env_id, env_kwargs=env_kwargs, seed=seed, options=options, owner=owner))
+
+    async def _open(self, session: Session, opener: Callable[[str], Awaitable[tuple[Any, Any]]]
+                    ) -> tuple[str, Any, dict[str, Any]]:
+        """Book ``session`` (its id ``""``: a new uuid4 hex) and run ``opener(session_id)`` in the pool ->
+        ``(session_id, observation, info)``; ``SessionExists``/``AtCapacity`` before, nothing booked after a failure."""
+        if session.session_id and session.session_id in self.sessions:
+            raise SessionExists(f"a live session has the id {session.session_id!r}")
         if self.settings.max_sessions is not None and len(self.sessions) >= self.settings.max_sessions:
             raise AtCapacity(f"{len(self.sessions)} live sessions (max_sessions={self.settings.max_sessions})")
-        session = Session(session_id or uuid.uuid4().hex, env_id, busy=True, owner=owner)
+        session.session_id = session.session_id or uuid.uuid4().hex
         self.sessions[session.session_id] = session
         try:
-            observation, info = await self.pool.open(session.session_id, env_id, env_kwargs=env_kwargs, seed=seed,
-                                                     options=options, owner=owner)
+            observation, info = await opener(session.session_id)
         except BaseException:
             self.sessions.pop(session.session_id, None)
             raise
@@ -319,12 +352,76 @@ class SessionManager:
 
         Raises ``SessionNotFound`` (404), ``SessionBusy`` (409), ``EnvRejected`` (422: a bad split or range; the
         session stays open), ``EnvFailed`` (500/504: the env or its worker failed; the session is closed)."""
+        async with self._exclusive_keeping_rejected(session_id):
+            return await self.pool.info(session_id, what, params)
+
+    # ---- snapshots: forked groups by state copy (envs.hosting.child, "Snapshots") ------------------------------
+    async def snapshot(self, session_id: str, *, snapshot_id: str | None = None) -> str:
+        """Keep the open session's env state (the env's ``clone_state()``, kept where the env lives; its episode
+        goes on untouched) -> the snapshot id (default: a new uuid4 hex), owned by the session's owner.
+
+        Raises ``SessionNotFound`` (404), ``EpisodeOver`` (409: nothing left to continue), ``SessionBusy`` (409),
+        ``SessionExists`` (409: the id is taken), ``AtCapacity`` (503: ``max_snapshots`` kept), ``EnvRejected``
+        (422: the env has no ``clone_state``/``set_state``; the session stays open), ``EnvFailed`` (500/504: the
+        session is closed)."""
+        _check_text(snapshot_id=snapshot_id)
+        session = self.get(session_id)
+        if session.done:
+            raise EpisodeOver(f"episode of session {session_id} is over; a snapshot of it has nothing to continue")
+        if snapshot_id is not None and snapshot_id in self.snapshots:
+            raise SessionExists(f"a kept snapshot has the id {snapshot_id!r}")
+        if len(self.snapshots) >= self.settings.max_snapshots:
+            raise AtCapacity(f"{len(self.snapshots)} kept snapshots (max_snapshots={self.settings.max_snapshots})")
+        snap = Snapshot(snapshot_id or uuid.uuid4().hex, session.env_id, owner=session.owner, steps=session.steps)
+        self.snapshots[snap.snapshot_id] = snap  # booked first: a concurrent request cannot exceed the limit
+        try:
+            async with self._exclusive_keeping_rejected(session_id):
+                await self.pool.snapshot(session_id, snap.snapshot_id)
+        except BaseException:
+            self.snapshots.pop(snap.snapshot_id, None)
+            raise
+        return snap.snapshot_id
+
+    async def restore(self, snapshot_id: str, *, session_id: str | None = None, owner: str | None = None
+                      ) -> tuple[str, Any, dict[str, Any]]:
+        """Open a new session in the state of a kept snapshot (a fresh env of the same id and kwargs, reset as the
+        source was, then ``set_state``) -> ``(session_id, observation, info)``, the source's last observation and
+        info; the snapshot stays kept (restore it again, or drop it). ``owner``: the new session's owner.
+
+        Raises ``SnapshotNotFound`` (404), ``SessionExists`` (409), ``AtCapacity`` (503), ``EnvFailed`` (500/504:
+        no session is open)."""
+        _check_text(snapshot_id=snapshot_id, session_id=session_id)
+        snap = self.get_snapshot(snapshot_id)
+        snap.last_used = time.monotonic()
+        session = Session(session_id or "", snap.env_id, busy=True, owner=owner, steps=snap.steps)
+        try:
+            return await self._open(session, lambda sid: self.pool.restore(sid, snapshot_id, owner=owner))
+        except KeyError:  # the pool no longer holds it (its worker ended)
+            self.snapshots.pop(snapshot_id, None)
+            raise SnapshotNotFound(snapshot_id) from None
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        """The kept snapshot, or ``SnapshotNotFound``."""
+        try:
+            return self.snapshots[snapshot_id]
+        except KeyError:
+            raise SnapshotNotFound(snapshot_id) from None
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        """Free a kept snapshot (404 ``SnapshotNotFound`` if unknown)."""
+        self.get_snapshot(snapshot_id)
+        self.snapshots.pop(snapshot_id, None)
+        await self.pool.drop_snapshot(snapshot_id)
+
+    @contextlib.asynccontextmanager
+    async def _exclusive_keeping_rejected(self, session_id: str) -> AsyncIterator[Session]:
+        """:meth:`_exclusive`, except that a rejected request (``EnvRejected``) leaves the session open."""
         session = self.get(session_id)
         if session.busy:
             raise SessionBusy(f"session {session_id} is busy with another request")
         session.busy = True
         try:
-            return await self.pool.info(session_id, what, params)
+            yield session
         except EnvRejected:
             raise
         except EnvFailed:

@@ -73,6 +73,28 @@ class ThreadEnvPool:
             raise KeyError(session_id)
         return await self._call("info", session_id, (what, params))
 
+    async def snapshot(self, session_id: str, snapshot_id: str) -> None:
+        """Keep the open session's env state as ``snapshot_id`` (:meth:`EnvHost.snapshot`)."""
+        if session_id not in self._owned:
+            raise KeyError(session_id)
+        await self._call("snapshot", session_id, snapshot_id)
+
+    async def restore(self, session_id: str, snapshot_id: str, *, owner: str | None = None) -> tuple[Any, Any]:
+        """Open ``session_id`` in the state of ``snapshot_id`` -> the source's last ``(observation, info)``."""
+        if snapshot_id not in self._host.snapshots:
+            raise KeyError(snapshot_id)
+        self._owned.add(session_id)
+        try:
+            observation, info = await self._call("restore", session_id, snapshot_id)
+        except BaseException:
+            self._owned.discard(session_id)
+            raise
+        return observation, info
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        """Free a snapshot (idempotent)."""
+        await self._call("drop_snapshot", "", snapshot_id)
+
     async def close(self, session_id: str) -> None:
         """Close the session's env (idempotent; an env that raises on close is dropped all the same)."""
         if session_id in self._owned:

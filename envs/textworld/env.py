@@ -8,6 +8,7 @@ fixed seeds into the cache on first use). The step limit is gymnasium's ``TimeLi
 
 from __future__ import annotations
 
+import copy
 import re
 import warnings
 from typing import Any
@@ -261,6 +262,31 @@ class TextWorldEnv(gymnasium.Env[str, str]):
         else:
             reward = (info["score"] - old_score) / max(info["max_score"], 1)
         return self.last_observation, float(reward), won or lost, False, info
+
+    def clone_state(self) -> dict[str, Any]:
+        """The running game's state (forked groups by state copy, ``rollout.fork.restore=state``): TextWorld's own
+        ``copy()`` of the game (a new interpreter at the same memory, and copies of its quest trackers) and this
+        env's episode fields. It costs about 30 replayed steps (``benchmarks/bench_fork_restore.py``), so replay
+        (the default) is the cheaper fork here; this is for the state route's users and tests."""
+        if self._state is None:
+            raise RuntimeError("clone_state() before reset()")
+        with TEXTWORLD_LOCK:
+            game = self._tw.copy()
+        return {"game": game, "state": copy.copy(self._state), "played": list(self._played),
+                "on_walkthrough": self._on_walkthrough, "walkthrough": list(self.walkthrough),
+                "last_observation": self.last_observation}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`clone_state` of the same game (after a reset with the same options); ``state`` is
+        not changed (its game is copied again), so one state can start many sessions."""
+        with TEXTWORLD_LOCK:
+            game = state["game"].copy()
+            if self._tw is not None:
+                self._tw.close()
+            self._tw = game
+        self._state = copy.copy(state["state"])
+        self._played, self._on_walkthrough = list(state["played"]), bool(state["on_walkthrough"])
+        self.walkthrough, self.last_observation = list(state["walkthrough"]), str(state["last_observation"])
 
     def render(self) -> str | None:
         return self.last_observation if self.render_mode == "ansi" else None

@@ -17,14 +17,17 @@ from servers.schemas import (
     ErrorResponse,
     ResetRequest,
     ResetResponse,
+    RestoreRequest,
     SessionInfo,
     SessionsResponse,
     StepRequest,
+    SnapshotResponse,
     StepResponse,
     UnprocessableResponse,
 )
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
+snapshots_router = APIRouter(prefix="/snapshots", tags=["snapshots"])
 
 _E = {"model": ErrorResponse}
 _422 = {"model": UnprocessableResponse, "description": "validation errors, or the env rejected the request"}
@@ -83,4 +86,34 @@ async def reset(session_id: str, body: ResetRequest, sessions: Sessions) -> Rese
 async def close(session_id: str, sessions: Sessions) -> Response:
     """Close the session and free its env."""
     await sessions.close(session_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{session_id}/snapshot", response_model=SnapshotResponse, status_code=status.HTTP_201_CREATED,
+             responses={404: _E, 409: _E, 422: _422, 500: _E, 503: _E, 504: _E})
+async def snapshot(session_id: str, sessions: Sessions) -> SnapshotResponse:
+    """Keep the session's env state (the env's ``clone_state()``) on the server, its episode untouched: forked
+    groups by state copy. 422 when the env has no ``clone_state``/``set_state``, 409 after the episode ended, 503 at
+    ``max_snapshots``. Only this client may restore or drop it; it expires after the session TTL unused."""
+    return SnapshotResponse(snapshot_id=await sessions.snapshot(session_id))
+
+
+@snapshots_router.post("/{snapshot_id}/restore", response_model=CreateSessionResponse,
+                       status_code=status.HTTP_201_CREATED, responses={404: _E, 409: _E, 500: _E, 503: _E, 504: _E})
+async def restore(snapshot_id: str, body: RestoreRequest, sessions: Sessions) -> CreateSessionResponse:
+    """Open a new session in the snapshot's state (observation and info: the source's last when it was taken)."""
+    session_id, observation, info = await sessions.restore(snapshot_id, session_id=body.session_id)
+    try:
+        tools = await sessions.info(session_id, "tools")
+    except BaseException:
+        with contextlib.suppress(SessionNotFound):
+            await sessions.close(session_id)
+        raise
+    return CreateSessionResponse(session_id=session_id, observation=observation, info=info, tools=tools)
+
+
+@snapshots_router.delete("/{snapshot_id}", status_code=status.HTTP_204_NO_CONTENT, responses={404: _E})
+async def drop_snapshot(snapshot_id: str, sessions: Sessions) -> Response:
+    """Free the snapshot."""
+    await sessions.drop_snapshot(snapshot_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -82,8 +82,11 @@ def test_openapi_documents_every_route_and_shape():
                 "reset", "step", "state", "schema", "metadata", "health", "splits", "tasks", "num_tasks", "task",
                 "task_range")}
             assert set(schema["paths"]) == {"/health", "/envs", "/sessions", "/sessions/{session_id}/step",
-                                            "/sessions/{session_id}/reset", "/sessions/{session_id}"} | openenv
-            for name in ("CreateSessionRequest", "StepRequest", "StepResponse", "ResetResponse", "ErrorResponse"):
+                                            "/sessions/{session_id}/reset", "/sessions/{session_id}",
+                                            "/sessions/{session_id}/snapshot", "/snapshots/{snapshot_id}/restore",
+                                            "/snapshots/{snapshot_id}"} | openenv
+            for name in ("CreateSessionRequest", "StepRequest", "StepResponse", "ResetResponse", "ErrorResponse",
+                         "SnapshotResponse", "RestoreRequest"):
                 assert name in schema["components"]["schemas"]
             step = schema["paths"]["/sessions/{session_id}/step"]["post"]["responses"]
             assert {"200", "404", "409", "413", "422", "500"} <= set(step)

@@ -105,3 +105,40 @@ class CachedEchoEnv(EchoEnv):
 
 
 gymnasium.register(id="user/CachedEcho-v0", entry_point=CachedEchoEnv, max_episode_steps=20)
+
+
+class DriftEnv(gymnasium.Env):
+    """A walk whose observations carry noise the reset seed does not fix (the env's own generator, seeded from the
+    OS at construction), so replaying its actions never reproduces an episode, but it can copy its state:
+    ``clone_state()``/``set_state(state)`` (forked groups by state copy). Actions ``left``/``right`` move by one;
+    reaching position 3 terminates with reward 1. ``TimeLimit``: 6 steps."""
+
+    def __init__(self) -> None:
+        self.observation_space = spaces.Text(256, charset=string.printable)
+        self.action_space = spaces.Text(256, charset=string.printable)
+        self.rng = np.random.default_rng()  # unseeded on purpose
+        self.pos = 0
+
+    def _obs(self) -> str:
+        return f"pos {self.pos} noise {int(self.rng.integers(10**9))}"
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos = 0
+        return self._obs(), {"admissible_actions": ["left", "right"], "pos": self.pos}
+
+    def step(self, action):
+        self.pos += {"left": -1, "right": 1}.get(action, 0)
+        won = self.pos >= 3
+        return self._obs(), float(won), won, False, {"admissible_actions": ["left", "right"], "pos": self.pos,
+                                                     "won": won}
+
+    def clone_state(self):
+        return {"pos": self.pos, "rng": self.rng.bit_generator.state}
+
+    def set_state(self, state):
+        self.pos = int(state["pos"])
+        self.rng.bit_generator.state = dict(state["rng"])
+
+
+gymnasium.register(id="user/Drift-v0", entry_point=DriftEnv, max_episode_steps=6)
