@@ -41,6 +41,7 @@ class LocalEnvPool:
         imports: modules to import first (a user's module that calls ``gymnasium.register``).
         preload_envs: process mode: env ids whose modules the workers' forkserver imports once (so each worker
             starts in milliseconds and shares that memory), e.g. ``["agent_rl/ALFWorld-v0"]``.
+        max_snapshots: env-state snapshots kept at most (:meth:`snapshot`; ``EnvUnavailable`` beyond).
     """
 
     def __init__(
@@ -51,6 +52,7 @@ class LocalEnvPool:
         max_sessions: int | None = None,
         imports: Iterable[str] = (),
         preload_envs: Iterable[str] = (),
+        max_snapshots: int = 4096,
     ) -> None:
         if mode not in ("thread", "process"):
             raise ValueError(f"mode must be 'thread' or 'process', got {mode!r}")
@@ -66,6 +68,7 @@ class LocalEnvPool:
             preload = [m for e in preload_envs for m in env_module(e)]
             pool = WorkerPool(max_workers, imports=self.imports, preload=preload)
         settings = SessionSettings(env_ids=None, max_sessions=max_sessions, session_ttl_s=None,
+                                   max_snapshots=max_snapshots,
                                    imports=self.imports, prestart_workers=0, check_envs=False)
         self.manager = SessionManager(settings, pool)
 

@@ -26,7 +26,7 @@ from agent_rl.types import Episode, Turn
 #: per-call counters of forking (summed over rounds, workers and streams like the token counts).
 FORK_COUNTS = ("fork/groups", "fork/replay_mismatch", "fork/replay_s", "fork/extra_episodes", "fork/replayed_turns",
                "fork/failed_siblings", "fork/select_s", "fork/generated_turns", "fork/filled_episodes",
-               "fork/snapshots", "fork/snapshot_s")
+               "fork/snapshots", "fork/snapshot_s", "fork/snapshots_refused")
 
 
 @dataclass

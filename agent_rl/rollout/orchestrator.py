@@ -570,7 +570,7 @@ class RolloutOrchestrator:
                     check_replayed_prompt(k, prompt_ids, base.turns[k])
                     old = base.turns[k]
                     if restored:  # the session is already in the state after this turn: no env step
-                        ep.turns.append(old)
+                        ep.turns.append(dataclasses.replace(old))
                         history.append((obs, old.action))
                         obs, info = old.observation, dict(old.info or {})
                     else:
@@ -635,6 +635,9 @@ class RolloutOrchestrator:
         try:
             source.snapshots[turn] = await asyncio.wait_for(self.pool.snapshot(session_id), self.cfg.env_timeout_s)
         except Exception as exc:  # noqa: BLE001 (a client error, a timeout, a broken server)
+            if getattr(exc, "code", None) == "at_capacity":  # the pool's max_snapshots: no fork from this turn
+                self._fork_counts["fork/snapshots_refused"] += 1
+                return
             if getattr(exc, "code", None) != "invalid_request":  # the env failed: so did the attempt
                 raise EnvCallFailed(f"snapshot: {type(exc).__name__}: {exc}") from exc
             self._refuse_fork(env_id, f"rollout.fork.restore=state: {exc}")
@@ -701,6 +704,9 @@ class RolloutOrchestrator:
             jobs = await self._sibling_jobs(spec, bases) if env_id not in self.fork_refused else []
             if by_state:  # a sibling needs its fork turn's snapshot (none where snapshots were refused)
                 jobs = [(b, t, slot) for b, t, slot in jobs if t in sources[b].snapshots]
+                used = {(b, t) for b, t, _ in jobs}  # the others are dropped now, not when the group ends
+                await gather_all(*(self._free_source(src, keep={t for b2, t in used if b2 == b})
+                                   for b, src in enumerate(sources)))
             n_fill = spare_slots(self.fork, bases, jobs, g_size)
             fill_slots = enumerate(spec.temperatures[n_base:n_base + n_fill], start=n_base)
             sibs, fill = await gather_all(
@@ -717,10 +723,11 @@ class RolloutOrchestrator:
                     end_episode(eid)
             await gather_all(*(self._free_source(src) for src in sources))
 
-    async def _free_source(self, source: ForkSource) -> None:
-        """Drop a base's env-state snapshots (best effort, bounded by ``rollout.env_timeout_s``: a server that cannot
-        be reached drops them at its TTL)."""
-        snapshots, source.snapshots = list(source.snapshots.values()), {}
+    async def _free_source(self, source: ForkSource, keep: set[int] | frozenset[int] = frozenset()) -> None:
+        """Drop a base's env-state snapshots but those of the fork turns in ``keep`` (best effort, bounded by
+        ``rollout.env_timeout_s``: a server that cannot be reached drops them at its TTL)."""
+        snapshots = [sid for t, sid in source.snapshots.items() if t not in keep]
+        source.snapshots = {t: sid for t, sid in source.snapshots.items() if t in keep}
         for snapshot_id in snapshots:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.pool.drop_snapshot(snapshot_id), self.cfg.env_timeout_s)

@@ -200,6 +200,8 @@ class EnvHost:
 
     def restore(self, session_id: str, snapshot_id: str) -> tuple[Any, Any]:
         """Open ``session_id`` in the state of ``snapshot_id`` -> the source's last ``(observation, info)``."""
+        from envs.wrappers import EpisodeOverGuard
+
         env_id, env_kwargs, seed, options, steps, last, state = self.snapshots[snapshot_id]
         self.open(session_id, (env_id, env_kwargs, seed, options))
         env = self.sessions[session_id]
@@ -209,6 +211,8 @@ class EnvHost:
             while isinstance(wrapper, gymnasium.Wrapper):  # the step budget carries on from the source's count
                 if isinstance(wrapper, gymnasium.wrappers.TimeLimit):
                     wrapper._elapsed_steps = steps
+                elif isinstance(wrapper, EpisodeOverGuard):
+                    wrapper._steps = steps
                 wrapper = wrapper.env
         except BaseException:
             self._close(session_id, keep=False)  # half-restored: never hand it on

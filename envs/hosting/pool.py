@@ -226,10 +226,10 @@ class WorkerPool:
         """Keep the open session's env state as ``snapshot_id`` in its worker (:meth:`EnvHost.snapshot`). Raises
         ``EnvRejected`` (the env has no ``clone_state``/``set_state``) or ``EnvFailed``."""
         worker = self._worker_of(session_id)
-        await worker.call("snapshot", session_id, snapshot_id, self.timeout_s)
-        booked = f"snapshot:{snapshot_id}"
+        booked = f"snapshot:{snapshot_id}"  # booked before the call: the session may be closed while it runs
         worker.sessions[booked], worker.owners[booked] = worker.sessions[session_id], worker.owners[session_id]
         self._snapshots[snapshot_id] = (worker, self._made_with[session_id])
+        await worker.call("snapshot", session_id, snapshot_id, self.timeout_s)
 
     async def restore(self, session_id: str, snapshot_id: str, *, owner: str | None = None) -> tuple[Any, Any]:
         """Open ``session_id`` in the state of ``snapshot_id`` -> ``(observation, info)`` (the source's last). It
@@ -238,7 +238,7 @@ class WorkerPool:
         the state is gone, the snapshot forgotten), ``EnvFailed`` (the env failed)."""
         worker, made_with = self._snapshots[snapshot_id]
         if not worker.alive:
-            self._snapshots.pop(snapshot_id, None)
+            await self.drop_snapshot(snapshot_id)
             raise KeyError(snapshot_id)
         worker.sessions[session_id] = worker.sessions.get(f"snapshot:{snapshot_id}")
         worker.owners[session_id] = owner
@@ -268,6 +268,10 @@ class WorkerPool:
         if not worker.sessions:
             worker.idle_since = time.monotonic()
             await self._recycle()
+
+    def broken_snapshots(self) -> list[str]:
+        """Snapshots whose worker died (their state is gone)."""
+        return [k for k, (w, _) in self._snapshots.items() if not w.alive]
 
     async def close(self, session_id: str) -> None:
         """Close the session's env (idempotent); recycle its worker if it is due."""

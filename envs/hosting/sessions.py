@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -41,6 +42,8 @@ from envs.hosting.pool import StepReply, WorkerPool, env_module
 from envs.jsondepth import MAX_JSON_DEPTH, value_depth
 
 __all__ = ["EnvBackend", "Session", "SessionManager", "SessionSettings", "Snapshot"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -126,6 +129,7 @@ class EnvBackend(Protocol):
     async def restore(self, session_id: str, snapshot_id: str, *, owner: str | None = None
                       ) -> tuple[Any, Any]: ...
     async def drop_snapshot(self, snapshot_id: str) -> None: ...
+    def broken_snapshots(self) -> list[str]: ...
     async def close(self, session_id: str) -> None: ...
     async def reap(self) -> None: ...
     def broken_sessions(self) -> list[str]: ...
@@ -189,6 +193,7 @@ class SessionManager:
         self.pool: Any = pool
         self.sessions: dict[str, Session] = {}
         self.snapshots: dict[str, Snapshot] = {}
+        self._background: set[asyncio.Future[None]] = set()  # drops of failed snapshots still running
         self._reaper: asyncio.Task[None] | None = None
         self.expired = 0
 
@@ -227,7 +232,10 @@ class SessionManager:
         interval = max(0.05, min(self.settings.session_ttl_s / 4, 10.0))
         while True:
             await asyncio.sleep(interval)
-            await self.reap()
+            try:
+                await self.reap()
+            except Exception:  # noqa: BLE001 (one failed pass must not end expiry for good: the next one retries)
+                log.exception("session reaper pass failed")
 
     async def reap(self) -> None:
         """Close sessions idle longer than the TTL, drop broken ones, end long-idle workers."""
@@ -239,8 +247,10 @@ class SessionManager:
             if self.sessions.pop(session_id, None) is not None:
                 self.expired += session_id in expired
             await self.pool.close(session_id)
-        for snapshot_id in [k for k, snap in self.snapshots.items() if ttl is not None and now - snap.last_used > ttl]:
-            await self.drop_snapshot(snapshot_id)
+        gone = [k for k, snap in self.snapshots.items() if ttl is not None and now - snap.last_used > ttl]
+        for snapshot_id in gone + self.pool.broken_snapshots():
+            if self.snapshots.pop(snapshot_id, None) is not None:  # a client may drop it meanwhile: not an error
+                await self.pool.drop_snapshot(snapshot_id)
         await self.pool.reap()
 
     # ---- helpers ---------------------------------------------------------------------------------------------
@@ -377,8 +387,11 @@ class SessionManager:
         try:
             async with self._exclusive_keeping_rejected(session_id):
                 await self.pool.snapshot(session_id, snap.snapshot_id)
-        except BaseException:
+        except BaseException:  # failed or cancelled: the env side may still keep it (a cancelled call runs on)
             self.snapshots.pop(snap.snapshot_id, None)
+            drop = asyncio.ensure_future(self.pool.drop_snapshot(snap.snapshot_id))  # after the snapshot call
+            self._background.add(drop)
+            drop.add_done_callback(self._background.discard)
             raise
         return snap.snapshot_id
 

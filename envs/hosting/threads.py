@@ -31,6 +31,7 @@ class ThreadEnvPool:
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="local-env")
         self._host = EnvHost(keep_envs=0)
         self._owned: set[str] = set()
+        self._pending: dict[str, asyncio.Future[Any]] = {}  # snapshot id -> its snapshot call still running
 
     async def _call(self, op: str, session_id: str, args: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -77,7 +78,15 @@ class ThreadEnvPool:
         """Keep the open session's env state as ``snapshot_id`` (:meth:`EnvHost.snapshot`)."""
         if session_id not in self._owned:
             raise KeyError(session_id)
-        await self._call("snapshot", session_id, snapshot_id)
+        loop = asyncio.get_running_loop()
+        pending = self._pending[snapshot_id] = loop.run_in_executor(self._executor, self._host.handle, "snapshot",
+                                                                    session_id, snapshot_id)
+        try:  # a cancelled caller leaves the thread running: drop_snapshot waits for it first
+            status, payload, _ = await asyncio.shield(pending)
+        finally:
+            if pending.done():
+                self._pending.pop(snapshot_id, None)
+        raise_for_status(status, payload)
 
     async def restore(self, session_id: str, snapshot_id: str, *, owner: str | None = None) -> tuple[Any, Any]:
         """Open ``session_id`` in the state of ``snapshot_id`` -> the source's last ``(observation, info)``."""
@@ -92,8 +101,16 @@ class ThreadEnvPool:
         return observation, info
 
     async def drop_snapshot(self, snapshot_id: str) -> None:
-        """Free a snapshot (idempotent)."""
+        """Free a snapshot (idempotent; after its snapshot call, if that still runs)."""
+        pending = self._pending.pop(snapshot_id, None)
+        if pending is not None:
+            with contextlib.suppress(BaseException):
+                await pending
         await self._call("drop_snapshot", "", snapshot_id)
+
+    def broken_snapshots(self) -> list[str]:
+        """Always empty: a thread does not die under a snapshot."""
+        return []
 
     async def close(self, session_id: str) -> None:
         """Close the session's env (idempotent; an env that raises on close is dropped all the same)."""

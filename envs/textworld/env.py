@@ -274,7 +274,7 @@ class TextWorldEnv(gymnasium.Env[str, str]):
             game = self._tw.copy()
         return {"game": game, "state": copy.copy(self._state), "played": list(self._played),
                 "on_walkthrough": self._on_walkthrough, "walkthrough": list(self.walkthrough),
-                "last_observation": self.last_observation}
+                "last_observation": self.last_observation, "gamefile": self._gamefile, "task_id": self.task_id}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`clone_state` of the same game (after a reset with the same options); ``state`` is
@@ -287,6 +287,8 @@ class TextWorldEnv(gymnasium.Env[str, str]):
         self._state = copy.copy(state["state"])
         self._played, self._on_walkthrough = list(state["played"]), bool(state["on_walkthrough"])
         self.walkthrough, self.last_observation = list(state["walkthrough"]), str(state["last_observation"])
+        # the game that runs now (the reset before may have loaded another: an unseeded task draws its game)
+        self._gamefile, self.task_id = state["gamefile"], state["task_id"]
 
     def render(self) -> str | None:
         return self.last_observation if self.render_mode == "ansi" else None

@@ -41,8 +41,8 @@ async def open_pool(kind: str, **settings) -> AsyncIterator[tuple[object, Sessio
             async with HTTPEnvPool("http://localhost", transport=httpx.ASGITransport(app=app), retries=0) as pool:
                 yield pool, app.state.manager
     else:
-        async with LocalEnvPool(max_workers=2, mode=kind, imports=["user_env_module"]) as pool:
-            pool.manager.settings.max_snapshots = settings.get("max_snapshots", 256)
+        async with LocalEnvPool(max_workers=2, mode=kind, imports=["user_env_module"],
+                                max_snapshots=settings.get("max_snapshots", 256)) as pool:
             yield pool, pool.manager
 
 
@@ -174,7 +174,61 @@ def test_a_snapshot_whose_worker_died_is_not_found():
             with pytest.raises(SnapshotNotFound):
                 await pool.restore(snap)
             assert snap not in pool.manager.snapshots and not pool.manager.pool._snapshots
+            workers = pool.manager.pool._workers  # its booking went with it: the dead worker is not kept
+            assert not any(k.startswith("snapshot:") for w in workers for k in w.sessions)
             fresh = await pool.reset(DRIFT)  # the pool serves on
             assert (await pool.step(fresh.session_id, "right")).info["pos"] == 1
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_snapshot_leaves_nothing_behind():
+    async def main():
+        async with LocalEnvPool(max_workers=2, mode="thread", imports=["user_env_module"]) as pool:
+            d = await pool.reset(DRIFT, env_kwargs={"clone_s": 0.3})
+            task = asyncio.ensure_future(pool.snapshot(d.session_id))
+            await asyncio.sleep(0.05)  # the clone runs in its thread
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0.5)  # the clone finished; its snapshot is dropped after it
+            assert not pool.manager.snapshots and not pool.manager.pool._host.snapshots
+            assert (await pool.step(d.session_id, "right")).info["pos"] == 1  # the session goes on
+
+    asyncio.run(main())
+
+
+def test_the_reaper_survives_a_snapshot_dropped_while_it_runs():
+    async def main():
+        async with LocalEnvPool(max_workers=2, mode="thread", imports=["user_env_module"]) as pool:
+            pool.manager.settings.session_ttl_s = 0.05
+            d = await pool.reset(DRIFT)
+            snaps = [await pool.snapshot(d.session_id) for _ in range(3)]
+            await asyncio.sleep(0.1)
+            reaped, *dropped = await asyncio.gather(pool.manager.reap(),
+                                                    *(pool.manager.drop_snapshot(s) for s in snaps),
+                                                    return_exceptions=True)
+            assert reaped is None, reaped  # the reaper's pass did not fail (a client's drop may 404)
+            assert not pool.manager.snapshots and not pool.manager.pool._host.snapshots
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_closing_a_session_while_it_is_snapshotted_keeps_the_snapshot_usable():
+    async def main():
+        async with LocalEnvPool(max_workers=2, mode="process", imports=["user_env_module"]) as pool:
+            d = await pool.reset(DRIFT, env_kwargs={"clone_s": 0.3})
+            first = await pool.step(d.session_id, "right")
+            task = asyncio.ensure_future(pool.snapshot(d.session_id))
+            await asyncio.sleep(0.05)
+            await pool.close(d.session_id)  # while the worker clones its state
+            snap = await task
+            r = await pool.restore(snap)
+            assert r.observation == first.observation
+            await pool.drop_snapshot(snap)
+            await pool.close(r.session_id)
+            workers = pool.manager.pool._workers
+            assert not any(k.startswith("snapshot:") for w in workers for k in w.sessions)
 
     asyncio.run(main())

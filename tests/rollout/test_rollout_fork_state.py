@@ -39,8 +39,8 @@ class WalkEngine(SeededEngine):
         return out
 
 
-def play(tasks, fork, engine, *, mode="trajectory", max_turns=5, deterministic=None):
-    pool = LocalEnvPool(max_workers=4, mode="thread", imports=["user_env_module"])
+def play(tasks, fork, engine, *, mode="trajectory", max_turns=5, deterministic=None, max_snapshots=4096):
+    pool = LocalEnvPool(max_workers=4, mode="thread", imports=["user_env_module"], max_snapshots=max_snapshots)
     cfg = RolloutConfig(mode=mode, max_turns=max_turns, fork=fork)
     orch = RolloutOrchestrator(pool, engine, get_prompt("textworld"), cfg, max_new_tokens=64, seed=3,
                                deterministic=deterministic)
@@ -117,3 +117,39 @@ def test_state_route_needs_a_pool_with_snapshots():
                             RolloutConfig(fork=ForkConfig(points=1, siblings=2, restore="state")), max_new_tokens=8)
     with pytest.raises(ValueError, match="rollout.fork.restore='copy' is not valid"):
         ForkConfig(points=1, siblings=2, restore="copy")
+
+
+def test_a_full_snapshot_store_skips_forks_and_drops_no_group():
+    # 3 groups x 2 bases snapshot up to 5 turns each at once; the pool keeps 4: the bases that find it full fork
+    # from fewer turns (fork/snapshots_refused), nothing fails
+    tasks = [Task(DRIFT, None, group_id=g, seed=g) for g in range(3)]
+    orch, res = play(tasks, ForkConfig(points=1, siblings=2, restore="state"), WalkEngine(), max_turns=6,
+                     max_snapshots=4)
+    m = res.metrics
+    assert m["fork/snapshots_refused"] >= 1 and res.dropped_groups == 0 and not orch.fork_refused
+    assert m["fork/snapshots"] + m["fork/snapshots_refused"] >= 6
+    assert len([ep for ep in res.episodes if ep.fork is None]) == 6
+
+
+def test_textworld_state_names_the_game_that_runs(games):
+    import gymnasium
+
+    a = gymnasium.make(ENV, **KW).unwrapped
+    b = gymnasium.make(ENV, **KW).unwrapped
+    try:
+        _, info = a.reset(seed=0, options={"split": "train", "index": 0})
+        a.step(info["walkthrough"][0])
+        b.reset(seed=0, options={"split": "train", "index": 1})
+        state = a.clone_state()
+        b.set_state(state)
+        assert (b.task_id, b.gamefile) == (a.task_id, a.gamefile)
+        # the state is left as it was: it starts a second env, and both continue as the source does
+        c = gymnasium.make(ENV, **KW).unwrapped
+        c.reset(seed=0, options={"split": "train", "index": 0})
+        c.set_state(state)
+        rest = info["walkthrough"][1:]
+        assert [b.step(x)[:3] for x in rest] == [c.step(x)[:3] for x in rest] == [a.step(x)[:3] for x in rest]
+        c.close()
+    finally:
+        a.close()
+        b.close()

@@ -111,9 +111,11 @@ class DriftEnv(gymnasium.Env):
     """A walk whose observations carry noise the reset seed does not fix (the env's own generator, seeded from the
     OS at construction), so replaying its actions never reproduces an episode, but it can copy its state:
     ``clone_state()``/``set_state(state)`` (forked groups by state copy). Actions ``left``/``right`` move by one;
-    reaching position 3 terminates with reward 1. ``TimeLimit``: 6 steps."""
+    reaching position 3 terminates with reward 1. ``TimeLimit``: 6 steps. ``clone_s``: seconds a ``clone_state``
+    takes (a slow copy, for the cancellation and close-meanwhile tests)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clone_s: float = 0.0) -> None:
+        self.clone_s = float(clone_s)
         self.observation_space = spaces.Text(256, charset=string.printable)
         self.action_space = spaces.Text(256, charset=string.printable)
         self.rng = np.random.default_rng()  # unseeded on purpose
@@ -134,6 +136,7 @@ class DriftEnv(gymnasium.Env):
                                                      "won": won}
 
     def clone_state(self):
+        time.sleep(self.clone_s)
         return {"pos": self.pos, "rng": self.rng.bit_generator.state}
 
     def set_state(self, state):
