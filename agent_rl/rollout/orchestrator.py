@@ -635,10 +635,11 @@ class RolloutOrchestrator:
         try:
             source.snapshots[turn] = await asyncio.wait_for(self.pool.snapshot(session_id), self.cfg.env_timeout_s)
         except Exception as exc:  # noqa: BLE001 (a client error, a timeout, a broken server)
-            if getattr(exc, "code", None) == "at_capacity":  # the pool's max_snapshots: no fork from this turn
+            code = getattr(exc, "code", None)
+            if code == "at_capacity":  # the pool's max_snapshots: no fork from this turn
                 self._fork_counts["fork/snapshots_refused"] += 1
                 return
-            if getattr(exc, "code", None) != "invalid_request":  # the env failed: so did the attempt
+            if code != "invalid_request":  # the env failed: so did the attempt
                 raise EnvCallFailed(f"snapshot: {type(exc).__name__}: {exc}") from exc
             self._refuse_fork(env_id, f"rollout.fork.restore=state: {exc}")
             source.snapshot = False
@@ -658,7 +659,7 @@ class RolloutOrchestrator:
                 self._retries += 1
                 await asyncio.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
             try:
-                if source is not None:  # a re-run starts its base's snapshots and cache afresh
+                if source is not None:  # a re-run takes its base's snapshots afresh
                     await self._free_source(source)
                 ep = await self._play(task, temperature, is_high, slot, replay, source)
                 break
@@ -704,8 +705,8 @@ class RolloutOrchestrator:
             jobs = await self._sibling_jobs(spec, bases) if env_id not in self.fork_refused else []
             if by_state:  # a sibling needs its fork turn's snapshot (none where snapshots were refused)
                 jobs = [(b, t, slot) for b, t, slot in jobs if t in sources[b].snapshots]
-                used = {(b, t) for b, t, _ in jobs}  # the others are dropped now, not when the group ends
-                await gather_all(*(self._free_source(src, keep={t for b2, t in used if b2 == b})
+                # the snapshots no sibling uses are dropped now, not when the group ends
+                await gather_all(*(self._free_source(src, keep={t for b2, t, _ in jobs if b2 == b})
                                    for b, src in enumerate(sources)))
             n_fill = spare_slots(self.fork, bases, jobs, g_size)
             fill_slots = enumerate(spec.temperatures[n_base:n_base + n_fill], start=n_base)
@@ -774,7 +775,7 @@ class RolloutOrchestrator:
             try:
                 src = sources[b]
                 start = SiblingStart(base, b, t, cache=src.cache[0] if src.cache else None,
-                                     snapshot=src.snapshots.get(t) if self.fork.restore == "state" else None,
+                                     snapshot=src.snapshots.get(t),  # none unless restore=state
                                      reset=src.reset)
                 return await one(spec.task, base.temperature, base.is_high, slot, start)
             except ReplayMismatch as exc:

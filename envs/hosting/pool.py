@@ -150,6 +150,15 @@ class WorkerPool:
     def _remember(self, worker: WorkerHandle, key: str | None) -> None:
         remember(worker, key, self.keys_per_worker)
 
+    def _book(self, worker: WorkerHandle, session_id: str, key: str | None, owner: str | None,
+              made_with: tuple[str, dict[str, Any] | None, str | None]) -> None:
+        """Record a session opening on ``worker`` (its task key, owner, make arguments; one more reset)."""
+        worker.sessions[session_id] = key
+        worker.owners[session_id] = owner
+        self._by_session[session_id] = worker
+        self._made_with[session_id] = made_with
+        worker.resets += 1
+
     def _worker_of(self, session_id: str) -> WorkerHandle:
         try:
             return self._by_session[session_id]
@@ -179,12 +188,8 @@ class WorkerPool:
         """
         key = self._key(env_id, env_kwargs, owner, options)
         worker = self._place(key, owner)
-        worker.sessions[session_id] = key
-        worker.owners[session_id] = owner
-        self._by_session[session_id] = worker
-        self._made_with[session_id] = (env_id, env_kwargs, owner)
+        self._book(worker, session_id, key, owner, (env_id, env_kwargs, owner))
         self._remember(worker, key)
-        worker.resets += 1
         try:
             observation, info = await worker.call("open", session_id, (env_id, env_kwargs, seed, options),
                                                   self.timeout_s)
@@ -240,11 +245,7 @@ class WorkerPool:
         if not worker.alive:
             await self.drop_snapshot(snapshot_id)
             raise KeyError(snapshot_id)
-        worker.sessions[session_id] = worker.sessions.get(f"snapshot:{snapshot_id}")
-        worker.owners[session_id] = owner
-        self._by_session[session_id] = worker
-        self._made_with[session_id] = made_with
-        worker.resets += 1
+        self._book(worker, session_id, worker.sessions.get(f"snapshot:{snapshot_id}"), owner, made_with)
         try:
             observation, info = await worker.call("restore", session_id, snapshot_id, self.timeout_s)
         except BaseException:

@@ -163,7 +163,6 @@ class Snapshot:
     """The client whose session it was taken of (only that client may restore or drop it)."""
     steps: int = 0
     """Steps of the source episode when it was taken."""
-    created_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -262,18 +261,20 @@ class SessionManager:
             raise SessionNotFound(session_id) from None
 
     @contextlib.asynccontextmanager
-    async def _exclusive(self, session_id: str) -> AsyncIterator[Session]:
+    async def _exclusive(self, session_id: str, *, keep_rejected: bool = False) -> AsyncIterator[Session]:
         """Hold the session for one request: 409 (``SessionBusy``) if another request holds it; on an env
-        failure the session is closed (the env's state is unknown) and ``EnvFailed`` propagates."""
+        failure the session is closed (the env's state is unknown) and ``EnvFailed`` propagates. ``keep_rejected``:
+        a rejected request (``EnvRejected``: the episode was not touched) leaves the session open."""
         session = self.get(session_id)
         if session.busy:
             raise SessionBusy(f"session {session_id} is busy with another request")
         session.busy = True
         try:
             yield session
-        except EnvFailed:
-            self.sessions.pop(session_id, None)
-            await self.pool.close(session_id)
+        except EnvFailed as exc:
+            if not (keep_rejected and isinstance(exc, EnvRejected)):
+                self.sessions.pop(session_id, None)
+                await self.pool.close(session_id)
             raise
         finally:
             session.busy = False
@@ -362,30 +363,27 @@ class SessionManager:
 
         Raises ``SessionNotFound`` (404), ``SessionBusy`` (409), ``EnvRejected`` (422: a bad split or range; the
         session stays open), ``EnvFailed`` (500/504: the env or its worker failed; the session is closed)."""
-        async with self._exclusive_keeping_rejected(session_id):
+        async with self._exclusive(session_id, keep_rejected=True):
             return await self.pool.info(session_id, what, params)
 
     # ---- snapshots: forked groups by state copy (envs.hosting.child, "Snapshots") ------------------------------
-    async def snapshot(self, session_id: str, *, snapshot_id: str | None = None) -> str:
+    async def snapshot(self, session_id: str) -> str:
         """Keep the open session's env state (the env's ``clone_state()``, kept where the env lives; its episode
-        goes on untouched) -> the snapshot id (default: a new uuid4 hex), owned by the session's owner.
+        goes on untouched) -> a new snapshot id (a uuid4 hex), owned by the session's owner.
 
         Raises ``SessionNotFound`` (404), ``EpisodeOver`` (409: nothing left to continue), ``SessionBusy`` (409),
-        ``SessionExists`` (409: the id is taken), ``AtCapacity`` (503: ``max_snapshots`` kept), ``EnvRejected``
+        ``AtCapacity`` (503: ``max_snapshots`` kept), ``EnvRejected``
         (422: the env has no ``clone_state``/``set_state``; the session stays open), ``EnvFailed`` (500/504: the
         session is closed)."""
-        _check_text(snapshot_id=snapshot_id)
         session = self.get(session_id)
         if session.done:
             raise EpisodeOver(f"episode of session {session_id} is over; a snapshot of it has nothing to continue")
-        if snapshot_id is not None and snapshot_id in self.snapshots:
-            raise SessionExists(f"a kept snapshot has the id {snapshot_id!r}")
         if len(self.snapshots) >= self.settings.max_snapshots:
             raise AtCapacity(f"{len(self.snapshots)} kept snapshots (max_snapshots={self.settings.max_snapshots})")
-        snap = Snapshot(snapshot_id or uuid.uuid4().hex, session.env_id, owner=session.owner, steps=session.steps)
+        snap = Snapshot(uuid.uuid4().hex, session.env_id, owner=session.owner, steps=session.steps)
         self.snapshots[snap.snapshot_id] = snap  # booked first: a concurrent request cannot exceed the limit
         try:
-            async with self._exclusive_keeping_rejected(session_id):
+            async with self._exclusive(session_id, keep_rejected=True):
                 await self.pool.snapshot(session_id, snap.snapshot_id)
         except BaseException:  # failed or cancelled: the env side may still keep it (a cancelled call runs on)
             self.snapshots.pop(snap.snapshot_id, None)
@@ -425,25 +423,6 @@ class SessionManager:
         self.get_snapshot(snapshot_id)
         self.snapshots.pop(snapshot_id, None)
         await self.pool.drop_snapshot(snapshot_id)
-
-    @contextlib.asynccontextmanager
-    async def _exclusive_keeping_rejected(self, session_id: str) -> AsyncIterator[Session]:
-        """:meth:`_exclusive`, except that a rejected request (``EnvRejected``) leaves the session open."""
-        session = self.get(session_id)
-        if session.busy:
-            raise SessionBusy(f"session {session_id} is busy with another request")
-        session.busy = True
-        try:
-            yield session
-        except EnvRejected:
-            raise
-        except EnvFailed:
-            self.sessions.pop(session_id, None)
-            await self.pool.close(session_id)
-            raise
-        finally:
-            session.busy = False
-            session.last_used = time.monotonic()
 
     async def close(self, session_id: str) -> None:
         """Close a session and free its env (404 if unknown)."""

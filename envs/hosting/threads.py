@@ -46,9 +46,13 @@ class ThreadEnvPool:
                    owner: str | None = None) -> tuple[Any, dict[str, Any]]:
         """``make_env(env_id, **env_kwargs)`` then ``reset(seed, options)`` on a thread -> ``(observation, info)``
         (``owner``: unused; the threads run any session's calls side by side)."""
+        return await self._open(session_id, "open", (env_id, env_kwargs, seed, options))
+
+    async def _open(self, session_id: str, op: str, args: Any) -> tuple[Any, dict[str, Any]]:
+        """Own ``session_id`` while ``op`` opens it (``open`` or ``restore``); not after a failure."""
         self._owned.add(session_id)
         try:
-            observation, info = await self._call("open", session_id, (env_id, env_kwargs, seed, options))
+            observation, info = await self._call(op, session_id, args)
         except BaseException:
             self._owned.discard(session_id)
             raise
@@ -92,13 +96,7 @@ class ThreadEnvPool:
         """Open ``session_id`` in the state of ``snapshot_id`` -> the source's last ``(observation, info)``."""
         if snapshot_id not in self._host.snapshots:
             raise KeyError(snapshot_id)
-        self._owned.add(session_id)
-        try:
-            observation, info = await self._call("restore", session_id, snapshot_id)
-        except BaseException:
-            self._owned.discard(session_id)
-            raise
-        return observation, info
+        return await self._open(session_id, "restore", snapshot_id)
 
     async def drop_snapshot(self, snapshot_id: str) -> None:
         """Free a snapshot (idempotent; after its snapshot call, if that still runs)."""
