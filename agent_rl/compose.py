@@ -54,13 +54,22 @@ def _check_key(path: list[str], full: str) -> bool:
     return False
 
 
+#: ``key=value`` short forms of a group's one switch -> the full key (``algo.calibration=probe`` is
+#: ``algo.calibration.mode=probe``, algorithms.md section 3b).
+SHORT_FORMS: dict[str, str] = {"algo.calibration": "algo.calibration.mode"}
+
+
 def check_overrides(overrides: list[str]) -> list[str]:
     """Reject overrides whose key is not in the Config tree, naming the valid keys (group selections such as
     ``algo=grpo`` are checked by Hydra, whose error lists the available options). Returns the overrides with keys
-    inside free-form dict fields turned into Hydra's add-or-set form (``env.kwargs.x=1`` -> ``++env.kwargs.x=1``)."""
+    inside free-form dict fields turned into Hydra's add-or-set form (``env.kwargs.x=1`` -> ``++env.kwargs.x=1``)
+    and the :data:`SHORT_FORMS` spelled out."""
     groups = {p.name for p in CONFIG_DIR.iterdir() if p.is_dir()}
     result = []
     for ov in overrides:
+        head, sep, value = ov.partition("=")
+        if sep and head in SHORT_FORMS:
+            ov = f"{SHORT_FORMS[head]}={value}"
         key = re.split(r"=", ov, maxsplit=1)[0].lstrip("+~").split("@")[0]
         if key in groups or key.startswith("hydra"):
             result.append(ov)

@@ -50,6 +50,11 @@ class LocalPlayer:
     async def play_group(self, spec: GroupSpec) -> list[Episode]:
         return await self.rollout.play_group(spec)
 
+    async def play_specs(self, specs: list[GroupSpec], seed_key: int) -> RolloutResult:
+        """Groups at the temperatures their specs give (the calibration probe, algorithms.md 3b)."""
+        self.rollout.policy_version = self.backend.version
+        return await self.rollout.run_groups(specs, seed_key=seed_key)
+
     async def load_weights(self, version: int) -> None:
         await asyncio.to_thread(self.backend.load_engine, version)
 
@@ -139,6 +144,11 @@ class LocalBackend:
             await self.rollout.open_stream(seed_key=10**9 + self.version)
             self._stack.push_async_callback(self.rollout.close_stream)
         return LocalPlayer(self)
+
+    async def set_temperatures(self, t_low: float, t_high: float) -> None:
+        """The calibrated (T0, T1): the run's config, which the orchestrator samples from, and the learner's JS."""
+        for algo in (self.cfg.algo, self.learner.algo):
+            algo.t_low, algo.t_high = float(t_low), float(t_high)
 
     async def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         if not isinstance(self.engine, VersionedEngine) and hasattr(self.engine, "sleep"):

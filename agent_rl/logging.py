@@ -12,6 +12,10 @@ Each JSONL line is one row: ``{"step": int, "kind": KIND, <metric>: float | null
   names; ``step`` = updates done when it ran (0 = before training; at step N it follows that step's ``train`` row).
 - ``"sft"``: one behaviour-cloning optimizer step (``agent_rl.sft``): ``sft/...``, ``time/step_s``; step 1 also the
   expert-collection numbers.
+- ``"calibration"``: TGRL's temperature probe (``algo.calibration=probe``, algorithms.md 3b), once, step 0 of the
+  ``rl`` phase, before the first ``train`` row: ``pairs`` (a list of ``{t_low, t_high, gain_std, pos, var, ext,
+  elig, score}``), ``chosen`` (``{t_low, t_high}``) and the probe's size (``agent_rl.calibration.Calibration.row``);
+  the one kind whose values are not all numbers.
 
 A run has up to two phases (:data:`PHASES`, issue 35): ``warm_start`` (behaviour cloning, ``trainer.warm_start=bc``
 or ``agent_rl.sft``: ``sft`` rows, steps 1..K, its own counter) then ``rl`` (``train`` rows, steps 1..N). An ``eval``
@@ -44,7 +48,7 @@ SECTION6_METRICS: tuple[str, ...] = (
     "throughput/tokens_per_s",
 )
 #: the row kinds of metrics.jsonl (module docstring); the order rows of one step sort in
-KINDS: tuple[str, ...] = ("train", "sft", "eval")
+KINDS: tuple[str, ...] = ("calibration", "train", "sft", "eval")
 #: the phases of a run, in order (module docstring)
 PHASES: tuple[str, ...] = ("warm_start", "rl")
 #: the phase of a row of each kind that is not an eval row
@@ -227,6 +231,23 @@ class MetricsLogger:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total_steps, initial=start_step - 1, desc="train", unit="step", dynamic_ncols=True)
+
+    def log_calibration(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The ``calibration`` row (step 0): ``row`` as given to ``metrics.jsonl``; its numbers to TensorBoard and
+        the trackers as ``calibration/t_low``, ``calibration/t_high`` and ``calibration/score/<T_low>_<T_high>``.
+        Returns the row written."""
+        line = {"step": 0, "kind": "calibration", **({"phase": self.phase} if self.phase else {}), **row}
+        self._file.write(json.dumps(line) + "\n")
+        self._file.flush()
+        scalars = {"calibration/t_low": row["chosen"]["t_low"], "calibration/t_high": row["chosen"]["t_high"]}
+        scalars.update({f"calibration/score/{p['t_low']:g}_{p['t_high']:g}": p["score"] for p in row["pairs"]})
+        if self.trackers is not None:
+            self.trackers.log(0, {"step": 0, "kind": "calibration", **scalars})
+        if self._tb is not None:
+            for name, value in scalars.items():
+                self._tb.add_scalar(name, value, 0)
+            self._tb.flush()
+        return line
 
     def log(self, step: int, metrics: dict[str, Any], *, kind: str = "train") -> dict[str, Any]:
         """Record ``metrics`` of ``step``: a ``kind`` row of the names outside ``eval/`` (a ``train`` row always

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent_rl.algos import AdaptiveHighTemperature
+from agent_rl.calibration import STATE_KEY as CALIBRATION_STATE_KEY, Calibration
 from agent_rl.config import Config, ConfigError
 from agent_rl.episodes import parse_save_episodes, save_step_episodes
 from agent_rl.eval.training import TrainingEval
@@ -86,6 +87,10 @@ class Backend(Protocol):
 
     async def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         """One update on ``batch``; returns its metrics. Raises :class:`SkipUpdate` for a batch it cannot train."""
+
+    async def set_temperatures(self, t_low: float, t_high: float) -> None:
+        """TGRL's calibrated (T0, T1) (``algo.calibration=probe``, algorithms.md 3b) into everything that samples or
+        computes JS with them (the learner ranks, the rollout workers); called once, before RL step 1."""
 
     async def token_stats(self) -> dict[str, Any] | None:
         """The last update's per-token tensors, (B, L) in the batch's row order (the episode store)."""
@@ -147,7 +152,25 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
             print(f"nothing to train: the checkpoint is at step {start - 1} and trainer.total_steps={total}; "
                   "raise trainer.total_steps to train further", file=sys.stderr)
             return {}
-        schedule = choose_schedule(cfg, await backend.open(), progress, total_steps=total, version=start - 1)
+        player = await backend.open()
+        schedule = choose_schedule(cfg, player, progress, total_steps=total, version=start - 1)
+        # algo.calibration=probe (algorithms.md 3b): the pair (T0, T1) chosen by a probe before RL step 1, or
+        # restored from the checkpoint (a resumed run never probes again)
+        calibration = Calibration.from_config(cfg) if schedule.plays_episodes else None
+        probed = False
+        if calibration is not None:
+            if extra is not None and CALIBRATION_STATE_KEY in extra:
+                calibration.load_state_dict(extra[CALIBRATION_STATE_KEY])
+            else:
+                print(calibration.plan_line(), file=sys.stderr)
+                await calibration.probe(player, make_task_sampler(cfg, curriculum=False), progress)
+                probed = True
+            calibration.apply(cfg)
+            await backend.set_temperatures(cfg.algo.t_low, cfg.algo.t_high)
+            sampler = calibration.restrict(sampler)
+            print(calibration.summary_line() if probed else
+                  f"calibration: T0={cfg.algo.t_low:g}, T1={cfg.algo.t_high:g} restored from {ckpt} (no new probe)",
+                  file=sys.stderr)
         # algo.t_high=auto: the adaptive T1 (algorithms.md section 3), picked before each collect, observed after
         # each update, saved in every checkpoint's extra.json
         t_rule = AdaptiveHighTemperature(cfg.algo) if cfg.algo.t_high == "auto" and schedule.plays_episodes else None
@@ -160,6 +183,8 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
             temp_rule.load_state_dict(extra, ckpt)
         logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard="tensorboard" in t.loggers,
                                progress=False, phase=phase, trackers=trackers)  # one line per step; the live display is `progress`
+        if probed:  # the probe's row, before the first train row
+            logger.log_calibration(calibration.row())
         if start == 1 and eval_at_start and evaluator.due(0, total):  # the panel before training, as step 0
             record = logger.log(0, evaluator.metrics(0, await backend.evaluate(0, evaluator)), kind="eval")
         keep_episodes = parse_save_episodes(t.save_episodes)
@@ -226,6 +251,8 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
                     ckpt_extra[TEMPERATURE_STATE_KEY] = temp_rule.state_dict()
                 ckpt_extra["policy_version"] = step  # the engines' version counter (section 7: v = s after step s)
                 ckpt_extra["groups_in_flight"] = schedule.groups_in_flight
+                if calibration is not None:  # the choice, and the config's temperatures as configured
+                    calibration.patch_extra(ckpt_extra)
                 await backend.save(ckpt_dir / f"step_{step}", ckpt_extra)
                 if trackers is not None:
                     trackers.checkpoint(step, ckpt_dir / f"step_{step}")

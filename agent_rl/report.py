@@ -93,6 +93,8 @@ def summarize_run(records: list[dict[str, Any]], out: Path) -> dict[str, Any]:
         # per step, only for the keys whose value moves over the run or is chosen by a rule (a fixed T1 logs one
         # value every step: still shown, one number)
         "temperatures": {k: list(zip(*_series(steps, k))) for k in TEMPERATURE_KEYS if _series(steps, k)[0]},
+        # TGRL's calibration probe (algo.calibration=probe): its row, when the run has one
+        "calibration": next((r for r in reversed(records) if r.get("kind") == "calibration"), None),
     }
 
 
@@ -171,6 +173,26 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def calibration_lines(row: dict[str, Any] | None) -> list[str]:
+    """The calibration probe's lines of ``summary.md`` (algorithms.md 3b): the chosen pair and the probe's size,
+    then every pair's statistics and score as a table; [] without a ``calibration`` row."""
+    if not row:
+        return []
+    c = row["chosen"]
+    head = (f"- calibration: T0={c['t_low']:g}, T1={c['t_high']:g} chosen by the probe ({row.get('episodes', 0)} "
+            f"episode(s) on {len(row.get('tasks') or [])} task(s), {row.get('wall_s', 0.0):.0f} s, never trained on)")
+    if row.get("filter") == "kept":
+        head += f"; medium filter: {len(row.get('kept_tasks') or [])} task(s) kept"
+    elif row.get("filter") == "fallback":
+        head += "; medium filter: none qualified, every task kept"
+    table = ["", "| T_low | T_high | gain_std | pos | var | ext | elig | score | chosen |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in row["pairs"]:
+        mark = "yes" if (p["t_low"], p["t_high"]) == (c["t_low"], c["t_high"]) else ""
+        table.append(f"| {p['t_low']:g} | {p['t_high']:g} | {p['gain_std']:.3f} | {p['pos']:.3f} | {p['var']:.3f} | "
+                     f"{p['ext']:.3f} | {p['elig']:.3f} | {p['score']:.3f} | {mark} |")
+    return [head, *table, ""]
+
+
 def write_summary(summary: dict[str, Any], path: Path, header: str = "") -> str:
     """``summary.md``; returns its text."""
     lines = [f"# Run summary: {summary['run_dir']}", ""]
@@ -187,6 +209,7 @@ def write_summary(summary: dict[str, Any], path: Path, header: str = "") -> str:
         values = {round(t, 6) for _, t in pairs}
         per_step = ", ".join(f"{s}: {t:g}" for s, t in pairs) if len(values) > 1 else f"{pairs[0][1]:g} every step"
         lines.append(f"- temperature per step ({key}): {per_step}")
+    lines += calibration_lines(summary.get("calibration"))
     lines += ["- curves: curves.png; per-step numbers: metrics.jsonl; TensorBoard: tb/", "",
               "| metric (last step) | value |", "|---|---|"]
     lines += [f"| {k} | {_fmt(v)} |" for k, v in summary["last"].items()]

@@ -166,7 +166,8 @@ class BehaviourCloner:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
                                            weight_decay=optim.weight_decay)
-        self.scheduler = lr_scheduler(self.optimizer, optim.warmup)
+        # cloning counts its warm-up in optimiser steps whatever optim.warmup_unit says (there are no RL steps)
+        self.scheduler = lr_scheduler(self.optimizer, optim.warmup, unit="optimizer_step")
 
     @property
     def lr(self) -> float:
@@ -179,7 +180,7 @@ class BehaviourCloner:
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         """AdamW moments and step count from ``sd``; hyper-parameters and LR schedule from this run's ``optim``
         (``restore_optimizer``, as the RL learner)."""
-        self.scheduler = restore_optimizer(self.optimizer, sd, self.optim_cfg)
+        self.scheduler = restore_optimizer(self.optimizer, sd, self.optim_cfg, unit="optimizer_step")
 
     def _token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -73,8 +73,12 @@ def plan_line(cfg: Config) -> str:
     g, turns = cfg.algo.group_size, cfg.rollout.max_turns
     tgrl = ""
     if cfg.algo.is_tgrl:
-        tgrl = (f" (TGRL: {cfg.algo.n_low} at T0={cfg.algo.t_low} + {cfg.algo.n_high} at T1={cfg.algo.t_high}; "
-                f"its warm-up, every episode at T1 with plain GRPO, covers steps 1..{cfg.algo.warmup_steps})")
+        a = cfg.algo
+        temps = (f"T0 in {a.calibration.t_low} and T1 in {a.calibration.t_high} chosen by the calibration probe"
+                 if a.calibration.on else f"T0={a.t_low} and T1={a.t_high}")
+        warm = (f"its warm-up, every episode at T1 with plain GRPO, covers steps 1..{a.warmup_steps - 1}"
+                if a.warmup_steps > 1 else "no warm-up")
+        tgrl = f" (TGRL: {a.n_low} at T0 + {a.n_high} at T1, {temps}; {warm})"
     split = t.eval_panel or cfg.eval.split or describe(cfg.env.id, cfg.env.name).default_split
     panel = (f"panel: {t.eval_tasks} {split} tasks, greedy, <= {cfg.eval.max_turns or turns} turns, "
              + ("before and after the warm start and " if t.warm_start == "bc" else "before RL, ")

@@ -13,6 +13,8 @@ What the learner calls, by spec section:
     0/3 logprobs_from_logits, entropy_from_logits, js_divergence_from_logits (chunked, (N, V) -> (N,)),
        js_divergence_rows (one chunk, torch.compile-friendly)
     3  tgrl_advantages, tgrl_token_weights, tgrl_delta_r, tgrl_metrics; AdaptiveHighTemperature (algo.t_high=auto)
+    3b calibration_scores(records, t_low, t_high) -> {"pairs", "chosen", ...}; candidate_pairs; medium_tasks
+       (algo.calibration=probe: pure Python, the probe's episodes are played by agent_rl.calibration)
     8  TAMPO: virtual_logprobs (chunk (n, V) -> (n, K)), episode_virtual_likelihoods, tampo_normalise (sparsemax /
        softmax / argmax), tampo_statistic (the batch statistic A_B), tampo_episode_sums (its additive part, per
        learner rank), tampo_meta_policy, tampo_nucleus, tampo_draw; TampoMetaPolicy (the driver's state);
@@ -41,6 +43,7 @@ from .advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
+from .calibration import calibration_scores, candidate_pairs, medium_tasks
 from .credit import (
     CreditInputs,
     apply_credit,
@@ -153,6 +156,10 @@ __all__ = [
     "tgrl_delta_r",
     "tgrl_metrics",
     "masked_row_quantile",
+    # TGRL calibrated temperatures (algorithms.md section 3b)
+    "calibration_scores",
+    "candidate_pairs",
+    "medium_tasks",
     # TAMPO (algorithms.md section 8)
     "TAMPO_NORMS",
     "TAMPO_SCOPES",

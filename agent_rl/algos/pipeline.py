@@ -20,7 +20,7 @@ choices (each documented where it is made):
   credit" ablation: stage 2 off, stage 4 still on (the ablation removes the JS weights only). ``credit=js`` *is*
   stage 2, at strength S when a schedule is set (``schedule != none``), else 1; stage 3 is then empty. A rule that
   needs (B,) row advantages (``empg``) runs before stage 2.
-- ``algo=tgrl`` in warm-up (first ``algo.warmup_steps``): plain GRPO over all G episodes; ``credit=js`` is off,
+- ``algo=tgrl`` in warm-up (the steps s < ``algo.warmup_steps``): plain GRPO over all G episodes; ``credit=js`` is off,
   any other rule runs at S; no low-row mask, no clamp.
 - Other algorithms: stage 3 only; ``credit=js`` runs stage 2 at strength S (``schedule=constant`` for full weights).
 """

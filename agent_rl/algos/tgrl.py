@@ -6,7 +6,7 @@ tokens carry mask 0; every per-row statistic below is over the row's masked toke
 Pipeline (what the learner calls, in order):
     js = js_divergence_from_logits(old_logits_of_high_rows, t_low, t_high, chunk_size)  # step 3, (N,) -> (B, T)
     advantages = tgrl_advantages(rewards, group_index, is_high, js, response_mask,
-                                 episode_index=episode_index, warmup=step <= warmup_steps)  # 3.1, 3.4, 3.5, 3.7
+                                 episode_index=episode_index, warmup=step < warmup_steps)  # 3.1, 3.4, 3.5, 3.7
     metrics = tgrl_metrics(rewards, group_index, is_high, success, episode_index)        # 3.2
 Low-temperature rows get advantage 0 but keep their loss mask, so they still count in the token-mean denominator
 (``algo.low_rows_in_denominator=true``); to drop them from it, zero their rows of the loss mask in the caller.
@@ -119,7 +119,7 @@ def tgrl_advantages(
     2. High rows: ``A_{i,t} = clamp(A_i * w_t, -adv_clip, adv_clip)`` with ``w`` = :func:`tgrl_token_weights`,
        normalised per trajectory (per episode when ``episode_index`` is given, else per row); low rows: 0 (they
        still count in the token-mean denominator through their loss mask).
-    3. ``warmup=True`` (first ``algo.warmup_steps``): plain GRPO ``A_i`` broadcast over the masked tokens of *all*
+    3. ``warmup=True`` (the steps s < ``algo.warmup_steps``): plain GRPO ``A_i`` broadcast over the masked tokens of *all*
        rows (no JS, no zeroing, no clamp).
 
     Worked example (per-turn mode): a winning high episode of two turns, J = [0.1, 0.1] and [0.01, 0.01], group
@@ -254,9 +254,9 @@ class AdaptiveHighTemperature:
     (Garivier and Moulines 2011, "On upper-confidence bound policies for switching bandit problems") over the rungs
     ``algo.t_high_ladder`` with ``tgrl/delta_R`` as the reward of the rung a step used.
 
-    Steps: ``step`` is the run's 1-based step. During TGRL's warm-up (``step <= algo.warmup_steps``) every episode
-    uses the middle rung (``agent_rl.learner.config.t_high_value``, 1.2 of the default ladder) and nothing is
-    observed. After it, n = ``step - warmup_steps`` (1, 2, ...) and before step n one T1 is picked for every group
+    Steps: ``step`` is the run's 1-based step. During TGRL's warm-up (``step < algo.warmup_steps``: W - 1 steps)
+    every episode uses the middle rung (``agent_rl.learner.config.t_high_value``, 1.2 of the default ladder) and
+    nothing is observed. After it, n = ``step - (W - 1)`` (1, 2, ...) and before step n one T1 is picked for every group
     started in that step, from the observations of steps t < n:
 
     - a rung never picked is tried first, lowest first; then a rung picked but with no observation yet (its step
@@ -284,7 +284,8 @@ class AdaptiveHighTemperature:
         self.discount, self.c = float(algo.t_high_discount), float(algo.t_high_ucb_c)
         if not 0.0 < self.discount <= 1.0 or self.c < 0:
             raise ValueError(f"t_high_discount={self.discount} must be in (0, 1] and t_high_ucb_c={self.c} >= 0")
-        self.warmup_steps = int(algo.warmup_steps) if algo.name == "tgrl" else 0
+        #: the number of warm-up steps: the steps s < algo.warmup_steps (algorithms.md section 3, step 7)
+        self.warmup_steps = max(int(algo.warmup_steps) - 1, 0) if algo.name == "tgrl" else 0
         # the middle rung (agent_rl.learner.config.ladder_middle, the config side's t_high_value; a test keeps the
         # two equal: this package imports no agent_rl config)
         self.warmup_t_high = self.ladder[(len(self.ladder) - 1) // 2]

@@ -138,6 +138,10 @@ class LearnerRank:
             out.update({f"sync_{k}": v for k, v in self.learner.data_parallel.last_gather.items()})
         return out
 
+    def set_temperatures(self, t_low: float, t_high: float) -> None:
+        """The run's calibrated (T0, T1) (algorithms.md 3b): the temperatures of this rank's JS."""
+        self.learner.algo.t_low, self.learner.algo.t_high = float(t_low), float(t_high)
+
     def update(self, shard: Any, step: int, total_steps: int) -> dict[str, float]:
         """``Learner.update`` on this rank's shard (the ranks agree on the step's mini-batch count themselves:
         ``DataParallel.global_min`` of each rank's min(``algo.num_mini_batches``, its groups))."""
@@ -291,6 +295,21 @@ class RolloutWorker:
         result: RolloutResult = self._run(self.orchestrator.run_groups([GroupSpec(t, temps) for t in tasks],
                                                                        seed_key=seed_key))
         return {"result": result, "weight_version": self.version, "worker": self.index}
+
+    def play_specs(self, specs: list[GroupSpec], seed_key: int, expected_version: int) -> dict[str, Any]:
+        """Play groups at the temperatures their specs give (the calibration probe, algorithms.md 3b), rollout seed
+        key ``seed_key``; returns what :meth:`play` returns."""
+        if not self._ready:
+            self._build()
+        if self.version != expected_version:
+            print(f"warning: rollout worker {self.index} plays the calibration probe with weight version "
+                  f"{self.version}, expected {expected_version}", file=sys.stderr)
+        result: RolloutResult = self._run(self.orchestrator.run_groups(list(specs), seed_key=seed_key))
+        return {"result": result, "weight_version": self.version, "worker": self.index}
+
+    def set_temperatures(self, t_low: float, t_high: float) -> None:
+        """The run's calibrated (T0, T1) (algorithms.md 3b): every later group samples at them."""
+        self.cfg.algo.t_low, self.cfg.algo.t_high = float(t_low), float(t_high)
 
     def evaluate(self, step: int, out_dir: str) -> list[dict[str, Any]]:
         """The training eval panel (:class:`agent_rl.eval.training.TrainingEval`, ``trainer.eval_*``) with this

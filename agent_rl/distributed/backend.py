@@ -47,7 +47,7 @@ from agent_rl.distributed.data_parallel import shard_indices, take_shard, unshar
 from agent_rl.engines.vllm_server import merge_engine_metrics
 from agent_rl.eval.training import TrainingEval
 from agent_rl.loop import SkipUpdate
-from agent_rl.rollout import RolloutResult, merge_parallel_results
+from agent_rl.rollout import GroupSpec, RolloutResult, merge_parallel_results
 from agent_rl.rollout.orchestrator import sum_counters
 from agent_rl.rollout.schedule import plays_ahead
 from agent_rl.runtime import REPO, import_modules, load_run_policy, seed_everything
@@ -238,6 +238,12 @@ class RayBackend:
         ray.kill(self.workers[i], no_restart=True)
         self.workers[i] = await self._new_worker(i)
 
+    async def set_temperatures(self, t_low: float, t_high: float) -> None:
+        """The calibrated (T0, T1) into the driver's config (workers built later get it), every learner rank's JS
+        and every rollout worker's sampling."""
+        self.cfg.algo.t_low, self.cfg.algo.t_high = float(t_low), float(t_high)
+        await asyncio.gather(*[a.set_temperatures.remote(t_low, t_high) for a in [*self.ranks, *self.workers]])
+
     # ------------------------------------------------------------------ update
     async def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         """The ranks' update on their shards of ``batch`` (whole groups), awaited.
@@ -338,13 +344,26 @@ class RayPlayer:
     async def play_round(self, tasks: list[Task], step: int, seed_key: int, t_high: float | None) -> RolloutResult:
         """One round: contiguous chunks of ``tasks``, one per worker, in parallel; a dead worker is replaced and its
         chunk played again (at most ``MAX_WORKER_RESTARTS`` times a round)."""
+        b = self.b
+        return await self._play_chunks(tasks, f"step {step}",
+                                       lambda w, chunk: w.play.remote(chunk, step, seed_key, b.version, t_high))
+
+    async def play_specs(self, specs: list[GroupSpec], seed_key: int) -> RolloutResult:
+        """Groups at the temperatures their specs give (the calibration probe, algorithms.md 3b), split over the
+        workers as a round is, rollout seed key ``seed_key``."""
+        b = self.b
+        return await self._play_chunks(specs, "the calibration probe",
+                                       lambda w, chunk: w.play_specs.remote(chunk, seed_key, b.version))
+
+    async def _play_chunks(self, items: list[Any], what: str, call: Any) -> RolloutResult:
+        """``items`` in contiguous chunks, one per worker (``call(worker, chunk)`` -> the remote reference), played in
+        parallel; a dead worker is replaced and its chunk played again (at most ``MAX_WORKER_RESTARTS`` times)."""
         b, n_workers = self.b, self.b.cfg.rollout.num_workers
         restarts = 0
         t0 = time.perf_counter()
-        chunks = [tasks[i * len(tasks) // n_workers:(i + 1) * len(tasks) // n_workers] for i in range(n_workers)]
+        chunks = [items[i * len(items) // n_workers:(i + 1) * len(items) // n_workers] for i in range(n_workers)]
         results: list[dict[str, Any] | None] = [None] * n_workers
-        pending = {i: b.workers[i].play.remote(chunks[i], step, seed_key, b.version, t_high)
-                   for i in range(n_workers) if chunks[i]}
+        pending = {i: call(b.workers[i], chunks[i]) for i in range(n_workers) if chunks[i]}
         while pending:
             i, ref = next(iter(pending.items()))
             try:
@@ -357,11 +376,11 @@ class RayPlayer:
             except RayActorError as exc:
                 restarts += 1
                 if restarts > MAX_WORKER_RESTARTS:
-                    raise RuntimeError(f"step {step}: rollout workers died {restarts} times") from exc
-                print(f"warning: step {step}: rollout worker {i} died ({type(exc).__name__}); replacing it "
+                    raise RuntimeError(f"{what}: rollout workers died {restarts} times") from exc
+                print(f"warning: {what}: rollout worker {i} died ({type(exc).__name__}); replacing it "
                       f"and re-running its {len(chunks[i])} group(s)", file=sys.stderr)
                 await b.replace(i)
-                pending[i] = b.workers[i].play.remote(chunks[i], step, seed_key, b.version, t_high)
+                pending[i] = call(b.workers[i], chunks[i])
         done = [res for res in results if res is not None]
         for res in done:
             self._used.append(res["weight_version"])

@@ -186,7 +186,7 @@ class FullyShardedDataParallel(RankCollectives):
         learner.params = [p for p in self.model.parameters() if p.requires_grad]
         learner.optimizer = torch.optim.AdamW(learner.params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
                                               weight_decay=cfg.weight_decay)
-        learner.scheduler = lr_scheduler(learner.optimizer, cfg.warmup)
+        learner.scheduler = lr_scheduler(learner.optimizer, cfg.warmup, unit=cfg.warmup_unit)
         self.learner = learner
         self.sync_every_micro_batch = bool(sync_every_micro_batch)
         self._backwards_left = 0

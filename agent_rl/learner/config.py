@@ -62,6 +62,58 @@ class TampoConfig:
             raise ValueError(f"algo.tampo.warmup_steps={self.warmup_steps} must be >= 0")
 
 
+#: ``optim.warmup_unit`` values: what ``optim.warmup`` counts.
+WARMUP_UNITS = ("optimizer_step", "rl_step")
+#: ``algo.calibration.mode`` values (algorithms.md section 3b).
+CALIBRATION_MODES = ("off", "probe", "auto")
+
+
+@dataclass
+class CalibrationConfig:
+    """TGRL's calibrated temperatures (``algo.calibration=probe``, algorithms.md section 3b): before RL step 1 the
+    run plays ``samples`` episodes of ``tasks`` train tasks at every candidate temperature with the policy it is
+    about to train, scores every pair (T_low, T_high > T_low) by ``agent_rl.algos.calibration_scores`` and trains
+    with the best pair (``agent_rl.calibration``). ``algo.calibration=probe`` / ``=off`` is the short form of
+    ``algo.calibration.mode=...`` (``agent_rl.compose``)."""
+
+    mode: str = "off"
+    """off | probe | auto (probe for ``algo=tgrl`` with a numeric ``t_high``, off for every other algo: what a preset
+    that serves every algo sets, e.g. ``trainer=cpu_alfworld``; resolved at load by ``AlgoConfig``)."""
+    t_low: list[float] = field(default_factory=lambda: [0.3, 0.4])
+    """Candidate T0 values (each > 0)."""
+    t_high: list[float] = field(default_factory=lambda: [0.8, 1.0, 1.2])
+    """Candidate T1 values (each > 0); only pairs with T_high > T_low are scored."""
+    tasks: int = 16
+    """P train tasks probed, drawn by a copy of the run's task sampler (its seed; never panel tasks)."""
+    samples: int = 4
+    """n episodes per task and candidate temperature (the sample variance needs n >= 2 to be non-zero)."""
+    filter: bool = False
+    """The medium filter: train only on the probed tasks with 0.05 <= max pass <= 0.8, v > 0.01, x >= 0.9 under the
+    chosen pair (none qualifies: every task is kept, and the run says so)."""
+
+    def __post_init__(self) -> None:
+        _check("algo.calibration.mode", self.mode, CALIBRATION_MODES)
+        self.t_low = [float(t) for t in self.t_low]
+        self.t_high = [float(t) for t in self.t_high]
+        if self.mode == "off":
+            return
+        from agent_rl.algos.calibration import candidate_pairs  # pure Python, no torch
+
+        try:
+            candidate_pairs(self.t_low, self.t_high)
+        except ValueError as exc:
+            raise ValueError(f"algo.calibration: {exc}") from None
+        if isinstance(self.samples, bool) or self.samples < 1:
+            raise ValueError(f"algo.calibration.samples={self.samples} must be >= 1 (episodes per task and "
+                             "temperature)")
+        if isinstance(self.tasks, bool) or self.tasks < 1:
+            raise ValueError(f"algo.calibration.tasks={self.tasks} must be >= 1 (train tasks probed)")
+
+    @property
+    def on(self) -> bool:
+        return self.mode == "probe"
+
+
 @dataclass
 class AlgoConfig:
     """One RL algorithm (``algo=...``). Defaults are TGRL's (algorithms.md section 3); presets override them."""
@@ -117,7 +169,8 @@ class AlgoConfig:
     """G episodes per task. 0 = derived: ``n_low + n_high`` for TGRL, 4 for the others. Under TGRL a non-zero value
     must equal ``n_low + n_high`` (set those instead)."""
     warmup_steps: int = 20
-    """TGRL warm-up: the first steps sample everything at T1 and use plain GRPO (algorithms.md section 3, step 7)."""
+    """TGRL warm-up: the steps s < ``warmup_steps`` (1-based; 20: steps 1..19) sample everything at T1 and use plain
+    GRPO (algorithms.md section 3, step 7); 0 or 1: no warm-up."""
     js_quantile_clip: bool = True
     """Clip JS weights to the trajectory's 5th..95th percentiles (TGRL step 4). The one key for it: the ``js``
     credit rule and TGRL's JS stage both read it."""
@@ -178,6 +231,9 @@ class AlgoConfig:
     """C, the cap of the behaviour weight (must be > 1)."""
     tampo: TampoConfig = field(default_factory=TampoConfig)
     """``algo=tampo``: the meta-policy over sampling temperatures (algorithms.md section 8)."""
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    """TGRL's calibrated temperatures (``algo.calibration=probe``, algorithms.md section 3b): the pair (T0, T1) is
+    chosen by a probe before RL step 1 and replaces ``t_low`` / ``t_high`` for the whole run."""
 
     def __post_init__(self) -> None:
         _check("algo.name", self.name, ALGO_NAMES)
@@ -221,6 +277,15 @@ class AlgoConfig:
                 raise ValueError(f"algo.t_high_discount={self.t_high_discount} must be in (0, 1]")
             if self.t_high_ucb_c < 0:
                 raise ValueError(f"algo.t_high_ucb_c={self.t_high_ucb_c} must be >= 0")
+        if self.calibration.mode == "auto":
+            self.calibration.mode = "probe" if self.name == "tgrl" and self.t_high != "auto" else "off"
+        if self.calibration.on:
+            if self.name != "tgrl":
+                raise ValueError(f"algo.calibration=probe chooses TGRL's two temperatures (T0, T1); algo.name="
+                                 f"{self.name} samples at one temperature: use algo=tgrl or algo=tgrl_small")
+            if self.t_high == "auto":
+                raise ValueError("algo.calibration=probe fixes T1 for the whole run and algo.t_high=auto picks it "
+                                 "every step: choose one (algorithms.md sections 3 and 3b)")
         if min(self.t_low, t_high_value(self), self.temperature) <= 0:
             raise ValueError("algo temperatures must be > 0")
         if min(self.micro_batch_size, self.num_mini_batches, self.ppo_epochs, self.logits_chunk_size) < 1:
@@ -245,9 +310,10 @@ class AlgoConfig:
         return self.adv_estimator == "gae"
 
     def in_warmup(self, step: int) -> bool:
-        """TGRL's warm-up (step 7 of algorithms.md, TGRL): 1-based ``step <= warmup_steps``; always False for the
-        other algorithms. The one place the rule lives: sampling and the learner both ask here."""
-        return self.is_tgrl and step <= self.warmup_steps
+        """TGRL's warm-up (step 7 of algorithms.md, TGRL): 1-based ``step < warmup_steps`` (20: steps 1..19, as the
+        reference's ``global_steps < warmup_steps``); always False for the other algorithms. The one place the rule
+        lives: sampling and the learner both ask here."""
+        return self.is_tgrl and step < self.warmup_steps
 
     @property
     def is_tampo(self) -> bool:
@@ -383,7 +449,12 @@ class OptimConfig:
     warmup: int = field(default=0, metadata=applied(
         "restore_optimizer: the warm-up schedule rebuilt from the config at the restored optimiser step (logged as "
         "actor/lr)"))
-    """Optimiser steps of linear LR warm-up."""
+    """Length of the linear LR warm-up, in ``warmup_unit``s (0: constant lr)."""
+    warmup_unit: str = field(default="optimizer_step", metadata=applied(
+        "Learner.update: the lr of each RL step (rl_step) or the schedule rebuilt at the restored optimiser step"))
+    """What ``warmup`` counts: ``optimizer_step`` (lr after n optimiser steps = lr * min(1, (n + 1) / warmup)) or
+    ``rl_step`` (the TGRL reference's scheduler, stepped once per RL step: lr at RL step s (1-based) = lr *
+    min(1, (s - 1) / warmup), so RL step 1 runs at lr 0; algorithms.md section 3, the ``algo=tgrl`` preset)."""
     lora_lr: float = field(default=0.0, metadata=applied(
         "Learner / BehaviourCloner -> OptimConfig.for_lora, then restore_optimizer: the LoRA adapter's lr and "
         "initial_lr (model.lora.rank > 0; logged as actor/lr)"))
@@ -401,6 +472,7 @@ class OptimConfig:
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]  (yaml gives a list)
         if self.lr <= 0 or self.warmup < 0 or len(self.betas) != 2:
             raise ValueError("optim.lr must be > 0, optim.warmup >= 0, optim.betas two floats")
+        _check("optim.warmup_unit", self.warmup_unit, WARMUP_UNITS)
         if self.lora_lr < 0:
             raise ValueError(f"optim.lora_lr={self.lora_lr} must be >= 0 (0 = {LORA_LR_FACTOR:g} x optim.lr)")
 

@@ -158,22 +158,31 @@ def token_budget_micro_batches(rows: Tensor, lengths: Tensor, max_tokens: int) -
     return out
 
 
-def lr_scheduler(optimizer: torch.optim.Optimizer, warmup: int, *, steps_done: int = 0
-                 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """The learning-rate schedule of ``OptimConfig``: linear warm-up over ``warmup`` optimiser steps, then constant:
-    ``lr(n) = initial_lr * min(1, (n + 1) / warmup)`` after n optimiser steps (``warmup`` 0: constant).
+def lr_scheduler(optimizer: torch.optim.Optimizer, warmup: int, *, steps_done: int = 0,
+                 unit: str = "optimizer_step") -> torch.optim.lr_scheduler.LambdaLR:
+    """The learning-rate schedule of ``OptimConfig``: linear warm-up over ``warmup`` units, then constant.
 
-    ``steps_done`` > 0 (a resume): the schedule continues after that many optimiser steps, from each param group's
+    ``unit="optimizer_step"``: stepped after every optimiser step, ``lr(n) = initial_lr * min(1, (n + 1) / warmup)``
+    after n optimiser steps. ``unit="rl_step"`` (the TGRL reference's scheduler, algorithms.md section 3): stepped
+    once per RL step by :meth:`Learner.update`, ``lr(n) = initial_lr * min(1, n / warmup)`` with n = the RL steps
+    before this one, so RL step s (1-based) runs at ``lr * min(1, (s - 1) / warmup)`` and step 1 at 0. ``warmup``
+    0: constant.
+
+    ``steps_done`` > 0 (a resume): the schedule continues after that many units, from each param group's
     ``initial_lr`` (the peak), which must be set; the groups' ``lr`` is set to the schedule's value there.
     """
     def factor(n: int) -> float:  # a plain function: LambdaLR's state_dict keeps no copy of it
         return min(1.0, (n + 1) / warmup) if warmup > 0 else 1.0
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch=steps_done - 1)
+    def rl_factor(n: int) -> float:
+        return min(1.0, n / warmup) if warmup > 0 else 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, rl_factor if unit == "rl_step" else factor,
+                                             last_epoch=steps_done - 1)
 
 
-def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], optim: OptimConfig
-                      ) -> torch.optim.lr_scheduler.LambdaLR:
+def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], optim: OptimConfig, *,
+                      unit: str | None = None) -> torch.optim.lr_scheduler.LambdaLR:
     """Load a saved AdamW state into ``optimizer`` under the run's ``optim`` config, and return its LR schedule.
 
     The checkpoint gives the AdamW moments and step counts (``state["optimizer"]``) and the optimiser steps taken
@@ -185,7 +194,8 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], o
 
     Args:
         optimizer: the learner's (fresh) optimizer over the same parameters. state: ``{"optimizer": ...,
-            "scheduler": ...}`` as :meth:`Learner.state_dict` saves them.
+            "scheduler": ...}`` as :meth:`Learner.state_dict` saves them. unit: what the schedule counts
+            (:func:`lr_scheduler`; None: ``optim.warmup_unit``).
     Raises:
         ValueError: the saved state does not fit ``optimizer`` (other parameter groups or sizes; torch's message).
     """
@@ -194,7 +204,8 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], o
         group.update(lr=optim.lr, initial_lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas),
                      eps=optim.eps)
     saved = dict(state["scheduler"])
-    scheduler = lr_scheduler(optimizer, optim.warmup, steps_done=int(saved["last_epoch"]))
+    scheduler = lr_scheduler(optimizer, optim.warmup, steps_done=int(saved["last_epoch"]),
+                             unit=unit or optim.warmup_unit)
     # the saved counters (last_epoch, _step_count, ...) as they were; the learning rates as the config gives them
     saved.update(base_lrs=list(scheduler.base_lrs), _last_lr=list(scheduler.get_last_lr()),
                  lr_lambdas=[None] * len(optimizer.param_groups))
@@ -302,7 +313,7 @@ class Learner:
             self.params += list(self.value_head.parameters())
         self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
                                            weight_decay=optim.weight_decay)
-        self.scheduler = lr_scheduler(self.optimizer, optim.warmup)
+        self.scheduler = lr_scheduler(self.optimizer, optim.warmup, unit=optim.warmup_unit)
         self.generator = torch.Generator().manual_seed(seed)
         self._compiled_js = torch.compile(algos.js_divergence_from_logits, dynamic=False) if algo.compile_js else None
         #: per-token tensors of the last ``update`` (see there); None before the first update.
@@ -328,6 +339,8 @@ class Learner:
         ``perf/cpu_memory_used_gb``; on CUDA ``perf/max_memory_allocated_gb``, ``perf/max_memory_reserved_gb``).
         """
         t0 = time.perf_counter()
+        if self.optim_cfg.warmup_unit == "rl_step":
+            self._set_rl_step_lr(step)
         release_free_heap()  # what generation freed, before the activations (agent_rl.memory)
         b = self._to_device(batch)
         rm = b.response_mask  # (B, L) float 0/1
@@ -410,6 +423,16 @@ class Learner:
             self.value_head.load_state_dict(sd["value_head"])
         if sd.get("generator") is not None:
             self.generator.set_state(sd["generator"])
+
+    def _set_rl_step_lr(self, step: int) -> None:
+        """``optim.warmup_unit=rl_step``: every param group's lr for 1-based RL step ``step``, the schedule's value
+        after ``step - 1`` RL steps (:func:`lr_scheduler`); the scheduler's counter and last lr follow, so
+        ``actor/lr`` and a checkpoint read the same."""
+        factor = self.scheduler.lr_lambdas[0](step - 1)
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base * factor
+        self.scheduler.last_epoch = step - 1
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # what get_last_lr reads
 
     @property
     def lr(self) -> float:
@@ -752,7 +775,8 @@ class Learner:
                     self.params, self.optim_cfg.max_grad_norm if self.optim_cfg.max_grad_norm > 0 else math.inf)
                 grad_norms.append(float(grad_norm))
                 self.optimizer.step()
-                self.scheduler.step()
+                if self.optim_cfg.warmup_unit == "optimizer_step":
+                    self.scheduler.step()
                 acc("actor/pg_loss", mb_pg_loss, 1.0)
         out = {k: sums[k] / weights[k] if weights[k] > 0 else 0.0 for k in sums}
         for k in RATIO_METRICS:  # a single optimiser step: its (trivial) ratio statistics are all there are

@@ -55,8 +55,8 @@ REPLAY_ID_STRIDE = 10**12
 def warmup_horizon(algo: Any, step: int, total_steps: int) -> int:
     """The last step a group started in 1-based ``step`` may be trained in: TGRL's last warm-up step while ``step``
     is in the warm-up (``algo.in_warmup``: its groups are all at T1 and trained with plain GRPO), else
-    ``total_steps``."""
-    return int(algo.warmup_steps) if algo.in_warmup(step) else int(total_steps)
+    ``total_steps``. The warm-up is the steps s < ``algo.warmup_steps``, so its last step is ``warmup_steps - 1``."""
+    return int(algo.warmup_steps) - 1 if algo.in_warmup(step) else int(total_steps)
 
 
 @dataclass

@@ -56,6 +56,10 @@ class Player(Protocol):
     async def play_group(self, spec: GroupSpec) -> list[Episode]:
         """One group (the stream: several play at once); its G episodes, each turn stamped with its version."""
 
+    async def play_specs(self, specs: list[GroupSpec], seed_key: int) -> RolloutResult:
+        """Groups at the temperatures their specs give, rollout seed key ``seed_key`` (TGRL's calibration probe,
+        ``agent_rl.calibration``; before any step is collected); failed groups dropped as in a round."""
+
     async def load_weights(self, version: int) -> None:
         """The learner's weights after ``version`` updates into the engines (between two engine calls)."""
 

@@ -19,10 +19,11 @@ COMMON = ["env=choose_item", "model=tiny", "env_server.mode=local", "trainer.tot
           "trainer.tasks_per_step=2", "trainer.progress=false", "trainer.loggers=[jsonl]",
           "trainer.save_episodes=none"]
 
-#: name -> the run's own overrides (GRPO; TGRL without warm-up: mixed-temperature groups with JS credit).
+#: name -> the run's own overrides (GRPO; TGRL without warm-up: mixed-temperature groups with JS credit; the lr
+#: warm-up counted in optimiser steps, as the preset did when the fixture was recorded: the preset now counts RL steps).
 RUNS: dict[str, list[str]] = {
     "grpo": ["algo=grpo"],
-    "tgrl": ["algo=tgrl", "algo.warmup_steps=0"],
+    "tgrl": ["algo=tgrl", "algo.warmup_steps=0", "optim.warmup_unit=optimizer_step"],
 }
 
 #: metric prefixes that measure time or memory (not deterministic).

@@ -16,7 +16,7 @@ from agent_rl.train import main
 
 pytestmark = pytest.mark.slow  # end to end: real training runs
 
-ARGS = ["env=choose_item", "model=tiny", "algo=tgrl", "algo.t_high=auto", "algo.warmup_steps=1",
+ARGS = ["env=choose_item", "model=tiny", "algo=tgrl", "algo.t_high=auto", "algo.warmup_steps=2",
         "trainer.tasks_per_step=2", "env_server.mode=local", "rollout.max_turns=2", "engine.max_new_tokens=4",
         "trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.save_episodes=all"]
 
@@ -29,7 +29,8 @@ def test_auto_logs_t_high_every_step_and_samples_at_it(tmp_path):
     out = tmp_path / "run"
     main([*ARGS, "trainer.total_steps=4", f"trainer.output_dir={out}"])
     rows = read_metrics(out / "metrics.jsonl", "train")
-    # step 1: warm-up at the middle rung; steps 2-4 (n = 1..3): every rung once, lowest first
+    # step 1 (the warm-up: the steps s < algo.warmup_steps=2): the middle rung; steps 2-4 (n = 1..3): every rung once,
+    # lowest first
     assert [r["tgrl/t_high"] for r in rows] == [1.2, 1.0, 1.2, 1.4]
     assert episode_temperatures(out, 1) == {1.2}  # warm-up: every episode at T1
     for r in rows[1:]:
