@@ -31,6 +31,8 @@ import time
 from typing import Any, Sequence
 
 from agent_rl.algos.calibration import calibration_scores, candidate_pairs, medium_tasks
+from agent_rl.rollout import GroupSpec
+from agent_rl.rollout.tasks import make_task_sampler
 from agent_rl.types import Episode, Task
 
 #: ``extra.json`` key of the probe's result (a resumed run applies it instead of probing again).
@@ -126,8 +128,6 @@ class Calibration:
         Raises:
             RuntimeError: no probed task was played at every candidate temperature.
         """
-        from agent_rl.rollout import GroupSpec  # deferred: the rollout package is heavy and only the probe needs it
-
         s, temps = self.spec, self.temperatures
         t0 = time.perf_counter()
         tasks = sampler.sample(s.tasks)
@@ -191,8 +191,6 @@ class Calibration:
             return sampler
         tasks = getattr(self, "_tasks", None)
         if tasks is None:  # resumed: the probe's draws again, from a fresh copy of the run's sampler
-            from agent_rl.rollout.tasks import make_task_sampler
-
             tasks = {t.group_id: t for t in make_task_sampler(self.cfg, curriculum=False).sample(self.spec.tasks)}
         return KeptTasks(sampler, [tasks[i] for i in kept])
 

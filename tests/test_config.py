@@ -181,7 +181,7 @@ BAD = [
     ("env_server.local_kind=threads", "env_server.local_kind='threads' is not valid; valid values: thread, process"),
     ("rollout.max_prompt_tokens=0", "rollout.max_prompt_tokens >= 1"),
     ("algo=grp", "unknown option algo=grp: available options in 'algo': dapo, drgrpo, grpo, gspo, ppo, rloo, tampo, "
-                 "tgrl. Did you mean algo=grpo?"),
+                 "tgrl, tgrl_small. Did you mean algo=grpo?"),
     ("trainer.total_steps=many", "could not be converted to Integer (trainer.total_steps)"),
 ]
 

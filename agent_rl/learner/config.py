@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_rl.algos.calibration import candidate_pairs
 from agent_rl.resume_rules import MAY_CHANGE, applied
 
 ALGO_NAMES = ("tgrl", "grpo", "drgrpo", "dapo", "rloo", "ppo", "gspo", "tampo")
@@ -97,8 +98,6 @@ class CalibrationConfig:
         self.t_high = [float(t) for t in self.t_high]
         if self.mode == "off":
             return
-        from agent_rl.algos.calibration import candidate_pairs  # pure Python, no torch
-
         try:
             candidate_pairs(self.t_low, self.t_high)
         except ValueError as exc:

@@ -1071,7 +1071,8 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     ``reward/mean`` mean episode reward; ``success/rate`` and ``success/<task_type>`` fraction won;
     ``response/length_mean`` mean response tokens per turn; ``response/truncated_frac`` turns cut by the token budget;
     ``episode/turns_mean``; ``episode/truncated_frac`` episodes that ended without termination (turn/prompt budget or
-    the env's time limit); ``episode/invalid_action_frac`` invalid turns / turns; ``rollout/groups`` the groups
+    the env's time limit); ``episode/invalid_action_frac`` invalid turns / turns (``..._high``: of the T1 episodes'
+    turns, when there are any); ``rollout/groups`` the groups
     (``Task.group_id``) and ``rollout/groups_equal_frac`` the fraction whose episodes' rewards are all equal (a
     group of zero reward variance: every group advantage 0; 1.0 = the step has no learning signal);
     ``rollout/groups_mixed_success_frac`` the fraction with both won and lost episodes (a signal of success itself,
@@ -1089,6 +1090,9 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "episode/invalid_action_frac": sum(t.invalid for t in turns) / n_turns,
         "rollout/episodes": float(len(episodes)),
     }
+    high = [t for ep in episodes if ep.is_high for t in ep.turns]
+    if high:  # TGRL's T1 episodes alone (the temperature a calibration probe chooses)
+        metrics["episode/invalid_action_frac_high"] = sum(t.invalid for t in high) / len(high)
     groups: dict[Any, list[float]] = {}
     wins: dict[Any, set[bool]] = {}
     for ep in episodes:

@@ -113,13 +113,14 @@ def create_app(run_dir: str | Path) -> FastAPI:
                  step_max: Annotated[int | None, Query(ge=0)] = None) -> HTMLResponse:
         filters = Filters(step_min=step_min, step_max=step_max)
         metrics = reader.metrics()
-        steps_rows = [r for r in metrics if r["kind"] != "eval"]  # training (RL or behaviour cloning) steps
+        steps_rows = [r for r in metrics if r["kind"] in ("train", "sft")]  # training (RL or behaviour cloning) steps
         counts = Counter(r["kind"] for r in metrics)
         counts = {k: counts[k] for k in sorted(counts, key=lambda k: (KINDS.index(k) if k in KINDS else len(KINDS), k))}
         return page(request, "overview.html", filters=filters, steps=reader.step_table(filters),
                     config=reader.config_text(), last_metrics=steps_rows[-1] if steps_rows else None,
                     last_eval=next((r for r in reversed(metrics) if r["kind"] == "eval"), None),
                     metric_counts=counts, evals=reader.eval_results(), facets=reader.facets(),
+                    calibration=next((r for r in reversed(metrics) if r["kind"] == "calibration"), None),
                     plot_query=filters.query())
 
     @app.get("/plots/curves.png")

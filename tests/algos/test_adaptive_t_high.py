@@ -63,7 +63,7 @@ def test_discounted_means_and_tie_to_lower():
 
 
 def test_warmup_uses_the_middle_rung_and_counts_from_its_end():
-    rule = AdaptiveHighTemperature(auto(warmup_steps=3))
+    rule = AdaptiveHighTemperature(auto(warmup_steps=4))  # the warm-up: the steps s < 4
     assert [rule.t_high(s) for s in (1, 2, 3)] == [1.2, 1.2, 1.2]
     rule.observe(2, 1.0)  # warm-up observations are ignored
     assert rule.state_dict()["steps"] == []
@@ -72,10 +72,11 @@ def test_warmup_uses_the_middle_rung_and_counts_from_its_end():
     assert rule.t_high(5) == 1.2
     # the warm-up rung is the config's numeric T1 (t_high_value), for odd and even ladders
     for ladder in ([1.0, 1.2, 1.4], [0.8, 1.0, 1.3, 1.6], [1.1]):
-        algo = auto(t_high_ladder=ladder, warmup_steps=1)
+        algo = auto(t_high_ladder=ladder, warmup_steps=2)  # step 1 is the warm-up
         assert AdaptiveHighTemperature(algo).t_high(1) == t_high_value(algo)
     assert t_high_value(auto()) == 1.2 and t_high_value(AlgoConfig(t_high=1.3)) == 1.3
     assert group_temperatures(auto(warmup_steps=2), 1) == [(1.2, True)] * 4
+    assert group_temperatures(auto(warmup_steps=2), 2, t_high=1.4) == [(0.3, False)] + [(1.4, True)] * 3
     assert group_temperatures(auto(warmup_steps=0), 1, t_high=1.4) == [(0.3, False)] + [(1.4, True)] * 3
 
 

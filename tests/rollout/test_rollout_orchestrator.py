@@ -45,7 +45,7 @@ def tasks(n: int, seed: int = 0) -> list[Task]:
 
 
 def test_group_temperatures_tgrl_and_warmup():
-    tgrl = AlgoConfig(name="tgrl", warmup_steps=2)
+    tgrl = AlgoConfig(name="tgrl", warmup_steps=3)  # the warm-up: the steps s < 3
     assert group_temperatures(tgrl, 3) == [(0.3, False), (1.2, True), (1.2, True), (1.2, True)]
     assert group_temperatures(tgrl, 2) == [(1.2, True)] * 4  # warm-up: all high
     grpo = AlgoConfig(name="grpo", temperature=0.7, group_size=5)

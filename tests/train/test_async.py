@@ -410,7 +410,7 @@ def test_tgrl_warm_up_groups_are_trained_only_in_warm_up_steps(k):
     from agent_rl.rollout import group_temperatures
     from agent_rl.rollout.producer import warmup_horizon
 
-    algo = AlgoConfig(name="tgrl", warmup_steps=2, n_low=1, n_high=1, group_size=0)
+    algo = AlgoConfig(name="tgrl", warmup_steps=3, n_low=1, n_high=1, group_size=0)  # warm-up: steps 1, 2
     assert warmup_horizon(algo, 2, 5) == 2 and warmup_horizon(algo, 3, 5) == 5
     assert warmup_horizon(AlgoConfig(name="grpo", group_size=2), 1, 5) == 5
 

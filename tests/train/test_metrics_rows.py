@@ -45,7 +45,7 @@ def test_sft_rows_hold_no_rl_names(tmp_path):
 
 def test_bad_kinds_are_refused(tmp_path):
     logger = MetricsLogger(tmp_path, total_steps=1, tensorboard=False, progress=False)
-    with pytest.raises(ValueError, match="unknown metrics row kind 'training'; the kinds are train, sft, eval"):
+    with pytest.raises(ValueError, match="unknown metrics row kind 'training'; the kinds are calibration, train, sft, eval"):
         logger.log(1, {"reward/mean": 0.0}, kind="training")
     with pytest.raises(ValueError, match=r"an eval row holds only eval/ names; got \['reward/mean'\]"):
         logger.log(0, {"reward/mean": 0.0, "eval/p/success": 1.0}, kind="eval")

@@ -60,7 +60,17 @@ def test_probe_row_choice_and_episodes_never_trained(tmp_path: Path) -> None:
     extra = json.loads((out / "checkpoints" / "step_2" / "extra.json").read_text())
     assert extra[STATE_KEY]["chosen"] == chosen
     assert (extra["config"]["algo"]["t_low"], extra["config"]["algo"]["t_high"]) == (0.3, 1.2)
-    assert "calibration:" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert f"calibration: T0={chosen['t_low']:g}, T1={chosen['t_high']:g} chosen by the probe" in summary
+    assert "| T_low | T_high | gain_std | pos | var | ext | elig | score | chosen |" in summary
+    # the viewer's overview shows the same table, the chosen pair marked
+    from fastapi.testclient import TestClient
+
+    from agent_rl.viewer import create_app
+
+    page = TestClient(create_app(out)).get("/")
+    assert page.status_code == 200 and 'id="calibration"' in page.text
+    assert page.text.count("<td>chosen</td>") == 1
 
 
 def test_resume_does_not_probe_again_and_keeps_the_pair(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:

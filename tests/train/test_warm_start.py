@@ -52,7 +52,11 @@ def test_alfworld_cpu_preset_is_its_own_and_its_panel_holds_only_the_trained_typ
     assert with_device_preset(["env=textworld"])[0] == ["env=textworld", "trainer=cpu"]
     cfg = load_config(["env=alfworld", "algo=tgrl", "trainer=cpu_alfworld"])
     assert (cfg.trainer.warm_start, cfg.rollout.mode, cfg.engine.kv_reuse, cfg.algo.warmup_steps) == \
-        ("bc", "trajectory", True, 1)
+        ("bc", "trajectory", True, 2)  # TGRL's warm-up: step 1 (the steps s < 2)
+    # TGRL's temperatures calibrated by a probe sized to about one RL step (algorithms.md 3b); other algos: off
+    cal = cfg.algo.calibration
+    assert (cal.mode, cal.t_low, cal.t_high, cal.tasks, cal.samples) == ("probe", [0.3], [0.7, 1.0, 1.2], 2, 2)
+    assert load_config(["env=alfworld", "algo=grpo", "trainer=cpu_alfworld"]).algo.calibration.mode == "off"
     assert cfg.env.kwargs["task_types"] == ["pick_and_place_simple"]
     # the invalid-action penalty reaches the env (its InvalidActionPenalty wrapper), in training and in panels
     assert cfg.rollout.invalid_penalty == 0.1 and cfg.env_kwargs["invalid_action_penalty"] == 0.1
