@@ -60,6 +60,10 @@ class ServerSettings(SessionSettings):
                 bad.append("tokens={} (no client)")
         return bad
 
+    def client_count(self) -> int:
+        """The clients the per-client quotas share the pools among (one without tokens or with one token)."""
+        return max(1, len(self.clients()))
+
     def clients(self) -> dict[str, str]:
         """``{client name: token}``; ``{}``: no token (one client, ``servers.tokens.LOCAL_CLIENT``)."""
         if self.token is not None:

@@ -79,6 +79,8 @@ class WorkerPool:
         keep_envs: envs of closed sessions each worker keeps per env id + kwargs for the next session (0: close
             every env with its session).
         start_method: ``"forkserver"`` (default where available) or ``"spawn"``.
+        max_workers_per_owner: workers one owner (client) holds at most by its sessions and snapshots; beyond, its
+            sessions share its own workers, else ``QuotaExceeded`` (``None``: no such bound).
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class WorkerPool:
         reset_nice: int = 10,
         keep_envs: int = 1,
         start_method: str | None = None,
+        max_workers_per_owner: int | None = None,
     ) -> None:
         if max_workers < 1 or max_sessions_per_worker < 1:
             raise ValueError("max_workers and max_sessions_per_worker must be >= 1")
@@ -111,6 +114,7 @@ class WorkerPool:
         self.timeout_s = timeout_s
         self.reset_nice = reset_nice
         self.keep_envs = keep_envs
+        self.max_workers_per_owner = max_workers_per_owner
         methods = multiprocessing.get_all_start_methods()
         method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
         self._ctx = multiprocessing.get_context(method)
@@ -141,7 +145,8 @@ class WorkerPool:
 
     def _place(self, key: str | None, owner: str | None) -> WorkerHandle:
         return place(self._workers, key, max_workers=self.max_workers, owner=owner,
-                     max_sessions_per_worker=self.max_sessions_per_worker, new_worker=self._new_worker)
+                     max_sessions_per_worker=self.max_sessions_per_worker, new_worker=self._new_worker,
+                     max_owner_workers=self.max_workers_per_owner)
 
     def _key(self, env_id: str, env_kwargs: dict[str, Any] | None, owner: str | None,
              options: dict[str, Any] | None) -> str | None:

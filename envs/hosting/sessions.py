@@ -35,6 +35,7 @@ from envs.hosting.errors import (
     SessionExists,
     SessionNotFound,
     SnapshotNotFound,
+    QuotaExceeded,
     UnknownEnv,
 )
 from envs.hosting.jsonable import lone_surrogate
@@ -63,6 +64,17 @@ class SessionSettings:
     max_snapshots: int = 256
     """Kept env-state snapshots at most (``SessionManager.snapshot``; ``AtCapacity`` beyond). They expire after
     ``session_ttl_s`` unused, as sessions do."""
+    client_max_sessions: int | None = None
+    """Live sessions one client (``Session.owner``) holds at most (``QuotaExceeded`` beyond, HTTP 503
+    ``quota_exceeded`` naming it); ``None``: its fair share, ``max_sessions`` over the number of clients (at least
+    1), so no client can take what another needs."""
+    client_max_snapshots: int | None = None
+    """Kept snapshots one client holds at most (``QuotaExceeded``); ``None``: ``max_snapshots`` over the number of
+    clients."""
+    client_max_workers: int | None = None
+    """Worker processes one client holds at most, by sessions or snapshots (a snapshot keeps its worker); beyond,
+    its sessions share its own workers (``max_sessions_per_worker``), else ``QuotaExceeded``; ``None``: the workers
+    over the number of clients (at least 1)."""
     imports: list[str] = field(default_factory=list)
     """Modules workers import first (a user's module that calls ``gymnasium.register``)."""
     prestart_workers: int = 1
@@ -95,9 +107,26 @@ class SessionSettings:
             ("workers", self.workers is None or self.workers >= 0),
             ("max_sessions_per_worker", self.max_sessions_per_worker >= 1),
             ("max_snapshots", self.max_snapshots >= 0),
+            ("client_max_sessions", self.client_max_sessions is None or self.client_max_sessions >= 1),
+            ("client_max_snapshots", self.client_max_snapshots is None or self.client_max_snapshots >= 0),
+            ("client_max_workers", self.client_max_workers is None or self.client_max_workers >= 1),
             ("session_ttl_s", self.session_ttl_s is None or self.session_ttl_s > 0),
             ("prestart_workers", self.prestart_workers >= 0),
             ("env_timeout_s", self.env_timeout_s is None or self.env_timeout_s > 0)] if not ok]
+
+    def client_count(self) -> int:
+        """Clients the quotas share the pools among (the HTTP server's clients; here: one)."""
+        return 1
+
+    def client_quota(self, name: str) -> int | None:
+        """The per-client quota ``client_<name>`` (``max_sessions``, ``max_snapshots``, ``max_workers``): as set,
+        else the pool's size over :meth:`client_count` (at least 1; ``None``: the pool has no size)."""
+        quota = getattr(self, f"client_{name}")
+        if quota is not None:
+            return quota
+        total = {"max_sessions": self.max_sessions, "max_snapshots": self.max_snapshots,
+                 "max_workers": self.workers or self.max_sessions}[name]
+        return None if total is None else max(1, total // self.client_count())
 
     def __post_init__(self) -> None:
         """Raises ValueError on a setting the manager could not run with (before any worker starts)."""
@@ -188,6 +217,7 @@ class SessionManager:
                 max_worker_rss_mb=settings.max_worker_rss_mb,
                 timeout_s=settings.env_timeout_s,
                 reset_nice=settings.reset_nice,
+                max_workers_per_owner=settings.client_quota("max_workers"),
             )
         self.pool: Any = pool
         self.sessions: dict[str, Session] = {}
@@ -280,6 +310,17 @@ class SessionManager:
             session.busy = False
             session.last_used = time.monotonic()
 
+    def _check_quota(self, name: str, owner: str | None, held: Any, what: str) -> None:
+        """``QuotaExceeded`` naming ``client_<name>`` when ``owner`` holds that many of ``held`` (sessions or
+        snapshots, each with an ``owner``)."""
+        quota = self.settings.client_quota(name)
+        if quota is None:
+            return
+        mine = sum(1 for item in held if item.owner == owner)
+        if mine >= quota:
+            raise QuotaExceeded(f"client {owner!r} holds {mine} {what} (client_{name}={quota}); free some or "
+                                "retry later")
+
     # ---- operations ------------------------------------------------------------------------------------------
     async def create(
         self,
@@ -295,8 +336,9 @@ class SessionManager:
 
         ``session_id``: the client's choice (default: a new uuid4 hex), so a client that lost the answer can still
         close the session. ``owner``: the client it belongs to (``Session.owner``; the server checks it,
-        ``servers.access.ClientSessions``). Raises ``UnknownEnv`` (404), ``SessionExists`` (409), ``AtCapacity`` (503),
-        ``EnvFailed`` (500/504), ``InvalidText`` (422: a lone surrogate in any of the arguments).
+        ``servers.access.ClientSessions``). Raises ``UnknownEnv`` (404), ``SessionExists`` (409), ``AtCapacity`` (503;
+        ``QuotaExceeded``: the owner's ``client_max_sessions``), ``EnvFailed`` (500/504), ``InvalidText`` (422: a
+        lone surrogate in any of the arguments).
         """
         _check_text(env_id=env_id, session_id=session_id, options=options, env_kwargs=env_kwargs)
         _refuse_host_paths("env_kwargs", env_kwargs, self.settings.refused_env_kwargs)
@@ -316,6 +358,7 @@ class SessionManager:
             raise SessionExists(f"a live session has the id {session.session_id!r}")
         if self.settings.max_sessions is not None and len(self.sessions) >= self.settings.max_sessions:
             raise AtCapacity(f"{len(self.sessions)} live sessions (max_sessions={self.settings.max_sessions})")
+        self._check_quota("max_sessions", session.owner, self.sessions.values(), "live sessions")
         session.session_id = session.session_id or uuid.uuid4().hex
         self.sessions[session.session_id] = session
         try:
@@ -372,7 +415,8 @@ class SessionManager:
         goes on untouched) -> a new snapshot id (a uuid4 hex), owned by the session's owner.
 
         Raises ``SessionNotFound`` (404), ``EpisodeOver`` (409: nothing left to continue), ``SessionBusy`` (409),
-        ``AtCapacity`` (503: ``max_snapshots`` kept), ``EnvRejected``
+        ``AtCapacity`` (503: ``max_snapshots`` kept; ``QuotaExceeded``: the owner's ``client_max_snapshots``),
+        ``EnvRejected``
         (422: the env has no ``clone_state``/``set_state``; the session stays open), ``EnvFailed`` (500/504: the
         session is closed)."""
         session = self.get(session_id)
@@ -380,6 +424,7 @@ class SessionManager:
             raise EpisodeOver(f"episode of session {session_id} is over; a snapshot of it has nothing to continue")
         if len(self.snapshots) >= self.settings.max_snapshots:
             raise AtCapacity(f"{len(self.snapshots)} kept snapshots (max_snapshots={self.settings.max_snapshots})")
+        self._check_quota("max_snapshots", session.owner, self.snapshots.values(), "kept snapshots")
         snap = Snapshot(uuid.uuid4().hex, session.env_id, owner=session.owner, steps=session.steps)
         self.snapshots[snap.snapshot_id] = snap  # booked first: a concurrent request cannot exceed the limit
         try:
