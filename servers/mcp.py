@@ -112,6 +112,7 @@ class EnvMCP:
         self._made_with: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # env session -> (kwargs, options)
         self._action_kwargs: dict[str, Any] | None = None
         self._tools: list[dict[str, Any]] | None = None
+        self._opening: dict[str, int] = {}  # client -> its requests opening an MCP session, in flight
 
     @contextlib.asynccontextmanager
     async def run(self, manager: SessionManager) -> AsyncIterator[None]:
@@ -123,7 +124,7 @@ class EnvMCP:
             # gate); with tokens the token guards it (a container's port has a Host header no allow-list can know)
             security_settings=(TransportSecuritySettings(enable_dns_rebinding_protection=False)
                                if self.settings.clients() else mcp_loopback_security()),
-            session_idle_timeout=self.settings.session_ttl_s, max_sessions=None,
+            session_idle_timeout=self.settings.session_ttl_s, max_sessions=self.settings.mcp_sessions_cap(),
             max_request_body_size=self.settings.max_body_bytes)
         async with self.transport.run():
             try:
@@ -146,13 +147,35 @@ class EnvMCP:
         # the SDK's own session ownership: an MCP session answers only the client that opened it (another
         # client's request with its Mcp-Session-Id is a 404, as for an unknown one)
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=client, scopes=[]))
-        await self.transport.handle_request(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        opening = scope.get("method") == "POST" and SESSION_HEADER not in headers
+        if opening:  # a request without Mcp-Session-Id opens one: the client's share of the SDK's max_sessions
+            quota = self.settings.mcp_sessions_cap() // self.settings.client_count() or 1
+            held = self._mcp_sessions_of(client) + self._opening.get(client, 0)
+            if held >= quota:
+                await JSONResponse({"detail": f"client quota: client {client!r} holds {held} MCP sessions of "
+                                              f"{self.env_id} (client_max_mcp_sessions={quota}); end one (DELETE) "
+                                              "or retry later", "code": "quota_exceeded"}, status_code=503,
+                                   headers={"Retry-After": str(self.settings.retry_after_s)})(scope, receive, send)
+                return
+            self._opening[client] = self._opening.get(client, 0) + 1
+        try:
+            await self.transport.handle_request(scope, receive, send)
+        finally:
+            if opening:
+                self._opening[client] -= 1
+                if not self._opening[client]:
+                    del self._opening[client]
         if scope.get("method") == "DELETE" and headers.get(SESSION_HEADER) in self.bound:  # the MCP session ended
             assert self.manager is not None
             sessions = ClientSessions(self.manager, client, self.env_id)
             if sessions.owns(self.bound[headers[SESSION_HEADER]]):
                 await close_quietly(sessions, self.bound.pop(headers[SESSION_HEADER]))
+
+    def _mcp_sessions_of(self, client: str) -> int:
+        """Open MCP sessions of ``client`` (the SDK's record of who opened each)."""
+        owners = getattr(self.transport, "_session_owners", {})  # session id -> AuthorizationContext (a TypedDict)
+        return sum(1 for owner in owners.values() if dict(owner).get("client_id") == client)
 
     def sessions(self, ctx: Any) -> ClientSessions:
         """The calling client's sessions of this env (``servers.access.ClientSessions``)."""

@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker processes one client holds at most by its sessions and snapshots (a snapshot keeps "
                         "its worker); beyond, its sessions share its own workers, else 503 quota_exceeded "
                         "(default: --workers over the number of clients, at least 1)")
+    p.add_argument("--max-mcp-sessions", type=int, default=None, metavar="N",
+                   help="MCP transport sessions (Mcp-Session-Id) of each env's MCP surface at most (503 beyond), each "
+                        "client at most this over the number of clients (503 quota_exceeded; default: --max-sessions)")
     p.add_argument("--max-action-bytes", type=int, default=64 * 1024)
     p.add_argument("--prestart-workers", type=int, default=1, help="workers started before /health is up")
     p.add_argument("--env-timeout", type=float, default=600.0, help="seconds one env call may take")
@@ -129,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                          reset_nice=args.reset_nice, max_snapshots=args.max_snapshots,
                          client_max_sessions=args.client_max_sessions,
                          client_max_snapshots=args.client_max_snapshots,
-                         client_max_workers=args.client_max_workers)
+                         client_max_workers=args.client_max_workers, max_mcp_sessions=args.max_mcp_sessions)
     except (ImportError, ValueError) as exc:
         parser.error(str(exc))
     from servers.protocol import header_timeout_protocol
