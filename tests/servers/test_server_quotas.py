@@ -62,7 +62,7 @@ def test_snapshots_of_one_client_do_not_take_the_workers_another_needs():
             # alice's sessions still open, on her own workers (restore too: where the state is)
             r = await client.post("/sessions", json={"env_id": DRIFT}, headers=auth("alice"))
             assert r.status_code == 201, r.text
-            assert manager.pool.worker_of(r.json()["session_id"]) in held
+            assert manager.pool.worker_of(f"alice:{r.json()['session_id']}") in held  # servers.access.scoped
 
     asyncio.run(main())
 
