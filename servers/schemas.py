@@ -97,7 +97,8 @@ class RestoreRequest(_Strict):
 
     session_id: str | None = Field(
         default=None, pattern=r"^[A-Za-z0-9_-]{16,64}$",
-        description="id chosen by the client, as in POST /sessions; 409 session_exists if a live session of this client has it")
+        description="id chosen by the client, as in POST /sessions; 409 session_exists if a live session of this "
+                    "client has it")
 
 
 class StepResponse(BaseModel):
