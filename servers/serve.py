@@ -70,6 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker processes one client holds at most by its sessions and snapshots (a snapshot keeps "
                         "its worker); beyond, its sessions share its own workers, else 503 quota_exceeded "
                         "(default: --workers over the number of clients, at least 1)")
+    p.add_argument("--client-max-new-tasks", type=int, default=256, metavar="N",
+                   help="tasks one client's resets may generate within --new-tasks-window (envs that make tasks on "
+                        "demand: TextWorld's games, 1-90 CPU-s each); beyond, a reset that would generate one is 503 "
+                        "quota_exceeded before any work, resets of generated tasks go on (default 256; -1: no bound)")
+    p.add_argument("--new-tasks-window", type=float, default=3600.0, metavar="SECONDS",
+                   help="the sliding window of --client-max-new-tasks (default 3600)")
+    p.add_argument("--textworld-max-index", type=int, default=None, metavar="N",
+                   help="TextWorld games of index >= N are not generated on demand, only played when already "
+                        "generated (422 beyond; default 10000, or $AGENT_RL_TEXTWORLD_MAX_INDEX)")
     p.add_argument("--max-mcp-sessions", type=int, default=None, metavar="N",
                    help="MCP transport sessions (Mcp-Session-Id) of each env's MCP surface at most (503 beyond), each "
                         "client at most this over the number of clients (503 quota_exceeded; default: --max-sessions)")
@@ -123,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             from envs.code.sandbox import SANDBOX_LIMITS_ENV, parse_sandbox_limits
 
             os.environ[SANDBOX_LIMITS_ENV] = json.dumps(parse_sandbox_limits(args.sandbox_limits))
+        if args.textworld_max_index is not None:  # before any worker starts: they inherit it
+            from envs.generation import TEXTWORLD_MAX_INDEX_ENV
+
+            os.environ[TEXTWORLD_MAX_INDEX_ENV] = str(args.textworld_max_index)
         for name in args.imports:
             importlib.import_module(name)
         app = create_app(args.env_ids, max_sessions=args.max_sessions, session_ttl_s=args.ttl, workers=args.workers,
@@ -132,7 +145,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                          reset_nice=args.reset_nice, max_snapshots=args.max_snapshots,
                          client_max_sessions=args.client_max_sessions,
                          client_max_snapshots=args.client_max_snapshots,
-                         client_max_workers=args.client_max_workers, max_mcp_sessions=args.max_mcp_sessions)
+                         client_max_workers=args.client_max_workers, max_mcp_sessions=args.max_mcp_sessions,
+                         client_max_new_tasks=None if args.client_max_new_tasks < 0 else args.client_max_new_tasks,
+                         new_tasks_window_s=args.new_tasks_window)
     except (ImportError, ValueError) as exc:
         parser.error(str(exc))
     from servers.protocol import header_timeout_protocol

@@ -185,9 +185,11 @@ class WorkerPool:
         seed: int | None = None,
         options: dict[str, Any] | None = None,
         owner: str | None = None,
+        may_generate: bool = True,
     ) -> tuple[Any, dict[str, Any]]:
         """``gymnasium.make(env_id, **env_kwargs)`` then ``reset(seed, options)`` in a worker, for client ``owner``
-        (sessions of different owners never share a worker: :mod:`envs.hosting.placement`).
+        (sessions of different owners never share a worker: :mod:`envs.hosting.placement`); ``may_generate``:
+        whether the reset may generate a new task (:mod:`envs.generation`).
 
         Returns ``(observation, info)``. Raises ``AtCapacity`` or ``EnvFailed`` (the session is then not open).
         """
@@ -196,8 +198,8 @@ class WorkerPool:
         self._book(worker, session_id, key, owner, (env_id, env_kwargs, owner))
         self._remember(worker, key)
         try:
-            observation, info = await worker.call("open", session_id, (env_id, env_kwargs, seed, options),
-                                                  self.timeout_s)
+            observation, info = await worker.call("open", session_id,
+                                                  (env_id, env_kwargs, seed, options, may_generate), self.timeout_s)
             if env_id not in self.worker_cache:
                 declared = await worker.call("info", session_id, ("worker_cache", None), self.timeout_s)
                 self.worker_cache[env_id] = bool(declared)
@@ -209,7 +211,8 @@ class WorkerPool:
         return observation, info
 
     async def reset(
-        self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None
+        self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None,
+        may_generate: bool = True,
     ) -> tuple[Any, dict[str, Any]]:
         """``env.reset(seed=seed, options=options)`` of an open session -> ``(observation, info)``."""
         worker = self._worker_of(session_id)
@@ -217,7 +220,7 @@ class WorkerPool:
         key = self._key(*self._made_with[session_id], options)
         worker.sessions[session_id] = key
         self._remember(worker, key)
-        observation, info = await worker.call("reset", session_id, (seed, options), self.timeout_s)
+        observation, info = await worker.call("reset", session_id, (seed, options, may_generate), self.timeout_s)
         return observation, info
 
     async def step(self, session_id: str, action: Any) -> StepReply:

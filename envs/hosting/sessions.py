@@ -14,6 +14,7 @@ closes the session.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -71,6 +72,12 @@ class SessionSettings:
     client_max_snapshots: int | None = None
     """Kept snapshots one client holds at most (``QuotaExceeded``); ``None``: ``max_snapshots`` over the number of
     clients."""
+    client_max_new_tasks: int | None = 256
+    """Tasks one client's resets may generate (an env that makes tasks on demand, TextWorld: :mod:`envs.generation`)
+    within ``new_tasks_window_s`` (``QuotaExceeded`` naming it, before anything is generated; resets of generated
+    tasks go on); ``None``: no bound. Concurrent resets may each generate one past it."""
+    new_tasks_window_s: float = 3600.0
+    """The sliding window of ``client_max_new_tasks`` (seconds)."""
     client_max_workers: int | None = None
     """Worker processes one client holds at most, by sessions or snapshots (a snapshot keeps its worker); beyond,
     its sessions share its own workers (``max_sessions_per_worker``), else ``QuotaExceeded``; ``None``: the workers
@@ -110,6 +117,8 @@ class SessionSettings:
             ("client_max_sessions", self.client_max_sessions is None or self.client_max_sessions >= 1),
             ("client_max_snapshots", self.client_max_snapshots is None or self.client_max_snapshots >= 0),
             ("client_max_workers", self.client_max_workers is None or self.client_max_workers >= 1),
+            ("client_max_new_tasks", self.client_max_new_tasks is None or self.client_max_new_tasks >= 0),
+            ("new_tasks_window_s", self.new_tasks_window_s > 0),
             ("session_ttl_s", self.session_ttl_s is None or self.session_ttl_s > 0),
             ("prestart_workers", self.prestart_workers >= 0),
             ("env_timeout_s", self.env_timeout_s is None or self.env_timeout_s > 0)] if not ok]
@@ -149,9 +158,10 @@ class EnvBackend(Protocol):
 
     async def prestart(self, n: int) -> None: ...
     async def open(self, session_id: str, env_id: str, *, env_kwargs: dict[str, Any] | None = None,
-                   seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]: ...
-    async def reset(self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None
-                    ) -> tuple[Any, dict[str, Any]]: ...
+                   seed: int | None = None, options: dict[str, Any] | None = None, owner: str | None = None,
+                   may_generate: bool = True) -> tuple[Any, dict[str, Any]]: ...
+    async def reset(self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None,
+                    may_generate: bool = True) -> tuple[Any, dict[str, Any]]: ...
     async def step(self, session_id: str, action: Any) -> StepReply: ...
     async def info(self, session_id: str, what: str, params: Any = None) -> Any: ...
     async def snapshot(self, session_id: str, snapshot_id: str) -> None: ...
@@ -223,6 +233,7 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         self.snapshots: dict[str, Snapshot] = {}
         self._background: set[asyncio.Future[None]] = set()  # drops of failed snapshots still running
+        self._new_tasks: dict[str | None, collections.deque[float]] = {}  # owner -> when its resets generated one
         self._reaper: asyncio.Task[None] | None = None
         self.expired = 0
 
@@ -347,8 +358,26 @@ class SessionManager:
         if env_id not in (gymnasium.registry if self.settings.env_ids is None else self.settings.env_ids):
             served = "any registered id" if self.settings.env_ids is None else self.settings.env_ids
             raise UnknownEnv(f"env id {env_id!r} is not served here; served: {served}")
-        return await self._open(Session(session_id or "", env_id, busy=True, owner=owner), lambda sid: self.pool.open(
-            sid, env_id, env_kwargs=env_kwargs, seed=seed, options=options, owner=owner))
+        may_generate = self._may_generate(owner)
+        opened = await self._open(Session(session_id or "", env_id, busy=True, owner=owner), lambda sid: self.pool.open(
+            sid, env_id, env_kwargs=env_kwargs, seed=seed, options=options, owner=owner, may_generate=may_generate))
+        self._count_generated(owner, opened[2])
+        return opened
+
+    def _may_generate(self, owner: str | None) -> bool:
+        """Whether ``owner``'s next reset may generate a new task (``client_max_new_tasks`` in the window)."""
+        quota = self.settings.client_max_new_tasks
+        if quota is None:
+            return True
+        times = self._new_tasks.get(owner)
+        horizon = time.monotonic() - self.settings.new_tasks_window_s
+        while times and times[0] < horizon:
+            times.popleft()
+        return not times or len(times) < quota
+
+    def _count_generated(self, owner: str | None, info: Any) -> None:
+        if isinstance(info, dict) and info.get("task_generated"):
+            self._new_tasks.setdefault(owner, collections.deque()).append(time.monotonic())
 
     async def _open(self, session: Session, opener: Callable[[str], Awaitable[tuple[Any, Any]]]
                     ) -> tuple[str, Any, dict[str, Any]]:
@@ -379,9 +408,11 @@ class SessionManager:
         _refuse_host_paths("reset options", options, self.settings.refused_options,
                            "; select a game by task_id, split and index")
         async with self._exclusive(session_id) as session:
-            observation, info = await self.pool.reset(session_id, seed=seed, options=options)
+            observation, info = await self.pool.reset(session_id, seed=seed, options=options,
+                                                      may_generate=self._may_generate(session.owner))
             session.done = False
             session.episodes += 1
+        self._count_generated(session.owner, info)
         return observation, info
 
     async def step(self, session_id: str, action: Any) -> StepReply:
