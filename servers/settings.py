@@ -34,6 +34,8 @@ class ServerSettings(SessionSettings):
     """Env kwargs clients may not send (host paths: where the data lives is the server's choice)."""
     refused_options: tuple[str, ...] = PATH_OPTIONS
     """Reset options clients may not send (host paths: ALFWorld's ``gamefile``)."""
+    client_max_new_tasks: int | None = 256
+    """Tasks one client's resets may generate within ``new_tasks_window_s`` (``SessionSettings``)."""
     max_mcp_sessions: int | None = None
     """MCP transport sessions (``Mcp-Session-Id``) of each env's MCP surface at most (the SDK answers 503 beyond),
     each client at most its share (503 ``quota_exceeded``); ``None``: ``max_sessions`` (an MCP session plays one

@@ -32,11 +32,11 @@ from envs.hosting.errors import (
     EnvRejected,
     EpisodeOver,
     InvalidText,
+    QuotaExceeded,
     SessionBusy,
     SessionExists,
     SessionNotFound,
     SnapshotNotFound,
-    QuotaExceeded,
     UnknownEnv,
 )
 from envs.hosting.jsonable import lone_surrogate
@@ -72,10 +72,11 @@ class SessionSettings:
     client_max_snapshots: int | None = None
     """Kept snapshots one client holds at most (``QuotaExceeded``); ``None``: ``max_snapshots`` over the number of
     clients."""
-    client_max_new_tasks: int | None = 256
+    client_max_new_tasks: int | None = None
     """Tasks one client's resets may generate (an env that makes tasks on demand, TextWorld: :mod:`envs.generation`)
     within ``new_tasks_window_s`` (``QuotaExceeded`` naming it, before anything is generated; resets of generated
-    tasks go on); ``None``: no bound. Concurrent resets may each generate one past it."""
+    tasks go on); ``None``: no bound (in-process callers; the HTTP server's default is 256). Concurrent resets may
+    each generate one past it."""
     new_tasks_window_s: float = 3600.0
     """The sliding window of ``client_max_new_tasks`` (seconds)."""
     client_max_workers: int | None = None
