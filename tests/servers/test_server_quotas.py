@@ -6,9 +6,13 @@ client holding snapshots and no session holds workers: it is bounded by its work
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
+import httpx
+
+from served_envs import start_server
 from servers.serve import build_parser
 from servers_helpers import make_app, serve_asgi
 
@@ -103,3 +107,27 @@ def test_the_quota_flags_are_in_the_help_with_their_defaults():
     assert "over the number of clients" in text
     args = build_parser().parse_args(["--env", "x", "--client-max-sessions", "3", "--client-max-snapshots", "5"])
     assert (args.client_max_sessions, args.client_max_snapshots, args.client_max_workers) == (3, 5, None)
+
+
+def test_the_served_flags_hold_each_client_to_its_quota(tmp_path: Path):
+    """``python -m servers.serve --token-file ... --client-max-sessions 1 --client-max-snapshots 1``: alice's second
+    session and second snapshot are 503 ``quota_exceeded`` naming each flag's quota, bob still gets 201."""
+    token_file = tmp_path / "tokens.txt"
+    token_file.write_text("".join(f"{n}: {t}\n" for n, t in TOKENS.items()))
+    proc, url = start_server([DRIFT], ["--token-file", str(token_file), "--import", "user_env_module",
+                                       "--workers", "4", "--max-sessions", "8", "--client-max-sessions", "1",
+                                       "--client-max-snapshots", "1"], tmp_path / "server.log", token=None)
+    try:
+        r = httpx.post(url + "/sessions", json={"env_id": DRIFT}, headers=auth("alice"), timeout=60)
+        assert r.status_code == 201, r.text
+        sid = r.json()["session_id"]
+        r = httpx.post(url + "/sessions", json={"env_id": DRIFT}, headers=auth("alice"), timeout=60)
+        assert (r.status_code, r.json()["code"]) == (503, "quota_exceeded") and "client_max_sessions=1" in r.text
+        assert httpx.post(url + f"/sessions/{sid}/snapshot", headers=auth("alice"), timeout=60).status_code == 201
+        r = httpx.post(url + f"/sessions/{sid}/snapshot", headers=auth("alice"), timeout=60)
+        assert (r.status_code, r.json()["code"]) == (503, "quota_exceeded") and "client_max_snapshots=1" in r.text
+        r = httpx.post(url + "/sessions", json={"env_id": DRIFT}, headers=auth("bob"), timeout=60)
+        assert r.status_code == 201, r.text
+    finally:
+        proc.terminate()
+        proc.wait(60)
