@@ -16,7 +16,9 @@ docs and schema pages, OpenEnv's HTTP and WebSocket routes, MCP) and one view of
   MCP's own DNS-rebinding protection (the ``mcp`` SDK's ``TransportSecuritySettings``) is on when there is no token.
 - **Ownership.** A session belongs to the client that opened it, on every surface; another client's step, reset,
   state, info or close of it is 404 ``session_not_found`` (the same answer as for an id that does not exist, so a
-  client learns nothing of others' sessions), and ``GET /sessions`` lists the caller's own. A surface of one env
+  client learns nothing of others' sessions), and ``GET /sessions`` lists the caller's own. Session ids are each
+  client's own namespace (:func:`scoped`): a client-chosen id another client holds is free for this one (no 409
+  ``session_exists`` tells it the other's id is live, and no client can take an id before another). A surface of one env
   (``/envs/<env id>/...``: OpenEnv, MCP) reaches only that env's sessions (:class:`ClientSessions`).
 
 Only ``GET /health`` and the OpenEnv ``GET {path}/health`` answer without a credential (container health checks).
@@ -24,18 +26,19 @@ Only ``GET /health`` and the OpenEnv ``GET {path}/health`` answer without a cred
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket
 
-from envs.hosting import Session, SessionManager, SessionNotFound, SnapshotNotFound
+from envs.hosting import Session, SessionExists, SessionManager, SessionNotFound, SnapshotNotFound
 from envs.hosting.errors import UnknownEnv
 from envs.hosting.pool import StepReply
 from servers.tokens import LOCAL_CLIENT, client_of, is_loopback_host
 
-__all__ = ["CLIENT_KEY", "AccessGate", "ClientSessions", "mcp_loopback_security"]
+__all__ = ["CLIENT_KEY", "AccessGate", "ClientSessions", "mcp_loopback_security", "scoped", "unscoped"]
 
 #: The ASGI scope key where :class:`AccessGate` puts the caller's client name.
 CLIENT_KEY = "agent_rl.client"
@@ -121,12 +124,24 @@ class AccessGate:
 
 
 # ------------------------------------------------------------------------------------------------ sessions
+def scoped(client: str, session_id: str) -> str:
+    """The session manager's key of ``client``'s session ``session_id`` (client names hold no ``:``,
+    ``servers.tokens.check_tokens``, so two clients' keys never meet)."""
+    return f"{client}:{session_id}"
+
+
+def unscoped(key: str) -> str:
+    """The id a client knows its session by, from the manager's key (:func:`scoped`)."""
+    return key.split(":", 1)[1]
+
+
 class ClientSessions:
     """The sessions of one client (and, for a surface of one env, of that env only), over the server's
     :class:`SessionManager`: the only way a surface reaches sessions on a client's behalf.
 
     Each operation on a session id that is not the client's (or not of ``env_id``) raises ``SessionNotFound``,
     the same as for an id that does not exist (HTTP 404 ``session_not_found``), and leaves the session untouched.
+    Ids are the client's own (the manager keys them :func:`scoped` by the client): another client's id is free.
 
     Args:
         manager: the server's session manager.
@@ -139,41 +154,61 @@ class ClientSessions:
         self.client = client
         self.env_id = env_id
 
+    def key(self, session_id: str) -> str:
+        """The manager's key of the client's session ``session_id`` (:func:`scoped`)."""
+        return scoped(self.client, session_id)
+
     def owns(self, session_id: str | None) -> bool:
-        session = self.manager.sessions.get(session_id) if session_id is not None else None
+        session = self.manager.sessions.get(self.key(session_id)) if session_id is not None else None
         return session is not None and session.owner == self.client and self.env_id in (None, session.env_id)
 
     def get(self, session_id: str) -> Session:
         """The client's live session, or ``SessionNotFound``."""
         if not self.owns(session_id):
             raise SessionNotFound(session_id)
-        return self.manager.sessions[session_id]
+        return self.manager.sessions[self.key(session_id)]
 
-    def list(self) -> list[Session]:
-        """The client's live sessions (of ``env_id``, when set)."""
-        return [s for s in self.manager.sessions.values() if self.owns(s.session_id)]
+    def list(self) -> list[tuple[str, Session]]:
+        """``(session id, session)`` of the client's live sessions (of ``env_id``, when set)."""
+        mine = [unscoped(k) for k, s in self.manager.sessions.items() if s.owner == self.client and ":" in k]
+        return [(sid, self.get(sid)) for sid in mine if self.owns(sid)]
 
-    async def create(self, env_id: str, **kwargs: Any) -> tuple[str, Any, dict[str, Any]]:
-        """:meth:`SessionManager.create`, owned by the client; ``UnknownEnv`` for another env than ``env_id``."""
+    async def _opened(self, session_id: str | None, opening: Any) -> tuple[str, Any, dict[str, Any]]:
+        sid = session_id or uuid.uuid4().hex
+        try:
+            _, observation, info = await opening(self.key(sid))
+        except SessionExists:
+            raise SessionExists(f"a live session has the id {sid!r}") from None
+        return sid, observation, info
+
+    async def create(self, env_id: str, *, session_id: str | None = None, **kwargs: Any
+                     ) -> tuple[str, Any, dict[str, Any]]:
+        """:meth:`SessionManager.create`, owned by the client (``session_id``: the client's choice, in its own
+        namespace; default a new uuid4 hex); ``UnknownEnv`` for another env than ``env_id``."""
         if self.env_id is not None and env_id != self.env_id:
             raise UnknownEnv(f"env id {env_id!r} is not served at this path (it serves {self.env_id!r})")
-        return await self.manager.create(env_id, owner=self.client, **kwargs)
+        return await self._opened(session_id, lambda key: self.manager.create(
+            env_id, owner=self.client, session_id=key, **kwargs))
+
+    async def _on(self, session_id: str, call: Any) -> Any:
+        """``call(key)`` on the client's session; ``SessionNotFound`` names the client's id."""
+        self.get(session_id)
+        try:
+            return await call(self.key(session_id))
+        except SessionNotFound:
+            raise SessionNotFound(session_id) from None
 
     async def reset(self, session_id: str, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        self.get(session_id)
-        return await self.manager.reset(session_id, **kwargs)
+        return await self._on(session_id, lambda key: self.manager.reset(key, **kwargs))
 
     async def step(self, session_id: str, action: Any) -> StepReply:
-        self.get(session_id)
-        return await self.manager.step(session_id, action)
+        return await self._on(session_id, lambda key: self.manager.step(key, action))
 
     async def info(self, session_id: str, what: str, params: Any = None) -> Any:
-        self.get(session_id)
-        return await self.manager.info(session_id, what, params)
+        return await self._on(session_id, lambda key: self.manager.info(key, what, params))
 
     async def close(self, session_id: str) -> None:
-        self.get(session_id)
-        await self.manager.close(session_id)
+        await self._on(session_id, self.manager.close)
 
     # snapshots: another client's snapshot (or one of another env than ``env_id``) is ``SnapshotNotFound``, as one
     # that does not exist
@@ -183,14 +218,14 @@ class ClientSessions:
 
     async def snapshot(self, session_id: str) -> str:
         """:meth:`SessionManager.snapshot` of the client's session (the snapshot is the client's)."""
-        self.get(session_id)
-        return await self.manager.snapshot(session_id)
+        return await self._on(session_id, self.manager.snapshot)
 
-    async def restore(self, snapshot_id: str, **kwargs: Any) -> tuple[str, Any, dict[str, Any]]:
+    async def restore(self, snapshot_id: str, *, session_id: str | None = None) -> tuple[str, Any, dict[str, Any]]:
         """:meth:`SessionManager.restore` of the client's snapshot, the new session owned by the client."""
         if not self.owns_snapshot(snapshot_id):
             raise SnapshotNotFound(snapshot_id)
-        return await self.manager.restore(snapshot_id, owner=self.client, **kwargs)
+        return await self._opened(session_id, lambda key: self.manager.restore(
+            snapshot_id, owner=self.client, session_id=key))
 
     async def drop_snapshot(self, snapshot_id: str) -> None:
         if not self.owns_snapshot(snapshot_id):

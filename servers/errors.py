@@ -11,6 +11,7 @@ from envs.hosting.errors import (
     EnvInfraFailed,
     EnvRejected,
     EnvTimeout,
+    QuotaExceeded,
     SessionNotFound,
     UnknownEnv,
     http_error,
@@ -30,6 +31,8 @@ def describe_error(exc: BaseException, *, opening: bool) -> tuple[int, str, str]
         detail = f"no live session {exc.args[0]!r} (closed, expired or broken)"
     elif isinstance(exc, UnknownEnv):
         detail = str(exc.args[0])
+    elif isinstance(exc, QuotaExceeded):
+        detail = f"client quota: {exc}"
     elif isinstance(exc, AtCapacity):
         detail = f"server at capacity: {exc}"
     elif not isinstance(exc, EnvFailed):

@@ -47,7 +47,7 @@ from starlette.responses import JSONResponse
 from envs.hosting import SessionManager, SessionNotFound
 from envs.hosting.errors import EnvFailed, EnvRejected, http_error
 from envs.hosting.jsonable import lone_surrogate
-from servers.access import CLIENT_KEY, ClientSessions, mcp_loopback_security
+from servers.access import CLIENT_KEY, ClientSessions, mcp_loopback_security, unscoped
 from servers.errors import describe_error
 from servers.openenv import EnvFacts, close_quietly
 
@@ -108,10 +108,12 @@ class EnvMCP:
             on_list_tools=self._list_tools, on_call_tool=self._call_tool)
         self.manager: SessionManager | None = None
         self.transport: StreamableHTTPSessionManager | None = None
-        self.bound: dict[str, str] = {}  # MCP session id -> env session id
-        self._made_with: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # env session -> (kwargs, options)
+        # MCP session id -> its env session's manager key (servers.access.scoped: the client's id, in its namespace)
+        self.bound: dict[str, str] = {}
+        self._made_with: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # manager key -> (kwargs, options)
         self._action_kwargs: dict[str, Any] | None = None
         self._tools: list[dict[str, Any]] | None = None
+        self._opening: dict[str, int] = {}  # client -> its requests opening an MCP session, in flight
 
     @contextlib.asynccontextmanager
     async def run(self, manager: SessionManager) -> AsyncIterator[None]:
@@ -123,7 +125,7 @@ class EnvMCP:
             # gate); with tokens the token guards it (a container's port has a Host header no allow-list can know)
             security_settings=(TransportSecuritySettings(enable_dns_rebinding_protection=False)
                                if self.settings.clients() else mcp_loopback_security()),
-            session_idle_timeout=self.settings.session_ttl_s, max_sessions=None,
+            session_idle_timeout=self.settings.session_ttl_s, max_sessions=self.settings.mcp_sessions_cap(),
             max_request_body_size=self.settings.max_body_bytes)
         async with self.transport.run():
             try:
@@ -146,13 +148,37 @@ class EnvMCP:
         # the SDK's own session ownership: an MCP session answers only the client that opened it (another
         # client's request with its Mcp-Session-Id is a 404, as for an unknown one)
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=client, scopes=[]))
-        await self.transport.handle_request(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        opening = scope.get("method") == "POST" and SESSION_HEADER not in headers
+        if opening:  # a request without Mcp-Session-Id opens one: the client's share of the SDK's max_sessions
+            quota = self.settings.mcp_sessions_cap() // self.settings.client_count() or 1
+            held = self._mcp_sessions_of(client) + self._opening.get(client, 0)
+            if held >= quota:
+                await JSONResponse({"detail": f"client quota: client {client!r} holds {held} MCP sessions of "
+                                              f"{self.env_id} (client_max_mcp_sessions={quota}); end one (DELETE) "
+                                              "or retry later", "code": "quota_exceeded"}, status_code=503,
+                                   headers={"Retry-After": str(self.settings.retry_after_s)})(scope, receive, send)
+                return
+            self._opening[client] = self._opening.get(client, 0) + 1
+        try:
+            await self.transport.handle_request(scope, receive, send)
+        finally:
+            if opening:
+                self._opening[client] -= 1
+                if not self._opening[client]:
+                    del self._opening[client]
         if scope.get("method") == "DELETE" and headers.get(SESSION_HEADER) in self.bound:  # the MCP session ended
             assert self.manager is not None
             sessions = ClientSessions(self.manager, client, self.env_id)
-            if sessions.owns(self.bound[headers[SESSION_HEADER]]):
-                await close_quietly(sessions, self.bound.pop(headers[SESSION_HEADER]))
+            sid = unscoped(self.bound[headers[SESSION_HEADER]])
+            if sessions.key(sid) == self.bound[headers[SESSION_HEADER]] and sessions.owns(sid):
+                del self.bound[headers[SESSION_HEADER]]
+                await close_quietly(sessions, sid)
+
+    def _mcp_sessions_of(self, client: str) -> int:
+        """Open MCP sessions of ``client`` (the SDK's record of who opened each)."""
+        owners = getattr(self.transport, "_session_owners", {})  # session id -> AuthorizationContext (a TypedDict)
+        return sum(1 for owner in owners.values() if dict(owner).get("client_id") == client)
 
     def sessions(self, ctx: Any) -> ClientSessions:
         """The calling client's sessions of this env (``servers.access.ClientSessions``)."""
@@ -200,7 +226,8 @@ class EnvMCP:
         sid = arguments.get("session_id")
         if sid is not None and not isinstance(sid, str):
             raise _invalid("session_id must be a string")
-        return sid or (self.bound.get(mcp_sid) if mcp_sid else None), mcp_sid
+        bound = self.bound.get(mcp_sid) if mcp_sid else None  # an MCP session answers only its own client
+        return sid or (unscoped(bound) if bound else None), mcp_sid
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         arguments = dict(params.arguments or {})
@@ -214,8 +241,9 @@ class EnvMCP:
                 sid, mcp_sid = self._episode(ctx, arguments)
                 if sid is None:
                     raise _invalid("no episode to close: pass session_id")
-                await self.sessions(ctx).close(sid)
-                if mcp_sid and self.bound.get(mcp_sid) == sid:
+                sessions = self.sessions(ctx)
+                await sessions.close(sid)
+                if mcp_sid and self.bound.get(mcp_sid) == sessions.key(sid):
                     del self.bound[mcp_sid]
                 return types.CallToolResult(content=[types.TextContent(type="text", text="closed")],
                                             structured_content={"session_id": sid, "closed": True})
@@ -247,25 +275,25 @@ class EnvMCP:
         sessions = self.sessions(ctx)
         if sid is not None and not sessions.owns(sid):  # unknown, expired, another client's or env's: a new one
             sid = None
-        if sid is not None and sid not in self._made_with:
+        if sid is not None and sessions.key(sid) not in self._made_with:
             raise _invalid(f"session {sid!r} was not opened by this MCP server's reset (a reset here would replace "
                            "it); call reset without session_id")
         seed, reply = arguments.get("seed"), None
-        if sid is not None and self._made_with.get(sid) == (env_kwargs, options):
+        if sid is not None and self._made_with.get(sessions.key(sid)) == (env_kwargs, options):
             # the same task again: in place (another task: a new session, placed where that task is loaded)
             with contextlib.suppress(SessionNotFound):
                 reply = await sessions.reset(sid, seed=seed, options=options or None)
         if reply is None:
             if sid is not None:
                 await close_quietly(sessions, sid)
-                self._made_with.pop(sid, None)
+                self._made_with.pop(sessions.key(sid), None)
             sid, obs, info = await sessions.create(self.env_id, seed=seed, options=options or None,
                                                    env_kwargs=env_kwargs)
         else:
             obs, info = reply
-        self._made_with[sid] = (env_kwargs, options)
+        self._made_with[sessions.key(sid)] = (env_kwargs, options)
         if mcp_sid:
-            self.bound[mcp_sid] = sid
+            self.bound[mcp_sid] = sessions.key(sid)
         self._prune()
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=_text(obs))],
@@ -292,10 +320,11 @@ class EnvMCP:
             action = json.dumps({"name": name, "arguments": call_args}, ensure_ascii=True)
         if len(action.encode("utf-8")) > self.settings.max_action_bytes:
             raise _invalid(f"action longer than max_action_bytes={self.settings.max_action_bytes}")
+        sessions = self.sessions(ctx)
         try:
-            reply = await self.sessions(ctx).step(sid, action)
+            reply = await sessions.step(sid, action)
         except EnvFailed:
-            self._made_with.pop(sid, None)
+            self._made_with.pop(sessions.key(sid), None)
             raise
         done = reply.terminated or reply.truncated
         return types.CallToolResult(

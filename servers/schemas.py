@@ -54,7 +54,7 @@ class CreateSessionRequest(_Strict):
         default=None, pattern=r"^[A-Za-z0-9_-]{16,64}$",
         description="id chosen by the client (e.g. a uuid4 hex; default: the server picks one), so that a client "
                     "that never got the answer (timeout, dropped connection) can still close the session; "
-                    "409 session_exists if a live session has it")
+                    "409 session_exists if a live session of this client has it (each client's ids are its own)")
 
 
 class ResetRequest(_Strict):
@@ -97,7 +97,8 @@ class RestoreRequest(_Strict):
 
     session_id: str | None = Field(
         default=None, pattern=r"^[A-Za-z0-9_-]{16,64}$",
-        description="id chosen by the client, as in POST /sessions; 409 session_exists if a live session has it")
+        description="id chosen by the client, as in POST /sessions; 409 session_exists if a live session of this "
+                    "client has it")
 
 
 class StepResponse(BaseModel):

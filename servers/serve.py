@@ -60,6 +60,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttl", type=float, default=600.0, help="idle session time-to-live, seconds")
     p.add_argument("--max-snapshots", type=int, default=256,
                    help="env-state snapshots kept at most (forked groups by state copy; 503 beyond)")
+    p.add_argument("--client-max-sessions", type=int, default=None, metavar="N",
+                   help="live sessions one client (a --token-file name) holds at most (503 quota_exceeded beyond; "
+                        "default: --max-sessions over the number of clients, at least 1)")
+    p.add_argument("--client-max-snapshots", type=int, default=None, metavar="N",
+                   help="snapshots one client keeps at most (503 quota_exceeded beyond; default: --max-snapshots "
+                        "over the number of clients, at least 1)")
+    p.add_argument("--client-max-workers", type=int, default=None, metavar="N",
+                   help="worker processes one client holds at most by its sessions and snapshots (a snapshot keeps "
+                        "its worker); beyond, its sessions share its own workers, else 503 quota_exceeded "
+                        "(default: --workers over the number of clients, at least 1)")
+    p.add_argument("--client-max-new-tasks", type=int, default=256, metavar="N",
+                   help="tasks one client's resets may generate within --new-tasks-window (envs that make tasks on "
+                        "demand: TextWorld's games, 1-90 CPU-s each); beyond, a reset that would generate one is 503 "
+                        "quota_exceeded before any work, resets of generated tasks go on (default 256; -1: no bound)")
+    p.add_argument("--new-tasks-window", type=float, default=3600.0, metavar="SECONDS",
+                   help="the sliding window of --client-max-new-tasks (default 3600)")
+    p.add_argument("--textworld-max-index", type=int, default=None, metavar="N",
+                   help="TextWorld games of index >= N are not generated on demand, only played when already "
+                        "generated (422 beyond; default 10000, or $AGENT_RL_TEXTWORLD_MAX_INDEX)")
+    p.add_argument("--max-mcp-sessions", type=int, default=None, metavar="N",
+                   help="MCP transport sessions (Mcp-Session-Id) of each env's MCP surface at most (503 beyond), each "
+                        "client at most this over the number of clients (503 quota_exceeded; default: --max-sessions)")
     p.add_argument("--max-action-bytes", type=int, default=64 * 1024)
     p.add_argument("--prestart-workers", type=int, default=1, help="workers started before /health is up")
     p.add_argument("--env-timeout", type=float, default=600.0, help="seconds one env call may take")
@@ -72,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "$AGENT_RL_SANDBOX_LIMITS")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a connection may take to send a whole request head (then it is closed)")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a connection may take to send a whole request body after its head (then it is "
+                        "closed)")
     p.add_argument("--log-level", default="info")
     p.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",
                    help="shut down when the process PID (the launcher, this server's parent) is gone")
@@ -107,20 +132,29 @@ def main(argv: Sequence[str] | None = None) -> None:
             from envs.code.sandbox import SANDBOX_LIMITS_ENV, parse_sandbox_limits
 
             os.environ[SANDBOX_LIMITS_ENV] = json.dumps(parse_sandbox_limits(args.sandbox_limits))
+        if args.textworld_max_index is not None:  # before any worker starts: they inherit it
+            from envs.generation import TEXTWORLD_MAX_INDEX_ENV
+
+            os.environ[TEXTWORLD_MAX_INDEX_ENV] = str(args.textworld_max_index)
         for name in args.imports:
             importlib.import_module(name)
         app = create_app(args.env_ids, max_sessions=args.max_sessions, session_ttl_s=args.ttl, workers=args.workers,
                          token=token, tokens=tokens, allowed_origins=[o.rstrip("/") for o in args.allowed_origins],
                          max_action_bytes=args.max_action_bytes, imports=args.imports,
                          prestart_workers=args.prestart_workers, env_timeout_s=args.env_timeout,
-                         reset_nice=args.reset_nice, max_snapshots=args.max_snapshots)
+                         reset_nice=args.reset_nice, max_snapshots=args.max_snapshots,
+                         client_max_sessions=args.client_max_sessions,
+                         client_max_snapshots=args.client_max_snapshots,
+                         client_max_workers=args.client_max_workers, max_mcp_sessions=args.max_mcp_sessions,
+                         client_max_new_tasks=None if args.client_max_new_tasks < 0 else args.client_max_new_tasks,
+                         new_tasks_window_s=args.new_tasks_window)
     except (ImportError, ValueError) as exc:
         parser.error(str(exc))
     from servers.protocol import header_timeout_protocol
 
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            access_log=False, timeout_graceful_shutdown=30,
-                                           http=header_timeout_protocol(args.header_timeout),
+                                           http=header_timeout_protocol(args.header_timeout, args.body_timeout),
                                            ws_max_size=4 * app.state.settings.max_body_bytes))  # beyond: 1009
     if args.exit_with_parent is not None:
         watch_parent(args.exit_with_parent, lambda: _launcher_gone(server, args.exit_with_parent))

@@ -34,6 +34,12 @@ class ServerSettings(SessionSettings):
     """Env kwargs clients may not send (host paths: where the data lives is the server's choice)."""
     refused_options: tuple[str, ...] = PATH_OPTIONS
     """Reset options clients may not send (host paths: ALFWorld's ``gamefile``)."""
+    client_max_new_tasks: int | None = 256
+    """Tasks one client's resets may generate within ``new_tasks_window_s`` (``SessionSettings``)."""
+    max_mcp_sessions: int | None = None
+    """MCP transport sessions (``Mcp-Session-Id``) of each env's MCP surface at most (the SDK answers 503 beyond),
+    each client at most its share (503 ``quota_exceeded``); ``None``: ``max_sessions`` (an MCP session plays one
+    episode at a time)."""
     retry_after_s: int = 1
     """``Retry-After`` seconds sent with 503."""
 
@@ -50,6 +56,8 @@ class ServerSettings(SessionSettings):
             bad.append("session_ttl_s=None")
         if self.max_json_depth < 1:
             bad.append(f"max_json_depth={self.max_json_depth!r}")
+        if self.max_mcp_sessions is not None and self.max_mcp_sessions < 1:
+            bad.append(f"max_mcp_sessions={self.max_mcp_sessions!r}")
         if self.max_action_bytes < 1:
             bad.append(f"max_action_bytes={self.max_action_bytes!r}")
         if self.token is not None and self.tokens:
@@ -59,6 +67,14 @@ class ServerSettings(SessionSettings):
             if self.tokens is not None and not self.tokens:
                 bad.append("tokens={} (no client)")
         return bad
+
+    def mcp_sessions_cap(self) -> int:
+        """:attr:`max_mcp_sessions`, or ``max_sessions`` when unset."""
+        return self.max_mcp_sessions or self.max_sessions or 64
+
+    def client_count(self) -> int:
+        """The clients the per-client quotas share the pools among (one without tokens or with one token)."""
+        return max(1, len(self.clients()))
 
     def clients(self) -> dict[str, str]:
         """``{client name: token}``; ``{}``: no token (one client, ``servers.tokens.LOCAL_CLIENT``)."""

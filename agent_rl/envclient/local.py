@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import envs  # noqa: F401  (registers the built-in ids)
 from agent_rl.envclient.base import EnvClientError, ResetResult, StepResult, client_error
+from envs.data import PATH_OPTIONS
 from envs.hosting import SessionManager, SessionSettings, ThreadEnvPool, WorkerPool, env_module
 from envs.hosting.errors import EnvInfraFailed, http_error
 
@@ -42,6 +43,9 @@ class LocalEnvPool:
         preload_envs: process mode: env ids whose modules the workers' forkserver imports once (so each worker
             starts in milliseconds and shares that memory), e.g. ``["agent_rl/ALFWorld-v0"]``.
         max_snapshots: env-state snapshots kept at most (:meth:`snapshot`; ``EnvUnavailable`` beyond).
+        refused_options: reset options refused as the env server refuses them (``EnvClientError``, 422
+            ``invalid_request`` naming them): host paths (``envs.data.PATH_OPTIONS``, ALFWorld's ``gamefile``),
+            since task rows are content and reach the env as reset options; ``()``: trust every option.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class LocalEnvPool:
         imports: Iterable[str] = (),
         preload_envs: Iterable[str] = (),
         max_snapshots: int = 4096,
+        refused_options: Iterable[str] = PATH_OPTIONS,
     ) -> None:
         if mode not in ("thread", "process"):
             raise ValueError(f"mode must be 'thread' or 'process', got {mode!r}")
@@ -68,7 +73,7 @@ class LocalEnvPool:
             preload = [m for e in preload_envs for m in env_module(e)]
             pool = WorkerPool(max_workers, imports=self.imports, preload=preload)
         settings = SessionSettings(env_ids=None, max_sessions=max_sessions, session_ttl_s=None,
-                                   max_snapshots=max_snapshots,
+                                   max_snapshots=max_snapshots, refused_options=tuple(refused_options),
                                    imports=self.imports, prestart_workers=0, check_envs=False)
         self.manager = SessionManager(settings, pool)
 

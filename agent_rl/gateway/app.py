@@ -24,11 +24,12 @@ a prompt over ``rollout.max_prompt_tokens`` is 400 ``context_length_exceeded``; 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, AsyncIterator, Callable, Iterator, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -184,6 +185,19 @@ class Gateway:
         if session is None or session.closed:
             raise RequestError("session not found", "session_not_found", 404)
         return session
+
+    @contextlib.contextmanager
+    def _call_session(self, request: Request, path_sid: str | None) -> Iterator[GatewaySession]:
+        """The session of one model call (:meth:`_session`); one the call opened by name is closed again when the
+        call is refused before it played a turn (a refused request opens nothing)."""
+        known = set(self.sessions)
+        session = self._session(request, path_sid)
+        try:
+            yield session
+        except BaseException:
+            if session.session_id not in known and not session.turns:
+                self.close_session(session.session_id)
+            raise
 
     # ---------------------------------------------------------------------------------------------- serving
     def _check(self, body: ChatCompletionRequest) -> None:
@@ -342,8 +356,8 @@ class Gateway:
 
         async def chat(request: Request, body: ChatCompletionRequest, sid: str | None = None) -> Any:
             _check_text(body)
-            session = self._session(request, sid)
-            result = await self.chat(session, body)
+            with self._call_session(request, sid) as session:
+                result = await self.chat(session, body)
             if not body.stream:
                 return result
             include_usage = bool((body.stream_options or {}).get("include_usage"))
@@ -351,8 +365,8 @@ class Gateway:
 
         async def completions(request: Request, body: CompletionRequest, sid: str | None = None) -> Any:
             _check_text(body)
-            session = self._session(request, sid)
-            result = await self.completion(session, body)
+            with self._call_session(request, sid) as session:
+                result = await self.completion(session, body)
             if not body.stream:
                 return result
             return StreamingResponse(_completion_chunks(result), media_type="text/event-stream")

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 import uvicorn
 
-from servers.protocol import header_timeout_protocol
+from servers.protocol import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, header_timeout_protocol
 from servers.tokens import is_loopback_bind
 
 
@@ -25,18 +25,22 @@ class GatewayServer:
     Args:
         host: bind address; a non-loopback one needs ``allow_remote=True`` (the gateway serves the machine's own
             programs by default).
+        header_timeout_s, body_timeout_s: a connection that has not sent a whole request head, or after it the
+            whole body, in this many seconds is closed (:mod:`servers.protocol`).
 
     Raises:
         ValueError: a non-loopback ``host`` without ``allow_remote``.
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, allow_remote: bool = False) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, allow_remote: bool = False,
+                 header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         if not is_loopback_bind(host) and not allow_remote:
             raise ValueError(f"gateway host {host!r} is not loopback; pass allow_remote (--allow-remote) to serve "
                              "other machines (every request still needs the token)")
         self.host, self.port = host, port
         self._server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                              http=header_timeout_protocol(), access_log=False))
+                                              http=header_timeout_protocol(header_timeout_s, body_timeout_s),
+                                              access_log=False))
         self._task: asyncio.Task[None] | None = None
 
     @property

@@ -636,7 +636,7 @@ class RolloutOrchestrator:
             source.snapshots[turn] = await asyncio.wait_for(self.pool.snapshot(session_id), self.cfg.env_timeout_s)
         except Exception as exc:  # noqa: BLE001 (a client error, a timeout, a broken server)
             code = getattr(exc, "code", None)
-            if code == "at_capacity":  # the pool's max_snapshots: no fork from this turn
+            if code in ("at_capacity", "quota_exceeded"):  # max_snapshots (or the client's): no fork from this turn
                 self._fork_counts["fork/snapshots_refused"] += 1
                 return
             if code != "invalid_request":  # the env failed: so did the attempt

@@ -194,7 +194,7 @@ def summarize(result: RunResult, reward_mode: str = "all", max_test_details: int
     else:
         first = next((t for t in tests if not t["passed"]), {"status": "error"})
         reason = {"error": "runtime_error"}.get(first["status"], first["status"])
-    if result.limit_hit is not None and reason != "passed":  # the run went past a per-run cap (run_limits)
+    if result.limit_hit is not None:  # the run (program or the task's test code) went past a per-run cap: no pass
         reason = {"memory": "memory", "cpu": "timeout"}.get(result.limit_hit, "crashed")
     all_passed = reason == "passed"
     if reward_mode == "all":

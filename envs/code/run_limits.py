@@ -1,4 +1,5 @@
-"""Limits per RUN of the code sandbox (all of a program's processes together), on top of the per-process rlimits.
+"""Limits per RUN of the code sandbox (all of a program's processes together, and the checker's that runs the task's
+test code: one account for everything a task makes run), on top of the per-process rlimits.
 
 Two ways, the strongest the machine allows (:func:`cgroup_mode`, probed once):
 
@@ -6,7 +7,8 @@ Two ways, the strongest the machine allows (:func:`cgroup_mode`, probed once):
   in the ``memory`` hierarchy with ``memory.limit_in_bytes`` = ``memory.memsw.limit_in_bytes``, one in ``pids``): the
   kernel holds the whole run to ``memory_mb`` of RAM (the OOM killer ends a process of the run past it) and to
   ``nproc`` processes. Needs root (level ``full``) and a writable hierarchy under this process's own cgroup; the
-  sandbox launcher moves itself into it before it forks the program, so every process of the run is inside.
+  sandbox launcher moves itself into it before it forks the program, so every process of the run is inside (the
+  checker's launcher too: ``pids.max`` is ``nproc`` plus the checker's own process).
 - **an accounted cap** otherwise: the run's processes (its fresh uid at level ``full``, its process tree below) are
   read from ``/proc`` every :data:`POLL_S` seconds; their summed resident memory above ``memory_mb`` or their count
   above ``nproc`` kills the run. Between two reads a run can overshoot (a ~20 ms window).
@@ -25,6 +27,7 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["POLL_S", "RunAccount", "RunCgroup", "cgroup_mode"]
@@ -190,59 +193,70 @@ class RunCgroup:
 
 class RunAccount:
     """The accounted per-run caps: the run's processes, read from ``/proc`` (:meth:`over` once per poll).
-
     ``uid``: the run's own uid (level ``full``), else ``root_pid``: the run's first process (its tree is the run).
+    ``others``: more parts of the same run, each a ``(uid or None, root pid)`` (the checker, which runs the task's
+    test code): their memory and processes count against the same caps (``nproc`` plus one for each part's own
+    first process); CPU time is the first part's only (the program's; the checker's own CPU is bounded by its
+    rlimit and the wall time).
     """
 
     def __init__(self, memory_bytes: int, nproc: int, cpu_s: float, uid: int | None, root_pid: int,
-                 count_memory: bool = True) -> None:
+                 count_memory: bool = True, others: Sequence[tuple[int | None, int]] = ()) -> None:
         self.memory_bytes, self.nproc, self.cpu_s = memory_bytes, nproc, cpu_s
         self.uid, self.root_pid, self.count_memory = uid, root_pid, count_memory
+        self.parts: list[tuple[int | None, int]] = [(uid, root_pid), *others]
         self.peak_memory_bytes = 0
         self.peak_processes = 0
 
-    def _processes(self) -> list[tuple[int, list[str]]]:
-        """``(pid, stat fields after the command name)`` of every process of the run."""
+    def _processes(self) -> list[tuple[int, list[str], int]]:
+        """``(pid, stat fields after the command name, part index)`` of every process of the run."""
         stats: dict[int, list[str]] = {}
         uids: dict[int, int] = {}
+        by_uid = any(uid is not None for uid, _ in self.parts)
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
             try:
                 text = Path(entry.path, "stat").read_text()
-                if self.uid is not None:
+                if by_uid:
                     uids[int(entry.name)] = entry.stat().st_uid
             except OSError:
                 continue
             stats[int(entry.name)] = text[text.rfind(")") + 2:].split()
-        if self.uid is not None:
-            return [(pid, f) for pid, f in stats.items() if uids.get(pid) == self.uid]
         children: dict[int, list[int]] = {}
         for pid, fields in stats.items():
             children.setdefault(int(fields[1]), []).append(pid)
-        tree, stack = [], [self.root_pid]
-        while stack:
-            pid = stack.pop()
-            if pid in stats:
-                tree.append((pid, stats[pid]))
-            stack.extend(children.get(pid, []))
-        return tree
+        found: dict[int, tuple[list[str], int]] = {}
+        for part, (uid, root_pid) in enumerate(self.parts):
+            if uid is not None:
+                for pid, fields in stats.items():
+                    if uids.get(pid) == uid:
+                        found.setdefault(pid, (fields, part))
+                continue
+            stack = [root_pid]
+            while stack:
+                pid = stack.pop()
+                if pid in stats:
+                    found.setdefault(pid, (stats[pid], part))
+                stack.extend(children.get(pid, []))
+        return [(pid, fields, part) for pid, (fields, part) in found.items()]
 
     def over(self) -> str | None:
         """``"memory"``, ``"processes"`` or ``"cpu"`` when the run is past that cap (the caller kills it)."""
         procs = self._processes()
         rss = 0
         cpu_ticks = 0
-        for pid, fields in procs:
-            cpu_ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        for pid, fields, part in procs:
+            if part == 0:
+                cpu_ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
             if self.count_memory:
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE
         self.peak_memory_bytes = max(self.peak_memory_bytes, rss)
-        self.peak_processes = max(self.peak_processes, len(procs))
+        self.peak_processes = max(self.peak_processes, len(procs) - (len(self.parts) - 1))
         if self.count_memory and rss > self.memory_bytes:
             return "memory"
-        if self.count_memory and len(procs) > self.nproc:
+        if self.count_memory and len(procs) > self.nproc + len(self.parts) - 1:
             return "processes"
         if cpu_ticks / _TICKS > self.cpu_s:
             return "cpu"

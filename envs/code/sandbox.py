@@ -68,7 +68,9 @@ class SandboxLimits:
         nofile: RLIMIT_NOFILE.
         call_timeout_s: one test call (the worker raises TimeoutError; the checker gives up 1 s later).
         load_timeout_s: running the program's top level.
-        checker_memory_mb: RLIMIT_AS of the checker (it holds the test inputs).
+        checker_memory_mb: RLIMIT_AS of each checker process (it holds the test inputs); the checker's processes
+            (the task's test code: ``setup``, ``test``) count against the run's per-run memory and processes with
+            the program's (:mod:`envs.code.run_limits`).
     """
 
     wall_s: float = 20.0
@@ -580,7 +582,9 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
         # the worker's run, all its processes together: a cgroup where the machine gives one (root), else accounted
         # (its cgroup holds the processes' memory_mb plus what the tmpfs can hold: a single process still meets its
         # RLIMIT_AS first, as a MemoryError)
-        group = RunCgroup.create((limits.memory_mb << 20) + TMPFS_BYTES, limits.nproc) if level == "full" else None
+        # (the checker runs the task's own test code: it is in the same account, plus its own process)
+        group = (RunCgroup.create((limits.memory_mb << 20) + TMPFS_BYTES, limits.nproc + 1) if level == "full"
+                 else None)
         result.run_limits = f"cgroup-{group.mode}" if group is not None else "accounted"
         try:
             def start(source: str, fds: tuple[int, int], uid: int, stdin: Any, out: Any, err: Any,
@@ -602,13 +606,14 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
             worker = start(WORKER_SOURCE, (req_r, resp_w), worker_uid, program_in, w_out, w_err,
                            limits.for_worker(), group)
             checker = start(CHECKER_SOURCE, (req_w, resp_r), checker_uid, spec_in, c_out, c_err,
-                            limits.for_checker())
+                            limits.for_checker(), group)
             # the parent's copies must go now: a dead worker is then an immediate EOF for the checker
             while pipe_fds:
                 os.close(pipe_fds.pop())
             account = RunAccount(limits.memory_mb << 20, limits.nproc, limits.cpu_s,
                                  uid=worker_uid if level == "full" else None, root_pid=worker.pid,
-                                 count_memory=group is None)
+                                 count_memory=group is None,
+                                 others=[(checker_uid if level == "full" else None, checker.pid)])
             result.timed_out = not _wait_accounted(checker, worker, level, limits.wall_s, account, result,
                                                    POLL_S if group is None else 5 * POLL_S)
             result.peak_processes = account.peak_processes
@@ -643,8 +648,9 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
                     result.infra_error = (f"{verdict['infra']}; worker exit {worker.returncode}, "
                                           f"stderr: {err[-1000:]!r}")
             except (ValueError, KeyError, TypeError):
-                err, _ = _read_capped(c_err, 2000)
-                result.checker_error = f"checker exit {checker.returncode}: {err[-1000:]}"
+                if result.limit_hit is None:  # else the run's cap ended the checker too: no tests, the cap's reason
+                    err, _ = _read_capped(c_err, 2000)
+                    result.checker_error = f"checker exit {checker.returncode}: {err[-1000:]}"
     result.wall_s = time.monotonic() - started
     return result
 
@@ -663,9 +669,11 @@ def _wait_accounted(checker: subprocess.Popen, worker: subprocess.Popen, level: 
             return True
         if result.limit_hit is None and worker.poll() is None:
             hit = account.over()
-            if hit is not None:
+            if hit is not None:  # memory and processes are the checker's too (the task's test code): end both
                 result.limit_hit = hit
                 _kill(worker, level)
+                if hit != "cpu":
+                    _kill(checker, level)
 
 
 def raise_if_infra(result: RunResult) -> None:

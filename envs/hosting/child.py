@@ -35,7 +35,8 @@ from typing import Any
 import gymnasium
 
 from envs.errors import EnvInfraError
-from envs.hosting.errors import EnvFailed, EnvInfraFailed, EnvRejected
+from envs.generation import NewTaskRefused, generating
+from envs.hosting.errors import EnvFailed, EnvInfraFailed, EnvRejected, QuotaExceeded
 from envs.hosting.jsonable import scrub_text, to_jsonable
 
 __all__ = ["EnvHost", "StateUnsupported", "can_renice", "raise_for_status", "rss_bytes", "worker_main"]
@@ -67,9 +68,17 @@ class StateUnsupported(ValueError):
     """The env has no ``clone_state``/``set_state``: a snapshot of it is refused (``"rejected"``, HTTP 422)."""
 
 
+def _with_generated(info: Any, count: int) -> Any:
+    """``info`` with ``task_generated: True`` when the request generated a task (:mod:`envs.generation`)."""
+    return {**info, "task_generated": True} if count and isinstance(info, dict) else info
+
+
 def raise_for_status(status: str, payload: Any) -> Any:
-    """The payload of an ``"ok"`` reply; else raises ``EnvRejected``, ``EnvInfraFailed`` or ``EnvFailed`` (with the
-    env's ``"Type: message"`` as the message)."""
+    """The payload of an ``"ok"`` reply; else raises ``EnvRejected``, ``QuotaExceeded`` (``"quota"``: the request
+    may not generate the new task it selects), ``EnvInfraFailed`` or ``EnvFailed`` (with the env's
+    ``"Type: message"`` as the message)."""
+    if status == "quota":
+        raise QuotaExceeded(payload)
     if status == "rejected":
         raise EnvRejected(payload)
     if status == "infra":
@@ -123,20 +132,22 @@ class EnvHost:
             # make/reset rejecting the client's kwargs/seed/options is the client's error, not the env's
             rejected = isinstance(exc, StateUnsupported) or op in ("open", "reset", "info") and isinstance(
                 exc, (ValueError, LookupError, TypeError, gymnasium.error.Error))
-            status = "infra" if isinstance(exc, EnvInfraError) else "rejected" if rejected else "error"
+            status = ("infra" if isinstance(exc, EnvInfraError) else "quota" if isinstance(exc, NewTaskRefused)
+                      else "rejected" if rejected else "error")
             # an env's message is env text: valid Unicode for the JSON answer (docs/servers.md, "Text")
             return status, scrub_text(f"{type(exc).__name__}: {exc}"), scrub_text(traceback.format_exc(limit=20))
 
     # ---- handlers: (session_id, args) -> JSON-ready payload -------------------------------------------------
-    def open(self, session_id: str, args: tuple[str, dict[str, Any] | None, int | None, dict[str, Any] | None]
-             ) -> tuple[Any, Any]:
-        """``make_env(env_id, **env_kwargs)`` (or a kept env) then ``reset`` -> ``(observation, info)``."""
+    def open(self, session_id: str, args: tuple[Any, ...]) -> tuple[Any, Any]:
+        """``make_env(env_id, **env_kwargs)`` (or a kept env) then ``reset`` -> ``(observation, info)``. ``args``:
+        ``(env_id, env_kwargs, seed, options[, may_generate])``: whether the reset may generate a new task
+        (:mod:`envs.generation`; a generated one is reported as ``info["task_generated"]``)."""
         from envs.wrappers import make_env
 
-        env_id, env_kwargs, seed, options = args
+        env_id, env_kwargs, seed, options = args[:4]
         self._close(session_id)
         key = json.dumps([env_id, env_kwargs or {}], sort_keys=True, default=str)
-        with self.low_priority():
+        with self.low_priority(), generating(args[4] if len(args) > 4 else True) as generated:
             reused = self.kept.get(key)
             self.sessions[session_id] = reused.pop() if reused else make_env(env_id, **(env_kwargs or {}))
             self.made_with[session_id] = key
@@ -145,7 +156,8 @@ class EnvHost:
             except BaseException:
                 self._close(session_id, keep=False)  # its state is unknown: do not hand it to another session
                 raise
-        return self._started(session_id, (env_id, env_kwargs, seed, options), observation, info)
+        return self._started(session_id, (env_id, env_kwargs, seed, options), observation,
+                             _with_generated(info, generated[0]))
 
     def _started(self, session_id: str, episode: tuple[str, dict[str, Any] | None, int | None,
                                                        dict[str, Any] | None],
@@ -155,17 +167,21 @@ class EnvHost:
         self.episode_of[session_id], self.steps[session_id], self.last[session_id] = episode, 0, answer
         return answer
 
-    def reset(self, session_id: str, args: tuple[int | None, dict[str, Any] | None]) -> tuple[Any, Any]:
-        """``env.reset(seed, options)`` of an open session -> ``(observation, info)``."""
-        seed, options = args
-        with self.low_priority():
+    def reset(self, session_id: str, args: tuple[Any, ...]) -> tuple[Any, Any]:
+        """``env.reset(seed, options)`` of an open session -> ``(observation, info)``; ``args``: ``(seed,
+        options[, may_generate])`` (as :meth:`open`)."""
+        seed, options = args[:2]
+        with self.low_priority(), generating(args[2] if len(args) > 2 else True) as generated:
             try:
                 observation, info = self.sessions[session_id].reset(seed=seed, options=options)
+            except NewTaskRefused:  # refused before the env did anything: the episode is as it was
+                raise
             except BaseException:
                 self.made_with.pop(session_id, None)  # an env that raised is closed, never handed on
                 raise
         env_id, env_kwargs = self.episode_of[session_id][:2]
-        return self._started(session_id, (env_id, env_kwargs, seed, options), observation, info)
+        return self._started(session_id, (env_id, env_kwargs, seed, options), observation,
+                             _with_generated(info, generated[0]))
 
     def step(self, session_id: str, action: Any) -> tuple[Any, float, bool, bool, Any]:
         """``env.step(action)`` -> ``(observation, reward, terminated, truncated, info)``."""

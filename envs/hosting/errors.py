@@ -17,6 +17,7 @@ __all__ = [
     "HTTP_ERRORS",
     "SnapshotNotFound",
     "InvalidText",
+    "QuotaExceeded",
     "SessionBusy",
     "SessionExists",
     "SessionNotFound",
@@ -47,6 +48,12 @@ class EnvTimeout(EnvFailed):
 
 class AtCapacity(RuntimeError):
     """No room for another session right now (live-session limit, or every worker full): retry later."""
+
+
+class QuotaExceeded(AtCapacity):
+    """One client holds its share already (``client_max_sessions``, ``client_max_snapshots``,
+    ``client_max_workers``; the message names the quota): the server has room for other clients, not for more of
+    this one's until it frees some. HTTP 503 ``quota_exceeded`` + ``Retry-After``."""
 
 
 class SessionNotFound(KeyError):
@@ -94,6 +101,7 @@ HTTP_ERRORS: list[tuple[type[Exception], int, str]] = [
     (EpisodeOver, 409, "episode_over"),
     (SessionBusy, 409, "session_busy"),
     (SessionExists, 409, "session_exists"),
+    (QuotaExceeded, 503, "quota_exceeded"),
     (AtCapacity, 503, "at_capacity"),
     (EnvTimeout, 504, "env_timeout"),
     (EnvInfraFailed, 500, ENV_INFRA_ERROR_CODE),

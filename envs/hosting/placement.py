@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from envs.hosting.errors import AtCapacity
+from envs.hosting.errors import AtCapacity, QuotaExceeded
 
 __all__ = ["Placed", "place", "remember", "task_key"]
 
@@ -60,15 +60,26 @@ def task_key(env_id: str, env_kwargs: dict[str, Any] | None, options: dict[str, 
 
 
 def place(workers: Sequence[W], key: str | None, *, max_workers: int, max_sessions_per_worker: int,
-          new_worker: Callable[[], W], owner: str | None = None) -> W:
+          new_worker: Callable[[], W], owner: str | None = None, max_owner_workers: int | None = None) -> W:
     """The worker for a new session of ``owner`` with task ``key`` (see the module docstring); ``new_worker()``
-    starts one.
+    starts one. An owner that holds ``max_owner_workers`` workers (by sessions or snapshots) gets none more: its
+    session shares one of its own workers.
 
     Raises:
+        QuotaExceeded: ``owner`` holds ``max_owner_workers`` workers, none with a free slot.
         AtCapacity: ``max_workers`` are alive and none holds only ``owner``'s sessions with a free slot (of
             ``max_sessions_per_worker``).
     """
     alive = [w for w in workers if w.alive]
+    held = [w for w in alive if w.owners and all(o == owner for o in w.owners.values())]
+    if max_owner_workers is not None and len(held) >= max_owner_workers:
+        own_slots = [w for w in held if len(w.sessions) < max_sessions_per_worker]
+        if not own_slots:
+            raise QuotaExceeded(f"client {owner!r} holds {len(held)} workers, each with {max_sessions_per_worker} "
+                                f"sessions or snapshots (client_max_workers={max_owner_workers})")
+        hits = [w for w in own_slots if key is not None and key in w.keys
+                and all(k == key for k in w.sessions.values())]
+        return min(hits or own_slots, key=lambda w: len(w.sessions))
     if key is not None:
         # Only join a worker whose live sessions all play this same task (a group): joining one that runs
         # another task would queue this session's requests behind that task's (possibly slow) resets.

@@ -79,6 +79,8 @@ class WorkerPool:
         keep_envs: envs of closed sessions each worker keeps per env id + kwargs for the next session (0: close
             every env with its session).
         start_method: ``"forkserver"`` (default where available) or ``"spawn"``.
+        max_workers_per_owner: workers one owner (client) holds at most by its sessions and snapshots; beyond, its
+            sessions share its own workers, else ``QuotaExceeded`` (``None``: no such bound).
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class WorkerPool:
         reset_nice: int = 10,
         keep_envs: int = 1,
         start_method: str | None = None,
+        max_workers_per_owner: int | None = None,
     ) -> None:
         if max_workers < 1 or max_sessions_per_worker < 1:
             raise ValueError("max_workers and max_sessions_per_worker must be >= 1")
@@ -111,6 +114,7 @@ class WorkerPool:
         self.timeout_s = timeout_s
         self.reset_nice = reset_nice
         self.keep_envs = keep_envs
+        self.max_workers_per_owner = max_workers_per_owner
         methods = multiprocessing.get_all_start_methods()
         method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
         self._ctx = multiprocessing.get_context(method)
@@ -141,7 +145,8 @@ class WorkerPool:
 
     def _place(self, key: str | None, owner: str | None) -> WorkerHandle:
         return place(self._workers, key, max_workers=self.max_workers, owner=owner,
-                     max_sessions_per_worker=self.max_sessions_per_worker, new_worker=self._new_worker)
+                     max_sessions_per_worker=self.max_sessions_per_worker, new_worker=self._new_worker,
+                     max_owner_workers=self.max_workers_per_owner)
 
     def _key(self, env_id: str, env_kwargs: dict[str, Any] | None, owner: str | None,
              options: dict[str, Any] | None) -> str | None:
@@ -180,9 +185,11 @@ class WorkerPool:
         seed: int | None = None,
         options: dict[str, Any] | None = None,
         owner: str | None = None,
+        may_generate: bool = True,
     ) -> tuple[Any, dict[str, Any]]:
         """``gymnasium.make(env_id, **env_kwargs)`` then ``reset(seed, options)`` in a worker, for client ``owner``
-        (sessions of different owners never share a worker: :mod:`envs.hosting.placement`).
+        (sessions of different owners never share a worker: :mod:`envs.hosting.placement`); ``may_generate``:
+        whether the reset may generate a new task (:mod:`envs.generation`).
 
         Returns ``(observation, info)``. Raises ``AtCapacity`` or ``EnvFailed`` (the session is then not open).
         """
@@ -191,8 +198,8 @@ class WorkerPool:
         self._book(worker, session_id, key, owner, (env_id, env_kwargs, owner))
         self._remember(worker, key)
         try:
-            observation, info = await worker.call("open", session_id, (env_id, env_kwargs, seed, options),
-                                                  self.timeout_s)
+            observation, info = await worker.call("open", session_id,
+                                                  (env_id, env_kwargs, seed, options, may_generate), self.timeout_s)
             if env_id not in self.worker_cache:
                 declared = await worker.call("info", session_id, ("worker_cache", None), self.timeout_s)
                 self.worker_cache[env_id] = bool(declared)
@@ -204,7 +211,8 @@ class WorkerPool:
         return observation, info
 
     async def reset(
-        self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None
+        self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None,
+        may_generate: bool = True,
     ) -> tuple[Any, dict[str, Any]]:
         """``env.reset(seed=seed, options=options)`` of an open session -> ``(observation, info)``."""
         worker = self._worker_of(session_id)
@@ -212,7 +220,7 @@ class WorkerPool:
         key = self._key(*self._made_with[session_id], options)
         worker.sessions[session_id] = key
         self._remember(worker, key)
-        observation, info = await worker.call("reset", session_id, (seed, options), self.timeout_s)
+        observation, info = await worker.call("reset", session_id, (seed, options, may_generate), self.timeout_s)
         return observation, info
 
     async def step(self, session_id: str, action: Any) -> StepReply:

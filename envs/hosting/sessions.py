@@ -14,6 +14,7 @@ closes the session.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -31,6 +32,7 @@ from envs.hosting.errors import (
     EnvRejected,
     EpisodeOver,
     InvalidText,
+    QuotaExceeded,
     SessionBusy,
     SessionExists,
     SessionNotFound,
@@ -63,6 +65,24 @@ class SessionSettings:
     max_snapshots: int = 256
     """Kept env-state snapshots at most (``SessionManager.snapshot``; ``AtCapacity`` beyond). They expire after
     ``session_ttl_s`` unused, as sessions do."""
+    client_max_sessions: int | None = None
+    """Live sessions one client (``Session.owner``) holds at most (``QuotaExceeded`` beyond, HTTP 503
+    ``quota_exceeded`` naming it); ``None``: its fair share, ``max_sessions`` over the number of clients (at least
+    1), so no client can take what another needs."""
+    client_max_snapshots: int | None = None
+    """Kept snapshots one client holds at most (``QuotaExceeded``); ``None``: ``max_snapshots`` over the number of
+    clients."""
+    client_max_new_tasks: int | None = None
+    """Tasks one client's resets may generate (an env that makes tasks on demand, TextWorld: :mod:`envs.generation`)
+    within ``new_tasks_window_s`` (``QuotaExceeded`` naming it, before anything is generated; resets of generated
+    tasks go on); ``None``: no bound (in-process callers; the HTTP server's default is 256). Concurrent resets may
+    each generate one past it."""
+    new_tasks_window_s: float = 3600.0
+    """The sliding window of ``client_max_new_tasks`` (seconds)."""
+    client_max_workers: int | None = None
+    """Worker processes one client holds at most, by sessions or snapshots (a snapshot keeps its worker); beyond,
+    its sessions share its own workers (``max_sessions_per_worker``), else ``QuotaExceeded``; ``None``: the workers
+    over the number of clients (at least 1)."""
     imports: list[str] = field(default_factory=list)
     """Modules workers import first (a user's module that calls ``gymnasium.register``)."""
     prestart_workers: int = 1
@@ -95,9 +115,28 @@ class SessionSettings:
             ("workers", self.workers is None or self.workers >= 0),
             ("max_sessions_per_worker", self.max_sessions_per_worker >= 1),
             ("max_snapshots", self.max_snapshots >= 0),
+            ("client_max_sessions", self.client_max_sessions is None or self.client_max_sessions >= 1),
+            ("client_max_snapshots", self.client_max_snapshots is None or self.client_max_snapshots >= 0),
+            ("client_max_workers", self.client_max_workers is None or self.client_max_workers >= 1),
+            ("client_max_new_tasks", self.client_max_new_tasks is None or self.client_max_new_tasks >= 0),
+            ("new_tasks_window_s", self.new_tasks_window_s > 0),
             ("session_ttl_s", self.session_ttl_s is None or self.session_ttl_s > 0),
             ("prestart_workers", self.prestart_workers >= 0),
             ("env_timeout_s", self.env_timeout_s is None or self.env_timeout_s > 0)] if not ok]
+
+    def client_count(self) -> int:
+        """Clients the quotas share the pools among (the HTTP server's clients; here: one)."""
+        return 1
+
+    def client_quota(self, name: str) -> int | None:
+        """The per-client quota ``client_<name>`` (``max_sessions``, ``max_snapshots``, ``max_workers``): as set,
+        else the pool's size over :meth:`client_count` (at least 1; ``None``: the pool has no size)."""
+        quota = getattr(self, f"client_{name}")
+        if quota is not None:
+            return quota
+        total = {"max_sessions": self.max_sessions, "max_snapshots": self.max_snapshots,
+                 "max_workers": self.workers or self.max_sessions}[name]
+        return None if total is None else max(1, total // self.client_count())
 
     def __post_init__(self) -> None:
         """Raises ValueError on a setting the manager could not run with (before any worker starts)."""
@@ -120,9 +159,10 @@ class EnvBackend(Protocol):
 
     async def prestart(self, n: int) -> None: ...
     async def open(self, session_id: str, env_id: str, *, env_kwargs: dict[str, Any] | None = None,
-                   seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]: ...
-    async def reset(self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None
-                    ) -> tuple[Any, dict[str, Any]]: ...
+                   seed: int | None = None, options: dict[str, Any] | None = None, owner: str | None = None,
+                   may_generate: bool = True) -> tuple[Any, dict[str, Any]]: ...
+    async def reset(self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None,
+                    may_generate: bool = True) -> tuple[Any, dict[str, Any]]: ...
     async def step(self, session_id: str, action: Any) -> StepReply: ...
     async def info(self, session_id: str, what: str, params: Any = None) -> Any: ...
     async def snapshot(self, session_id: str, snapshot_id: str) -> None: ...
@@ -188,11 +228,13 @@ class SessionManager:
                 max_worker_rss_mb=settings.max_worker_rss_mb,
                 timeout_s=settings.env_timeout_s,
                 reset_nice=settings.reset_nice,
+                max_workers_per_owner=settings.client_quota("max_workers"),
             )
         self.pool: Any = pool
         self.sessions: dict[str, Session] = {}
         self.snapshots: dict[str, Snapshot] = {}
         self._background: set[asyncio.Future[None]] = set()  # drops of failed snapshots still running
+        self._new_tasks: dict[str | None, collections.deque[float]] = {}  # owner -> when its resets generated one
         self._reaper: asyncio.Task[None] | None = None
         self.expired = 0
 
@@ -280,6 +322,17 @@ class SessionManager:
             session.busy = False
             session.last_used = time.monotonic()
 
+    def _check_quota(self, name: str, owner: str | None, held: Any, what: str) -> None:
+        """``QuotaExceeded`` naming ``client_<name>`` when ``owner`` holds that many of ``held`` (sessions or
+        snapshots, each with an ``owner``)."""
+        quota = self.settings.client_quota(name)
+        if quota is None:
+            return
+        mine = sum(1 for item in held if item.owner == owner)
+        if mine >= quota:
+            raise QuotaExceeded(f"client {owner!r} holds {mine} {what} (client_{name}={quota}); free some or "
+                                "retry later")
+
     # ---- operations ------------------------------------------------------------------------------------------
     async def create(
         self,
@@ -295,8 +348,9 @@ class SessionManager:
 
         ``session_id``: the client's choice (default: a new uuid4 hex), so a client that lost the answer can still
         close the session. ``owner``: the client it belongs to (``Session.owner``; the server checks it,
-        ``servers.access.ClientSessions``). Raises ``UnknownEnv`` (404), ``SessionExists`` (409), ``AtCapacity`` (503),
-        ``EnvFailed`` (500/504), ``InvalidText`` (422: a lone surrogate in any of the arguments).
+        ``servers.access.ClientSessions``). Raises ``UnknownEnv`` (404), ``SessionExists`` (409), ``AtCapacity`` (503;
+        ``QuotaExceeded``: the owner's ``client_max_sessions``), ``EnvFailed`` (500/504), ``InvalidText`` (422: a
+        lone surrogate in any of the arguments).
         """
         _check_text(env_id=env_id, session_id=session_id, options=options, env_kwargs=env_kwargs)
         _refuse_host_paths("env_kwargs", env_kwargs, self.settings.refused_env_kwargs)
@@ -305,8 +359,26 @@ class SessionManager:
         if env_id not in (gymnasium.registry if self.settings.env_ids is None else self.settings.env_ids):
             served = "any registered id" if self.settings.env_ids is None else self.settings.env_ids
             raise UnknownEnv(f"env id {env_id!r} is not served here; served: {served}")
-        return await self._open(Session(session_id or "", env_id, busy=True, owner=owner), lambda sid: self.pool.open(
-            sid, env_id, env_kwargs=env_kwargs, seed=seed, options=options, owner=owner))
+        may_generate = self._may_generate(owner)
+        opened = await self._open(Session(session_id or "", env_id, busy=True, owner=owner), lambda sid: self.pool.open(
+            sid, env_id, env_kwargs=env_kwargs, seed=seed, options=options, owner=owner, may_generate=may_generate))
+        self._count_generated(owner, opened[2])
+        return opened
+
+    def _may_generate(self, owner: str | None) -> bool:
+        """Whether ``owner``'s next reset may generate a new task (``client_max_new_tasks`` in the window)."""
+        quota = self.settings.client_max_new_tasks
+        if quota is None:
+            return True
+        times = self._new_tasks.get(owner)
+        horizon = time.monotonic() - self.settings.new_tasks_window_s
+        while times and times[0] < horizon:
+            times.popleft()
+        return not times or len(times) < quota
+
+    def _count_generated(self, owner: str | None, info: Any) -> None:
+        if isinstance(info, dict) and info.get("task_generated"):
+            self._new_tasks.setdefault(owner, collections.deque()).append(time.monotonic())
 
     async def _open(self, session: Session, opener: Callable[[str], Awaitable[tuple[Any, Any]]]
                     ) -> tuple[str, Any, dict[str, Any]]:
@@ -316,6 +388,7 @@ class SessionManager:
             raise SessionExists(f"a live session has the id {session.session_id!r}")
         if self.settings.max_sessions is not None and len(self.sessions) >= self.settings.max_sessions:
             raise AtCapacity(f"{len(self.sessions)} live sessions (max_sessions={self.settings.max_sessions})")
+        self._check_quota("max_sessions", session.owner, self.sessions.values(), "live sessions")
         session.session_id = session.session_id or uuid.uuid4().hex
         self.sessions[session.session_id] = session
         try:
@@ -336,9 +409,11 @@ class SessionManager:
         _refuse_host_paths("reset options", options, self.settings.refused_options,
                            "; select a game by task_id, split and index")
         async with self._exclusive(session_id) as session:
-            observation, info = await self.pool.reset(session_id, seed=seed, options=options)
+            observation, info = await self.pool.reset(session_id, seed=seed, options=options,
+                                                      may_generate=self._may_generate(session.owner))
             session.done = False
             session.episodes += 1
+        self._count_generated(session.owner, info)
         return observation, info
 
     async def step(self, session_id: str, action: Any) -> StepReply:
@@ -372,7 +447,8 @@ class SessionManager:
         goes on untouched) -> a new snapshot id (a uuid4 hex), owned by the session's owner.
 
         Raises ``SessionNotFound`` (404), ``EpisodeOver`` (409: nothing left to continue), ``SessionBusy`` (409),
-        ``AtCapacity`` (503: ``max_snapshots`` kept), ``EnvRejected``
+        ``AtCapacity`` (503: ``max_snapshots`` kept; ``QuotaExceeded``: the owner's ``client_max_snapshots``),
+        ``EnvRejected``
         (422: the env has no ``clone_state``/``set_state``; the session stays open), ``EnvFailed`` (500/504: the
         session is closed)."""
         session = self.get(session_id)
@@ -380,6 +456,7 @@ class SessionManager:
             raise EpisodeOver(f"episode of session {session_id} is over; a snapshot of it has nothing to continue")
         if len(self.snapshots) >= self.settings.max_snapshots:
             raise AtCapacity(f"{len(self.snapshots)} kept snapshots (max_snapshots={self.settings.max_snapshots})")
+        self._check_quota("max_snapshots", session.owner, self.snapshots.values(), "kept snapshots")
         snap = Snapshot(uuid.uuid4().hex, session.env_id, owner=session.owner, steps=session.steps)
         self.snapshots[snap.snapshot_id] = snap  # booked first: a concurrent request cannot exceed the limit
         try:

@@ -43,10 +43,11 @@ class ThreadEnvPool:
 
     async def open(self, session_id: str, env_id: str, *, env_kwargs: dict[str, Any] | None = None,
                    seed: int | None = None, options: dict[str, Any] | None = None,
-                   owner: str | None = None) -> tuple[Any, dict[str, Any]]:
+                   owner: str | None = None, may_generate: bool = True) -> tuple[Any, dict[str, Any]]:
         """``make_env(env_id, **env_kwargs)`` then ``reset(seed, options)`` on a thread -> ``(observation, info)``
-        (``owner``: unused; the threads run any session's calls side by side)."""
-        return await self._open(session_id, "open", (env_id, env_kwargs, seed, options))
+        (``owner``: unused; the threads run any session's calls side by side; ``may_generate``:
+        :mod:`envs.generation`)."""
+        return await self._open(session_id, "open", (env_id, env_kwargs, seed, options, may_generate))
 
     async def _open(self, session_id: str, op: str, args: Any) -> tuple[Any, dict[str, Any]]:
         """Own ``session_id`` while ``op`` opens it (``open`` or ``restore``); not after a failure."""
@@ -58,12 +59,12 @@ class ThreadEnvPool:
             raise
         return observation, info
 
-    async def reset(self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None
-                    ) -> tuple[Any, dict[str, Any]]:
+    async def reset(self, session_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None,
+                    may_generate: bool = True) -> tuple[Any, dict[str, Any]]:
         """``env.reset(seed=seed, options=options)`` of an open session -> ``(observation, info)``."""
         if session_id not in self._owned:
             raise KeyError(session_id)
-        observation, info = await self._call("reset", session_id, (seed, options))
+        observation, info = await self._call("reset", session_id, (seed, options, may_generate))
         return observation, info
 
     async def step(self, session_id: str, action: Any) -> StepReply:

@@ -48,12 +48,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envs.generation import TEXTWORLD_MAX_INDEX_ENV, check_new_task, note_new_task
 from envs.locks import TEXTWORLD_LOCK as _TEXTWORLD_LOCK
 
 FAMILIES = ("coin_collector", "treasure_hunter", "cooking")
 SPLITS = ("train", "valid", "test")
 SPLIT_SEED_BASE = {"train": 0, "valid": 1_000_000, "test": 2_000_000}
 MAX_INDEX = 1_000_000
+MAX_INDEX_ENV = TEXTWORLD_MAX_INDEX_ENV  # where a host bounds the index range generated on demand
+DEFAULT_MAX_GENERATED_INDEX = 10_000
 LEVEL_RANGE = {"coin_collector": (1, 100), "treasure_hunter": (1, 30), "cooking": (1, 8)}
 
 #: The cooking ladder (level -> ``tw-cooking`` settings), easiest first. ``recipe``: ingredients in the recipe;
@@ -100,6 +103,19 @@ def games_root() -> Path:
     from envs.data import cache_dir
 
     return cache_dir() / "textworld"
+
+
+def max_generated_index() -> int:
+    """Games of index below this are generated on a reset's demand (``$AGENT_RL_TEXTWORLD_MAX_INDEX``, the env
+    server's ``--textworld-max-index``; default :data:`DEFAULT_MAX_GENERATED_INDEX`); beyond, only games already in
+    the cache are played."""
+    raw = os.environ.get(MAX_INDEX_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_GENERATED_INDEX
+    try:
+        return max(0, min(int(raw), MAX_INDEX))
+    except ValueError:
+        raise ValueError(f"${MAX_INDEX_ENV} must be an integer, got {raw!r}") from None
 
 
 def check_family_level(family: str, level: int) -> None:
@@ -276,12 +292,22 @@ def ensure_game(family: str, level: int, split: str, index: int, root: Path | No
     """The game ``index`` of ``split`` for ``family``/``level``, generated into the cache if missing.
 
     Raises:
-        ValueError: unknown family / level / split / index.
+        ValueError: unknown family / level / split / index, or a missing game of index beyond
+            :func:`max_generated_index`.
+        envs.generation.NewTaskRefused: a missing game, and this request may generate none (its client's quota).
         RuntimeError: generation failed.
     """
     root = root or games_root()
     target = game_dir(family, level, split, index, root)
-    _build([(family, level, split, index)], root)
+    if not (target / META_FILE).is_file():  # generated on demand: bounded (index range, the client's quota)
+        limit = max_generated_index()
+        if index >= limit:
+            raise ValueError(f"TextWorld game {index} of split {split} is not generated, and games of index >= "
+                             f"{limit} are not generated on demand (${MAX_INDEX_ENV}; python -m "
+                             "envs.textworld.games generates ahead of time)")
+        check_new_task(f"TextWorld game {family}/level_{level}/{split}/{index}")
+        _build([(family, level, split, index)], root)
+        note_new_task()
     meta = json.loads((target / META_FILE).read_text())
     return GameRecord(target / GAME_FILE, meta)
 

@@ -56,9 +56,9 @@ async def list_sessions(sessions: Sessions) -> SessionsResponse:
     now = time.monotonic()
     pool = sessions.manager.pool
     return SessionsResponse(sessions=[
-        SessionInfo(session_id=s.session_id, env_id=s.env_id, created_at=s.created_at, idle_s=now - s.last_used,
+        SessionInfo(session_id=sid, env_id=s.env_id, created_at=s.created_at, idle_s=now - s.last_used,
                     steps=s.steps, episodes=s.episodes, done=s.done, busy=s.busy, worker=pool.worker_of(s.session_id))
-        for s in sessions.list()
+        for sid, s in sessions.list()
     ])
 
 

@@ -151,3 +151,41 @@ def test_a_fork_bomb_is_held_to_nproc(run_mode):
     forked = int(result.stdout.split()[-1])
     assert 0 < forked < 16, result.stdout  # the program itself is one of the 16
     assert result.peak_processes <= 16
+
+
+# The task's own test code (a code task's ``setup``, from reset options or a task-file row) forks 4 children that
+# each write 400 MB and hold them: it runs in the checker, which was outside the per-run account (the run held
+# 2,451 MB and scored 1). The checker's RLIMIT_AS (4 GiB a process) alone allows it.
+CHECKER_FORK_AND_TOUCH = """
+import os, time
+for i in range(4):
+    if os.fork() == 0:
+        b = b"x" * (400 << 20)
+        time.sleep(3)
+        os._exit(0)
+time.sleep(4)
+"""
+
+
+@pytest.mark.sandbox("full")
+def test_the_checkers_fork_and_touch_is_held_by_the_run_cap(run_mode):
+    from envs.code.env import summarize
+
+    spec = {"mode": "asserts", "setup": CHECKER_FORK_AND_TOUCH, "asserts": ["assert f() == 1"]}
+    result = run_tests("def f():\n    return 1\n", spec, SandboxLimits(wall_s=20.0))
+    assert result.limit_hit == "memory", result
+    if run_mode == "accounted":
+        assert result.peak_memory_mb is not None and result.peak_memory_mb < 1300, result.peak_memory_mb
+    else:
+        assert result.peak_memory_mb is not None and result.peak_memory_mb <= 1024 + 128, result.peak_memory_mb
+    info = summarize(result)  # never a pass, never an infra error: the run's cap, named
+    assert (info["reward"], info["reason"], info["limit_hit"]) == (0.0, "memory", "memory"), info
+
+
+@pytest.mark.sandbox("full")
+def test_a_plain_task_still_passes_with_the_checker_in_the_account(run_mode):
+    from envs.code.env import summarize
+
+    spec = {"mode": "asserts", "setup": "x = [0] * 1000", "asserts": ["assert f() == 1", "assert len(x) == 1000"]}
+    info = summarize(run_tests("def f():\n    return 1\n", spec))
+    assert (info["reward"], info["reason"], info["limit_hit"]) == (1.0, "passed", None), info

@@ -117,3 +117,36 @@ def test_task_from_options_rules():
     env = MathEnv(root="/nonexistent")
     _, info = env.reset(options={"problem": "1+1?", "answer": "2"})
     assert info["dataset"] == "file" and info["problem"] == "1+1?"
+
+
+ALFWORLD = "agent_rl/ALFWorld-v0"
+
+
+@pytest.mark.parametrize("kind", ["thread", "process", "http"])
+def test_a_task_rows_host_path_is_refused_on_every_pool(kind, tmp_path):
+    """A task row naming ALFWorld's ``gamefile`` (a host path) reached the env in-process (``env_server.mode=local``)
+    while the server refused it: every pool now refuses it the same way (422 ``invalid_request`` naming it) before
+    any env is made, and the pool goes on serving."""
+    (tmp_path / "t.jsonl").write_text(json.dumps({"gamefile": "/etc", "task_id": "x"}) + "\n")
+    row = load_tasks(tmp_path / "t.jsonl", cache_dir=str(tmp_path / "cache"))[0]
+
+    async def main() -> str:
+        if kind == "http":
+            app = create_app([ALFWORLD, MATH], max_sessions=4, prestart_workers=0, check_envs=False)
+            async with serve_asgi(app):
+                async with HTTPEnvPool("http://localhost", transport=httpx.ASGITransport(app=app), retries=0,
+                                       timeout=120) as pool:
+                    return await refused(pool)
+        async with LocalEnvPool(max_workers=1, mode=kind) as pool:
+            return await refused(pool)
+
+    async def refused(pool) -> str:
+        with pytest.raises(EnvClientError) as caught:
+            await pool.reset(ALFWORLD, options=row)
+        assert caught.value.code == "invalid_request"
+        reset = await pool.reset(MATH, options={"problem": "What is 2+3?", "answer": "5"}, seed=0)  # goes on
+        await pool.close(reset.session_id)
+        return str(caught.value)
+
+    message = asyncio.run(main())
+    assert "reset options gamefile name host paths" in message, message

@@ -30,6 +30,8 @@ from agent_rl.envclient import (  # noqa: E402
     SessionNotFound,
 )
 from envs.hosting import SessionManager  # noqa: E402
+from servers.access import scoped  # noqa: E402
+from servers.tokens import LOCAL_CLIENT  # noqa: E402
 
 KINDS = ["http", "thread", "process"]
 
@@ -71,11 +73,13 @@ def test_same_error_for_the_same_situation(kind):
             # a second step on a session whose first step is still running
             r = await pool.reset(ECHO)
             slow = asyncio.create_task(pool.step(r.session_id, "sleep:3"))
+            # the server keys a client's session in the client's namespace (servers.access.scoped)
+            session = manager.sessions.get(r.session_id) or manager.sessions[scoped(LOCAL_CLIENT, r.session_id)]
             for _ in range(2000):  # wait until the first step holds the session (no wall-clock assumption)
-                if manager.sessions[r.session_id].busy:
+                if session.busy:
                     break
                 await asyncio.sleep(0.005)
-            assert manager.sessions[r.session_id].busy
+            assert session.busy
             with pytest.raises(SessionBusy) as info:
                 await pool.step(r.session_id, "x")
             seen.append(error_of(info))

@@ -148,7 +148,7 @@ def test_a_snapshot_is_its_clients_only():
             r = await client.post(f"/snapshots/{snap}/restore", json={}, headers=auth("alice"))
             assert r.status_code == 201, r.text
             new = r.json()["session_id"]
-            assert app.state.manager.sessions[new].owner == "alice"
+            assert app.state.manager.sessions[f"alice:{new}"].owner == "alice"  # servers.access.scoped
             r = await client.post(f"/sessions/{new}/step", json={"action": "right"}, headers=auth("bob"))
             assert r.status_code == 404
             r = await client.delete(f"/snapshots/{snap}", headers=auth("alice"))

@@ -391,6 +391,62 @@ def test_standalone_sessions_named_by_the_client(policy):
         gw.close()
 
 
+def test_a_refused_call_opens_no_session(policy):
+    """The standalone gateway opened the session a refused call named (1,021 refusals filled its 1,024-session
+    cap): a call refused before it plays a turn leaves no session, and a good call still opens one."""
+    gw = Live(policy, auto_sessions=True)
+    try:
+        run = {"Authorization": f"Bearer {gw.token}"}
+        url = f"{gw.url}/v1/chat/completions"
+        too_many = {"messages": [{"role": "user", "content": "hi"}] * 513, "max_tokens": 2}  # max_messages=512
+        long = {"messages": [{"role": "user", "content": "word " * 5000}], "max_tokens": 2}  # over the prompt cap
+        for i in range(40):
+            r = httpx.post(url, json=too_many if i % 2 else long, headers={**run, "X-Session-ID": f"refused-{i}"},
+                           timeout=60)
+            assert r.status_code == 400, r.text
+        r = httpx.post(f"{gw.url}/sessions/refused-x/v1/completions", json={"prompt": "word " * 5000},
+                       headers=run, timeout=60)
+        assert r.status_code == 400, r.text
+        assert not gw.orch.gateway.sessions
+        good = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert httpx.post(url, json=good, headers={**run, "X-Session-ID": "s1"}, timeout=60).status_code == 200
+        assert list(gw.orch.gateway.sessions) == ["s1"]
+    finally:
+        gw.close()
+
+
+def test_a_gateway_connection_that_stops_mid_body_is_closed(live):
+    """30 connections with the run's token that stop mid-body were never closed; past the body timeout each is."""
+    import socket
+    import time
+
+    server = GatewayServer(live.orch.gateway.app, body_timeout_s=1.0)
+    live.call(server.start())
+    socks = []
+    try:
+        for _ in range(30):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+                      f"{live.token}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                      '{"messages":'.encode())
+            socks.append(s)
+        time.sleep(3.0)
+        closed = 0
+        for s in socks:
+            s.settimeout(5)
+            try:
+                closed += s.recv(1024) == b""
+            except ConnectionResetError:
+                closed += 1
+            except TimeoutError:
+                pass
+        assert closed == 30
+    finally:
+        for s in socks:
+            s.close()
+        live.call(server.stop())
+
+
 def test_gateway_binds_loopback_only_by_default(live):
     with pytest.raises(ValueError, match="not loopback"):
         GatewayServer(live.orch.gateway.app, host="0.0.0.0")

@@ -2,7 +2,8 @@
 with a JSON code (HTTP 400 ``json_too_deep``, a WebSocket error message), a body that is not JSON is 400
 ``invalid_json``, a tool call nested 1500 deep is an invalid action (200, the session lives), and half-sent requests
 are closed after the header timeout. Each input failed before: a RecursionError 500 (pickling to the worker, the 422
-handler), a dropped WebSocket, a 400 coded ``invalid_task``, connections held open forever."""
+handler), a dropped WebSocket, a 400 coded ``invalid_task``, connections held open forever. Authenticated
+connections that stop mid-body are closed after the body timeout (before, never)."""
 
 from __future__ import annotations
 
@@ -148,6 +149,66 @@ def test_half_sent_requests_are_closed_after_the_header_timeout():
             time.sleep(0.3)
             s.sendall(b"Host: 127.0.0.1\r\n\r\n")
             assert s.recv(100).startswith(b"HTTP/1.1 200")
+    finally:
+        for s in socks:
+            s.close()
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def half_sent_bodies(port: int, n: int, headers: str, path: str) -> list[socket.socket]:
+    """``n`` connections that send a whole head announcing 100 body bytes, then 10 of them and nothing more."""
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Content-Type: application/json\r\n"
+                  "Content-Length: 100\r\n\r\n{\"env_id\":".encode())
+        socks.append(s)
+    return socks
+
+
+def count_closed(socks: list[socket.socket]) -> int:
+    closed = 0
+    for s in socks:
+        s.settimeout(5)
+        try:
+            closed += s.recv(1024) == b""
+        except ConnectionResetError:
+            closed += 1
+        except TimeoutError:  # still open
+            pass
+    return closed
+
+
+def test_authenticated_connections_that_stop_mid_body_are_closed_after_the_body_timeout():
+    """50 authenticated connections that stop mid-body: uvicorn (and the header timeout, which ends at the head)
+    kept every one open; with the body timeout each is closed, and a slow but whole body is still answered."""
+    import threading
+
+    import uvicorn
+
+    from servers.protocol import header_timeout_protocol
+
+    port = free_port()
+    app = make_app(token="tok-body-deadline-1234")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           http=header_timeout_protocol(1.0, 1.0)))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    socks: list[socket.socket] = []
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}")
+        socks = half_sent_bodies(port, 50, "Authorization: Bearer tok-body-deadline-1234\r\n", "/sessions")
+        time.sleep(3.0)  # past the 1 s body timeout
+        assert count_closed(socks) == 50
+        body = json.dumps({"env_id": ECHO}).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"POST /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer tok-body-deadline-1234"
+                      b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
+                      + b"\r\n\r\n" + body[:5])
+            time.sleep(0.3)
+            s.sendall(body[5:])
+            assert s.recv(100).startswith(b"HTTP/1.1 201")
     finally:
         for s in socks:
             s.close()

@@ -233,3 +233,40 @@ def _up(url: str) -> bool:
         return httpx.get(url + "/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _initialize(url: str, headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(url, headers={"accept": "application/json, text/event-stream", **headers}, timeout=30, json={
+        "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}})
+
+
+def test_mcp_transport_sessions_are_bounded_and_one_client_leaves_the_other_room():
+    """200 initialize handshakes were 200 open MCP sessions: now at most ``max_mcp_sessions`` (default
+    ``max_sessions``) per env, each client at most its share (503 ``quota_exceeded``), and another client's
+    session still opens with the SDK's client."""
+    tokens = {"alice": "tok-alice-5b1e", "bob": "tok-bob-77c2"}
+    app = create_app([CALC], max_sessions=4, prestart_workers=0, tokens=tokens)  # 2 MCP sessions per client
+    port = free_port()
+    with uvicorn_in_thread(app, port):
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _up(url), 60)
+        mcp_url = url + openenv_path(CALC) + "/mcp"
+        answers = [_initialize(mcp_url, {"Authorization": f"Bearer {tokens['alice']}"}) for _ in range(200)]
+        assert [r.status_code for r in answers].count(200) == 2
+        refused = [r for r in answers if r.status_code != 200]
+        assert {(r.status_code, r.json()["code"]) for r in refused} == {(503, "quota_exceeded")}
+        assert "client_max_mcp_sessions=2" in refused[0].json()["detail"]
+
+        async def main():
+            async with mcp_client(url, CALC, tokens["bob"]) as client:  # bob still gets his
+                await client.call_tool("reset", {"index": 0})
+                r = await client.call_tool("answer", {"answer": 215})
+                return r.structured_content["reward"]
+
+        assert asyncio.run(main()) == 1.0
+        # alice ends one of hers: room again
+        sid = answers[0].headers["mcp-session-id"]
+        r = httpx.delete(mcp_url, headers={"Authorization": f"Bearer {tokens['alice']}", "mcp-session-id": sid})
+        assert r.status_code in (200, 204), r.text
+        assert _initialize(mcp_url, {"Authorization": f"Bearer {tokens['alice']}"}).status_code == 200
