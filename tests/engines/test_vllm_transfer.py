@@ -95,7 +95,7 @@ def test_a_failed_handshake_is_one_clear_error_and_leaves_no_sender(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     eng = VLLMServerEngine.__new__(VLLMServerEngine)
     eng.weight_transfer, eng.weight_transfer_host, eng.tensor_parallel_size = "ipc", "127.0.0.1", 1
-    eng.request_timeout_s, eng.servers, eng._transfer = 5.0, [], {}
+    eng.request_timeout_s, eng.servers, eng._transfer, eng.api_key = 5.0, [], {}, "the-run-key"
     eng._source = PolicySource(model, torch.float32, False)
     for _ in range(2):  # the same error again: nothing half-built was kept
         cause = "ConnectionError" if torch.cuda.is_available() else "RuntimeError: Cannot access accelerator device"
