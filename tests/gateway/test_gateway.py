@@ -431,6 +431,11 @@ def test_failing_command_is_an_env_failure(policy, task_file):
     assert res.dropped_groups == 1 and "status 3" in res.failures[0]
 
 
+def test_a_thread_program_past_its_timeout_is_an_env_failure(policy, task_file):
+    res, _ = play(policy, "tests.gateway.programs:slow", tasks_override=task_file, timeout_s=1.0)
+    assert res.dropped_groups == 1 and "timed out after 1 s" in res.failures[0]
+
+
 def _gone(pid: int) -> bool:
     """No process ``pid`` left (a zombie counts as gone: it runs nothing, and its parent may be a PID 1 that never
     reaps)."""
