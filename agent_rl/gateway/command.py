@@ -15,8 +15,8 @@ process group of its own, ended with its attempt (docs/gateway.md, "Command prog
   :data:`TASK_ENV_MAX_BYTES` (an environment string is bounded by the kernel: 128 KiB on Linux).
 - One run (:func:`run_command`): the program starts in a new session (its own process group, ``setsid``). The
   attempt ends when the program's own process exits, or at ``timeout_s``: then the whole group is killed (SIGKILL:
-  helpers it left in the background, or all of it at the timeout), and the output printed before is read to its
-  end (a pipe a helper held is closed by its death). asyncio's ``Process.wait`` waits for the pipes too, which a
+  helpers it left in the background, or all of it at the timeout; the run returns once none of them runs, read
+  from ``/proc``), and the output printed before is read to its end (a pipe a helper held is closed by its death). asyncio's ``Process.wait`` waits for the pipes too, which a
   helper may hold: the exit is taken from the process itself (:class:`_ExitWatch`). A process that left the group
   on purpose (``setsid`` again) escapes it; its pipe is then abandoned after :data:`DRAIN_S` seconds.
 """
@@ -155,6 +155,32 @@ def kill_group(pgid: int) -> None:
         pass
 
 
+def group_members(pgid: int) -> list[int]:
+    """Pids of the processes of group ``pgid`` still running (zombies excluded: a dead helper re-parented to a PID 1
+    that does not reap stays one), read from ``/proc/<pid>/stat`` (state and pgid follow the command's ``)``)."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if fields[0] != b"Z" and int(fields[2]) == pgid:
+            out.append(int(entry.name))
+    return out
+
+
+async def _end_group(pgid: int, timeout_s: float) -> None:
+    """SIGKILL group ``pgid`` and wait (up to ``timeout_s``) until none of its processes runs."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    kill_group(pgid)
+    while group_members(pgid) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+        kill_group(pgid)  # a member forked while the signal was delivered
+
+
 async def run_command(argv: list[str], env: dict[str, str], *, timeout_s: float, stdin: bytes = b"",
                       cwd: str | None = None) -> CommandResult:
     """Run ``argv`` with environment ``env`` (exactly: nothing inherited) in a process group of its own, ``stdin``
@@ -187,7 +213,7 @@ async def run_command(argv: list[str], env: dict[str, str], *, timeout_s: float,
             t.cancel()
         transport.close()
         raise
-    kill_group(pgid)  # what it left behind; at the timeout, all of it
+    await _end_group(pgid, DRAIN_S)  # what it left behind; at the timeout, all of it
     if timed_out:  # its exit, reaped by asyncio's watcher (closing the transport first would reap it elsewhere)
         await asyncio.wait([protocol.exited], timeout=DRAIN_S)
     _, pending = await asyncio.wait(tasks, timeout=DRAIN_S)
