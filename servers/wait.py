@@ -32,10 +32,11 @@ class ServerExited(RuntimeError):
         self.returncode = returncode
 
 
-def _healthy(url: str, timeout_s: float) -> tuple[bool, str]:
-    """(True, "") when ``url/health`` answers 200, else (False, the reason)."""
+def _healthy(url: str, timeout_s: float, headers: dict[str, str] | None = None) -> tuple[bool, str]:
+    """(True, "") when ``url/health`` answers 200 (``headers`` sent), else (False, the reason)."""
+    request = urllib.request.Request(url.rstrip("/") + "/health", headers=dict(headers or {}))
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status == 200, f"HTTP {response.status}"
     except urllib.error.HTTPError as exc:
         return False, f"HTTP {exc.code}"
@@ -44,7 +45,8 @@ def _healthy(url: str, timeout_s: float) -> tuple[bool, str]:
 
 
 def wait_healthy(urls: list[str], *, timeout_s: float = 600.0, interval_s: float = 1.0,
-                 request_timeout_s: float = 4.0, process: Any = None) -> dict[str, float]:
+                 request_timeout_s: float = 4.0, process: Any = None,
+                 headers: dict[str, str] | None = None) -> dict[str, float]:
     """Poll every URL's ``/health`` until each answered 200 once.
 
     Args:
@@ -52,6 +54,7 @@ def wait_healthy(urls: list[str], *, timeout_s: float = 600.0, interval_s: float
         timeout_s: seconds to wait at most. interval_s: seconds between polls. request_timeout_s: per request.
         process: the server's process (anything with ``poll()`` and ``returncode``, e.g. ``subprocess.Popen``), when
             the caller started it: checked before every poll, so a server that dies is reported at once.
+        headers: sent with every poll (a server whose ``/health`` wants a key).
 
     Returns:
         seconds from the call until each URL was first healthy.
@@ -69,7 +72,7 @@ def wait_healthy(urls: list[str], *, timeout_s: float = 600.0, interval_s: float
             raise ServerExited(f"the server process exited with code {process.returncode} before "
                                f"{', '.join(pending)} answered /health 200", process.returncode)
         for url in list(pending):
-            ok, reason = _healthy(url, request_timeout_s)
+            ok, reason = _healthy(url, request_timeout_s, headers)
             if ok:
                 ready[url] = time.monotonic() - t0
                 del pending[url]

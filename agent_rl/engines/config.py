@@ -62,10 +62,12 @@ class EngineConfig:
     dtype bytes (SmolLM2-135M float32: 46 KiB, so the default is about 1.4 GiB)."""
     server: str = field(default="auto", metadata=MAY_CHANGE)
     """vllm_server: ``auto`` = the run starts its own server(s) (``server_replicas``) on 127.0.0.1 free ports with a
-    per-run API key, with the interpreter ``server_python``; stopped with the run. Ignored when ``urls`` is set."""
+    per-run API key required on every route (docs/training.md), with the interpreter ``server_python``; stopped with
+    the run. Ignored when ``urls`` is set."""
     urls: list[str] = field(default_factory=list, metadata=MAY_CHANGE)
     """vllm_server: base URLs (``http://host:port``) of vLLM servers started elsewhere (``VLLM_SERVER_DEV_MODE=1``,
-    ``--enable-scale-out``, ``--logprobs-mode processed_logprobs``; their API key in ``$VLLM_API_KEY``); they must
+    ``--enable-scale-out``, ``--logprobs-mode processed_logprobs``, the key guard ``--middleware
+    agent_rl_vllm_guard.BearerGuard``; their API key in ``$VLLM_API_KEY``); they must
     read ``sync_dir`` (the weights of each sync are written there). Empty = ``server``."""
     server_python: str = field(default="", metadata=MAY_CHANGE)
     """vllm_server with server=auto: the Python that runs vLLM ("" = the repository's ``.venv-vllm/bin/python``, made

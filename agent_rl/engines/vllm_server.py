@@ -15,8 +15,11 @@ first), ``/collective_rpc`` (``reload_weights``, the offline engine's reload), `
   ``<trainer.output_dir>/vllm_server-<pid>-<i>.log`` (pid: the trainer's or Ray worker's). They stop with the engine (:meth:`VLLMServerEngine.close`: the run's
   end, atexit, SIGTERM/SIGINT of the trainer); a watchdog process (the offline engine's,
   ``agent_rl.engines.vllm._WATCHDOG``) kills them when the trainer is SIGKILLed, and each start sweeps what dead
-  runs left (``sweep_sync_dir``). vLLM's ``--api-key`` guards ``/v1``, ``/inference``; the dev endpoints are open to
-  whoever reaches the port: a run's own servers bind 127.0.0.1, a remote server must sit behind the user's network.
+  runs left (``sweep_sync_dir``). vLLM's ``--api-key`` guards only ``/v1``, ``/v2``, ``/inference``, ``/cohere``;
+  a run's own servers also load :data:`GUARD_MIDDLEWARE` (vLLM's ``--middleware``), which refuses every request
+  without the key on every route, the dev endpoints, ``/update_weights``, ``/metrics`` and ``/health`` included
+  (:mod:`agent_rl.engines.vllm_plugins.agent_rl_vllm_guard`). A server started elsewhere is guarded only if its
+  owner starts it the same way (docs/training.md).
 - Generation: one request per row (``output_mode=text``: ids, log-probs and text), the row's sampling fields the
   offline engine's (:func:`agent_rl.engines.vllm.sampling_rows`: per-row temperature, top-p/top-k, seed, stop ids =
   the hf engine's EOS ids, processed log-probs of the sampled token); the rows of a call in flight together.
@@ -88,6 +91,10 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 """The module ``vllm serve`` runs for one API server (``vllm/entrypoints/cli/serve.py`` -> ``run_server``)."""
+PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugins"
+"""The servers' ``PYTHONPATH``: the stdlib-only modules vLLM loads by name (the guard)."""
+GUARD_MIDDLEWARE = "agent_rl_vllm_guard.BearerGuard"
+"""vLLM's ``--middleware`` value of the guard: the run's key on every route (HTTP and WebSocket)."""
 LORA_NAME = "policy"
 """The name the policy's adapter is served under (``engine.lora_sync=adapter``): every request's ``model``."""
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -116,13 +123,14 @@ def server_command(python: str, model_path: str, port: int, *, host: str = "127.
     ``seed``, ``--kv-cache-memory-bytes`` (``kv_cache_gb``; 0 = 1 GiB, the offline engine's CPU default),
     ``--max-model-len`` (when > 0), ``--enforce-eager``, ``--tensor-parallel-size``, ``prefill_limits``
     (:func:`agent_rl.engines.vllm.cpu_prefill_limits` on CPU: ``--no-enable-chunked-prefill
-    --max-num-batched-tokens N``); then ``extra_args``. No secret in it (the API key goes in the environment:
-    :func:`server_environment`)."""
+    --max-num-batched-tokens N``), the key guard on every route (``--middleware`` :data:`GUARD_MIDDLEWARE`); then
+    ``extra_args``. No secret in it (the API key goes in the environment: :func:`server_environment`)."""
     kv = kv_cache_gb if kv_cache_gb > 0 else offline.CPU_DEFAULT_KV_CACHE_GB
     cmd = [python, "-m", SERVER_MODULE, "--model", model_path, "--host", host, "--port", str(port),
            "--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--enable-prefix-caching",
            "--enable-prompt-tokens-details", "--dtype", dtype, "--seed", str(seed),
-           "--kv-cache-memory-bytes", str(int(kv * 2**30)), "--tensor-parallel-size", str(tensor_parallel_size)]
+           "--kv-cache-memory-bytes", str(int(kv * 2**30)), "--tensor-parallel-size", str(tensor_parallel_size),
+           "--middleware", GUARD_MIDDLEWARE]
     cmd += ["--max-model-len", str(max_model_len)] if max_model_len > 0 else []
     cmd += ["--enforce-eager"] if enforce_eager else []
     if prefill_limits:
@@ -148,10 +156,12 @@ def lora_server_args(rank: int) -> list[str]:
 def server_environment(api_key: str, base: dict[str, str] | None = None, lora: bool = False,
                        unpickle: bool = False) -> dict[str, str]:
     """The server's environment: ``base`` (default ``os.environ``) with the dev endpoints on
-    (``VLLM_SERVER_DEV_MODE=1``) and the API key (``VLLM_API_KEY``, read by vLLM's auth middleware); ``lora``:
-    adapters loaded at run time (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: ``/v1/load_lora_adapter``, behind the key);
-    ``unpickle``: ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, which CUDA IPC's handles over HTTP need (the server then
-    unpickles what ``/update_weights`` receives: only a loopback server the run starts gets it)."""
+    (``VLLM_SERVER_DEV_MODE=1``), the API key (``VLLM_API_KEY``, read by vLLM's auth middleware and by the guard on
+    every route) and ``PYTHONPATH`` = :data:`PLUGIN_DIR` alone (the guard importable; the trainer's path would
+    shadow the server venv's packages); ``lora``: adapters loaded at run time (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``:
+    ``/v1/load_lora_adapter``); ``unpickle``: ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, which CUDA IPC's handles over
+    HTTP need (the server then unpickles what ``/update_weights`` receives, after the guard: only a keyed caller
+    reaches it)."""
     env = dict(os.environ if base is None else base)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env["VLLM_API_KEY"] = api_key
@@ -159,7 +169,7 @@ def server_environment(api_key: str, base: dict[str, str] | None = None, lora: b
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if unpickle:
         env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    env.pop("PYTHONPATH", None)  # the trainer's path would shadow the server venv's packages
+    env["PYTHONPATH"] = str(PLUGIN_DIR)
     return env
 
 
@@ -368,8 +378,10 @@ def response_generation(body: dict[str, Any]) -> Generation:
 class ServerProcess:
     """One ``vllm serve`` the run started: its own process group (stopped as a whole), its log file."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], url: str, log_path: Path) -> None:
+    def __init__(self, cmd: list[str], env: dict[str, str], url: str, log_path: Path,
+                 headers: dict[str, str] | None = None) -> None:
         self.cmd, self.env, self.url, self.log_path = cmd, env, url, log_path
+        self.headers = dict(headers or {})  # the key: /health is guarded too
         self.proc: subprocess.Popen[bytes] | None = None
 
     def launch(self) -> None:
@@ -382,7 +394,8 @@ class ServerProcess:
         """Seconds until ``/health`` answered 200. ``RuntimeError`` with the log's tail if it exits or times out."""
         t0 = time.monotonic()
         try:
-            wait_healthy([self.url], timeout_s=timeout_s, interval_s=1.0, request_timeout_s=5.0, process=self.proc)
+            wait_healthy([self.url], timeout_s=timeout_s, interval_s=1.0, request_timeout_s=5.0, process=self.proc,
+                         headers=self.headers)
         except ServerExited as exc:
             raise RuntimeError(f"vllm server exited with code {exc.returncode} while starting: "
                                f"{' '.join(self.cmd)}\n{self.tail()}") from None
@@ -579,7 +592,8 @@ class VLLMServerEngine(ClosesOnExit):
                                  kv_cache_gb=kv_cache_gb, max_model_len=max_model_len, enforce_eager=enforce_eager,
                                  tensor_parallel_size=tp, prefill_limits=limits, extra_args=extra)
             self.servers.append(ServerProcess(cmd, env, f"http://127.0.0.1:{port}",
-                                              logs / f"vllm_server-{os.getpid()}-{i}.log"))
+                                              logs / f"vllm_server-{os.getpid()}-{i}.log",
+                                              headers={"Authorization": f"Bearer {self.api_key}"}))
         t0 = time.monotonic()
         for s in self.servers:  # all at once: vLLM's start is mostly its own compile and load
             s.launch()
@@ -782,7 +796,8 @@ class VLLMServerEngine(ClosesOnExit):
             if sender is None:
                 sender = vllm_transfer.trainer_engine(
                     self.weight_transfer, url, self._source, master_address=self.weight_transfer_host,
-                    tensor_parallel_size=self.tensor_parallel_size, timeout_s=self.request_timeout_s)
+                    tensor_parallel_size=self.tensor_parallel_size, timeout_s=self.request_timeout_s,
+                    api_key=self.api_key)
                 self._transfer[url] = sender
             sender.send_weights()
         except Exception as exc:  # noqa: BLE001 (requests' and NCCL's errors alike: one message with the log)

@@ -13,8 +13,11 @@ so they need vLLM importable by the trainer (GPU machines usually have it: the `
 - ``ipc`` (:class:`~vllm.distributed.weight_transfer.ipc_engine.IPCTrainerWeightTransferEngine`): CUDA IPC handles of
   the trainer's tensors, sent over HTTP pickled; the server must share the trainer's GPU, be started with
   ``--weight-transfer-config '{"backend": "ipc"}'`` and with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (it unpickles
-  what ``/update_weights`` receives: whoever reaches the port can run code in the server, so only ever on a
-  loopback server the run started itself).
+  what ``/update_weights`` receives: a caller that reaches that route can run code in the server, so only ever on a
+  server the run started itself, whose guard refuses every route to a caller without the run's key).
+
+vLLM's HTTP client of these routes sends no key; :class:`KeyedWeightSyncClient` is the same client with the run's
+``Authorization: Bearer`` header on each call.
 
 One trainer-side engine per server (one group each); the sync's pause, prefix-cache reset, version and probe check
 stay the engine's (:meth:`agent_rl.engines.vllm_server.VLLMServerEngine.sync_weights`). The tensors sent are those
@@ -71,24 +74,46 @@ class PolicySource(WeightSource):
         yield from self._tensors().items()
 
 
+class KeyedWeightSyncClient(HTTPVLLMWeightSyncClient):
+    """vLLM's HTTP weight-sync client (``/init_weight_transfer_engine``, ``/start_weight_update``,
+    ``/update_weights``, ``/finish_weight_update``, ``/shutdown_weight_transfer_engine``) with
+    ``Authorization: Bearer api_key`` on every call ("" sends none); its ``_post`` is vLLM 0.32's with the header.
+
+    Raises:
+        requests.HTTPError: from each call, as vLLM's client (a 401: the server wants another key).
+    """
+
+    def __init__(self, base_url: str, timeout: float = 300, api_key: str = "") -> None:
+        super().__init__(base_url, timeout=timeout)
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def _post(self, path: str, json: dict[str, Any] | None = None) -> None:
+        import requests  # vLLM's client uses requests too (a dependency of vLLM)
+
+        response = requests.post(f"{self.base_url}/{path}", json=json, timeout=self.timeout, headers=self.headers)
+        response.raise_for_status()
+
+
 def server_args(backend: str) -> list[str]:
     """``vllm serve`` arguments that make a server receive weights by ``backend`` (``nccl`` | ``ipc``)."""
     return ["--weight-transfer-config", json.dumps({"backend": backend})]
 
 
 def trainer_engine(backend: str, url: str, source: PolicySource, *, master_address: str = "127.0.0.1",
-                   tensor_parallel_size: int = 1, timeout_s: float = 300.0) -> TrainerWeightTransferEngine:
+                   tensor_parallel_size: int = 1, timeout_s: float = 300.0,
+                   api_key: str = "") -> TrainerWeightTransferEngine:
     """A ready trainer-side engine for the server at ``url`` (vLLM's ``WeightTransferTrainerFactory.trainer_init``:
     for NCCL the rendezvous with the server's ``tensor_parallel_size`` workers, on a free port of
     ``master_address``; for IPC the ``packed`` handshake). Its ``send_weights()`` then runs the server's
-    ``/start_weight_update`` -> ``/update_weights`` -> ``/finish_weight_update`` with the data moved by ``backend``.
+    ``/start_weight_update`` -> ``/update_weights`` -> ``/finish_weight_update`` with the data moved by ``backend``,
+    each call with the server's ``api_key`` (:class:`KeyedWeightSyncClient`).
 
     Raises:
         ValueError: an unknown ``backend``.
         requests.HTTPError: the server refused the handshake (not started with this backend's
             ``--weight-transfer-config``).
     """
-    client = HTTPVLLMWeightSyncClient(url, timeout=timeout_s)
+    client = KeyedWeightSyncClient(url, timeout=timeout_s, api_key=api_key)
     info: Any
     if backend == "nccl":
         info = NCCLTrainerInitInfo(master_address=master_address, master_port=free_port(master_address),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from agent_rl.gateway.command import command_argv
 
 from agent_rl.tasks import FILE_BUILDERS
 
@@ -17,9 +19,14 @@ class ExternalConfig:
     a dict with ``reward`` and optional ``info``/``won``) or None (the env's reward, or the one posted to
     ``POST /sessions/<id>/reward``)."""
     command: str = ""
-    """Instead of ``program``: a command template run as a process (no shell; split with ``shlex``, then
-    ``{base_url}``, ``{api_key}``, ``{session_id}``, ``{task_json}`` substituted in each argument); its reward is the
-    last stdout line as JSON (a number or ``{"reward": ...}``) or the one posted."""
+    """Instead of ``program``: a command template run as a process in a group of its own (no shell; split with
+    ``shlex``, then ``{base_url}`` and ``{session_id}`` substituted in each argument; never the key or the task: the
+    program reads ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``AGENT_RL_SESSION_ID``, ``AGENT_RL_TASK`` and the task
+    on stdin from a scrubbed environment, ``agent_rl.gateway.command``); its reward is the last stdout line as JSON
+    (a number or ``{"reward": ...}``) or the one posted."""
+    env_pass: list[str] = field(default_factory=list)
+    """Names of the trainer's environment variables a command program also gets (beyond the allow-list
+    ``agent_rl.gateway.command.PROGRAM_ENV_KEEP``, docs/gateway.md)."""
     tasks: str = ""
     """The task source: a registered env id (the run's env server serves it; each task dict carries the reset
     observation, info and an ``env`` entry of a live session the program steps through the gateway), or a dataset
@@ -40,6 +47,11 @@ class ExternalConfig:
             raise ValueError("env.external.program and env.external.command are exclusive: set one")
         if self.program and ":" not in self.program:
             raise ValueError(f"env.external.program={self.program!r} must be MODULE:FUNCTION")
+        if self.command:
+            command_argv(self.command, base_url="http://127.0.0.1:1/v1", session_id="s")  # refuses secrets on argv
+        bad = [n for n in self.env_pass if not n or "=" in n or "\0" in n]
+        if bad:
+            raise ValueError(f"env.external.env_pass: {bad} are not environment variable names")
         if self.concurrency < 1 or self.timeout_s <= 0 or self.max_requests < 1 or self.max_messages < 1 or \
                 self.max_tools < 0 or self.max_body_bytes < 1024:
             raise ValueError("env.external: concurrency, max_requests, max_messages >= 1, timeout_s > 0, "

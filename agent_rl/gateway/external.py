@@ -10,7 +10,9 @@ episode's turns (:mod:`agent_rl.gateway.recorder`), and the batch is built from 
 
 The program: ``env.external.program=MODULE:FUNCTION`` is called as ``function(task, gateway)`` in a thread of its
 own pool (``env.external.concurrency`` at once: a synchronous client blocks its thread, never the event loop that
-serves it); ``env.external.command`` runs a process instead. ``gateway`` is ``{"base_url": ".../v1", "api_key",
+serves it); ``env.external.command`` runs a process instead (:mod:`agent_rl.gateway.command`: in a process group of
+its own ended with its attempt, from a scrubbed environment that holds the episode's key and task, never argv).
+``gateway`` is ``{"base_url": ".../v1", "api_key",
 "session_id", "headers": {"X-Session-ID": ...}}``; the key is the episode's own token. Task source
 ``env.external.tasks=ENV_ID``: each task dict is ``{"env_id", "options", "seed", "observation", "info", "env":
 {"base_url", "session_id", "headers"}}``, the env session live on the run's env server; the program steps it with the
@@ -21,7 +23,8 @@ Reward: what the program returns (a float, or a dict with ``reward`` and optiona
 posted (``POST /sessions/<id>/reward``), else the env's (the sum of its steps' rewards, ``won`` from its info). A
 program that raises, runs past ``env.external.timeout_s``, gives no reward, makes no model call, or whose env step
 failed is an env failure of the episode (``docs/env_errors.md``): re-run from the same task, then the group is
-dropped; never a reward 0.
+dropped; never a reward 0. A command program still running at the timeout is killed with its group; the reward it
+printed or posted before counts, else the attempt failed.
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ import itertools
 import json
 import math
 import secrets
-import shlex
 from typing import Any, Callable
 
 from agent_rl.gateway.app import Gateway, GatewayLimits
+from agent_rl.gateway.command import command_argv, last_json_line, program_environment, run_command
 from agent_rl.gateway.config import ExternalConfig
 from agent_rl.gateway.recorder import GatewaySession, PromptBuilder, RequestError
 from agent_rl.gateway.server import GatewayServer
@@ -50,8 +53,6 @@ from agent_rl.types import Episode, Generation, Task
 from servers.launch import new_token
 
 _EPISODE_IDS = itertools.count()
-MAX_OUTPUT_BYTES = 1 << 20
-"""A command program's stdout kept (the last line is its reward)."""
 
 
 def load_program(spec: str) -> Callable[[dict[str, Any], dict[str, Any]], Any]:
@@ -242,35 +243,42 @@ class ExternalRollout(RolloutOrchestrator):
                             "headers": {"Authorization": f"Bearer {session.api_key}"}})
         return out
 
-    async def _run(self, task_dict: dict[str, Any], gateway: dict[str, Any]) -> Any:
-        """Run the program once (a thread, or a process for ``command``) and return what it gave."""
+    async def _run(self, task_dict: dict[str, Any], gateway: dict[str, Any], session: GatewaySession) -> Any:
+        """Run the program once (a thread, or a process for ``command``) and return what it gave.
+
+        Raises:
+            TimeoutError: the program ran past ``env.external.timeout_s`` (a command: without giving a reward
+                before).
+        """
         if self.program is not None:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._threads, self.program, task_dict, gateway)
-        return await self._run_command(task_dict, gateway)
+            return await asyncio.wait_for(loop.run_in_executor(self._threads, self.program, task_dict, gateway),
+                                          self.external.timeout_s)
+        return await self._run_command(task_dict, gateway, session)
 
-    async def _run_command(self, task_dict: dict[str, Any], gateway: dict[str, Any]) -> Any:
-        values = {"base_url": gateway["base_url"], "api_key": gateway["api_key"], "session_id": gateway["session_id"],
-                  "task_json": json.dumps(task_dict, ensure_ascii=False)}
-        argv = [arg.format(**values) for arg in shlex.split(self.external.command)]
-        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
-        try:
-            out, err = await proc.communicate()
-        except BaseException:
-            proc.kill()
-            await proc.wait()
-            raise
-        if proc.returncode != 0:
-            raise RuntimeError(f"the command exited with status {proc.returncode}: "
-                               f"{err.decode(errors='replace')[-400:]}")
-        lines = [ln for ln in out[-MAX_OUTPUT_BYTES:].decode(errors="replace").splitlines() if ln.strip()]
-        if not lines:
-            return None
-        try:
-            return json.loads(lines[-1])
-        except ValueError:
-            return None  # no reward printed: the posted one, or the env's
+    async def _run_command(self, task_dict: dict[str, Any], gateway: dict[str, Any],
+                           session: GatewaySession) -> Any:
+        """One run of the command program (:func:`agent_rl.gateway.command.run_command`): its last stdout line as
+        JSON (None: none printed, then the posted reward or the env's).
+
+        Raises:
+            RuntimeError: a non-zero exit (its stderr's tail).
+            TimeoutError: still running at the timeout, and no reward printed or posted before it.
+        """
+        task_json = json.dumps(task_dict, ensure_ascii=False)
+        argv = command_argv(self.external.command, base_url=gateway["base_url"], session_id=gateway["session_id"])
+        env = program_environment(base_url=gateway["base_url"], api_key=gateway["api_key"],
+                                  session_id=gateway["session_id"], task_json=task_json,
+                                  env_pass=self.external.env_pass)
+        run = await run_command(argv, env, timeout_s=self.external.timeout_s, stdin=task_json.encode() + b"\n")
+        printed = last_json_line(run.stdout)
+        if run.timed_out:
+            if printed is None and session.reward is None:
+                raise TimeoutError(f"program timed out after {self.external.timeout_s:g} s")
+            return printed
+        if run.returncode != 0:
+            raise RuntimeError(f"the command exited with status {run.returncode}: {run.stderr[-400:]}")
+        return printed
 
     async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0,
                     replay: SiblingStart | None = None, source: ForkSource | None = None) -> Episode:
@@ -295,8 +303,7 @@ class ExternalRollout(RolloutOrchestrator):
         try:
             async with self._programs:
                 try:
-                    result = await asyncio.wait_for(self._run(self._task_dict(task, reset, session), gateway),
-                                                    self.external.timeout_s)
+                    result = await self._run(self._task_dict(task, reset, session), gateway, session)
                 except asyncio.TimeoutError:
                     raise EnvCallFailed(f"program timed out after {self.external.timeout_s:g} s") from None
                 except Exception as exc:  # noqa: BLE001 (the program's own failure: an env failure, re-run)

@@ -165,6 +165,48 @@ def test_sync_gap_before_and_after_and_a_wrong_model_fails_loudly(pair):
     assert eng.version == 2
 
 
+# ------------------------------------------------------------------------------------------ the key on every route
+# Every route a vLLM 0.32 server of the run answers that vLLM's own --api-key leaves open (the dev routes of
+# VLLM_SERVER_DEV_MODE=1, the weight-transfer routes whose body the ipc path unpickles, /metrics, /health...) and
+# the ones it guards: (method, path, JSON body). The bodies are well-formed, so a 401 is the guard's, not a 422.
+GUARDED_ROUTES = [
+    ("POST", "/pause", None), ("POST", "/resume", None), ("GET", "/is_paused", None),
+    ("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": "/tmp/x"}}),
+    ("POST", "/reset_prefix_cache", None), ("POST", "/update_weight_version", {"new_version": "666"}),
+    ("POST", "/init_weight_transfer_engine", {"init_info": {}}), ("POST", "/start_weight_update", None),
+    ("POST", "/update_weights", {"update_info": {}}), ("POST", "/finish_weight_update", None),
+    ("GET", "/get_world_size", None), ("POST", "/sleep", None), ("POST", "/wake_up", None),
+    ("GET", "/metrics", None), ("GET", "/health", None), ("GET", "/version", None), ("GET", "/server_info", None),
+    ("GET", "/ping", None), ("POST", "/tokenize", {"prompt": "hi"}), ("GET", "/v1/models", None),
+    ("POST", "/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"max_tokens": 1}}),
+    ("OPTIONS", "/pause", None), ("GET", "/docs", None), ("GET", "/no/such/route", None),
+]
+
+
+def test_every_route_refuses_a_caller_without_the_runs_key_and_the_keyed_sync_works(pair):
+    """The pair's servers (started by the engine, dev mode on) answer 401 to each route above without the run's
+    key, with a wrong key, with a non-Bearer scheme and with the key sent twice; the weight version a stranger
+    posted never lands (the servers still report the engine's), and the engine's own keyed sync still works."""
+    import httpx
+
+    model, tok, eng = pair
+    wrong = [{}, {"Authorization": "Bearer not-the-key"}, {"Authorization": f"Basic {eng.api_key}"},
+             [("Authorization", f"Bearer {eng.api_key}"), ("Authorization", f"Bearer {eng.api_key}")]]
+    with httpx.Client(timeout=30) as http:
+        for url in eng.urls:
+            for method, path, body in GUARDED_ROUTES:
+                for headers in wrong:
+                    r = http.request(method, url + path, json=body, headers=headers)
+                    assert r.status_code == 401, (url, method, path, headers, r.status_code, r.text[:200])
+            keyed = http.get(url + "/health", headers={"Authorization": f"Bearer {eng.api_key}"})
+            assert keyed.status_code == 200
+    eng.sync_weights(model, 2)  # the engine's keyed sync (pause, reload, cache reset, version, resume, probe)
+    prompt = _prompt(tok, "the key on every route")
+    gens = eng.generate([prompt, prompt], [1.0, 1.0], max_new_tokens=4, row_seeds=[1, 1], episode_ids=["k1", "k2"])
+    assert {g.policy_version for g in gens} == {2}  # not the 666 a stranger posted
+    assert max(_max_diff(model, prompt, g, 1.0) for g in gens) < TOL
+
+
 # ------------------------------------------------------------------------------------------ replicas
 def _trajectory_hit_rate(eng, tok, episodes: int = 8, turns: int = 4) -> float:
     """A 4-turn trajectory-mode rollout played on ``eng`` (each turn's prompt = the last prompt + its response +

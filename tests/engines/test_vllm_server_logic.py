@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from agent_rl.config import Config
 from agent_rl.engines.config import EngineConfig
-from agent_rl.engines.vllm_server import (SERVER_MODULE, HashRing, Router, VLLMServerEngine, check_config,
+from agent_rl.engines.vllm_server import (GUARD_MIDDLEWARE, PLUGIN_DIR, SERVER_MODULE, HashRing, Router, VLLMServerEngine, check_config,
                                           check_weight_transfer, merge_engine_metrics, parse_prefix_cache, response_generation,
                                           server_command, server_environment)
 
@@ -117,13 +117,15 @@ def test_server_command_has_the_runs_options_and_no_secret():
         assert part in joined
     assert cmd[-2:] == ["--max-num-seqs", "32"]
     assert "api-key" not in joined
+    assert f"--middleware {GUARD_MIDDLEWARE}" in joined  # the run's key on every route
     default = server_command("py", "m", 1)
     assert f"--kv-cache-memory-bytes {2**30}" in " ".join(default) and "--max-model-len" not in default
 
 
 def test_server_environment_carries_the_key_and_dev_mode():
     env = server_environment("secret-key", base={"PATH": "/bin", "PYTHONPATH": "/repo"})
-    assert env == {"PATH": "/bin", "VLLM_SERVER_DEV_MODE": "1", "VLLM_API_KEY": "secret-key"}
+    assert env == {"PATH": "/bin", "VLLM_SERVER_DEV_MODE": "1", "VLLM_API_KEY": "secret-key",
+                   "PYTHONPATH": str(PLUGIN_DIR)}  # the guard's folder alone: the trainer's path is not the server's
 
 
 # vLLM 0.32's answer to POST /inference/v1/generate (output_mode=text, logprobs=0), recorded from the real server

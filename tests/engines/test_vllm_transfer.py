@@ -81,6 +81,53 @@ def test_server_arguments_parse_in_vllm_serve(backend):
     assert AsyncEngineArgs.from_cli_args(args).weight_transfer_config.backend == backend
 
 
+def test_the_weight_sync_client_sends_the_runs_key_on_every_call():
+    """vLLM's HTTP weight-sync client sends no key, and the run's servers refuse every route without it: the
+    engine's client (:class:`KeyedWeightSyncClient`) is vLLM's with ``Authorization: Bearer KEY`` on each of its
+    five calls, its bodies vLLM's own (an ipc payload pickled by vLLM's ``_json_safe_update_payload``); a 401 raises
+    as vLLM's client does."""
+    import json as json_
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import requests
+
+    from agent_rl.engines.vllm_transfer import KeyedWeightSyncClient
+
+    seen: list[tuple[str, str | None, dict]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append((self.path, self.headers.get("Authorization"), json_.loads(body) if body else {}))
+            self.send_response(200 if self.headers.get("Authorization") == "Bearer k3y" else 401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        client = KeyedWeightSyncClient(url, timeout=30, api_key="k3y")
+        client.init_weight_transfer_engine({"rank": 0})
+        client.start_weight_update()
+        client.update_weights({"ipc_handles": [("handle", 1)], "names": ["w"]})
+        client.finish_weight_update("3")
+        client.shutdown_weight_transfer_engine()
+        with pytest.raises(requests.HTTPError, match="401"):
+            KeyedWeightSyncClient(url, timeout=30).start_weight_update()
+    finally:
+        server.shutdown()
+    assert [p for p, _, _ in seen] == ["/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
+                                       "/finish_weight_update", "/shutdown_weight_transfer_engine",
+                                       "/start_weight_update"]
+    assert [a for _, a, _ in seen] == ["Bearer k3y"] * 5 + [None]
+    assert "ipc_handles_pickled" in seen[2][2]["update_info"] and seen[3][2] == {"weight_version": "3"}
+
+
 def test_a_failed_handshake_is_one_clear_error_and_leaves_no_sender(tmp_path):
     """The transfer path of the engine against a port nobody serves: vLLM's trainer engine fails to build (on CPU
     vLLM's IPC engine asks for the accelerator before its HTTP handshake; on a GPU its client finds the port
@@ -95,7 +142,7 @@ def test_a_failed_handshake_is_one_clear_error_and_leaves_no_sender(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     eng = VLLMServerEngine.__new__(VLLMServerEngine)
     eng.weight_transfer, eng.weight_transfer_host, eng.tensor_parallel_size = "ipc", "127.0.0.1", 1
-    eng.request_timeout_s, eng.servers, eng._transfer = 5.0, [], {}
+    eng.request_timeout_s, eng.servers, eng._transfer, eng.api_key = 5.0, [], {}, "the-run-key"
     eng._source = PolicySource(model, torch.float32, False)
     for _ in range(2):  # the same error again: nothing half-built was kept
         cause = "ConnectionError" if torch.cuda.is_available() else "RuntimeError: Cannot access accelerator device"

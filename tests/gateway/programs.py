@@ -138,6 +138,12 @@ def no_reward(task: dict[str, Any], gateway: dict[str, Any]) -> None:
     return None
 
 
+def slow(task: dict[str, Any], gateway: dict[str, Any]) -> float:
+    """Runs 5 s before its reward (past a shorter ``env.external.timeout_s``)."""
+    threading.Event().wait(5.0)
+    return 1.0
+
+
 def file_task(task: dict[str, Any], gateway: dict[str, Any]) -> float:
     """A task file's row (``question``, ``answer``) asked once; reward 1.0 if the reply holds the answer, else 0.25."""
     reply = client(gateway).chat.completions.create(model="policy", max_tokens=6,

@@ -10,6 +10,8 @@ import asyncio
 import json
 import sys
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -468,8 +470,7 @@ def test_task_file_rows_are_the_task_dicts(policy, task_file):
     assert all("What is 0 + 1?" in p for p in prompts[:4]) and all("What is 1 + 1?" in p for p in prompts[4:])
 
 
-COMMAND = (f"{sys.executable} -m tests.gateway.command_program MODE "
-           "{base_url} {api_key} {session_id} {task_json}")
+COMMAND = f"{sys.executable} -m tests.gateway.command_program MODE"
 
 
 @pytest.mark.parametrize("mode,reward_via", [("print", "print"), ("post", "post")])
@@ -484,3 +485,106 @@ def test_failing_command_is_an_env_failure(policy, task_file):
     cmd = COMMAND.replace("MODE", "fail")
     res, _ = play(policy, "", command=cmd, tasks_override=task_file)
     assert res.dropped_groups == 1 and "status 3" in res.failures[0]
+
+
+def test_a_thread_program_past_its_timeout_is_an_env_failure(policy, task_file):
+    res, _ = play(policy, "tests.gateway.programs:slow", tasks_override=task_file, timeout_s=1.0)
+    assert res.dropped_groups == 1 and "timed out after 1 s" in res.failures[0]
+
+
+def _gone(pid: int) -> bool:
+    """No process ``pid`` left (a zombie counts as gone: it runs nothing, and its parent may be a PID 1 that never
+    reaps)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def test_a_command_programs_argv_and_environment_hold_no_secret(policy, task_file, tmp_path, monkeypatch):
+    """While each of the 4 programs of a group runs, its ``/proc/<pid>/cmdline`` (what every local user reads)
+    holds neither its key nor its session's, and its ``/proc/<pid>/environ`` holds its own key as
+    ``OPENAI_API_KEY`` (the real openai client finds it and ``OPENAI_BASE_URL`` unaided) and nothing of the
+    trainer's secrets: only the allow-list, the names ``env.external.env_pass`` lists, and the episode's values."""
+    from agent_rl.gateway.command import PROGRAM_ENV_KEEP
+
+    secrets_ = {"AGENT_RL_SERVER_TOKEN": "server-token-sentinel", "VLLM_API_KEY": "vllm-key-sentinel",
+                "AWS_SECRET_ACCESS_KEY": "aws-sentinel", "WANDB_API_KEY": "wandb-sentinel"}
+    for name, value in secrets_.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MY_TOOL_SETTING", "passed-on-purpose")
+    cmd = f"{sys.executable} -m tests.gateway.command_program inspect {tmp_path}"
+    seen: dict[int, tuple[bytes, dict[str, str]]] = {}
+
+    def inspect() -> None:
+        deadline = time.monotonic() + 300
+        while len(seen) < 4 and time.monotonic() < deadline:
+            for f in tmp_path.glob("*.pid"):
+                pid = int(f.read_text() or 0)
+                if pid and pid not in seen:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    raw = Path(f"/proc/{pid}/environ").read_bytes()
+                    seen[pid] = (cmdline, dict(kv.split("=", 1) for kv in raw.decode().split("\0") if kv))
+            time.sleep(0.05)
+        (tmp_path / "go").write_text("")
+
+    watcher = threading.Thread(target=inspect)
+    watcher.start()
+    try:
+        res, _ = play(policy, "", command=cmd, tasks_override=task_file, env_pass=["MY_TOOL_SETTING"])
+    finally:
+        (tmp_path / "go").write_text("")
+        watcher.join()
+    assert res.dropped_groups == 0 and [ep.reward for ep in res.episodes] == [0.25] * 4
+    assert len(seen) == 4
+    keys = set()
+    given = {"OPENAI_BASE_URL", "OPENAI_API_KEY", "AGENT_RL_SESSION_ID", "AGENT_RL_TASK", "PYTHONUNBUFFERED",
+             "MY_TOOL_SETTING"}
+    for cmdline, env in seen.values():
+        key = env["OPENAI_API_KEY"]
+        keys.add(key)
+        assert len(key) >= 32 and key.encode() not in cmdline
+        assert cmdline.split(b"\0")[-3:-1] == [b"inspect", str(tmp_path).encode()]
+        assert env["OPENAI_BASE_URL"].startswith("http://127.0.0.1:") and env["OPENAI_BASE_URL"].endswith("/v1")
+        assert env["MY_TOOL_SETTING"] == "passed-on-purpose"
+        assert not set(secrets_) & set(env)
+        assert not any(v in "\0".join(env.values()) for v in secrets_.values())
+        assert set(env) <= set(PROGRAM_ENV_KEEP) | given | {k for k in env if k.startswith("LC_")}
+    assert len(keys) == 4  # each episode its own key
+
+
+def test_a_helper_left_behind_is_killed_and_does_not_hold_the_attempt(policy, task_file, tmp_path):
+    """Each program prints its reward and exits, leaving a ``sleep 40`` in the background that holds its stdout;
+    against a 20 s timeout (a Python program that imports openai takes 3 s to start on this loaded machine; the
+    3 s case with shell programs: tests/gateway/test_command.py): the rewards are read (no attempt failed, none
+    waited for the helper: asyncio's ``Process.wait`` waits for the pipes a helper holds), and every helper is gone
+    when the rollout returns."""
+    cmd = f"{sys.executable} -m tests.gateway.command_program helper {tmp_path}"
+    t0 = time.monotonic()
+    res, _ = play(policy, "", command=cmd, tasks_override=task_file, timeout_s=20.0)
+    wall = time.monotonic() - t0
+    pids = [tuple(map(int, f.read_text().split())) for f in tmp_path.glob("*.pids")]
+    print(f"4 programs with a 40 s helper each, timeout 20 s: rollout {wall:.1f} s")
+    assert res.dropped_groups == 0 and [ep.reward for ep in res.episodes] == [0.25] * 4
+    assert all(ep.turns[-1].info["via"] == "print" for ep in res.episodes)
+    assert len(pids) == 4 and all(_gone(main) and _gone(helper) for main, helper in pids)
+
+
+def test_the_timeout_ends_the_group_and_reads_the_reward_printed_before(policy, task_file, tmp_path):
+    """``hang``: each program prints its reward and runs on past the 20 s timeout: the whole group (the program
+    and its helper) is killed at the timeout and the printed reward counts. ``silent``: the same without a reward
+    (8 s): an env failure ("timed out"), the group dropped after its re-run, and every process of every attempt
+    gone."""
+    hang, silent = tmp_path / "hang", tmp_path / "silent"
+    hang.mkdir()
+    silent.mkdir()
+    res, _ = play(policy, "", command=f"{sys.executable} -m tests.gateway.command_program hang {hang}",
+                  tasks_override=task_file, timeout_s=20.0)
+    assert res.dropped_groups == 0 and [ep.reward for ep in res.episodes] == [0.25] * 4
+    pids = [tuple(map(int, f.read_text().split())) for f in hang.glob("*.pids")]
+    assert len(pids) == 4 and all(_gone(p) for pair in pids for p in pair)
+    res, _ = play(policy, "", command=f"{sys.executable} -m tests.gateway.command_program silent {silent}",
+                  tasks_override=task_file, timeout_s=8.0)
+    assert res.dropped_groups == 1 and "timed out after 8 s" in res.failures[0]
+    pids = [tuple(map(int, f.read_text().split())) for f in silent.glob("*.pids")]
+    assert len(pids) >= 2 and all(_gone(p) for pair in pids for p in pair)
