@@ -27,11 +27,12 @@ Why not TRL's ``SFTTrainer``: it would re-tokenise text (our rows are token ids 
 the point is that the cloned policy sees exactly the RL prompts) and adds a dependency for a loop of 30 lines; the
 forward is the learner's, so memory behaviour (response positions only) is the same as RL's.
 
-Outputs (``trainer.output_dir``): ``config.yaml`` (named in one line, not printed), ``metrics.jsonl`` and ``tb/`` (``sft`` rows, one per optimizer
-step: ``sft/loss``, ``sft/token_acc``, ``actor/grad_norm``, ``actor/lr``, ``sft/epoch``, ``time/step_s``,
-``batch/rows``; step 1 also the collection numbers), ``checkpoints/step_N`` (``agent_rl.learner.checkpoint``
-layout: loadable as ``model.path=DIR/checkpoints/step_N``), ``sft_summary.json`` (collection success, loss
-before/after). ``trainer.resume=auto`` continues from the latest checkpoint (model, optimizer, RNG, step).
+Outputs (``trainer.output_dir``): ``config.yaml`` (named in one line, not printed), ``metrics.jsonl`` and ``tb/``
+(``sft`` rows, one per optimizer step: ``sft/loss``, ``sft/token_acc``, ``actor/grad_norm``, ``actor/lr``,
+``sft/epoch``, ``time/step_s``, ``batch/rows``; step 1 also the collection numbers), ``checkpoints/step_N``
+(``agent_rl.learner.checkpoint`` layout: loadable as ``model.path=DIR/checkpoints/step_N``), ``sft_summary.json``
+(collection success, loss before/after). ``trainer.resume=auto`` continues from the latest checkpoint (model,
+optimizer, RNG, step).
 
 ``sft.*`` keys (:class:`agent_rl.config.SFTConfig`) are validated with the rest of the config at load time.
 """

@@ -51,8 +51,8 @@ def make_backend(cfg: Config, out: Path, progress: Progress, config_file: Path |
 
 def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, Any]:
     """CLI/test entry point: compose the config from ``overrides`` (default ``sys.argv[1:]``), save it as
-    ``DIR/config.yaml`` (named in one line), train. Returns the last step's metrics record. ``notice``: a line printed once the config
-    is valid (the CLI's CPU-preset line)."""
+    ``DIR/config.yaml`` (named in one line), train. Returns the last step's metrics record. ``notice``: a line
+    printed once the config is valid (the CLI's CPU-preset line)."""
     overrides = sys.argv[1:] if overrides is None else overrides
     if any(arg in ("-h", "--help") for arg in overrides):
         print(usage())
@@ -72,7 +72,7 @@ def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, A
     # one display for the whole command: one clock, each phase named (warm start i/n, RL step s/N)
     progress = Progress(enabled=cfg.trainer.progress)
     warm = cfg.trainer.warm_start in ("bc", "dagger")
-    if warm:  # issue 35: clone the env's expert first (agent_rl.warm_start; DAgger rounds: issue 62), then RL
+    if warm:  # clone the env's expert first (agent_rl.warm_start; DAgger rounds: agent_rl.dagger), then RL
         cfg = warm_start_first(cfg, out, progress)
     ckpt = resume_path(cfg, out)
     if ckpt is not None:  # resume: compare with the config the checkpoint was trained under (docs/training.md)
@@ -109,10 +109,10 @@ def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, A
 
 
 def warm_start_first(cfg: Config, out: Path, progress: Progress) -> Config:
-    """The warm start of a ``trainer.warm_start=bc`` or ``dagger`` run (:func:`agent_rl.warm_start.run_warm_start`; skipped when
-    ``DIR/checkpoints/warm_start/done.json`` says it ended: a resumed RL phase), and the RL phase's config: ``cfg``
-    with ``model.path`` = the cloned checkpoint; ``trainer.resume`` naming a warm-start checkpoint resumes the warm
-    start from it, then RL starts fresh (``auto``).
+    """The warm start of a ``trainer.warm_start=bc`` or ``dagger`` run (:func:`agent_rl.warm_start.run_warm_start`;
+    skipped when ``DIR/checkpoints/warm_start/done.json`` says it ended: a resumed RL phase), and the RL phase's
+    config: ``cfg`` with ``model.path`` = the cloned checkpoint; ``trainer.resume`` naming a warm-start checkpoint
+    resumes the warm start from it, then RL starts fresh (``auto``). ``progress``: the command's one display.
 
     Raises:
         ConfigError: RL checkpoints without an ended warm start (``done.json`` deleted: the RL phase's start weights

@@ -36,7 +36,8 @@ def test_bc_on_an_env_without_an_expert_is_refused_with_the_reason() -> None:
         load_config(["env=math", "trainer.warm_start=bc"])
     with pytest.raises(ConfigError, match="describes no env family"):  # an env without a description
         load_config(["env=choose_item", "trainer.warm_start=bc"])
-    with pytest.raises(ConfigError, match=r"trainer.warm_start='clone' is not valid; valid values: auto, bc, dagger, none"):
+    with pytest.raises(ConfigError,
+                       match=r"trainer.warm_start='clone' is not valid; valid values: auto, bc, dagger, none"):
         load_config(["trainer.warm_start=clone"])
 
 
