@@ -118,7 +118,9 @@ def run_warm_start(cfg: Config, out: Path, progress: Progress, config_file: Path
     t0 = time.perf_counter()
     backend = DAggerBackend(ws, out, progress, config_file, rows_file=folder / "rows.pt",
                             measure_loss=False, zero_shot_cache=True)
-    start = first_round(folder, resume_path(ws, out, folder=folder))
+    # a warm start killed after its last checkpoint (before done.json) runs its last round's loop call again, which
+    # has nothing left to train but sets the totals done.json reports
+    start = min(first_round(folder, resume_path(ws, out, folder=folder)), backend.rounds - 1)
     for r in range(start, backend.rounds):
         backend.round = r
         progress.stage = f"warm start {r + 1}/{backend.rounds}"

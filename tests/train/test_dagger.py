@@ -12,6 +12,7 @@ numbers."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import subprocess
@@ -254,7 +255,7 @@ class Killed(RuntimeError):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["cloning", "labelling"])
+@pytest.mark.parametrize("where", ["cloning", "labelling", "ended"])
 def test_a_run_killed_in_the_middle_of_a_round_resumes_it(where, uninterrupted, tmp_path: Path, monkeypatch,
                                                           capsys) -> None:
     from agent_rl import dagger
@@ -271,7 +272,7 @@ def test_a_run_killed_in_the_middle_of_a_round_resumes_it(where, uninterrupted, 
                 return await real_update(self, batch, step)
 
             m.setattr(dagger.DAggerBackend, "update", update)
-        else:  # round 2 starts labelling (round 1 ended and was checkpointed)
+        elif where == "labelling":  # round 2 starts labelling (round 1 ended and was checkpointed)
             real_play = dagger.play_round
 
             async def play_round(cfg, pool, engine, tokenizer, round_index, progress=None):
@@ -280,18 +281,30 @@ def test_a_run_killed_in_the_middle_of_a_round_resumes_it(where, uninterrupted, 
                 return await real_play(cfg, pool, engine, tokenizer, round_index, progress)
 
             m.setattr(dagger, "play_round", play_round)
+        else:  # after the last round's checkpoint, before done.json
+            from agent_rl import warm_start
+
+            def latest_checkpoint(folder):
+                raise Killed("killed before done.json")
+
+            m.setattr(warm_start, "latest_checkpoint", latest_checkpoint)
         with pytest.raises(Killed):
             main([*RUN, f"trainer.output_dir={out}"])
     folder = out / "checkpoints" / "warm_start"
     assert not (folder / "done.json").exists()
-    assert (folder / "rows_round_1.pt").exists() and not (folder / "rows_round_2.pt").exists()
+    assert (folder / "rows_round_1.pt").exists() and (folder / "rows_round_2.pt").exists() == (where == "ended")
     capsys.readouterr()
     main([*RUN, f"trainer.output_dir={out}", "trainer.resume=auto"])
     err = capsys.readouterr().err
     if where == "cloning":  # round 1's labels are reused, its cloning goes on
         step = ROUND_STEPS[1][1]
         assert f"resumed from {folder}/step_{step - 1} at step {step}" in err and "reusing the" in err
-    else:  # round 2 labels again from round 1's last checkpoint
+    elif where == "labelling":  # round 2 labels again from round 1's last checkpoint
         step = ROUND_STEPS[2][0]
         assert f"resumed from {folder}/step_{step - 1} at step {step}" in err and "DAgger round 2:" in err
+    else:  # nothing left to train; done.json names the last checkpoint and counts every step
+        last = ROUND_STEPS[2][1]
+        assert "nothing to train" in err
+        done = json.loads((folder / "done.json").read_text())
+        assert done["checkpoint"] == f"checkpoints/warm_start/step_{last}" and done["steps"] == last
     assert _rows(out) == _rows(uninterrupted[0])  # each row once, with the uninterrupted run's numbers
