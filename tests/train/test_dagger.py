@@ -246,6 +246,7 @@ def test_the_log_is_one_story(uninterrupted) -> None:
                   "RL step 1/1: rollout", "RL step 1/1: update"):
         assert phase in err, phase
     assert err.index("warm start 3/3") < err.index("RL step 1/1")
+    assert re.search(r"^cloning step 6: ce=\S+ acc=\S+", err, re.M) and re.search(r"^RL step 1: R=", err, re.M)
     assert f"config: {out}/config.yaml (the resolved config)" in err
     assert "rollout:\n" not in err and "max_turns:" not in err  # the config is not printed
 
