@@ -137,7 +137,7 @@ class DataConfig:
 
 
 #: ``trainer.warm_start`` values (:func:`agent_rl.trainable.resolve_warm_start`)
-WARM_STARTS = ("auto", "bc", "none")
+WARM_STARTS = ("auto", "bc", "dagger", "none")
 
 
 @dataclass
@@ -217,9 +217,11 @@ class TrainerConfig:
     warm_start: str = field(default="auto", metadata=MUST_MATCH)
     """Behaviour-cloning warm start before RL (issue 35, docs/training.md "Warm start"): bc = clone the env's expert
     on train-split tasks (``sft.*``; checkpoints under ``DIR/checkpoints/warm_start/``, rows of kind ``sft`` in the
-    same metrics.jsonl), then RL from the cloned weights; none = RL from ``model.*``; auto = bc for the embedded
-    default model (``model=smollm2`` without ``model.path``) on an env with an expert (ALFWorld, TextWorld,
-    WebShop), none otherwise. Resolved to bc | none when the config is loaded
+    same metrics.jsonl), then RL from the cloned weights; dagger = bc, then ``sft.dagger_rounds`` DAgger rounds
+    (the policy plays, the expert labels each state it reached, the aggregate is cloned again; an env whose expert
+    labels any state: ALFWorld); none = RL from ``model.*``; auto = for the embedded default model
+    (``model=smollm2`` without ``model.path``) dagger on an env with a state expert (ALFWorld), bc on an env with
+    an expert (TextWorld, WebShop), none otherwise. Resolved to bc | none when the config is loaded
     (:func:`agent_rl.trainable.resolve_warm_start`)."""
 
     curriculum: str = field(default="none", metadata=MUST_MATCH)
@@ -286,10 +288,28 @@ class SFTConfig:
     """Env constructor kwarg that turns ``info["expert_action"]`` on; None = the env family's (``envs.families``:
     ``expert`` for every built-in env with an expert, and for an env that describes none); "" = the env always
     gives it."""
+    dagger_rounds: int = 2
+    """``trainer.warm_start=dagger``: rounds after round 0 (the expert's episodes, cloned as ``bc`` does); each plays
+    the current policy, labels every turn with the expert's action for its state and clones the aggregate again
+    (DAgger, Ross et al. 2011; ``agent_rl.dagger``)."""
+    dagger_episodes: int = 8
+    """Episodes a DAgger round plays (train-split tasks, drawn after round 0's)."""
+    dagger_steps: int = 4
+    """Optimizer steps of ``batch_size`` rows a DAgger round trains, over every round's rows so far (the aggregate)."""
+    dagger_beta: float = 0.5
+    """p of the mixing schedule beta_i = p**i (Ross et al. 2011, section 3): round i plays round(beta_i x
+    ``dagger_episodes``) of its episodes with the expert, the rest with the current policy (0: the policy only)."""
+    dagger_temperature: float = 0.0
+    """Sampling temperature of the policy's DAgger episodes (0 = greedy, the panel's decoding)."""
 
     def __post_init__(self) -> None:
         if self.num_episodes < 1 or self.epochs < 1 or self.batch_size < 1 or self.micro_batch_size < 1:
             raise ValueError("sft.num_episodes, epochs, batch_size, micro_batch_size must be >= 1")
+        if self.dagger_rounds < 0 or self.dagger_episodes < 1 or self.dagger_steps < 1:
+            raise ValueError("sft.dagger_rounds must be >= 0, sft.dagger_episodes and sft.dagger_steps >= 1")
+        if not 0.0 <= self.dagger_beta <= 1.0 or self.dagger_temperature < 0:
+            raise ValueError(f"sft.dagger_beta={self.dagger_beta} must be in [0, 1] and sft.dagger_temperature="
+                             f"{self.dagger_temperature} >= 0")
         if "{action}" not in self.response_template:
             raise ValueError("sft.response_template must contain {action}")
 

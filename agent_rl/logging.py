@@ -59,7 +59,10 @@ NO_SIGNAL = "no learning signal (all rewards equal)"
 EVAL_PREFIX = "eval/"
 # What the progress bar shows.
 BAR_KEYS = {"reward/mean": "R", "success/rate": "succ", "actor/pg_loss": "loss", "actor/approx_kl": "kl",
-            "time/rollout_s": "roll_s", "time/update_s": "upd_s"}
+            "time/rollout_s": "roll_s", "time/update_s": "upd_s", "sft/loss": "ce", "sft/token_acc": "acc",
+            "time/step_s": "step_s"}
+#: the words a row kind's one-line summary starts with (``RL step 3: R=...``, ``cloning step 5: ce=...``)
+STEP_WORDS = {"train": "RL step", "sft": "cloning step"}
 
 
 def _clean(value: Any) -> float | None:
@@ -292,7 +295,8 @@ class MetricsLogger:
                 self._bar.set_postfix(shown, refresh=False)
                 self._bar.update(1)
             else:
-                print(f"step {step}: " + " ".join(f"{k}={v}" for k, v in shown.items()), file=sys.stderr, flush=True)
+                print(f"{STEP_WORDS.get(kind, 'step')} {step}: " + " ".join(f"{k}={v}" for k, v in shown.items()),
+                      file=sys.stderr, flush=True)
         return record
 
     def close(self) -> None:

@@ -40,6 +40,7 @@ from agent_rl.episodes import parse_save_episodes, save_step_episodes
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner.config import t_high_value
 from agent_rl.logging import KIND_PHASE, NO_SIGNAL, MetricsLogger
+from agent_rl.progress import step_phase
 from agent_rl.rollout import build_rollout_batch
 from agent_rl.rollout.schedule import ExpertRows, Player, Schedule, choose_schedule
 from agent_rl.rollout.tasks import make_task_sampler
@@ -243,7 +244,7 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
                 print(f"step {step}: {NO_SIGNAL} in all {int(metrics.get('rollout/groups', 0))} group(s); "
                       "every advantage is 0, the update changes nothing", file=sys.stderr)
             if step % t.save_every == 0 or step == total:
-                progress.phase(f"step {step}/{total} checkpoint")
+                progress.phase(step_phase(progress, step, total, "checkpoint"))
                 ckpt_extra = checkpoint_extra(cfg, step, sampler.position - schedule.pending_tasks,
                                               t_high_state=t_rule.state_dict() if t_rule is not None else None)
                 ckpt_extra["sampler"] = sampler.state_dict(ckpt_extra["sampler"]["position"])  # + the curriculum's
@@ -279,7 +280,7 @@ async def _update(backend: Backend, schedule: Schedule, batch: RolloutBatch | No
     batch (``why`` None) or the backend cannot train it (:class:`SkipUpdate`)."""
     if batch is None:
         return None, None
-    progress.phase(f"step {step}/{total} update")
+    progress.phase(step_phase(progress, step, total, "update"))
     mark = schedule.update_started()
     try:
         metrics = await backend.update(batch, step)

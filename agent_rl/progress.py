@@ -4,11 +4,15 @@ On a terminal: a tqdm bar per phase (episodes finished / total, turns, generated
 pipe, CI): plain timestamped lines, at most one every ``interval_s`` seconds per phase plus one when it ends, so a
 log never fills with carriage returns. A heartbeat thread repeats the current phase's line (or refreshes the bar's
 clock) when nothing happened for ``interval_s`` (e.g. while ALFWorld env resets run), so the display never looks
-stuck. Everything goes to stderr; stdout keeps the tables and results.
+stuck. Everything goes to stderr; stdout keeps the tables and results. :func:`quiet_library_progress` turns the
+libraries' own bars (transformers' GGUF conversion and weight loading, huggingface_hub, datasets) off when the
+output is not a terminal, so a log holds no carriage return.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 import threading
 import time
@@ -31,7 +35,10 @@ class Progress:
         self.stream = stream or sys.stderr
         self.tty = bool(tty if tty is not None else getattr(self.stream, "isatty", lambda: False)())
         self.interval_s = interval_s
-        self.t_start = time.monotonic()
+        self.t_start = time.monotonic()  # the run's one clock: every phase of the command is stamped from it
+        self.stage = ""
+        """The part of the run a step belongs to, named in its phases (:func:`step_phase`): "" = RL; the warm
+        start sets ``warm start i/n`` (its round i of n)."""
         self._bar: Any = None
         self._name = ""
         self._total: int | None = None
@@ -125,3 +132,45 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def step_phase(progress: Any, step: int, total: int, what: str) -> str:
+    """The name of step ``step``'s phase ``what`` (rollout, update, checkpoint): ``RL step 1/4: rollout``, or in a
+    stage of the run (``progress.stage``, the warm start's round) ``warm start 2/3: update 5/8`` (``progress``: any
+    display; one without a stage is RL's)."""
+    stage = getattr(progress, "stage", "")
+    return f"{stage}: {what} {step}/{total}" if stage else f"RL step {step}/{total}: {what}"
+
+
+#: the environment variables that turn library progress bars off, read by libraries imported later and by child
+#: processes (env servers): huggingface_hub, datasets, and tqdm's own default (``disable``)
+QUIET_ENV = ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS", "TQDM_DISABLE")
+
+
+def quiet_library_progress(stream: TextIO | None = None) -> bool:
+    """Turn the libraries' progress bars off when ``stream`` (default stderr) is not a terminal (a log file, a
+    pipe, CI): a tqdm bar there writes a carriage-return line per refresh. Sets :data:`QUIET_ENV` (unless set), calls
+    transformers' and huggingface_hub's switches, and makes ``disable=True`` tqdm's default in this process (tqdm
+    reads ``TQDM_DISABLE`` only when imported; a bar that passes ``disable`` itself keeps it: this module's own
+    :class:`Progress` draws a bar on a terminal only). Returns whether it quieted them (False on a terminal)."""
+    stream = stream or sys.stderr
+    if getattr(stream, "isatty", lambda: False)():
+        return False
+    for var in QUIET_ENV:
+        os.environ.setdefault(var, "1")
+    import tqdm.std  # deferred: the bars' library, imported by transformers anyway
+
+    init = tqdm.std.tqdm.__init__
+    if not getattr(init, "quiet", False):
+        quiet = functools.partialmethod(init, disable=True)
+        quiet.quiet = True  # type: ignore[attr-defined]
+        tqdm.std.tqdm.__init__ = quiet  # type: ignore[method-assign]
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+        from transformers.utils import logging as hf_logging
+
+        disable_progress_bars()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # without them there are no such bars
+        pass
+    return True

@@ -86,6 +86,7 @@ def summarize_run(records: list[dict[str, Any]], out: Path) -> dict[str, Any]:
         "episodes": int(sum(r.get("rollout/episodes") or 0 for r in steps)),
         "eval": evals,
         "panels": panel_history(records),
+        "rounds": warm_start_rounds(records),
         "signal": learning_signal(steps),
         "rollouts": {k: [steps[0].get(k), steps[-1].get(k)] if steps else [None, None]
                      for k in ("success/rate", "episode/invalid_action_frac")},
@@ -96,6 +97,54 @@ def summarize_run(records: list[dict[str, Any]], out: Path) -> dict[str, Any]:
         # TGRL's calibration probe (algo.calibration=probe): its row, when the run has one
         "calibration": next((r for r in reversed(records) if r.get("kind") == "calibration"), None),
     }
+
+
+def warm_start_rounds(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The warm start's rounds (``sft`` rows by ``round``; rows without one are round 0), in order: ``round``,
+    ``steps`` (first, last), ``episodes`` (round 0: the expert's ``collect/episodes``; later: ``dagger/episodes``,
+    of which ``expert_episodes`` by the expert), ``labels`` (``dagger/labels``; None in round 0, which clones the
+    expert's whole episodes), ``dropped`` (labels the expert gave up on), ``policy_success`` (the policy's own episodes
+    of the round won), ``loss`` (the last step's ``sft/loss``), ``panel`` (each panel's success at the round's last
+    step, when it was evaluated)."""
+    rounds: dict[int, dict[str, Any]] = {}
+    evals = {int(r["step"]): r for r in records if r.get("kind") == "eval" and row_phase(r) == "warm_start"}
+    for r in records:
+        if r.get("kind") != "sft":
+            continue
+        i = int(r.get("round") or 0)
+        cur = rounds.setdefault(i, {"round": i, "steps": [int(r["step"]), int(r["step"])], "episodes": None,
+                                    "expert_episodes": None, "labels": None, "dropped": None,
+                                    "policy_success": None, "loss": None, "panel": {}})
+        cur["steps"][1] = int(r["step"])
+        cur["loss"] = r.get("sft/loss", cur["loss"])
+        for key, name in (("collect/episodes", "episodes"), ("dagger/episodes", "episodes"),
+                          ("dagger/expert_episodes", "expert_episodes"),
+                          ("dagger/labels", "labels"), ("dagger/labels_dropped", "dropped"),
+                          ("dagger/policy_success", "policy_success")):
+            if isinstance(r.get(key), (int, float)):
+                cur[name] = r[key]
+    for cur in rounds.values():
+        ev = evals.get(cur["steps"][1], {})
+        cur["panel"] = {k.split("/")[1]: v for k, v in ev.items() if k.endswith("/success") and k.startswith("eval/")}
+    return [rounds[i] for i in sorted(rounds)]
+
+
+def rounds_lines(rounds: list[dict[str, Any]]) -> list[str]:
+    """The summary's table of the warm start's rounds (none for a run without one)."""
+    if not rounds:
+        return []
+    lines = ["| warm-start round | steps | episodes (by the expert) | labels (dropped: expert gave up) | "
+             "policy won | last sft/loss | panel success |", "|---|---|---|---|---|---|---|"]
+    for r in rounds:
+        eps = "-" if r["episodes"] is None else f"{r['episodes']:.0f}" + (
+            f" ({r['expert_episodes']:.0f})" if r["expert_episodes"] is not None else " (expert)")
+        labels = "-" if r["labels"] is None else f"{r['labels']:.0f}" + (
+            f" ({r['dropped']:.0f})" if r["dropped"] is not None else "")
+        panel = ", ".join(f"{name} {_pct(v)}" for name, v in r["panel"].items()) or "-"
+        what = "0 (clone the expert)" if r["round"] == 0 else f"{r['round']} (DAgger)"
+        lines.append(f"| {what} | {r['steps'][0]}-{r['steps'][1]} | {eps} | {labels} | {_pct(r['policy_success'])} | "
+                     f"{_fmt(r['loss'])} | {panel} |")
+    return lines + [""]
 
 
 def panel_history(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -152,10 +201,13 @@ def what_happened(summary: dict[str, Any]) -> str:
               ("warm_start", False): "after the warm start ({n} cloning steps)",
               ("rl", True): "before RL", ("rl", False): "after RL step {step}"}
     parts = []
+    ends = {r["steps"][1]: r["round"] for r in summary.get("rounds", [])}  # a round's last step -> the round
     for panel, evals in summary["panels"].items():
         seen = []
         for e in evals:
             label = labels[(e["phase"], e["step"] == 0)].format(n=e["step"], step=e["step"])
+            if e["phase"] == "warm_start" and e["step"] in ends and len(ends) > 1:  # a panel per round
+                label = f"after warm-start round {ends[e['step']]} (step {e['step']})"
             seen.append(f"{_pct(e['success'])} {label} (invalid actions {_pct(e['invalid_action_rate'])})")
         parts.append(f"the {panel} panel: " + " -> ".join(seen))
     ro = summary["rollouts"]
@@ -199,6 +251,7 @@ def write_summary(summary: dict[str, Any], path: Path, header: str = "") -> str:
     if header:
         lines += [header, ""]
     lines += [what_happened(summary), "", signal_line(summary["signal"]), ""]
+    lines += rounds_lines(summary.get("rounds", []))
     lines += [f"- steps: {summary['steps']}", f"- episodes: {summary['episodes']}"]
     if summary.get("sft_steps"):
         lines.append(f"- warm-start (behaviour cloning) steps: {summary['sft_steps']}")

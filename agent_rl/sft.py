@@ -27,11 +27,12 @@ Why not TRL's ``SFTTrainer``: it would re-tokenise text (our rows are token ids 
 the point is that the cloned policy sees exactly the RL prompts) and adds a dependency for a loop of 30 lines; the
 forward is the learner's, so memory behaviour (response positions only) is the same as RL's.
 
-Outputs (``trainer.output_dir``): ``config.yaml``, ``metrics.jsonl`` and ``tb/`` (``sft`` rows, one per optimizer
-step: ``sft/loss``, ``sft/token_acc``, ``actor/grad_norm``, ``actor/lr``, ``sft/epoch``, ``time/step_s``,
-``batch/rows``; step 1 also the collection numbers), ``checkpoints/step_N`` (``agent_rl.learner.checkpoint``
-layout: loadable as ``model.path=DIR/checkpoints/step_N``), ``sft_summary.json`` (collection success, loss
-before/after). ``trainer.resume=auto`` continues from the latest checkpoint (model, optimizer, RNG, step).
+Outputs (``trainer.output_dir``): ``config.yaml`` (named in one line, not printed), ``metrics.jsonl`` and ``tb/``
+(``sft`` rows, one per optimizer step: ``sft/loss``, ``sft/token_acc``, ``actor/grad_norm``, ``actor/lr``,
+``sft/epoch``, ``time/step_s``, ``batch/rows``; step 1 also the collection numbers), ``checkpoints/step_N``
+(``agent_rl.learner.checkpoint`` layout: loadable as ``model.path=DIR/checkpoints/step_N``), ``sft_summary.json``
+(collection success, loss before/after). ``trainer.resume=auto`` continues from the latest checkpoint (model,
+optimizer, RNG, step).
 
 ``sft.*`` keys (:class:`agent_rl.config.SFTConfig`) are validated with the rest of the config at load time.
 """
@@ -61,7 +62,7 @@ from agent_rl.learner.checkpoint import (IncompleteCheckpoint, latest_checkpoint
 from agent_rl.learner.learner import lr_scheduler, policy_trunk, response_positions, restore_optimizer
 from agent_rl.loop import FirstStepFailed, run
 from agent_rl.lora import base_module, is_lora
-from agent_rl.progress import Progress
+from agent_rl.progress import Progress, quiet_library_progress
 from agent_rl.rollout import GroupSpec, RolloutResult, build_rollout_batch
 from agent_rl.rollout.tasks import make_task_sampler
 from agent_rl.rollout.policies import ExpertPolicy, ScriptedEngine
@@ -103,12 +104,12 @@ def response_ids_for(tokenizer: Any, action: str, sft: SFTConfig) -> list[int]:
     return ids
 
 
-async def collect_expert_episodes(cfg: Config, tokenizer: Any, pool: Any,
-                                  tasks: list[Task]) -> tuple[list[Episode], dict[str, float]]:
+async def collect_expert_episodes(cfg: Config, tokenizer: Any, pool: Any, tasks: list[Task],
+                                  progress: Any = None) -> tuple[list[Episode], dict[str, float]]:
     """Play ``tasks`` with the env's expert through ``pool`` on the RL orchestrator; return (kept episodes,
     collection metrics). Each task is a group of one episode at temperature 1; a turn's response is the rendered
     expert action (:func:`response_ids_for`, log-probs 0); an episode an env failure ended (after the
-    orchestrator's retries) is counted as played and not kept.
+    orchestrator's retries) is counted as played and not kept. ``progress``: the display told each turn and episode.
 
     Raises:
         RuntimeError: the env gives no ``info["expert_action"]`` (it has no expert, or its expert kwarg is wrong:
@@ -118,7 +119,9 @@ async def collect_expert_episodes(cfg: Config, tokenizer: Any, pool: Any,
     kwarg = describe(cfg.env.id, cfg.env.name).expert_kwarg if sft.expert_kwarg is None else sft.expert_kwarg
     rollout = dataclasses.replace(cfg.rollout, max_concurrent_episodes=max(1, sft.concurrency))
     orch = build_orchestrator(cfg, pool, ScriptedEngine(tokenizer), rollout=rollout,
-                              policy=ExpertPolicy(render=lambda action: response_ids_for(tokenizer, action, sft)))
+                              policy=ExpertPolicy(render=lambda action: response_ids_for(tokenizer, action, sft)),
+                              on_turn=(lambda gen: progress.turn(0)) if progress is not None else None,
+                              on_episode=(lambda ep: progress.episode(ep.won)) if progress is not None else None)
     groups = [GroupSpec(Task(env_id=t.env_id, options=t.options, group_id=t.group_id, seed=t.seed,
                              env_kwargs={**t.env_kwargs, **({kwarg: True} if kwarg else {})}), [(1.0, False)])
               for t in tasks]
@@ -300,7 +303,8 @@ class BehaviourCloningBackend:
             tasks = sampler.sample(sft.num_episodes)
             t0 = time.perf_counter()
             async with open_env_pool(cfg, self.out) as pool:
-                episodes, self.collect_metrics = await collect_expert_episodes(cfg, self.tokenizer, pool, tasks)
+                episodes, self.collect_metrics = await collect_expert_episodes(cfg, self.tokenizer, pool, tasks,
+                                                                               self.progress)
             self.collect_metrics["time/collect_s"] = time.perf_counter() - t0
             self.batch = build_rollout_batch(episodes, pad_token_id=pad_token_id(self.tokenizer),
                                              mode=cfg.rollout.mode)
@@ -409,10 +413,9 @@ def main(overrides: list[str] | None = None) -> dict[str, Any]:
     if cfg.trainer.resume:  # a save interrupted by a crash: undo a half-done replace, drop its temporary folder
         for line in recover_checkpoints(out / "checkpoints"):
             print(f"checkpoints: {line}", file=sys.stderr)
-    text = to_yaml(cfg)
-    print(text, file=sys.stderr)
-    (out / "config.yaml").write_text(text, encoding="utf-8")
+    (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     progress = Progress(enabled=cfg.trainer.progress)
+    progress.note(f"config: {out / 'config.yaml'} (the resolved config)")
     backend = BehaviourCloningBackend(cfg, out, progress, out / "config.yaml")
     asyncio.run(run(cfg, out, backend, progress))
     summary = backend.summary()
@@ -425,7 +428,11 @@ def main(overrides: list[str] | None = None) -> dict[str, Any]:
 
 def cli() -> None:
     """``python -m agent_rl.sft``: :func:`main`, errors as every command line prints them (:mod:`agent_rl.cli`)."""
-    run_cli(main, run_errors=(FirstStepFailed,))
+    def run() -> None:
+        quiet_library_progress()  # a log (not a terminal) gets no carriage-return lines from library bars
+        main()
+
+    run_cli(run, run_errors=(FirstStepFailed,))
 
 
 if __name__ == "__main__":

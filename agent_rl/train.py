@@ -33,7 +33,7 @@ from agent_rl.trackers import Trackers
 from agent_rl.learner.checkpoint import latest_checkpoint, recover_checkpoints
 from agent_rl.local import LocalBackend
 from agent_rl.loop import FirstStepFailed, run
-from agent_rl.progress import Progress
+from agent_rl.progress import Progress, quiet_library_progress
 from agent_rl.report import finish_run
 from agent_rl.runtime import (check_output_dir, check_resume_state, config_groups_help, resume_path, saved_run_config,
                               set_data_root)
@@ -50,9 +50,9 @@ def make_backend(cfg: Config, out: Path, progress: Progress, config_file: Path |
 
 
 def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, Any]:
-    """CLI/test entry point: compose the config from ``overrides`` (default ``sys.argv[1:]``), print and save it as
-    ``DIR/config.yaml``, train. Returns the last step's metrics record. ``notice``: a line printed once the config
-    is valid (the CLI's CPU-preset line)."""
+    """CLI/test entry point: compose the config from ``overrides`` (default ``sys.argv[1:]``), save it as
+    ``DIR/config.yaml`` (named in one line), train. Returns the last step's metrics record. ``notice``: a line
+    printed once the config is valid (the CLI's CPU-preset line)."""
     overrides = sys.argv[1:] if overrides is None else overrides
     if any(arg in ("-h", "--help") for arg in overrides):
         print(usage())
@@ -69,8 +69,11 @@ def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, A
             for line in recover_checkpoints(folder):
                 print(f"checkpoints: {line}", file=sys.stderr)
     print(plan_line(cfg), file=sys.stderr)
-    if cfg.trainer.warm_start == "bc":  # issue 35: clone the env's expert first (agent_rl.warm_start), then RL
-        cfg = warm_start_first(cfg, out)
+    # one display for the whole command: one clock, each phase named (warm start i/n, RL step s/N)
+    progress = Progress(enabled=cfg.trainer.progress)
+    warm = cfg.trainer.warm_start in ("bc", "dagger")
+    if warm:  # clone the env's expert first (agent_rl.warm_start; DAgger rounds: agent_rl.dagger), then RL
+        cfg = warm_start_first(cfg, out, progress)
     ckpt = resume_path(cfg, out)
     if ckpt is not None:  # resume: compare with the config the checkpoint was trained under (docs/training.md)
         state_notes = check_resume_state(cfg, ckpt)  # ConfigError: a state file is missing
@@ -88,17 +91,16 @@ def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, A
     except OSError as exc:
         raise ConfigError(f"trainer.output_dir={out} cannot be created: {exc.strerror or exc}") from None
     set_data_root(cfg)
-    text = to_yaml(cfg)
-    print(text, file=sys.stderr)
-    config_file.write_text(text, encoding="utf-8")
-    progress = Progress(enabled=cfg.trainer.progress)  # phases: model, env server, rollout, update, checkpoint, eval
+    config_file.write_text(to_yaml(cfg), encoding="utf-8")
+    if not (warm and config_file == out / "config.yaml"):  # the warm start named it already
+        progress.note(f"config: {config_file} (the resolved config)")
     # W&B / MLflow (trainer.loggers): opened here, in the driver only (Ray actors never log to them)
     trackers = Trackers.open(cfg.trainer.loggers, out, config_dict(cfg), cfg.trainer.tracking,
                              resume=ckpt is not None, tags=[cfg.env.name, cfg.algo.name, cfg.model.name])
     try:
         # after a warm start the RL phase has no step-0 panel: the warm start's last panel played the same weights
         record = asyncio.run(run(cfg, out, make_backend(cfg, out, progress, config_file), progress,
-                                 eval_at_start=cfg.trainer.warm_start != "bc", trackers=trackers))
+                                 eval_at_start=not warm, trackers=trackers))
         print(finish_run(out), file=sys.stderr)  # DIR/curves.png, DIR/summary.md
         trackers.finish([config_file, out / "curves.png", out / "summary.md"])
     finally:
@@ -106,11 +108,11 @@ def main(overrides: list[str] | None = None, *, notice: str = "") -> dict[str, A
     return record
 
 
-def warm_start_first(cfg: Config, out: Path) -> Config:
-    """The warm start of a ``trainer.warm_start=bc`` run (:func:`agent_rl.warm_start.run_warm_start`; skipped when
-    ``DIR/checkpoints/warm_start/done.json`` says it ended: a resumed RL phase), and the RL phase's config: ``cfg``
-    with ``model.path`` = the cloned checkpoint; ``trainer.resume`` naming a warm-start checkpoint resumes the warm
-    start from it, then RL starts fresh (``auto``).
+def warm_start_first(cfg: Config, out: Path, progress: Progress) -> Config:
+    """The warm start of a ``trainer.warm_start=bc`` or ``dagger`` run (:func:`agent_rl.warm_start.run_warm_start`;
+    skipped when ``DIR/checkpoints/warm_start/done.json`` says it ended: a resumed RL phase), and the RL phase's
+    config: ``cfg`` with ``model.path`` = the cloned checkpoint; ``trainer.resume`` naming a warm-start checkpoint
+    resumes the warm start from it, then RL starts fresh (``auto``). ``progress``: the command's one display.
 
     Raises:
         ConfigError: RL checkpoints without an ended warm start (``done.json`` deleted: the RL phase's start weights
@@ -130,7 +132,8 @@ def warm_start_first(cfg: Config, out: Path) -> Config:
             raise ConfigError(f"trainer.output_dir={out} cannot be created: {exc.strerror or exc}") from None
         set_data_root(cfg)
         (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
-        done = run_warm_start(cfg, out, Progress(enabled=cfg.trainer.progress), out / "config.yaml")
+        progress.note(f"config: {out / 'config.yaml'} (the resolved config)")
+        done = run_warm_start(cfg, out, progress, out / "config.yaml")
     cfg = copy.deepcopy(cfg)
     cfg.model.path = str(out / done["checkpoint"])
     if in_warm_start:
@@ -154,9 +157,10 @@ def with_device_preset(overrides: list[str]) -> tuple[list[str], str]:
     if env == "alfworld":
         return [*overrides, "trainer=cpu_alfworld"], (
             "no GPU found: using ALFWorld's CPU budget preset trainer=cpu_alfworld (configs/trainer/cpu_alfworld.yaml:"
-            " pick_and_place_simple games, a behaviour-cloning warm start on the expert for SmolLM2, then 4 RL steps x "
-            "3 tasks x 4 episodes x 8 turns in trajectory mode, TGRL warm-up 1 step, an 8-game valid_unseen panel "
-            "before and after the warm start and after RL); add trainer=default for the full budget")
+            " pick_and_place_simple games, a warm start on the expert for SmolLM2 (cloning, then DAgger rounds), "
+            "then 4 RL steps x 3 tasks x 4 episodes x 8 turns in trajectory mode, TGRL warm-up 1 step, an 8-game "
+            "valid_unseen panel before and after each warm-start round and after RL); add trainer=default for the "
+            "full budget")
     return [*overrides, "trainer=cpu"], (
         "no GPU found: using the CPU budget preset trainer=cpu (configs/trainer/cpu.yaml: 4 steps x 4 episodes x "
         "3 turns, a 4-game eval panel before and after); add trainer=default for the full budget")
@@ -169,6 +173,7 @@ def cli() -> None:
     config)."""
 
     def run() -> None:
+        quiet_library_progress()  # a log (not a terminal) gets no carriage-return lines from library bars
         overrides, notice = with_device_preset(sys.argv[1:])
         main(overrides, notice=notice)
 

@@ -227,34 +227,47 @@ def check_trainable(cfg: Config) -> list[str]:
 
 
 def resolve_warm_start(cfg: Config) -> list[str]:
-    """``trainer.warm_start`` resolved in place: auto -> bc for the embedded default model (``model.name=smollm2``,
-    no ``model.path``) on an env whose family describes an expert (``envs.families``: ALFWorld's handcoded expert,
-    TextWorld's walkthroughs, WebShop's oracle) with text actions, else none. Returns the note to print.
+    """``trainer.warm_start`` resolved in place: auto -> for the embedded default model (``model.name=smollm2``, no
+    ``model.path``) with text actions, dagger on an env whose expert labels any state (``EnvFamily.state_expert``:
+    ALFWorld's handcoded expert), bc on an env whose family describes an expert (TextWorld's walkthroughs, WebShop's
+    oracle); none otherwise. Returns the note to print.
 
     Raises:
-        ConfigError: ``bc`` on an env without an expert (a family that describes none, e.g. math and code; an env
-            that describes no family, unless ``sft.expert_kwarg`` names its expert kwarg) or with tool-call actions.
+        ConfigError: ``bc`` or ``dagger`` on an env without an expert (a family that describes none, e.g. math and
+            code; an env that describes no family, unless ``sft.expert_kwarg`` names its expert kwarg) or with
+            tool-call actions; ``dagger`` on an env whose expert cannot label the states a policy reaches.
     """
     t = cfg.trainer
     family = family_of(cfg.env.id)
     # the env has an expert: its family names the expert kwarg, or (an env without a family) sft.expert_kwarg is set
     expert = bool(family.expert_kwarg) if family is not None else cfg.sft.expert_kwarg is not None
+    state_expert = expert and family is not None and family.state_expert
     if t.warm_start == "auto":
-        t.warm_start = "bc" if (cfg.model.name == "smollm2" and not cfg.model.path and expert and
-                                cfg.env.action_format == "text") else "none"
+        embedded = cfg.model.name == "smollm2" and not cfg.model.path and cfg.env.action_format == "text"
+        t.warm_start = ("dagger" if state_expert else "bc") if embedded and expert else "none"
+        if t.warm_start == "dagger":
+            return [f"trainer.warm_start=auto -> dagger: model={cfg.model.name} is the embedded default and "
+                    f"{cfg.env.id}'s expert labels any state; it is cloned, then {cfg.sft.dagger_rounds} DAgger "
+                    "round(s) (sft.*), then RL (trainer.warm_start=bc: cloning only; none: RL only)"]
         if t.warm_start == "bc":
             return [f"trainer.warm_start=auto -> bc: model={cfg.model.name} is the embedded default and {cfg.env.id} "
                     "has an expert; it is cloned first (sft.*), then RL (trainer.warm_start=none: RL only)"]
         return []
-    if t.warm_start == "bc":
+    if t.warm_start in ("bc", "dagger"):
+        what = "clones the env's expert" if t.warm_start == "bc" else "asks the env's expert to label states"
         if not expert:
             why = (f"its family ({family.name}, envs.families) describes no expert" if family is not None else
                    "it describes no env family (envs.families.register_family) and sft.expert_kwarg is not set")
-            raise ConfigError(f"trainer.warm_start=bc clones the env's expert, but {cfg.env.id} has none: {why}; "
+            raise ConfigError(f"trainer.warm_start={t.warm_start} {what}, but {cfg.env.id} has none: {why}; "
                               "use trainer.warm_start=none (or auto)")
         if cfg.env.action_format != "text":
-            raise ConfigError("trainer.warm_start=bc needs env.action_format=text: the env experts give text "
-                              "commands, and their tool-call form (docs/tools.md) is not written yet")
+            raise ConfigError(f"trainer.warm_start={t.warm_start} needs env.action_format=text: the env experts give "
+                              "text commands, and their tool-call form (docs/tools.md) is not written yet")
+        if t.warm_start == "dagger" and not state_expert:
+            raise ConfigError(f"trainer.warm_start=dagger asks the expert what it would play in the states the policy "
+                              f"reached, but {cfg.env.id} has no state expert (envs.families: state_expert is "
+                              "false; its expert follows its own episode, e.g. TextWorld's walkthrough); use "
+                              "trainer.warm_start=bc")
     return []
 
 

@@ -57,6 +57,13 @@ class EnvFamily:
     expert_kwarg: str = ""
     """Constructor kwarg that turns ``info["expert_action"]`` on (the expert reference row, behaviour cloning);
     "" = the family has no expert."""
+    state_expert: bool = False
+    """The expert labels any state the env can reach, not only the states of its own episodes (ALFWorld's handcoded
+    expert re-plans from the game's facts), so DAgger (``trainer.warm_start=dagger``) can ask it about the states a
+    policy reached. TextWorld's walkthrough and WebShop's oracle follow their own episode: False."""
+    expert_gave_up: str = ""
+    """The action the expert says when it has none for a state (ALFWorld: ``look``, its fallback when the handcoded
+    expert fails or gives up); DAgger drops such labels. "" = the expert always answers."""
     admissible_actions: bool = False
     """The env lists ``info["admissible_actions"]`` (the random reference policy draws from them)."""
     score: bool = False

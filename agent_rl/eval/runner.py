@@ -176,7 +176,9 @@ async def run_panel(orch: RolloutOrchestrator, panel: Panel, *, temperature: flo
     orch.on_turn, orch.on_episode = on_turn, on_episode
     try:
         if progress is not None:
-            progress.phase(f"eval {panel.name}", total=len(panel.tasks) * samples)
+            stage = getattr(progress, "stage", "")  # the warm start's round, named in the phase
+            progress.phase(f"{stage}: panel {panel.name}" if stage else f"eval {panel.name}",
+                           total=len(panel.tasks) * samples)
         groups = [GroupSpec(task, [(float(temperature), False)] * samples) for task in panel.tasks]
         await orch.run_groups(groups, seed_key=0)  # fixed generation seeds: reproducible
     finally:

@@ -23,6 +23,7 @@ import asyncio
 import time
 from typing import Any, Callable, Protocol
 
+from agent_rl.progress import step_phase
 from agent_rl.rollout.orchestrator import GroupSpec, RolloutResult, collect_groups, group_temperatures, split_groups
 from agent_rl.rollout.producer import AsyncProducer, warmup_horizon
 from agent_rl.types import Episode, Task
@@ -91,7 +92,8 @@ class SyncRounds:
                       t_high: float | None = None) -> RolloutResult:
         cfg = self.cfg
         temps = group_temperatures(cfg.algo, step, t_high)
-        self.progress.phase(f"step {step}/{self.total_steps} rollout", total=cfg.trainer.tasks_per_step * len(temps))
+        self.progress.phase(step_phase(self.progress, step, self.total_steps, "rollout"),
+                            total=cfg.trainer.tasks_per_step * len(temps))
 
         def take(n: int) -> list[Task]:  # the prefetched tasks first (their resets are running)
             tasks, self._prefetched = self._prefetched[:n], self._prefetched[n:]
@@ -184,7 +186,7 @@ class StalenessStream:
         if self._probe is None:
             self._probe = asyncio.ensure_future(self._watch_loop())
         temps = group_temperatures(self.cfg.algo, step, t_high)
-        self.progress.phase(f"step {step}/{self.total_steps} rollout",
+        self.progress.phase(step_phase(self.progress, step, self.total_steps, "rollout"),
                             total=self.cfg.trainer.tasks_per_step * len(temps))
         self._t_high = t_high  # the T1 of groups started from now on (section 7: fixed at a group's start)
         result = await self.producer.collect(step, sample_tasks)

@@ -20,4 +20,4 @@ def task_types(split: str, root: str | None) -> list[str]:
 
 FAMILY = EnvFamily(deterministic=replays_exactly, name="alfworld", env_id="agent_rl/ALFWorld-v0", default_split="valid_unseen", split_key="split",
                    split_size=split_size, task_types=task_types, task_type_kwarg="task_types", expert_kwarg="expert",
-                   admissible_actions=True)
+                   state_expert=True, expert_gave_up="look", admissible_actions=True)

@@ -22,7 +22,7 @@ from agent_rl.report import learning_signal, signal_line, summarize_run, write_s
 
 # ------------------------------------------------------------------------------------------------ config
 def test_auto_is_bc_only_for_the_embedded_default_on_an_env_with_an_expert() -> None:
-    assert load_config(["env=alfworld"]).trainer.warm_start == "bc"
+    assert load_config(["env=alfworld"]).trainer.warm_start == "dagger"  # a state expert (tests/train/test_dagger.py)
     assert load_config(["env=textworld"]).trainer.warm_start == "bc"
     assert load_config(["env=alfworld", "model=tiny"]).trainer.warm_start == "none"  # another model: zero-shot
     assert load_config(["env=math"]).trainer.warm_start == "none"  # no expert: untouched
@@ -36,7 +36,8 @@ def test_bc_on_an_env_without_an_expert_is_refused_with_the_reason() -> None:
         load_config(["env=math", "trainer.warm_start=bc"])
     with pytest.raises(ConfigError, match="describes no env family"):  # an env without a description
         load_config(["env=choose_item", "trainer.warm_start=bc"])
-    with pytest.raises(ConfigError, match=r"trainer.warm_start='clone' is not valid; valid values: auto, bc, none"):
+    with pytest.raises(ConfigError,
+                       match=r"trainer.warm_start='clone' is not valid; valid values: auto, bc, dagger, none"):
         load_config(["trainer.warm_start=clone"])
 
 
@@ -52,7 +53,7 @@ def test_alfworld_cpu_preset_is_its_own_and_its_panel_holds_only_the_trained_typ
     assert with_device_preset(["env=textworld"])[0] == ["env=textworld", "trainer=cpu"]
     cfg = load_config(["env=alfworld", "algo=tgrl", "trainer=cpu_alfworld"])
     assert (cfg.trainer.warm_start, cfg.rollout.mode, cfg.engine.kv_reuse, cfg.algo.warmup_steps) == \
-        ("bc", "trajectory", True, 2)  # TGRL's warm-up: step 1 (the steps s < 2)
+        ("dagger", "trajectory", True, 2)  # TGRL's warm-up: step 1 (the steps s < 2)
     # TGRL's temperatures calibrated by a probe sized to about one RL step (algorithms.md 3b); other algos: off
     cal = cfg.algo.calibration
     assert (cal.mode, cal.t_low, cal.t_high, cal.tasks, cal.samples) == ("probe", [0.3], [0.7, 1.0, 1.2], 2, 2)
