@@ -50,6 +50,7 @@ from typing import Any
 from envs.code import _codec
 from envs.code.run_limits import POLL_S, RunAccount, RunCgroup
 from envs.errors import EnvInfraError
+from envs.procgroup import kill_group
 
 _HERE = Path(__file__).resolve().parent
 _UID_RANGE = (1_000_000, 2_000_000_000)  # fresh uids, never in /etc/passwd
@@ -444,13 +445,14 @@ def _fresh_uid_pair() -> tuple[int, int]:
 
 
 def _kill(proc: subprocess.Popen, level: str) -> None:
-    """Kill a sandbox: ``unshare --kill-child`` takes the PID namespace (and everything in it) down with it."""
+    """Kill a sandbox: ``unshare --kill-child`` takes the PID namespace (and everything in it) down with it; without
+    namespaces (``none``) its process group goes, also when the program itself has exited and left a process
+    running in the background."""
+    if level == "none":
+        kill_group(proc.pid)
     if proc.poll() is None:
         try:
-            if level == "none":
-                os.killpg(proc.pid, signal.SIGKILL)
-            else:
-                proc.kill()
+            proc.kill()
         except ProcessLookupError:
             pass
     _wait(proc, 10)  # SIGKILL cannot be ignored
