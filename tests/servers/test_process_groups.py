@@ -149,3 +149,22 @@ def test_the_math_verifier_is_ended_with_its_group(tmp_path):
     finally:
         worker.kill()
     assert _gone(worker.process.pid) and _gone(helper)
+
+
+def test_a_vllm_server_that_exits_while_starting_leaves_no_helper(tmp_path):
+    """The vllm_server engine's server process (``ServerProcess``), its command standing in for ``vllm serve``: a
+    server that starts a helper (an engine core) and dies before it is healthy; the start's error ends its group."""
+    from agent_rl.engines.vllm_server import ServerProcess
+    from servers.launch import free_port
+
+    pid_file = tmp_path / "helper.pid"
+    script = (f"import subprocess, sys, time\n"
+              f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+              f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+              f"time.sleep(0.5)\nsys.exit(3)\n")
+    server = ServerProcess([sys.executable, "-c", script], dict(os.environ), f"http://127.0.0.1:{free_port()}",
+                           tmp_path / "vllm.log")
+    server.launch()
+    with pytest.raises(RuntimeError, match="exited with code 3 while starting"):
+        server.wait_ready(60)
+    assert os.getpgid(os.getpid()) != server.proc.pid and _gone(int(pid_file.read_text()))
