@@ -1,5 +1,5 @@
 """Process groups of the subprocesses the project starts (env workers, the math verifier, the code sandbox at
-isolation ``none``, the run's env server, the vLLM server): each starts in a session of its own
+isolation ``none``, the run's env server, the ``vllm_server`` engine's server): each starts in a session of its own
 (``subprocess.Popen(start_new_session=True)``, or :func:`own_session` first thing in a ``multiprocessing`` child),
 so its process group holds it and every process it starts that did not leave the group; ending it ends the group,
 so a helper it started in the background does not outlive it (a helper that called ``setsid`` itself left the
