@@ -195,8 +195,9 @@ class Llama3JsonFormat:
     on separate lines, a JSON list of calls, calls beside prose (``"Let me look.\n{...}"``, ``"{...}\nThis returns
     {"temp": ...}"``).
 
-    Rules (vLLM's ``llama3_json`` reads every ``{`` that decodes to an object with a name and arguments; this reads
-    the same calls and also says when a call is unreadable instead of dropping it):
+    Rules (vLLM's ``llama3_json`` of v0.9 took the first regex match of ``;``-joined objects at most two levels deep
+    and answered the whole reply as text on any error, so a call on a second line, or after JSON in prose, was
+    lost; this reads every call and says when one is unreadable instead of dropping it):
 
     - a call is a JSON object with a ``"name"`` string and a ``"parameters"``/``"arguments"`` key, found at any
       ``{`` outside an already-read object; the reply's leading object (tag aside) is a call even without
