@@ -200,12 +200,13 @@ class Llama3JsonFormat:
     lost; this reads every call and says when one is unreadable instead of dropping it):
 
     - a call is a JSON object with a ``"name"`` string and a ``"parameters"``/``"arguments"`` key, found at any
-      ``{`` outside an already-read object; the reply's leading object (tag aside) is a call even without
+      ``{`` outside an already-read object; the reply's leading named object (tag aside) is a call even without
       arguments (``{}``), and so is each object of a leading list of named objects;
     - other JSON in prose is text (``{"temp": 21}``, ``\\boxed{18}``), and so are the ``;`` between calls;
     - unreadable (the parse's error, the calls before it kept): a reply that starts (tag aside) with ``{`` but is
-      not JSON or not a call, a ``{"name": ...`` in prose that is not JSON, a call whose arguments are not an
-      object, and ``<|python_tag|>`` followed by something other than a call (Llama's code-interpreter form).
+      not JSON, or with an object without a name and no call after it (``{"function": "calc", ...}``), a
+      ``{"name": ...`` in prose that is not JSON, a call whose arguments are not an object, and ``<|python_tag|>``
+      followed by something other than a call (Llama's code-interpreter form).
     """
 
     name = "llama3_json"
@@ -234,6 +235,8 @@ class Llama3JsonFormat:
         skip = 0  # the end of the last JSON value read, call or data: braces before it are inside it
         failed = 0  # the end of the last span that did not decode: only a started call is tried before it
         misses = 0
+        unnamed: str | None = None  # why the reply's leading object is not a call
+        leading_end = 0
 
         def parsed(error: str | None = None, upto: int | None = None) -> ToolCallParse:
             if not calls and error is None:
@@ -262,6 +265,12 @@ class Llama3JsonFormat:
             if start == 0 and body[0] == "[":
                 if not items or not all(isinstance(o, dict) and "name" in o for o in items):
                     continue  # a list in prose ("[1, 2] are the roots")
+            elif start == 0 and not (isinstance(obj, dict) and "name" in obj):
+                try:  # a leading object without a name: the reply's error, unless a call follows (then data)
+                    _read_call(obj, self._ARGUMENTS)
+                except ValueError as exc:
+                    unnamed, leading_end = str(exc), end
+                continue
             elif start != 0 and not self._is_call(obj, self._ARGUMENTS):
                 continue  # JSON data in prose ({"temp": 21})
             prose.append(body[last:start])
@@ -270,6 +279,8 @@ class Llama3JsonFormat:
                 calls.extend(_read_call(o, self._ARGUMENTS) for o in items)
             except ValueError as exc:
                 return parsed(str(exc))
+        if unnamed is not None and not calls:
+            return ToolCallParse([], body[leading_end:].strip(" \t\n;"), unnamed, text)
         return parsed()
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:

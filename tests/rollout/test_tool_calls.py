@@ -113,6 +113,10 @@ WEATHER_LONDON = ("get_weather", {"city": "London", "unit": "celsius"})
     # no call: prose with JSON data and a list is a text reply, whole
     ('The reading was {"temp": 21} and the roots are [1, 2].', [],
      'The reading was {"temp": 21} and the roots are [1, 2].'),
+    # a reply that opens with JSON data, then the call
+    ('{"city": "Paris", "units": "metric"} is what the tool needs:\n'
+     '{"name": "get_weather", "parameters": {"city": "Paris"}}', [WEATHER_PARIS],
+     '{"city": "Paris", "units": "metric"} is what the tool needs:'),
     # data nested in a data object is not a call
     ('Example: {"example": {"name": "f", "parameters": {}}} (not a call)', [],
      'Example: {"example": {"name": "f", "parameters": {}}} (not a call)'),
@@ -132,6 +136,10 @@ def test_llama3_json_unreadable_calls_are_reported():
     assert json.loads(p.action)["invalid_tool_call"] == p.error
     p = LLAMA.parse('Sure. {"name": "get_weather", "parameters": ["Paris"]}')
     assert p.error == "the arguments of get_weather must be a JSON object, got a list"
+    # a reply that opens with an object without a name and holds no call: a call written with the wrong keys
+    p = LLAMA.parse('{"function": "get_weather", "args": {"city": "Paris"}} I called it.')
+    assert (p.calls, p.content, p.error) == ([], "I called it.", "the call has no \"name\" string (keys: ['args', "
+                                             "'function'])")
 
 
 @pytest.mark.parametrize(("reply", "calls", "content"), [
