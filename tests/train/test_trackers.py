@@ -337,3 +337,44 @@ def test_a_wandb_server_that_refuses_the_rewind_gets_the_plain_resume(tmp_path, 
                                                                      "resume_from": None}
     err = capsys.readouterr().err
     assert err.count(f"could not rewind run {run_id} to step 1; resumed without a rewind") == 1
+
+
+@pytest.mark.slow  # two short training runs (tiny model, ChooseItem, in-process envs)
+def test_a_resumed_training_run_rewrites_the_replayed_steps_in_both_trackers(tmp_path, monkeypatch):
+    """Through ``agent_rl.train``: 3 steps checkpointed each step, the last checkpoint removed (a crash after step 3
+    was logged, before it was saved), then ``trainer.resume=auto`` to step 4 replays step 3. MLflow's run (the one
+    trackers.json names) and the rewound W&B segment hold metrics.jsonl's values, step 3 once, from the re-run."""
+    import json
+    import shutil
+
+    from agent_rl.logging import read_metrics
+    from agent_rl.train import main
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    out = tmp_path / "run"
+    base = ["model=tiny", "env=choose_item", "env_server.mode=local", "trainer.tasks_per_step=1",
+            "rollout.max_turns=1", "engine.max_new_tokens=4", "trainer.progress=false",
+            "trainer.loggers=[jsonl,wandb,mlflow]", "trainer.save_every=1", "trainer.eval_every=0",
+            f"trainer.output_dir={out}"]
+    main([*base, "trainer.total_steps=3"])
+    crashed = json.loads((out / "trackers.json").read_text())
+    first_rows = {r["step"]: r for r in read_metrics(out / "metrics.jsonl", "train")}
+    shutil.rmtree(out / "checkpoints" / "step_3")
+    main([*base, "trainer.total_steps=4", "trainer.resume=auto"])
+    rows = {r["step"]: r for r in read_metrics(out / "metrics.jsonl", "train")}
+    assert sorted(rows) == [1, 2, 3, 4]
+    key = next(k for k in rows[3] if k.startswith("time/") and rows[3][k] != first_rows[3][k])  # a re-run value
+
+    state = json.loads((out / "trackers.json").read_text())
+    assert state["mlflow"] != crashed["mlflow"] and state["wandb"] == crashed["wandb"]
+    client, _ = mlflow_run(out, state["mlflow"])
+    for name in (key, "reward/mean"):
+        assert [(m.step, m.value) for m in client.get_metric_history(state["mlflow"], name)] == \
+            [(s, rows[s][name]) for s in (1, 2, 3, 4)]
+    *_, rewound = sorted(out.glob("wandb/offline-run-*/run-*.wandb"))
+    records = wandb_file_records(rewound)
+    run_record, = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert (run_record.branch_point.run, run_record.branch_point.value) == (crashed["wandb"], 2)
+    history = wandb_history(out, records)
+    assert sorted(history) == [3, 4] and history[3][key] == pytest.approx(rows[3][key])
