@@ -15,8 +15,11 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
+from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["end_group", "kill_group", "own_session"]
+__all__ = ["end_group", "kill_group", "own_session", "run"]
 
 
 def own_session() -> None:
@@ -51,3 +54,29 @@ def end_group(proc: subprocess.Popen, grace_s: float) -> None:
     kill_group(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
+
+
+def run(argv: Sequence[str], *, timeout: float, capture_output: bool = False, text: bool = False,
+        **popen: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, timeout=..., capture_output=..., text=..., **popen)`` in a session of its own: when
+    the command exits, or on timeout (then ``subprocess.TimeoutExpired``), its whole group is killed. The output
+    goes through unnamed files, not pipes: a helper the command left running holds a pipe open, and
+    ``subprocess.run`` waits for that pipe's end (kills only the process it started on timeout, then waits too)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        if capture_output:
+            popen["stdout"], popen["stderr"] = out, err
+        with subprocess.Popen(list(argv), start_new_session=True, **popen) as proc:
+            try:
+                proc.wait(timeout)
+            finally:
+                kill_group(proc.pid)
+                proc.wait()
+
+        def read(f: Any) -> Any:
+            if not capture_output:
+                return None
+            f.seek(0)
+            data = f.read()
+            return data.decode(errors="replace") if text else data
+
+        return subprocess.CompletedProcess(list(argv), proc.returncode, read(out), read(err))

@@ -50,6 +50,7 @@ from typing import Any
 from envs.code import _codec
 from envs.code.run_limits import POLL_S, RunAccount, RunCgroup
 from envs.errors import EnvInfraError
+from envs import procgroup
 from envs.procgroup import kill_group
 
 _HERE = Path(__file__).resolve().parent
@@ -269,8 +270,8 @@ def _shared_libraries(binaries: list[str]) -> list[str] | None:
         return None
     found: set[str] = set()
     for i in range(0, len(binaries), 200):
-        done = subprocess.run([ldd, *binaries[i:i + 200]], capture_output=True, text=True, timeout=120,
-                              env=clean_env())
+        done = procgroup.run([ldd, *binaries[i:i + 200]], capture_output=True, text=True, timeout=120,
+                             env=clean_env())
         found.update(_LDD_PATH.findall(done.stdout))
     return sorted(found)
 
@@ -295,8 +296,8 @@ def sandbox_layout(python: str) -> dict[str, list]:
         RuntimeError: the interpreter cannot be run, or one of those paths lies under :data:`SANDBOX_DIRS`.
     """
     try:
-        done = subprocess.run([python, "-I", "-S", "-c", _PATHS_PROBE], capture_output=True, text=True,
-                              timeout=60, env=clean_env())
+        done = procgroup.run([python, "-I", "-S", "-c", _PATHS_PROBE], capture_output=True, text=True,
+                             timeout=60, env=clean_env())
         paths = json.loads(done.stdout)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         raise RuntimeError(f"cannot run the sandbox interpreter {python}: {exc}") from exc
@@ -426,7 +427,7 @@ def isolation_level() -> str:
                 os.mkdir(os.path.join(tmp, "root"))
                 argv = _launch(level, python, uid, _LEVEL_PROBE, args, os.path.join(tmp, "root"), ())
                 try:
-                    done = subprocess.run(argv, env=clean_env(), capture_output=True, timeout=30, cwd=tmp)
+                    done = procgroup.run(argv, env=clean_env(), capture_output=True, timeout=30, cwd=tmp)
                 except (OSError, subprocess.TimeoutExpired) as exc:
                     refused.append(f"{level}: {exc}")
                     continue

@@ -168,3 +168,28 @@ def test_a_vllm_server_that_exits_while_starting_leaves_no_helper(tmp_path):
     with pytest.raises(RuntimeError, match="exited with code 3 while starting"):
         server.wait_ready(60)
     assert os.getpgid(os.getpid()) != server.proc.pid and _gone(int(pid_file.read_text()))
+
+
+@pytest.mark.parametrize("hang", [True, False])
+def test_run_ends_the_group_on_timeout_and_after_exit(tmp_path, hang):
+    """``envs.procgroup.run`` (the code sandbox's probes): a command that leaves a helper running, and either hangs
+    past its timeout or exits; the helper is gone either way, and the timeout comes back within seconds (with
+    ``subprocess.run`` it waited for the helper's pipes: 600 s)."""
+    import subprocess
+
+    from envs.procgroup import run
+
+    pid_file = tmp_path / "helper.pid"
+    script = (f"import subprocess, sys, time\n"
+              f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+              f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+              f"print('started', flush=True)\n"
+              f"time.sleep({600 if hang else 0})\n")
+    started = time.monotonic()
+    if hang:
+        with pytest.raises(subprocess.TimeoutExpired):
+            run([sys.executable, "-c", script], timeout=5, capture_output=True, text=True)
+    else:
+        done = run([sys.executable, "-c", script], timeout=60, capture_output=True, text=True)
+        assert (done.returncode, done.stdout) == (0, "started\n")
+    assert time.monotonic() - started < 120 and _gone(int(pid_file.read_text()))
