@@ -205,8 +205,9 @@ class MetricsLogger:
             phase, :func:`read_metrics`); None: rows without one, and a fresh start drops every row of the file.
         tensorboard: write ``out_dir/tb`` events.
         progress: tqdm bar (else one plain line per training step).
-        trackers: the run's W&B / MLflow runs (:class:`agent_rl.trackers.Trackers`), given every row written; their
-            owner closes them.
+        trackers: the run's W&B / MLflow runs (:class:`agent_rl.trackers.Trackers`), given every row written and
+            rewound to ``start_step`` as the file is (:meth:`~agent_rl.trackers.Trackers.rewind`); their owner
+            closes them.
     """
 
     def __init__(self, out_dir: str | Path, *, total_steps: int, start_step: int = 1, tensorboard: bool = True,
@@ -219,6 +220,8 @@ class MetricsLogger:
         self.path = self.out_dir / "metrics.jsonl"
         self.phase = phase
         drop_records_from(self.path, start_step if start_step > 1 else 0, phase)
+        if trackers is not None and start_step > 1:  # the trackers drop the same steps (a resume)
+            trackers.rewind(start_step)
         self._file = self.path.open("a", encoding="utf-8")
         self._tb = None
         if tensorboard:

@@ -41,6 +41,7 @@ from agent_rl.models import load_policy
 from agent_rl.rollout import RolloutConfig, RolloutOrchestrator, get_prompt
 from agent_rl.types import Episode, Generation
 from envs.families import describe
+from envs.procgroup import end_group, kill_group
 from servers.launch import ServerLaunch, free_port, new_token  # free_port: re-exported
 from servers.wait import ServerExited, wait_healthy
 
@@ -334,7 +335,9 @@ class EnvServerProcess:
         healthy within ``env_server.startup_timeout_s``."""
         timeout_s = self.cfg.env_server.startup_timeout_s
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.repo)
+            # its own session: stop() ends the server with its group (its env workers, their children)
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.repo,
+                                         start_new_session=True)
         try:
             wait_healthy([self.url], timeout_s=timeout_s, interval_s=0.25, request_timeout_s=2.0, process=self.proc)
         except ServerExited as exc:
@@ -348,15 +351,10 @@ class EnvServerProcess:
         print(f"env server {self.cfg.env.id} at {self.url} (log: {self.log_path})", file=sys.stderr)
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 15 s."""
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        """SIGTERM to the server's process group, SIGKILL to what is left after 15 s (and to what a server that
+        exited by itself left behind: :func:`envs.procgroup.end_group`)."""
+        if self.proc is not None:
+            end_group(self.proc, 15)
 
 
 @contextlib.contextmanager
@@ -382,6 +380,7 @@ async def supervise_env_server(server: EnvServerProcess, on_failure: Any, *, int
         if proc is None or proc.poll() is None:
             continue
         code = proc.returncode
+        kill_group(proc.pid)  # what the dead server left behind (its env workers, their children)
         if server.restarts >= limit:
             server.failure = (f"the env server ({server.url}) exited with code {code} after {server.restarts} "
                               f"restart(s) (env_server.max_restarts={limit}); stopping the run. Server log "

@@ -8,7 +8,10 @@ its columns and how to print itself (row count, columns, first row).
 
 Errors name the file, the row and the field (:class:`TaskFileError`, a ``ValueError``): a missing column lists the
 file's columns, an unreadable JSONL line names its line, a row without a value for a required key names its row.
-Rows are 0-based positions in the split as read (``ds[i]``); JSONL lines are 1-based line numbers.
+Rows are 0-based positions in the split as read (``ds[i]``); JSONL lines are 1-based line numbers. A JSON/JSONL
+file nested deeper than :data:`MAX_JSON_DEPTH` is refused (file and line named) before any reader parses it.
+Nested fields come back as written: the ``None`` keys arrow adds to a struct for the keys of other rows are dropped
+(:func:`_as_written`).
 
 The rows are content, never paths: the trainer sends a row as an env's reset options (``envs.math``,
 ``envs.code``, any gym env), so a file's tasks reach a remote env server whose clients may not name host paths.
@@ -20,6 +23,7 @@ import contextlib
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,11 @@ FILE_BUILDERS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": 
 
 MAX_SHOWN_CHARS = 400
 """:meth:`TaskList.describe` cuts the printed first row at this many characters."""
+
+MAX_JSON_DEPTH = 100
+"""The deepest nesting of objects and lists a JSON/JSONL task file may hold (a tool schema is under 20), checked
+line by line before any reader parses the file: pyarrow's JSON reader, which ``datasets`` uses, dies with a
+segfault on a line nested 20,000 deep, and Python's ``json`` stops near 1,000."""
 
 
 class TaskFileError(ValueError):
@@ -75,6 +84,49 @@ def _quiet_datasets() -> Iterator[None]:
     finally:
         if was:
             enable_progress_bars()
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(rb"[][{}]")
+
+
+def _too_deep(path: Path, limit: int = MAX_JSON_DEPTH) -> tuple[int, int] | None:
+    """``(1-based line, depth)`` of the first line of a JSON or JSONL file where the nesting of objects and lists
+    passes ``limit`` (brackets inside strings do not count; the depth carries over lines, as a pretty-printed
+    ``.json`` needs, and a JSONL line that leaves brackets open is refused by the reader anyway); None if none
+    does. Reads the file as bytes without parsing it; linear, and a line with at most ``limit - depth`` opening
+    brackets is passed on a count alone."""
+    depth = 0
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            opens = line.count(b"{") + line.count(b"[")
+            if not opens and not depth:
+                continue
+            if b'"' in line:
+                line = _STRING.sub(b"", line)
+                opens = line.count(b"{") + line.count(b"[")
+            if depth + opens <= limit:
+                depth = max(0, depth + opens - line.count(b"}") - line.count(b"]"))
+                continue
+            for match in _BRACKET.finditer(line):
+                depth = depth + 1 if match.group() in (b"{", b"[") else max(0, depth - 1)
+                if depth > limit:
+                    return number, depth
+    return None
+
+
+def _check_depth(source: str, path: Path) -> None:
+    """Refuse a JSON/JSONL file (or such files in a folder) nested deeper than :data:`MAX_JSON_DEPTH`: a
+    :class:`TaskFileError` naming the file and line."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    for file in files:
+        if FILE_BUILDERS.get(file.suffix.lower()) != "json":
+            continue
+        found = _too_deep(file)
+        if found is not None:
+            name = source if file == path else f"{source} ({file.relative_to(path)})"
+            raise TaskFileError(f"{name}, line {found[0]}: unreadable row: JSON nested deeper than "
+                                f"{MAX_JSON_DEPTH} levels (objects and lists)", source=source, row=found[0])
 
 
 def _first_bad_jsonl_line(path: Path) -> tuple[int, str] | None:
@@ -121,6 +173,7 @@ def _read(source: str, split: str | None, cache_dir: str | None):
     import datasets  # deferred: the trainer side's optional dependency (pyarrow, pandas)
 
     path = Path(source).expanduser()
+    _check_depth(source, path)  # before any reader: pyarrow's JSON reader crashes on deep nesting
     if path.is_dir() and _is_saved_dataset(path):
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
@@ -181,6 +234,20 @@ def _rows(ds: Any, source: str) -> Iterator[dict[str, Any]]:
                                 row=i) from None
         yield row
         i += 1
+
+
+def _as_written(value: Any, feature: Any) -> Any:
+    """``value`` without the keys arrow added: a struct column (parquet, a saved dataset) holds the union of its
+    rows' keys, and a row gets ``None`` for each key it did not have (one tool's schema picks up every other tool's
+    properties). Arrow cannot tell such a key from one written as null, so a struct key whose value is ``None`` is
+    dropped, at every depth (structs in lists too); values of ``Json`` features (how ``datasets`` reads differing
+    JSON objects) and plain values come back as they are."""
+    if isinstance(feature, dict) and isinstance(value, dict):
+        return {k: _as_written(v, feature.get(k)) for k, v in value.items() if v is not None}
+    inner = getattr(feature, "feature", None)  # List / LargeList / Sequence: the items' feature
+    if inner is not None and isinstance(value, list):
+        return [_as_written(v, inner) for v in value]
+    return value
 
 
 def _missing(value: Any) -> bool:
@@ -251,7 +318,7 @@ def load_tasks(
             continue
         task: dict[str, Any] = {}
         for key, column in mapping.items():
-            value = row[column]
+            value = _as_written(row[column], ds.features.get(column))
             if _missing(value):
                 if key in optional:
                     continue

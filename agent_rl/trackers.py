@@ -18,6 +18,20 @@ Defaults (docs/training.md "Trackers"):
   ``DIR/mlruns`` (MLflow 3 keeps that backend in maintenance mode behind ``MLFLOW_ALLOW_FILE_STORE=true``, which is
   set for it). A resumed run continues the same MLflow run.
 
+A resume follows the run's history (:meth:`Trackers.rewind`, called where ``metrics.jsonl`` drops the rows of the
+steps a resumed run plays again): every tracker then holds the re-run's values at those steps, and only them, as
+``metrics.jsonl`` does.
+
+- W&B: the run is rewound (``wandb.init(resume_from="<id>?_step=<S-1>")``, W&B's documented rewind: the history
+  after step S-1 is truncated and logging goes on at S, the original kept archived). Rewind is a W&B preview
+  feature: a server that refuses it gets a warning and the plain resume (``resume="allow"``), where W&B ignores
+  the replayed steps ("less than the current step"). Offline, the rewind point is written in the run record and
+  ``wandb sync`` applies it.
+- MLflow keeps every value logged at a step and has no call to delete metric values, so a rewind is a new run: the
+  run's params, tags, ``config.json`` and the history of the steps before S are copied into it, the old run is
+  tagged ``agent_rl.replaced_by`` and deleted (MLflow's soft delete: ``mlflow runs restore`` brings it back with
+  every value it held), and ``DIR/trackers.json`` names the new run. A run without values from step S on is kept.
+
 Only the process that runs the training loop opens trackers (the Ray driver; learner and rollout actors never do).
 A tracker that fails to start, or to log, warns once on stderr and is dropped: a dashboard never stops a run.
 """
@@ -77,6 +91,9 @@ class Tracker(Protocol):
     def log(self, step: int, metrics: dict[str, float], kind: str) -> None:
         """One metrics row (finite values only) of ``kind`` at ``step``."""
 
+    def rewind(self, step: int) -> None:
+        """The run goes on at ``step`` (a resume): drop the values of steps >= ``step``."""
+
     def checkpoint(self, step: int, path: Path) -> None:
         """Checkpoint ``path`` of ``step`` was written."""
 
@@ -125,23 +142,46 @@ class WandbTracker:
         import wandb  # deferred: the optional tracker client
 
         self.mode = wandb_mode(tracking.wandb_mode)
+        self.out = out
+        self._init_kw = dict(project=tracking.project, name=run_name, config=config, tags=tags, dir=str(out),
+                             mode=self.mode, settings=wandb.Settings(silent=True, console="off"))
+        self._run: Any = None
+        if run_id is None:
+            self._run = self._init(id=None)
+            run_id = self._run.id
+        self.run_id = run_id  # a resumed run starts at its rewind point or first call (``run``)
 
-        def init() -> Any:
-            return wandb.init(project=tracking.project, name=run_name, config=config, tags=tags, dir=str(out),
-                              mode=self.mode, id=run_id, resume="allow" if run_id else None,
-                              settings=wandb.Settings(silent=True, console="off"))
+    def _init(self, **kw: Any) -> Any:
+        import wandb
 
         try:
-            self.run = init()
+            return wandb.init(**self._init_kw, **kw)
         except Exception:  # noqa: BLE001 (retried once; a second failure is the tracker's warning)
             # wandb keeps one service process per Python process; when it has gone (killed, or shut down by a
             # forked child's exit) every later init fails (MailboxClosedError, ConnectionResetError): drop it and
             # start a fresh one, once (teardown forgets the dead one first, then may fail telling it to stop)
             with contextlib.suppress(Exception):
                 wandb.teardown()
-            self.run = init()
-        self.run_id = self.run.id
-        self.out = out
+            return wandb.init(**self._init_kw, **kw)
+
+    @property
+    def run(self) -> Any:
+        """The W&B run; a resumed run not rewound continues where it was (``resume="allow"``)."""
+        if self._run is None:
+            self._run = self._init(id=self.run_id, resume="allow")
+        return self._run
+
+    def rewind(self, step: int) -> None:
+        """Resume the run rewound to ``step - 1`` (W&B's ``resume_from``; module docstring); a server that refuses
+        the rewind gets a warning and the plain resume. A run started fresh in this process has nothing to drop."""
+        if self._run is not None:
+            return
+        try:
+            self._run = self._init(resume_from=f"{self.run_id}?_step={max(step - 1, 0)}")
+        except Exception as exc:  # noqa: BLE001 (a server without the rewind preview)
+            _warn(self.name, f"could not rewind run {self.run_id} to step {step - 1}; resumed without a rewind, "
+                  f"so W&B ignores the values of steps {step} and on until it passes its last step", exc)
+            self._run = self._init(id=self.run_id, resume="allow")
 
     def log(self, step: int, metrics: dict[str, float], kind: str) -> None:
         self.run.log(metrics, step=step)
@@ -159,7 +199,8 @@ class WandbTracker:
         none inherits a service that died in between)."""
         import wandb
 
-        self.run.finish()
+        if self._run is not None:
+            self._run.finish()
         wandb.teardown()
 
 
@@ -202,6 +243,7 @@ class MLflowTracker:
 
         self.client = MlflowClient(tracking_uri=uri)
         self.uri = uri
+        self._config = config
         if run_id is None:
             experiment = self.client.get_experiment_by_name(tracking.project)
             experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(tracking.project)
@@ -215,6 +257,7 @@ class MLflowTracker:
             self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
         self._tag = RunTag
+        self._param_type = Param
         self._names: dict[str, str] = {}  # metric key -> its MLflow name (path_safe_names)
         self._logged: set[str] = set()
         self._dirs: set[str] = set()
@@ -236,6 +279,35 @@ class MLflowTracker:
         for i in range(0, len(batch), 1000):  # log_batch takes at most 1000 metrics per call
             self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
 
+    def rewind(self, step: int) -> None:
+        """Replace the run by a copy of its steps before ``step`` when it holds values of steps >= ``step``
+        (module docstring): params, tags (checkpoints of later steps left out), ``config.json`` and each metric's
+        history before ``step``; the old run is tagged ``agent_rl.replaced_by`` and soft-deleted."""
+        from mlflow.entities import Metric
+
+        old = self.client.get_run(self.run_id)
+        histories = {key: self.client.get_metric_history(self.run_id, key) for key in old.data.metrics}
+        if not any(m.step >= step for history in histories.values() for m in history):
+            return
+        tags = {k: v for k, v in old.data.tags.items() if not k.startswith("mlflow.")
+                and not (k.startswith("checkpoint/step_") and k[len("checkpoint/step_"):].isdigit()
+                         and int(k[len("checkpoint/step_"):]) >= step)}
+        new = self.client.create_run(old.info.experiment_id, run_name=old.info.run_name,
+                                     tags={**tags, "agent_rl.rewound_from": f"{self.run_id} at step {step}"})
+        new_id = new.info.run_id
+        params = [self._param_type(k, v) for k, v in old.data.params.items()]
+        for i in range(0, len(params), 100):  # log_batch takes at most 100 params per call
+            self.client.log_batch(new_id, params=params[i:i + 100])
+        self.client.log_dict(new_id, self._config, "config.json")
+        kept = [Metric(m.key, m.value, m.timestamp, m.step) for history in histories.values() for m in history
+                if m.step < step]
+        for i in range(0, len(kept), 1000):  # log_batch takes at most 1000 metrics per call
+            self.client.log_batch(new_id, metrics=kept[i:i + 1000])
+        self.client.set_tag(self.run_id, "agent_rl.replaced_by", f"{new_id} (resumed at step {step})")
+        self.client.set_terminated(self.run_id, status="KILLED")
+        self.client.delete_run(self.run_id)
+        self.run_id = new_id
+
     def checkpoint(self, step: int, path: Path) -> None:
         self.client.set_tag(self.run_id, f"checkpoint/step_{step}", str(path))
 
@@ -254,8 +326,11 @@ class Trackers:
     """The run's external trackers (``trainer.loggers`` minus jsonl and tensorboard), started by :meth:`open`; every
     call goes to each, and a tracker that raises warns once and is dropped (the run goes on)."""
 
-    def __init__(self, trackers: list[Any] | None = None) -> None:
+    def __init__(self, trackers: list[Any] | None = None, state_path: Path | None = None,
+                 state: dict[str, str] | None = None) -> None:
         self.trackers = list(trackers or [])
+        self.state_path = state_path
+        self.state = dict(state or {})
 
     @classmethod
     def open(cls, loggers: list[str], out: Path, config: dict[str, Any], tracking: TrackingConfig, *,
@@ -278,12 +353,30 @@ class Trackers:
             except Exception as exc:  # noqa: BLE001 (any client error: a dashboard never stops a run)
                 _warn(name, "could not start", exc)
         if started:
-            state.update({t.name: t.run_id for t in started})
-            state_path.write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
             for t in started:
                 where = f"mode {t.mode}, {out / 'wandb'}" if t.name == "wandb" else t.uri
                 print(f"trackers: {t.name} run {t.run_id} ({where})", file=sys.stderr)
-        return cls(started)
+        trackers = cls(started, state_path=state_path, state=state)
+        trackers._save_state()
+        return trackers
+
+    def _save_state(self) -> None:
+        """``DIR/trackers.json``: each tracker's run id (a resume continues them)."""
+        if self.state_path is None or not self.trackers:
+            return
+        self.state.update({t.name: t.run_id for t in self.trackers})
+        self.state_path.write_text(json.dumps(self.state, indent=1) + "\n", encoding="utf-8")
+
+    def rewind(self, step: int) -> None:
+        """A resumed run goes on at ``step``: every tracker drops its values of steps >= ``step``, as
+        ``metrics.jsonl`` does (module docstring); a tracker that now runs under another id is saved as such."""
+        ids = [t.run_id for t in self.trackers]
+        self._each("rewind", step)
+        if [t.run_id for t in self.trackers] != ids:
+            for tracker in self.trackers:
+                print(f"trackers: {tracker.name} run {tracker.run_id} (rewound to step {step - 1})",
+                      file=sys.stderr)
+            self._save_state()
 
     def _each(self, call: str, *args: Any) -> None:
         for tracker in list(self.trackers):

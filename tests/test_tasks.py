@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 datasets = pytest.importorskip("datasets")
 
-from agent_rl.tasks import TaskFileError, load_tasks  # noqa: E402
+from agent_rl.tasks import MAX_JSON_DEPTH, TaskFileError, load_tasks  # noqa: E402
 
 ROWS = [
     {"question": "What is 2+3?", "final": "5", "level": 1},
@@ -114,7 +118,7 @@ def test_not_json_serialisable_value_is_refused(tmp_path):
 
 @pytest.mark.parametrize("line,reason", [
     (b'{"question": "caf\xe9", "final": "1"}', r"not UTF-8"),  # latin-1 bytes: datasets failed lazily, unnamed
-    (b'{"question": ' + b"[" * 5000 + b"]" * 5000 + b"}", r"nested deeper"),  # RecursionError before
+    (b'{"question": ' + b"[" * 5000 + b"]" * 5000 + b"}", r"JSON nested deeper than 100 levels"),  # RecursionError before
     (b'{"question": "a\\ud800b", "final": "1"}', r"question: lone UTF-16 surrogate U\+D800"),
 ])
 def test_a_broken_jsonl_line_in_the_middle_names_file_line_and_field(tmp_path, line, reason):
@@ -156,3 +160,108 @@ def test_a_folder_of_data_files_and_a_hub_name_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(TaskFileError, match="someone/no-such-tasks: neither a local file nor a dataset the hub"):
         load_tasks("someone/no-such-tasks", cache_dir=cache)
+
+
+# ------------------------------------------------------------------------------------------ nesting depth
+_LOAD = ("import sys\nfrom agent_rl.tasks import TaskFileError, load_tasks\ntry:\n"
+         "    load_tasks(sys.argv[1], cache_dir=sys.argv[2])\nexcept TaskFileError as exc:\n    print(exc)\n")
+
+
+def _load_in_child(path, tmp_path) -> subprocess.CompletedProcess:
+    """load_tasks in a child process: a reader that segfaults kills the child, not the test run."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", _LOAD, str(path), str(tmp_path / "c")], capture_output=True,
+                          text=True, timeout=600, env=env)
+
+
+def test_a_jsonl_line_20000_deep_is_refused_before_any_reader(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    line = '{"question": ' + "[" * 20_000 + "]" * 20_000 + "}"  # 40 KB; pyarrow's JSON reader segfaulted on it
+    path.write_text(line + "\n")
+    assert 40_000 <= path.stat().st_size < 41_000
+    done = _load_in_child(path, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]  # -11 (SIGSEGV) before
+    assert done.stdout.strip() == (f"{path}, line 1: unreadable row: JSON nested deeper than {MAX_JSON_DEPTH} "
+                                   "levels (objects and lists)")
+
+
+@pytest.mark.parametrize("kind", ["jsonl_third_line", "json_pretty", "folder"])
+def test_deep_nesting_names_file_and_line_in_every_json_source(kind, tmp_path):
+    deep = {"question": "q", "final": "1"}
+    for _ in range(MAX_JSON_DEPTH):
+        deep = {"a": [deep]}  # 2 * MAX_JSON_DEPTH + 1 levels
+    if kind == "jsonl_third_line":
+        path, line = tmp_path / "t.jsonl", 3
+        path.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:2]) + json.dumps(deep) + "\n")
+    elif kind == "json_pretty":  # one value over many lines: the depth carries over them
+        path = tmp_path / "t.json"
+        text = json.dumps([ROWS[0], deep], indent=1)
+        path.write_text(text)
+        line = next(i for i, _ in enumerate(text.splitlines(), 1) if _too_deep_upto(text, i))
+    else:
+        path, line = tmp_path / "data", 2
+        path.mkdir()
+        (path / "train.jsonl").write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(deep) + "\n")
+    with pytest.raises(TaskFileError, match=rf", line {line}: unreadable row: JSON nested deeper than") as err:
+        load_tasks(path, cache_dir=str(tmp_path / "c"))
+    assert err.value.row == line and str(path) in str(err.value)
+    if kind == "folder":
+        assert "(train.jsonl)" in str(err.value)
+
+
+def _too_deep_upto(text: str, line: int) -> bool:
+    """Whether the first ``line`` lines open more than MAX_JSON_DEPTH brackets at once (no strings hold any)."""
+    depth = peak = 0
+    for ch in "\n".join(text.splitlines()[:line]):
+        depth += (ch in "[{") - (ch in "]}")
+        peak = max(peak, depth)
+    return peak > MAX_JSON_DEPTH
+
+
+def test_brackets_in_strings_and_depth_at_the_limit_are_read(tmp_path):
+    at_limit = "x"
+    for _ in range(MAX_JSON_DEPTH - 1):
+        at_limit = [at_limit]  # MAX_JSON_DEPTH levels with the row's object
+    rows = [{"question": "[" * 5000 + '{\\"' + "{" * 5000, "final": "1"}, {"question": at_limit, "final": "2"}]
+    path = tmp_path / "ok.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert list(load_tasks(path, cache_dir=str(tmp_path / "c"))) == rows
+
+
+# ------------------------------------------------------------------------------------------ nested fields
+TOOL_ROWS = [  # two tasks whose tool schemas differ: arrow's struct column holds the union of their keys
+    {"question": "q0", "tools": [{"type": "function", "function": {
+        "name": "calc", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                                       "required": ["expression"]}}}]},
+    {"question": "q1", "tools": [
+        {"type": "function", "function": {"name": "search", "description": "web search", "parameters": {
+            "type": "object", "properties": {"query": {"type": "string"}, "k": {"type": "integer"}}}}},
+        {"type": "function", "function": {"name": "open", "parameters": {"type": "object", "properties": {}}}}]},
+]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "disk", "jsonl", "json"])
+def test_nested_fields_come_back_as_written(kind, tmp_path):
+    if kind == "parquet":
+        path = tmp_path / "t.parquet"
+        datasets.Dataset.from_list(TOOL_ROWS).to_parquet(str(path))
+    elif kind == "disk":
+        path = tmp_path / "saved"
+        datasets.Dataset.from_list(TOOL_ROWS).save_to_disk(str(path))
+    elif kind == "jsonl":
+        path = tmp_path / "t.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in TOOL_ROWS))
+    else:
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps(TOOL_ROWS))
+    # before: parquet's q0 came back with "description": None and properties query/k: None, q1 with
+    # "required": None and expression: None
+    assert list(load_tasks(path, cache_dir=str(tmp_path / "c"))) == TOOL_ROWS
+
+
+def test_a_null_written_in_json_stays(tmp_path):
+    rows = [{"question": "q", "meta": {"a": None, "b": [{"c": None}]}}, {"question": "r", "meta": {"d": 1}}]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert list(load_tasks(path, cache_dir=str(tmp_path / "c"))) == rows

@@ -67,7 +67,6 @@ import random
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -83,6 +82,7 @@ from agent_rl.engines import vllm as offline
 from agent_rl.engines.base import ClosesOnExit, default_eos_token_ids, register_engine
 from agent_rl.lora import adapter_config, save_adapter
 from agent_rl.types import Generation
+from envs.procgroup import end_group
 from servers.launch import free_port
 from servers.wait import ServerExited, wait_healthy
 
@@ -397,6 +397,7 @@ class ServerProcess:
             wait_healthy([self.url], timeout_s=timeout_s, interval_s=1.0, request_timeout_s=5.0, process=self.proc,
                          headers=self.headers)
         except ServerExited as exc:
+            self.stop()  # what it left behind (an engine core, a worker) goes with its group
             raise RuntimeError(f"vllm server exited with code {exc.returncode} while starting: "
                                f"{' '.join(self.cmd)}\n{self.tail()}") from None
         except TimeoutError:
@@ -422,27 +423,10 @@ class ServerProcess:
         return f"--- last {len(text)} lines of {self.log_path} ---\n" + "\n".join(text)
 
     def stop(self) -> None:
-        """SIGTERM the server's process group, SIGKILL what is left after :data:`SERVER_STOP_TIMEOUT_S`."""
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(SERVER_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
-        try:  # the engine core and any worker of the group, even when the API server exited by itself
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
+        """SIGTERM the server's process group, SIGKILL what is left after :data:`SERVER_STOP_TIMEOUT_S` (the engine
+        core and any worker of the group, also when the API server exited by itself)."""
+        if self.proc is not None:
+            end_group(self.proc, SERVER_STOP_TIMEOUT_S)
 
 
 # ------------------------------------------------------------------------------------------------ the engine

@@ -6,8 +6,9 @@ says how its model writes a call and how tools are described to it when its chat
 - ``hermes`` (Qwen2.5, Qwen3, Hermes, SmolLM2): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``
   (a JSON list of such objects inside one block is read too, as SmolLM2 was trained to write); generation stops at
   ``</tool_call>``, so one call per turn;
-- ``llama3_json`` (Llama 3.1/3.2/3.3): the whole reply is ``{"name": ..., "parameters": {...}}`` (``arguments``
-  accepted too), optionally after ``<|python_tag|>``; calls separated by ``;`` are read as several.
+- ``llama3_json`` (Llama 3.1/3.2/3.3): ``{"name": ..., "parameters": {...}}`` (``arguments`` accepted too),
+  optionally after ``<|python_tag|>``; several calls separated by ``;`` or newlines, or beside prose, are read
+  (rules: :class:`Llama3JsonFormat`).
 
 :meth:`ToolCallFormat.parse` gives a :class:`ToolCallParse` (the calls, the text around them, or why a call the
 model started cannot be read: bad JSON, no name, ...); :attr:`ToolCallParse.action` is the env action in the
@@ -154,7 +155,8 @@ class HermesFormat:
         blocks = list(self._BLOCK.finditer(text))
         if not blocks:
             return ToolCallParse(content=text.strip(), text=text)
-        content = (text[:blocks[0].start()] + text[blocks[-1].end():]).strip()
+        gaps = zip([0] + [b.end() for b in blocks], [b.start() for b in blocks] + [len(text)])
+        content = "\n".join(piece for a, b in gaps if (piece := text[a:b].strip()))  # the text around the calls
         calls: list[tuple[str, dict[str, Any]]] = []
         for block in blocks:
             payload = (block.group(1) if block.group(1) is not None else block.group(2)).strip()
@@ -188,39 +190,98 @@ class HermesFormat:
 
 
 class Llama3JsonFormat:
-    """Llama 3.1+ JSON calls: the reply (after an optional ``<|python_tag|>``) is ``{"name": ..., "parameters":
-    {...}}``; several calls are separated by ``;``. A reply that does not start with ``{`` (or the tag) is text."""
+    """Llama 3.1+ JSON calls: ``{"name": ..., "parameters": {...}}`` (``arguments`` accepted too), optionally after
+    ``<|python_tag|>``, the way Llama models write them: one call as the whole reply, several separated by ``;`` or
+    on separate lines, a JSON list of calls, calls beside prose (``"Let me look.\n{...}"``, ``"{...}\nThis returns
+    {"temp": ...}"``).
+
+    Rules (vLLM's ``llama3_json`` of v0.9 took the first regex match of ``;``-joined objects at most two levels deep
+    and answered the whole reply as text on any error, so a call on a second line, or after JSON in prose, was
+    lost; this reads every call and says when one is unreadable instead of dropping it):
+
+    - a call is a JSON object with a ``"name"`` string and a ``"parameters"``/``"arguments"`` key, found at any
+      ``{`` outside an already-read object; the reply's leading named object (tag aside) is a call even without
+      arguments (``{}``), and so is each object of a leading list of named objects;
+    - other JSON in prose is text (``{"temp": 21}``, ``\\boxed{18}``), and so are the ``;`` between calls;
+    - unreadable (the parse's error, the calls before it kept): a reply that starts (tag aside) with ``{`` but is
+      not JSON, or with an object without a name and no call after it (``{"function": "calc", ...}``), a
+      ``{"name": ...`` in prose that is not JSON, a call whose arguments are not an object, and ``<|python_tag|>``
+      followed by something other than a call (Llama's code-interpreter form).
+    """
 
     name = "llama3_json"
     stop: tuple[str, ...] = ()  # the call ends the turn (<|eot_id|> / <|eom_id|>, the engine's EOS)
     _TAG = "<|python_tag|>"
     markup = (_TAG,)
+    _ARGUMENTS = ("parameters", "arguments")
+    _STARTED_CALL = re.compile(r'\{\s*"name"\s*:')
+    MAX_PROSE_MISSES = 256
+
+    @staticmethod
+    def _is_call(obj: Any, arguments_keys: tuple[str, ...]) -> bool:
+        return isinstance(obj, dict) and isinstance(obj.get("name"), str) and any(k in obj for k in arguments_keys)
 
     def parse(self, text: str) -> ToolCallParse:
-        body = text.strip()
-        tagged = body.startswith(self._TAG)
-        if tagged:
-            body = body[len(self._TAG):].strip()
-        if not body.startswith("{"):
-            if tagged:
-                return ToolCallParse(content=body, error="<|python_tag|> is not followed by a JSON call", text=text)
-            return ToolCallParse(content=body, text=text)
+        """Bounded work on any text: a value read is skipped whole; inside a span that did not decode, and after
+        :attr:`MAX_PROSE_MISSES` braces of prose that did not, only a ``{"name":`` is tried (a failed one ends the
+        parse), since each failed decode costs up to ``len(text)``."""
+        body = text.replace(self._TAG, " ").strip()
+        if self._TAG in text and not text.split(self._TAG, 1)[1].lstrip()[:1] in ("{", "["):
+            return ToolCallParse(content=body, error="<|python_tag|> is not followed by a JSON call", text=text)
         decoder = json.JSONDecoder()
         calls: list[tuple[str, dict[str, Any]]] = []
-        pos = 0
-        while True:
+        prose: list[str] = []
+        last = 0  # the end of the last call read: the text from there to the next call is prose
+        skip = 0  # the end of the last JSON value read, call or data: braces before it are inside it
+        failed = 0  # the end of the last span that did not decode: only a started call is tried before it
+        misses = 0
+        unnamed: str | None = None  # why the reply's leading object is not a call
+        leading_end = 0
+
+        def parsed(error: str | None = None, upto: int | None = None) -> ToolCallParse:
+            if not calls and error is None:
+                return ToolCallParse(content=body, text=text)
+            pieces = [p.strip(" \t\n;") for p in prose + [body[last:upto]]]
+            return ToolCallParse(calls, "\n".join(p for p in pieces if p), error, text)
+
+        starts = ([0] if body.startswith("[") else []) + [m.start() for m in re.finditer(r"\{", body)]
+        for start in starts:
+            started = self._STARTED_CALL.match(body, start) is not None
+            if start < skip or not started and (start < failed or misses >= self.MAX_PROSE_MISSES):
+                continue
             try:
-                obj, end = decoder.raw_decode(body, pos)
-            except json.JSONDecodeError as exc:
-                return ToolCallParse(calls, "", f"the call is not JSON ({_json_error(exc)})", text)
+                obj, end = decoder.raw_decode(body, start)
+            except (json.JSONDecodeError, RecursionError) as exc:
+                if (start == 0 and body[0] == "{") or started:
+                    reason = _json_error(exc) if isinstance(exc, json.JSONDecodeError) else "nested too deep"
+                    return parsed(f"the call is not JSON ({reason})", upto=start)
+                failed = max(exc.pos, start + 1) if isinstance(exc, json.JSONDecodeError) else len(body)
+                misses += 1
+                continue  # a brace in prose (\\boxed{18}, "{x}")
+            skip = end
+            items = obj if isinstance(obj, list) else [obj]
+            # the reply's leading object is a call (or an error saying why not), and so is each object of a
+            # leading list of named objects; elsewhere an object is a call when it has a name and arguments
+            if start == 0 and body[0] == "[":
+                if not items or not all(isinstance(o, dict) and "name" in o for o in items):
+                    continue  # a list in prose ("[1, 2] are the roots")
+            elif start == 0 and not (isinstance(obj, dict) and "name" in obj):
+                try:  # a leading object without a name: the reply's error, unless a call follows (then data)
+                    _read_call(obj, self._ARGUMENTS)
+                except ValueError as exc:
+                    unnamed, leading_end = str(exc), end
+                continue
+            elif start != 0 and not self._is_call(obj, self._ARGUMENTS):
+                continue  # JSON data in prose ({"temp": 21})
+            prose.append(body[last:start])
+            last = end
             try:
-                calls.append(_read_call(obj, ("parameters", "arguments")))
+                calls.extend(_read_call(o, self._ARGUMENTS) for o in items)
             except ValueError as exc:
-                return ToolCallParse(calls, "", str(exc), text)
-            rest = body[end:].lstrip()
-            if not rest.startswith(";") or not rest[1:].strip():
-                return ToolCallParse(calls, rest.lstrip(";").strip(), None, text)
-            pos = len(body) - len(rest[1:].lstrip())
+                return parsed(str(exc))
+        if unnamed is not None and not calls:
+            return ToolCallParse([], body[leading_end:].strip(" \t\n;"), unnamed, text)
+        return parsed()
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         return json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)

@@ -50,6 +50,8 @@ from typing import Any
 from envs.code import _codec
 from envs.code.run_limits import POLL_S, RunAccount, RunCgroup
 from envs.errors import EnvInfraError
+from envs import procgroup
+from envs.procgroup import kill_group
 
 _HERE = Path(__file__).resolve().parent
 _UID_RANGE = (1_000_000, 2_000_000_000)  # fresh uids, never in /etc/passwd
@@ -270,8 +272,8 @@ def _shared_libraries(binaries: list[str]) -> list[str] | None:
         return None
     found: set[str] = set()
     for i in range(0, len(binaries), 200):
-        done = subprocess.run([ldd, *binaries[i:i + 200]], capture_output=True, text=True, timeout=120,
-                              env=clean_env())
+        done = procgroup.run([ldd, *binaries[i:i + 200]], capture_output=True, text=True, timeout=120,
+                             env=clean_env())
         found.update(_LDD_PATH.findall(done.stdout))
     return sorted(found)
 
@@ -296,8 +298,8 @@ def sandbox_layout(python: str) -> dict[str, list]:
         RuntimeError: the interpreter cannot be run, or one of those paths lies under :data:`SANDBOX_DIRS`.
     """
     try:
-        done = subprocess.run([python, "-I", "-S", "-c", _PATHS_PROBE], capture_output=True, text=True,
-                              timeout=60, env=clean_env())
+        done = procgroup.run([python, "-I", "-S", "-c", _PATHS_PROBE], capture_output=True, text=True,
+                             timeout=60, env=clean_env())
         paths = json.loads(done.stdout)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         raise RuntimeError(f"cannot run the sandbox interpreter {python}: {exc}") from exc
@@ -427,7 +429,7 @@ def isolation_level() -> str:
                 os.mkdir(os.path.join(tmp, "root"))
                 argv = _launch(level, python, uid, _LEVEL_PROBE, args, os.path.join(tmp, "root"), ())
                 try:
-                    done = subprocess.run(argv, env=clean_env(), capture_output=True, timeout=30, cwd=tmp)
+                    done = procgroup.run(argv, env=clean_env(), capture_output=True, timeout=30, cwd=tmp)
                 except (OSError, subprocess.TimeoutExpired) as exc:
                     refused.append(f"{level}: {exc}")
                     continue
@@ -446,13 +448,14 @@ def _fresh_uid_pair() -> tuple[int, int]:
 
 
 def _kill(proc: subprocess.Popen, level: str) -> None:
-    """Kill a sandbox: ``unshare --kill-child`` takes the PID namespace (and everything in it) down with it."""
+    """Kill a sandbox: ``unshare --kill-child`` takes the PID namespace (and everything in it) down with it; without
+    namespaces (``none``) its process group goes, also when the program itself has exited and left a process
+    running in the background."""
+    if level == "none":
+        kill_group(proc.pid)
     if proc.poll() is None:
         try:
-            if level == "none":
-                os.killpg(proc.pid, signal.SIGKILL)
-            else:
-                proc.kill()
+            proc.kill()
         except ProcessLookupError:
             pass
     _wait(proc, 10)  # SIGKILL cannot be ignored

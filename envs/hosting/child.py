@@ -38,6 +38,7 @@ from envs.errors import EnvInfraError
 from envs.generation import NewTaskRefused, generating
 from envs.hosting.errors import EnvFailed, EnvInfraFailed, EnvRejected, QuotaExceeded
 from envs.hosting.jsonable import scrub_text, to_jsonable
+from envs.procgroup import kill_group, own_session
 
 __all__ = ["EnvHost", "StateUnsupported", "can_renice", "raise_for_status", "rss_bytes", "worker_main"]
 
@@ -307,6 +308,7 @@ def worker_main(conn: Any, imports: Sequence[str], reset_nice: int = 0, keep_env
     steps at its normal one: a reset burns seconds of CPU, and the OS then gives the cores to the other sessions'
     steps first (a step is what an agent waits on; resets of other sessions must not slow it down).
     """
+    own_session()  # the pool ends the worker with its group: what its envs start goes with it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the server, which shuts workers down in order
     base_nice = os.getpriority(os.PRIO_PROCESS, 0)
     lower = reset_nice > 0 and can_renice()
@@ -341,3 +343,6 @@ def worker_main(conn: Any, imports: Sequence[str], reset_nice: int = 0, keep_env
         if host.collect_due:  # after the reply: textworld games hold reference cycles; free them now
             gc.collect()
     conn.close()
+    # what its envs started and left running: asked to end with the worker (the pool SIGKILLs the group after)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    kill_group(os.getpid(), signal.SIGTERM)

@@ -14,6 +14,7 @@ from typing import Any
 
 from envs.hosting.child import raise_for_status, worker_main
 from envs.hosting.errors import EnvFailed, EnvTimeout
+from envs.procgroup import kill_group
 
 __all__ = ["WorkerHandle"]
 
@@ -117,9 +118,12 @@ class WorkerHandle:
         return raise_for_status(status, payload)
 
     def kill(self) -> None:
-        """End the process now (no goodbye); a pending request fails with ``EnvFailed``."""
-        if self.process is not None and self.process.is_alive():
-            self.process.kill()
+        """End the process and its process group now (no goodbye: what its envs started goes with it); a pending
+        request fails with ``EnvFailed``."""
+        if self.process is not None:
+            kill_group(self.process.pid)  # the worker leads its own group (worker_main: own_session)
+            if self.process.is_alive():
+                self.process.kill()
         self._on_dead("killed")
 
     async def stop(self, timeout_s: float = 5.0) -> None:
@@ -139,3 +143,4 @@ class WorkerHandle:
             if process.is_alive():
                 process.kill()
                 await loop.run_in_executor(None, process.join, timeout_s)
+            kill_group(process.pid)  # what its envs started and left behind

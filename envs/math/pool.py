@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from envs.errors import EnvInfraError
+from envs.procgroup import kill_group
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 _CHECK_CPU_BUDGET_S = 60
@@ -68,6 +69,7 @@ class _Worker:
         self.process = subprocess.Popen(
             [python, "-c", f"from envs.math.pool import _worker_main; _worker_main({int(inner_timeout_s)})"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+            start_new_session=True,  # kill() ends its group: a check that started a process takes it along
         )
         self._buf = b""
 
@@ -98,6 +100,8 @@ class _Worker:
         return self.process.poll() is None
 
     def kill(self) -> None:
+        """End the verifier with its process group (:func:`envs.procgroup.kill_group`)."""
+        kill_group(self.process.pid)
         if self.process.poll() is None:
             self.process.kill()
         try:

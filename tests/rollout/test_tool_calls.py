@@ -76,6 +76,104 @@ def test_llama3_json_parser():
     assert LLAMA.parse("<|python_tag|>print(1)").error == "<|python_tag|> is not followed by a JSON call"
 
 
+# Replies as the models write them (shapes from the models' cards and from outputs users reported to vLLM and
+# llama.cpp): each format's parallel calls, calls beside prose, prose holding JSON that is not a call.
+WEATHER_PARIS = ("get_weather", {"city": "Paris"})
+WEATHER_LONDON = ("get_weather", {"city": "London", "unit": "celsius"})
+
+
+@pytest.mark.parametrize(("reply", "calls", "content"), [
+    # Llama 3.1 8B, one call after the tag
+    ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', [WEATHER_PARIS], ""),
+    # Llama 3.2 3B, parallel calls on separate lines
+    ('{"name": "get_weather", "parameters": {"city": "Paris"}}\n'
+     '{"name": "get_weather", "parameters": {"city": "London", "unit": "celsius"}}', [WEATHER_PARIS, WEATHER_LONDON], ""),
+    # Llama 3.3 70B, pretty-printed calls separated by a blank line, with "type": "function"
+    ('{\n    "type": "function",\n    "name": "get_weather",\n    "parameters": {\n        "city": "Paris"\n    }\n}'
+     '\n\n{"type": "function", "name": "get_weather", "parameters": {"city": "London", "unit": "celsius"}}',
+     [WEATHER_PARIS, WEATHER_LONDON], ""),
+    # "A; B" separators
+    ('{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+     '{"name": "get_weather", "parameters": {"city": "London", "unit": "celsius"}}', [WEATHER_PARIS, WEATHER_LONDON], ""),
+    # a call, then prose that holds a JSON-looking object (the result the model expects)
+    ('{"name": "get_weather", "parameters": {"city": "Paris"}}\n\nThis call will return something like '
+     '{"temperature": 18, "unit": "celsius"}, which I will then report.', [WEATHER_PARIS],
+     'This call will return something like {"temperature": 18, "unit": "celsius"}, which I will then report.'),
+    # prose, a JSON data object, then the call
+    ('The forecast API answers {"city": ..., "temp": ...}. Let me call it:\n\n'
+     '{"name": "get_weather", "parameters": {"city": "Paris"}}', [WEATHER_PARIS],
+     'The forecast API answers {"city": ..., "temp": ...}. Let me call it:'),
+    # prose with a brace before two calls, the calls' arguments holding braces and a JSON string ("arguments")
+    ('I will check both cities {as asked}.\n{"name": "get_weather", "parameters": {"city": "Paris"}}\n'
+     '{"name": "get_weather", "arguments": "{\\"city\\": \\"London\\", \\"unit\\": \\"celsius\\"}"}',
+     [WEATHER_PARIS, WEATHER_LONDON], "I will check both cities {as asked}."),
+    # a JSON list of calls (Llama 3.2 1B)
+    ('[{"name": "get_weather", "parameters": {"city": "Paris"}}, '
+     '{"name": "get_weather", "parameters": {"city": "London", "unit": "celsius"}}]', [WEATHER_PARIS, WEATHER_LONDON], ""),
+    # no call: prose with JSON data and a list is a text reply, whole
+    ('The reading was {"temp": 21} and the roots are [1, 2].', [],
+     'The reading was {"temp": 21} and the roots are [1, 2].'),
+    # a reply that opens with JSON data, then the call
+    ('{"city": "Paris", "units": "metric"} is what the tool needs:\n'
+     '{"name": "get_weather", "parameters": {"city": "Paris"}}', [WEATHER_PARIS],
+     '{"city": "Paris", "units": "metric"} is what the tool needs:'),
+    # data nested in a data object is not a call
+    ('Example: {"example": {"name": "f", "parameters": {}}} (not a call)', [],
+     'Example: {"example": {"name": "f", "parameters": {}}} (not a call)'),
+])
+def test_llama3_json_as_llama_writes_it(reply, calls, content):
+    p = LLAMA.parse(reply)
+    assert (p.calls, p.content, p.error) == (calls, content, None)
+    assert p.action == (encode_call(*calls[0]) if calls else reply.strip())
+
+
+def test_llama3_json_unreadable_calls_are_reported():
+    # a call in prose that is not JSON fails the turn with the reason, the calls before it kept
+    p = LLAMA.parse('{"name": "get_weather", "parameters": {"city": "Paris"}}\n'
+                    'Then: {"name": "get_weather", "parameters": {"city": London}}')
+    assert p.calls == [WEATHER_PARIS] and p.content == "Then:"
+    assert p.error == "the call is not JSON (Expecting value at line 2 column 54)"  # the L of London
+    assert json.loads(p.action)["invalid_tool_call"] == p.error
+    p = LLAMA.parse('Sure. {"name": "get_weather", "parameters": ["Paris"]}')
+    assert p.error == "the arguments of get_weather must be a JSON object, got a list"
+    # a reply that opens with an object without a name and holds no call: a call written with the wrong keys
+    p = LLAMA.parse('{"function": "get_weather", "args": {"city": "Paris"}} I called it.')
+    assert (p.calls, p.content, p.error) == ([], "I called it.", "the call has no \"name\" string (keys: ['args', "
+                                             "'function'])")
+
+
+@pytest.mark.parametrize(("reply", "calls", "content"), [
+    # Qwen2.5-7B-Instruct, parallel calls (Qwen's function-calling guide)
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n'
+     '{"name": "get_weather", "arguments": {"city": "London", "unit": "celsius"}}\n</tool_call>',
+     [WEATHER_PARIS, WEATHER_LONDON], ""),
+    # Qwen3 (reasoning already stripped by the orchestrator) with prose before and between the calls
+    ('I will look up both.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+     'And London:\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "London", "unit": "celsius"}}\n'
+     '</tool_call>', [WEATHER_PARIS, WEATHER_LONDON], "I will look up both.\nAnd London:"),
+    # SmolLM2-1.7B-Instruct, a list in one block
+    ('<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": '
+     '{"city": "London", "unit": "celsius"}}]</tool_call>', [WEATHER_PARIS, WEATHER_LONDON], ""),
+    # Hermes-2-Pro, a call then prose holding JSON
+    ('<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_weather"}\n</tool_call>\nIt returns {"temp": 1}.',
+     [WEATHER_PARIS], 'It returns {"temp": 1}.'),
+])
+def test_hermes_as_models_write_it(reply, calls, content):
+    p = HERMES.parse(reply)
+    assert (p.calls, p.content, p.error) == (calls, content, None)
+
+
+@pytest.mark.parametrize("reply", [
+    "x " + '{"a":' * 50_000, "x " + '{"a":"' * 80_000, "[" * 200_000, "{" * 200_000,
+    "x " + ('{"a":' * 900 + "x ") * 90, "x " + "{ " * 100_000 + '{"name": "f", "parameters": {}}',
+])
+def test_llama3_json_hostile_replies_are_bounded(reply):
+    p = LLAMA.parse(reply)  # a quadratic scan of these ran for seconds to minutes: finishing bounds the work
+    if reply.endswith('"parameters": {}}'):
+        assert p.calls == [("f", {})]
+    assert p.error is None or p.error.startswith(("the call is not JSON", "the call has no"))
+
+
 def test_registry_names_and_duplicates():
     with pytest.raises(ValueError, match=r"unknown tool-call format 'qwen'.*\['hermes', 'llama3_json'\]"):
         get_tool_call_format("qwen")

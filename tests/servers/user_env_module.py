@@ -10,6 +10,8 @@ import builtins
 import itertools
 import os
 import string
+import subprocess
+import sys
 import time
 
 import gymnasium
@@ -28,7 +30,8 @@ SURROGATE_TEXT = "high \ud800 low \udfff pair \ud83d\ude00"
 
 class EchoEnv(gymnasium.Env):
     """Echoes the action; ``"stop"`` terminates with reward 1. ``"raise"`` makes the env raise, ``"exit"`` kills
-    its process, ``"sleep:<s>"`` sleeps (a slow step). ``reset(options={"sleep": s})`` sleeps too (a slow reset);
+    its process, ``"sleep:<s>"`` sleeps (a slow step), ``"spawn"`` starts a helper process and leaves it running (its
+    pid in ``info["child"]``), ``"spawn:<path>"`` writes that pid to ``path`` and hangs. ``reset(options={"sleep": s})`` sleeps too (a slow reset);
     ``reset(options={"raise": "IndexError"})`` raises that builtin exception; ``"infra"`` as an action or a
     ``raise`` option raises ``EnvInfraError`` (the env could not judge). Text that is not valid Unicode:
     ``reset(options={"surrogate": True})`` and the action ``"surrogate"`` answer with :data:`SURROGATE_TEXT` in the
@@ -70,6 +73,13 @@ class EchoEnv(gymnasium.Env):
             return f"{self.prefix}: {SURROGATE_TEXT}", 0.0, False, False, info
         if action == "exit":
             os._exit(3)
+        if action.startswith("spawn"):  # "spawn[:path]": a helper process left running (its pid in info / path)
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            if ":" in action:  # then hang: the step times out
+                with open(action.split(":", 1)[1], "w") as f:
+                    f.write(str(child.pid))
+                time.sleep(600)
+            return f"{self.prefix}: spawned", 0.0, False, False, {"child": child.pid}
         if action.startswith("sleep:"):
             time.sleep(float(action.split(":", 1)[1]))
         terminated = action == "stop"
