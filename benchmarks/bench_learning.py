@@ -172,6 +172,10 @@ def run_one(env: str, algo: str, seed: int, args: argparse.Namespace, out: Path)
         curve["entropy"].append(records[-1].get("actor/entropy"))
         print(f"{algo} seed {seed}: step {step} success {success:.2f} (train wall {wall:.0f} s)", flush=True)
     curve.update(per_step_choices(read_metrics(run_dir / "metrics.jsonl", "train")))
+    # algo.calibration=probe: the probe's pairs, statistics and chosen pair (algorithms.md 3b)
+    probe = read_metrics(run_dir / "metrics.jsonl", "calibration")
+    if probe:
+        curve["calibration"] = {k: probe[-1].get(k) for k in ("pairs", "chosen", "episodes", "wall_s")}
     return curve
 
 
