@@ -1,6 +1,6 @@
 """A command-template agent program: ``python -m tests.gateway.command_program MODE BASE_URL API_KEY SESSION_ID
 TASK_JSON``. One model call with the real ``openai`` client, then the reward: ``print`` (last stdout line as JSON)
-or ``post`` (``POST /sessions/<id>/reward``); ``fail`` exits 3."""
+or ``post`` (``POST /sessions/<id>/reward``); ``fail`` exits 3; ``raw=TEXT`` prints TEXT as the last line."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ def main() -> None:
     reward = 1.0 if str(task["answer"]) in (reply.choices[0].message.content or "") else 0.25
     if mode == "fail":
         sys.exit(3)
+    if mode.startswith("raw="):  # the reward line as written (NaN, Infinity, 1e308: refused by the gateway)
+        print(mode.removeprefix("raw="))
+        return
     if mode == "post":
         root = base_url.removesuffix("/v1")
         httpx.post(f"{root}/sessions/{session_id}/reward", json={"reward": reward, "info": {"via": "post"}},
