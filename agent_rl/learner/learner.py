@@ -774,7 +774,7 @@ class Learner:
                 acc("actor/pg_loss", mb_pg_loss, 1.0)
                 finite_grad = math.isfinite(float(grad_norm))
                 if self._any_rank(not (finite_loss and finite_grad)):
-                    cause = (f"non-finite loss (actor/pg_loss={mb_pg_loss})" if not finite_loss else
+                    cause = ("a non-finite micro-batch loss" if not finite_loss else
                              f"non-finite gradient (global grad norm {float(grad_norm)})" if not finite_grad else
                              "a non-finite loss on another rank")
                     self.skip_cause = f"{cause} at optimiser step {n_opt_steps} of the step"
