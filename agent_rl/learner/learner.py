@@ -717,7 +717,7 @@ class Learner:
         extra_terms = algo.kl_coef > 0 or algo.ent_coef > 0 or self.value_head is not None
         # rows that can carry gradient (others only count in the denominators)
         active = (loss_mask.sum(-1) > 0) & (extra_terms | ((advantages != 0) & (loss_mask > 0)).any(-1))
-        # Dr.GRPO's constant L_max: the configured one, else the longest response (trained tokens) of the batch
+        # Dr.GRPO's constant L_max (algo.loss_max_len; algo=drgrpo refuses 0), else the longest response of the batch
         max_len = algo.loss_max_len or max(int(b.response_mask.sum(-1).max()), 1)
         dp = self.data_parallel
         if dp is not None and not algo.loss_max_len:
