@@ -796,7 +796,9 @@ class Learner:
         out.setdefault("actor/approx_kl", 0.0)  # the policy did not move, ratio 1 everywhere
         out.setdefault("actor/pg_clipfrac_lower", 0.0)
         out.setdefault("actor/ratio_mean", 1.0)
-        out["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+        # no optimiser step because the advantages were non-finite: no grad norm (null), not 0
+        out["actor/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else (
+            math.nan if self.skip_cause is not None else 0.0)
         return out
 
     def _any_rank(self, flag: bool) -> bool:

@@ -68,6 +68,7 @@ def test_nonfinite_advantages_skip_the_step(tiny, bad=math.nan):
     before = snapshot(learner)
     m = learner.update(make_batch([1.0, 0.0, bad, 1.0]), step=2, total_steps=10)  # group 1 only: mini-batch 2
     assert m["actor/skipped_nonfinite"] == 1.0 and m["actor/optimizer_steps"] == 0.0
+    assert math.isnan(m["actor/grad_norm"])  # no optimiser step: no norm (null in metrics.jsonl), not 0
     assert "advantages" in learner.skip_cause
     assert_same(before, snapshot(learner))
     m = learner.update(make_batch(GOOD, seed=1), step=3, total_steps=10)  # the run goes on
