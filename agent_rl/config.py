@@ -146,6 +146,9 @@ class TrainerConfig:
 
     total_steps: int = field(default=200, metadata=MAY_CHANGE)
     """Training steps N (one rollout + one learner update each); schedules use it."""
+    max_nonfinite_skips: int = field(default=3, metadata=MAY_CHANGE)
+    """Stop the run (with the cause) after this many steps in a row whose update the learner skipped for a
+    non-finite advantage, loss or gradient (``actor/skipped_nonfinite``); 0: never stop."""
     tasks_per_step: int = field(default=8, metadata=MUST_MATCH)
     """Groups (tasks) per step; rows = tasks_per_step x G x turns."""
     output_dir: str = field(default="", metadata=MAY_CHANGE)

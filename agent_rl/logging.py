@@ -63,6 +63,10 @@ BAR_KEYS = {"reward/mean": "R", "success/rate": "succ", "actor/pg_loss": "loss",
             "time/step_s": "step_s"}
 #: the words a row kind's one-line summary starts with (``RL step 3: R=...``, ``cloning step 5: ce=...``)
 STEP_WORDS = {"train": "RL step", "sft": "cloning step"}
+SKIPPED_NONFINITE = "actor/skipped_nonfinite"
+"""1 on a ``train`` row whose update the learner refused (a non-finite advantage, loss or gradient: nothing applied,
+``agent_rl.learner.Learner._optimise``), else 0; in every ``train`` row (0 for a step that trained on nothing), and
+the step's progress line says ``update=skipped_nonfinite``."""
 
 
 def _clean(value: Any) -> float | None:
@@ -273,6 +277,7 @@ class MetricsLogger:
             row: dict[str, Any] = {"step": step, "kind": kind, **({"phase": self.phase} if self.phase else {})}
             if kind == "train":
                 row.update((name, _clean(rest.get(name))) for name in SECTION6_METRICS)
+                row[SKIPPED_NONFINITE] = 1.0 if rest.get(SKIPPED_NONFINITE) else 0.0
             for name, value in sorted(rest.items()):
                 if name not in row:
                     row[name] = _clean(value)
@@ -294,6 +299,8 @@ class MetricsLogger:
         record = rows[0]
         if kind != "eval":  # the bar counts steps; an evaluation prints its own lines (agent_rl.eval.training)
             shown = {short: f"{record[k]:.3g}" for k, short in BAR_KEYS.items() if record.get(k) is not None}
+            if record.get(SKIPPED_NONFINITE):
+                shown["update"] = "skipped_nonfinite"
             if self._bar is not None:
                 self._bar.set_postfix(shown, refresh=False)
                 self._bar.update(1)

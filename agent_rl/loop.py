@@ -39,7 +39,7 @@ from agent_rl.config import Config, ConfigError
 from agent_rl.episodes import parse_save_episodes, save_step_episodes
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner.config import t_high_value
-from agent_rl.logging import KIND_PHASE, NO_SIGNAL, MetricsLogger
+from agent_rl.logging import KIND_PHASE, NO_SIGNAL, SKIPPED_NONFINITE, MetricsLogger
 from agent_rl.progress import step_phase
 from agent_rl.rollout import build_rollout_batch
 from agent_rl.rollout.schedule import ExpertRows, Player, Schedule, choose_schedule
@@ -54,6 +54,11 @@ from agent_rl.types import RolloutBatch
 class FirstStepFailed(RuntimeError):
     """Every episode of the run's first step failed (bad env options or kwargs, an unreachable env server): nothing
     can train. The CLI prints it as one line."""
+
+
+class NonFiniteUpdates(RuntimeError):
+    """``trainer.max_nonfinite_skips`` steps in a row had their update skipped for a non-finite advantage, loss or
+    gradient (``actor/skipped_nonfinite``): the run stops with the cause rather than train on nothing."""
 
 
 class SkipUpdate(Exception):
@@ -128,6 +133,7 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
 
     Raises:
         FirstStepFailed: every episode of the first step failed.
+        NonFiniteUpdates: ``trainer.max_nonfinite_skips`` updates in a row skipped (non-finite).
         ConfigError: the eval panel is not held out (before anything starts).
     """
     t = cfg.trainer
@@ -191,6 +197,7 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
         keep_episodes = parse_save_episodes(t.save_episodes)
         idle_steps = 0  # steps that trained on nothing (every group dropped or filtered)
         no_signal_steps = 0  # steps whose groups all had equal rewards (issue 35: said on its line and at the end)
+        nonfinite_skips = 0  # steps in a row whose update the learner refused (non-finite)
         for step in range(start, total + 1):
             # 1. Collect the step's complete groups (TGRL: 1 at T0 + 3 at T1 each; warm-up all at T1).
             t_high = t_rule.t_high(step) if t_rule is not None else None
@@ -239,6 +246,8 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
             # 7. Log; 8. checkpoint (the data position excludes tasks drawn but not trained: a resume replays them).
             progress.end()
             record = logger.log(step, {**metrics, **schedule.step_metrics()}, kind=backend.kind)
+            nonfinite_skips = nonfinite_skips + 1 if record.get(SKIPPED_NONFINITE) else 0
+            check_nonfinite_skips(step, nonfinite_skips, t.max_nonfinite_skips, record)
             if no_learning_signal(metrics):
                 no_signal_steps += 1
                 print(f"step {step}: {NO_SIGNAL} in all {int(metrics.get('rollout/groups', 0))} group(s); "
@@ -303,6 +312,24 @@ def check_dropped_groups(step: int, start: int, failures: list[Any], has_rows: b
     if step == start and not has_rows and not filtered_groups:
         raise FirstStepFailed(f"every episode of step {step} failed, nothing to train on; "
                               f"first reason: {failures[0]}")
+
+
+def check_nonfinite_skips(step: int, in_a_row: int, limit: int, record: dict[str, Any]) -> None:
+    """Say a step whose update was skipped for a non-finite value (``in_a_row``: such steps up to this one).
+
+    Raises:
+        NonFiniteUpdates: ``in_a_row`` reached ``limit`` (``trainer.max_nonfinite_skips``; 0: never).
+    """
+    if not in_a_row:
+        return
+    numbers = ", ".join(f"{k}={record.get(k)}" for k in ("actor/pg_loss", "actor/grad_norm", "actor/optimizer_steps"))
+    cause = (f"a non-finite advantage, loss or gradient ({numbers}; the learner's warning names which); a "
+             "non-finite number from outside (reward, engine log-prob) or an unstable update (learning rate, "
+             "precision)")
+    print(f"WARNING: step {step}: update skipped, nothing applied: {cause}", file=sys.stderr)
+    if limit and in_a_row >= limit:
+        raise NonFiniteUpdates(f"{in_a_row} updates in a row (steps {step - in_a_row + 1}..{step}) were skipped for "
+                               f"{cause}; trainer.max_nonfinite_skips={limit}")
 
 
 def warn_idle_step(step: int, dropped_groups: int, filtered_groups: int, refused: str | None = None) -> None:

@@ -32,7 +32,7 @@ from agent_rl.resume import compare_for_resume
 from agent_rl.trackers import Trackers
 from agent_rl.learner.checkpoint import latest_checkpoint, recover_checkpoints
 from agent_rl.local import LocalBackend
-from agent_rl.loop import FirstStepFailed, run
+from agent_rl.loop import FirstStepFailed, NonFiniteUpdates, run
 from agent_rl.progress import Progress, quiet_library_progress
 from agent_rl.report import finish_run
 from agent_rl.runtime import (check_output_dir, check_resume_state, config_groups_help, resume_path, saved_run_config,
@@ -177,7 +177,7 @@ def cli() -> None:
         overrides, notice = with_device_preset(sys.argv[1:])
         main(overrides, notice=notice)
 
-    run_cli(run, run_errors=(FirstStepFailed,))
+    run_cli(run, run_errors=(FirstStepFailed, NonFiniteUpdates))
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ TRAINED_TOKEN_MEANS = ("async/staleness_mean", "async/behaviour_weight_mean", "a
 def merge_learner_metrics(ranks: list[dict[str, float]], batch: RolloutBatch) -> dict[str, float]:
     """One record from the ranks' metrics: ``actor/pg_loss`` is the ranks' mean (each rank's loss is already over the
     global denominator / N: module docstring of data_parallel), ``actor/grad_norm``, ``actor/lr``, ``schedule/S``,
-    ``actor/optimizer_steps`` are equal on every rank (rank 0's), ``time/update_s``, ``async/staleness_max`` and the
+    ``actor/optimizer_steps``, ``actor/skipped_nonfinite`` are equal on every rank (rank 0's), ``time/update_s``, ``async/staleness_max`` and the
     ``perf/`` memory metrics the ranks' maximum, the :data:`TRAINED_TOKEN_MEANS` (``async/staleness_mean``,
     ``async/behaviour_weight_*``) the trained-token-weighted mean, the additive ``tampo_sum/*`` summed (TAMPO's
     driver divides by the batch's episodes), TGRL group metrics recomputed on the whole batch,
@@ -102,7 +102,7 @@ def merge_learner_metrics(ranks: list[dict[str, float]], batch: RolloutBatch) ->
         vals = [m.get(key, 0.0) for m in ranks]
         if key == "actor/pg_loss":
             out[key] = sum(vals) / len(vals)
-        elif key in ("actor/grad_norm", "actor/lr", "schedule/S", "actor/optimizer_steps"):
+        elif key in ("actor/grad_norm", "actor/lr", "schedule/S", "actor/optimizer_steps", "actor/skipped_nonfinite"):
             out[key] = vals[0]
         elif key in ("time/update_s", "async/staleness_max") or key.startswith("perf/"):
             out[key] = max(vals)

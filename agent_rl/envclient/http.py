@@ -27,6 +27,7 @@ from agent_rl.envclient.base import (
     client_error,
 )
 from envs.hosting.jsonable import lone_surrogate, to_jsonable
+from envs.numbers import RewardError, checked_reward
 from servers.launch import TOKEN_ENV
 
 __all__ = ["DEFAULT_TIMEOUT", "HTTPEnvPool"]
@@ -212,7 +213,8 @@ class HTTPEnvPool:
     async def step(self, session_id: str, action: str) -> StepResult:
         """``POST /sessions/{id}/step``; retried only on connect errors. A non-``str`` action, or one holding a lone
         UTF-16 surrogate, is refused here (``EnvClientError``, ``code="invalid_request"``), as the server would
-        (422) if it could be sent at all."""
+        (422) if it could be sent at all. An answer whose reward breaks :func:`envs.numbers.checked_reward` (null,
+        NaN, inf, beyond float32) raises ``EnvServerError`` (``code="invalid_reward"``): an env failure."""
         if not isinstance(action, str):
             raise EnvClientError(f"action must be a str, got {type(action).__name__}", code="invalid_request")
         _refuse_invalid_text(action=action)
@@ -226,7 +228,12 @@ class HTTPEnvPool:
                     raise
                 await asyncio.sleep(self._backoff(attempt))
         payload = self._check(response)
-        return StepResult(payload["observation"], float(payload["reward"]), bool(payload["terminated"]),
+        try:  # a server that is not this project's may answer null (a NaN in JSON), inf or 1e308
+            reward = checked_reward(payload.get("reward"), "the env server's reward")
+        except RewardError as exc:
+            raise EnvServerError(f"{exc} (POST {url}/sessions/{session_id}/step)", status=response.status_code,
+                                 code="invalid_reward") from None
+        return StepResult(payload["observation"], reward, bool(payload["terminated"]),
                           bool(payload["truncated"]), payload.get("info") or {})
 
     async def close(self, session_id: str) -> None:

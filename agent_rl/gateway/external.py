@@ -34,7 +34,6 @@ import concurrent.futures
 import importlib
 import itertools
 import json
-import math
 import secrets
 from typing import Any, Callable
 
@@ -45,11 +44,13 @@ from agent_rl.gateway.recorder import GatewaySession, PromptBuilder, RequestErro
 from agent_rl.gateway.server import GatewayServer
 from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.fork import ForkSource, SiblingStart
-from agent_rl.rollout.orchestrator import GATEWAY_COUNTS, EnvCallFailed, RolloutOrchestrator
+from agent_rl.rollout.orchestrator import GATEWAY_COUNTS, EnvCallFailed, RolloutOrchestrator, checked_reward
 from agent_rl.rollout.prompts import get_prompt
 from agent_rl.rollout.tools import decode_for_parsing, strip_reasoning
 from agent_rl.tasks import load_tasks
 from agent_rl.types import Episode, Generation, Task
+from envs.numbers import RewardError
+from envs.numbers import checked_reward as _checked_reward
 from servers.launch import new_token
 
 _EPISODE_IDS = itertools.count()
@@ -79,7 +80,9 @@ def read_reward(result: Any) -> tuple[float | None, dict[str, Any], bool | None]
     """``(reward, info, won)`` of what a program returned (None: it gave none).
 
     Raises:
-        ValueError: a result that is not a number, a dict with a number ``reward``, or None; a non-finite reward.
+        ValueError: a result that is not a number, a dict with a number ``reward``, or None; a reward that is not
+            finite or beyond float32 (:class:`envs.numbers.RewardError`; a command's printed ``NaN``, ``Infinity``,
+            ``1e400`` or ``1e308`` included).
     """
     if result is None:
         return None, {}, None
@@ -93,9 +96,7 @@ def read_reward(result: Any) -> tuple[float | None, dict[str, Any], bool | None]
         result = result["reward"]
     if isinstance(result, bool) or not isinstance(result, (int, float)):
         raise ValueError(f"the program's reward must be a number, got {type(result).__name__}")
-    if not math.isfinite(float(result)):
-        raise ValueError(f"the program's reward is not finite ({result})")
-    return float(result), info, None if won is None else bool(won)
+    return checked_reward(result, "the program's reward"), info, None if won is None else bool(won)
 
 
 class ExternalRollout(RolloutOrchestrator):
@@ -204,19 +205,24 @@ class ExternalRollout(RolloutOrchestrator):
             session.reward_info["env_failure"] = str(exc)
             raise RequestError(f"the env step failed: {exc}", "env_error", 502) from None
         session.env_steps += 1
-        session.env_reward += float(step.reward)
+        try:
+            reward = _checked_reward(step.reward, "the env's reward")
+        except RewardError as exc:
+            session.reward_info["env_failure"] = str(exc)
+            raise RequestError(f"the env step failed: {exc}", "env_error", 502) from None
+        session.env_reward += reward
         session.env_done = bool(step.terminated or step.truncated)
         info = dict(step.info or {})
         if "won" in info:
             session.env_won = bool(info["won"])
         if session.turns:
-            session.turns[-1].reward += float(step.reward)
+            session.turns[-1].reward += reward
             session.turns[-1].terminated = session.turns[-1].terminated or bool(step.terminated)
             session.turns[-1].truncated = session.turns[-1].truncated or bool(step.truncated)
             session.turns[-1].invalid = session.turns[-1].invalid or bool(info.get("invalid_action"))
             session.turns[-1].observation = str(step.observation)  # the next request's new messages replace it
             session.turns[-1].info.update({k: info[k] for k in ("won", "invalid_action") if k in info})
-        return {"observation": step.observation, "reward": float(step.reward), "terminated": bool(step.terminated),
+        return {"observation": step.observation, "reward": reward, "terminated": bool(step.terminated),
                 "truncated": bool(step.truncated), "info": info}
 
     # ---------------------------------------------------------------------------------------------- episodes
@@ -340,6 +346,7 @@ class ExternalRollout(RolloutOrchestrator):
             reward, won = session.env_reward, session.env_won
         if reward is None:
             raise EnvCallFailed("the program gave no reward (returned none, posted none, stepped no env)")
+        reward = checked_reward(reward, "the episode's reward")  # the env's steps' sum may overflow float32
         if not session.turns:
             raise EnvCallFailed("the program made no model call (nothing to train on)")
         turns = session.turns

@@ -7,9 +7,11 @@ Sizes are bounded here and by the body guard (``servers.middleware.BodyGuardMidd
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from envs.numbers import checked_reward
 
 #: request fields that would change sampling: recorded (``GatewaySession.ignored``) and ignored
 IGNORED_SAMPLING = ("temperature", "top_p", "top_k", "n", "seed", "logit_bias", "logprobs", "top_logprobs",
@@ -76,11 +78,12 @@ class CompletionRequest(_Open):
 
 
 class RewardRequest(BaseModel):
-    """``POST /sessions/<id>/reward``: the episode's reward (a finite JSON number: not a string, not a boolean) and
-    optional info."""
+    """``POST /sessions/<id>/reward``: the episode's reward (a JSON number: not a string, not a boolean; finite and
+    within float32, :func:`envs.numbers.checked_reward`) and optional info."""
 
     model_config = ConfigDict(extra="forbid")
-    reward: float = Field(strict=True, allow_inf_nan=False)
+    reward: Annotated[float, Field(strict=True, allow_inf_nan=False),
+                      AfterValidator(lambda r: checked_reward(r, "the posted reward"))]
     info: dict[str, Any] = Field(default_factory=dict)
     won: bool | None = None
 

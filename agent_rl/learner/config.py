@@ -127,8 +127,10 @@ class AlgoConfig:
     loss_agg: str = "token_mean"
     """token_mean | seq_mean_token_mean | seq_mean_token_sum_norm (Dr.GRPO, Liu et al. 2025)."""
     loss_max_len: int = 0
-    """L_max of ``seq_mean_token_sum_norm`` (set it to engine.max_new_tokens); 0 = the longest response of the
-    batch (rows are prompt + response, so the padded row length would be wrong)."""
+    """L_max of ``seq_mean_token_sum_norm``: a constant divisor (Dr.GRPO, Liu et al. 2025, divides the summed token
+    losses by the generation budget, their ``generate_max_length``; the ``drgrpo`` preset sets it to
+    ``engine.max_new_tokens`` and ``algo=drgrpo`` refuses 0). 0 (other algorithms only): the longest response of
+    the batch, which makes a row's loss depend on the rows beside it."""
     clip_low: float = field(default=0.2, metadata=applied("Learner._micro_loss: the policy loss's clip range"))
     """PPO clip range below 1 (eps_low)."""
     clip_high: float = field(default=0.2, metadata=applied("Learner._micro_loss: the policy loss's clip range"))
@@ -247,6 +249,11 @@ class AlgoConfig:
             self.group_size = self.n_low + self.n_high
         elif self.group_size == 0:
             self.group_size = 4
+        if self.name == "drgrpo" and self.loss_max_len <= 0:
+            raise ValueError(f"algo=drgrpo needs algo.loss_max_len > 0 (got {self.loss_max_len}): Dr.GRPO divides the "
+                             "summed token losses by a constant, the generation budget (engine.max_new_tokens, the "
+                             "preset's value); 0 would divide by each batch's longest response, so a row's loss would "
+                             "change with the rows beside it (Liu et al. 2025)")
         if (self.name == "ppo") != (self.adv_estimator == "gae"):
             raise ValueError("algo.adv_estimator=gae goes with algo.name=ppo (and only with it)")
         if self.group_size < 1 or self.n_low < 0 or (self.name == "tgrl" and self.n_high < 1):

@@ -16,7 +16,12 @@ One step, top to bottom (``Learner.update``):
 3. **PPO epochs** over ``algo.num_mini_batches`` mini-batches of whole groups (:func:`group_mini_batches`), each
    split into micro-batches (gradient accumulation; every aggregation uses the whole mini-batch's denominator,
    ``algos.agg_denominator``, so the accumulated gradient equals the mini-batch loss's), AdamW, global grad-norm
-   clip, LR warm-up. Ratio statistics are reported from optimiser steps 2..n.
+   clip, LR warm-up. Ratio statistics are reported from optimiser steps 2..n. A non-finite update is never applied
+   (:meth:`Learner._optimise`): non-finite advantages on trained tokens skip the step before any optimiser step; a
+   non-finite micro-batch loss or global grad norm skips that optimiser step and the rest of the step (no
+   ``optimizer.step``, no scheduler step: the parameters and the optimiser state stay as they were);
+   ``actor/skipped_nonfinite`` is 1, with the cause in :attr:`Learner.skip_cause`. Under data parallelism the
+   decision is all-reduced (MAX), so a non-finite value on any rank skips on every rank alike.
 
 Memory: logits-sized work is chunked; in the grad pass each chunk's ``lm_head`` + log-softmax is recomputed in
 backward (``torch.utils.checkpoint``) so only the (N, d) hidden states are kept. Rows that carry no gradient (no
@@ -30,6 +35,7 @@ Device: ``cpu`` for tests; on CUDA the forward runs under bf16 autocast (fp32 ma
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import time
 from contextlib import nullcontext
@@ -93,6 +99,8 @@ class OldPolicyOutputs:
     ref_logprobs: Tensor | None = None
     virtual_logprobs: Tensor | None = None
 
+
+log = logging.getLogger(__name__)
 
 #: policy-loss metrics that compare the new policy with the old one (reported from optimiser steps 2..n).
 RATIO_METRICS = ("actor/clipfrac", "actor/approx_kl", "actor/pg_clipfrac_lower", "actor/ratio_mean")
@@ -321,6 +329,8 @@ class Learner:
         #: data-parallel hooks when this learner is one rank of several (``agent_rl.distributed.DataParallel``:
         #: global loss denominators and L_max, DDP gradient averaging before the clip); None: one process.
         self.data_parallel: Any = None
+        self.skip_cause: str | None = None
+        """Why the last :meth:`update` applied no update (``actor/skipped_nonfinite`` 1), else None."""
 
     # ------------------------------------------------------------------------------------------------------------
     # Public API
@@ -330,8 +340,10 @@ class Learner:
 
         Returns (python floats): ``actor/pg_loss``, ``actor/clipfrac``, ``actor/approx_kl``, ``actor/grad_norm``,
         ``actor/entropy``, ``actor/lr``, ``credit/trained_token_frac``, ``credit/js_mean``, ``schedule/S``,
-        ``tgrl/delta_R``, ``tgrl/success_high``, ``tgrl/success_low``, ``time/update_s``, plus
-        ``actor/engine_logprob_diff`` (mean |old - engine| log-prob: the engine/learner mismatch),
+        ``tgrl/delta_R``, ``tgrl/success_high``, ``tgrl/success_low``, ``time/update_s``,
+        ``actor/skipped_nonfinite`` (1: a non-finite advantage, loss or gradient, and no update was applied; the
+        cause in :attr:`skip_cause`, logged; module docstring), plus ``actor/engine_logprob_diff`` (mean |old -
+        engine| log-prob: the engine/learner mismatch),
         ``actor/kl_ref`` (kl_coef > 0), ``critic/vf_loss`` and ``critic/values_mean`` (algo=ppo), and the
         asynchronous-rollout metrics of algorithms.md section 7 (:meth:`_async_metrics`): ``async/staleness_mean``,
         ``async/staleness_max``, ``async/behaviour_weight_mean``, ``async/behaviour_weight_capped_frac``,
@@ -728,7 +740,7 @@ class Learner:
         extra_terms = algo.kl_coef > 0 or algo.ent_coef > 0 or self.value_head is not None
         # rows that can carry gradient (others only count in the denominators)
         active = (loss_mask.sum(-1) > 0) & (extra_terms | ((advantages != 0) & (loss_mask > 0)).any(-1))
-        # Dr.GRPO's constant L_max: the configured one, else the longest response (trained tokens) of the batch
+        # Dr.GRPO's constant L_max (algo.loss_max_len; algo=drgrpo refuses 0), else the longest response of the batch
         max_len = algo.loss_max_len or max(int(b.response_mask.sum(-1).max()), 1)
         dp = self.data_parallel
         if dp is not None and not algo.loss_max_len:
@@ -736,6 +748,10 @@ class Learner:
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
         grad_norms: list[float] = []
+        # a non-finite advantage on a trained token poisons every update it reaches: skip the whole step (each rank
+        # decides, then all agree)
+        bad_adv = bool((~torch.isfinite(advantages) & (loss_mask > 0)).any())
+        self.skip_cause = "non-finite advantages on trained tokens" if self._any_rank(bad_adv) else None
 
         def acc(name: str, value: Tensor | float, weight: float) -> None:
             sums[name] = sums.get(name, 0.0) + float(value) * weight
@@ -747,6 +763,8 @@ class Learner:
         if dp is not None:  # every rank runs the same number of optimiser steps (whole groups per rank differ)
             n_mini = dp.global_min(min(n_mini, int(torch.unique(b.group_index).numel())))
         for _epoch in range(algo.ppo_epochs):
+            if self.skip_cause is not None:
+                break  # skipped (non-finite advantages, or an optimiser step's loss or gradient): the rest too
             for mb_rows in group_mini_batches(b.group_index, n_mini, self.generator):
                 n_opt_steps += 1
                 mb_mask = loss_mask[mb_rows]
@@ -756,12 +774,14 @@ class Learner:
                     den, tok_den = dp.global_denominator(den), dp.global_denominator(tok_den)
                 self.optimizer.zero_grad(set_to_none=True)
                 mb_pg_loss = 0.0
+                finite_loss = True
                 fwd_rows = mb_rows[active[mb_rows]]
                 micro = self._micro_batches(fwd_rows, b.attention_mask) if fwd_rows.numel() else []
                 for _ in range(self._lockstep_padding(len(micro))):  # FSDP: as many backwards as any rank
                     self._idle_pass(b, backward=True)
                 for rows in micro:
                     loss, m = self._micro_loss(b, old, advantages, loss_mask, returns, rows, den, tok_den, max_len)
+                    finite_loss = finite_loss and bool(torch.isfinite(loss.detach()))
                     loss.backward()
                     mb_pg_loss += float(m.pop("actor/pg_loss"))  # micro losses share den: they sum to the mb loss
                     w = float(loss_mask[rows].sum())
@@ -774,11 +794,23 @@ class Learner:
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     self.params, self.optim_cfg.max_grad_norm if self.optim_cfg.max_grad_norm > 0 else math.inf)
                 grad_norms.append(float(grad_norm))
+                acc("actor/pg_loss", mb_pg_loss, 1.0)
+                finite_grad = math.isfinite(float(grad_norm))
+                if self._any_rank(not (finite_loss and finite_grad)):
+                    cause = ("a non-finite micro-batch loss" if not finite_loss else
+                             f"non-finite gradient (global grad norm {float(grad_norm)})" if not finite_grad else
+                             "a non-finite loss on another rank")
+                    self.skip_cause = f"{cause} at optimiser step {n_opt_steps} of the step"
+                    self.optimizer.zero_grad(set_to_none=True)  # never applied: parameters, moments, lr unchanged
+                    break
                 self.optimizer.step()
                 if self.optim_cfg.warmup_unit == "optimizer_step":
                     self.scheduler.step()
-                acc("actor/pg_loss", mb_pg_loss, 1.0)
         out = {k: sums[k] / weights[k] if weights[k] > 0 else 0.0 for k in sums}
+        out["actor/skipped_nonfinite"] = float(self.skip_cause is not None)
+        if self.skip_cause is not None:
+            log.warning("update skipped, nothing applied (parameters and optimiser state unchanged): %s",
+                        self.skip_cause)
         for k in RATIO_METRICS:  # a single optimiser step: its (trivial) ratio statistics are all there are
             first = out.pop(f"first:{k}", None)
             if k not in out and first is not None:
@@ -788,8 +820,15 @@ class Learner:
         out.setdefault("actor/approx_kl", 0.0)  # the policy did not move, ratio 1 everywhere
         out.setdefault("actor/pg_clipfrac_lower", 0.0)
         out.setdefault("actor/ratio_mean", 1.0)
-        out["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+        # no optimiser step because the advantages were non-finite: no grad norm (null), not 0
+        out["actor/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else (
+            math.nan if self.skip_cause is not None else 0.0)
         return out
+
+    def _any_rank(self, flag: bool) -> bool:
+        """``flag`` of any rank (one MAX all-reduce under data parallelism): every rank takes the same decision."""
+        dp = self.data_parallel
+        return bool(dp.global_max(int(flag))) if dp is not None else bool(flag)
 
     def _micro_loss(self, b: RolloutBatch, old: OldPolicyOutputs, advantages: Tensor, loss_mask: Tensor,
                     returns: Tensor | None, rows: Tensor, den: Tensor, tok_den: Tensor, max_len: int | None

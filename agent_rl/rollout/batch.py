@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 
 from agent_rl.types import Episode, RolloutBatch, fork_base_indices
+from envs.numbers import checked_reward
 
 MODES = ("turn", "trajectory")
 
@@ -116,7 +117,8 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
         :func:`fork_extras` and ``token_turn`` (in either mode).
 
     Raises:
-        ValueError: unknown mode, a failed or empty episode, no episodes.
+        ValueError: unknown mode, a failed or empty episode, no episodes; ``envs.numbers.RewardError`` (a
+            ValueError) for an episode reward that is NaN, inf or beyond float32.
     """
     if mode not in MODES:
         raise ValueError(f"unknown rollout mode {mode!r}; valid: {list(MODES)}")
@@ -128,6 +130,7 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
     for e, ep in enumerate(episodes):
         if ep.failure is not None or not ep.turns:
             raise ValueError(f"episode {e} failed or has no turns ({ep.failure!r}); it must not be trained on")
+        checked_reward(ep.reward, f"episode {e}'s reward")  # the orchestrators fail such an episode before this
         g = group_ids.setdefault(ep.task.group_id, len(group_ids))
         k_turns = len(ep.turns)
         if mode == "turn":

@@ -18,7 +18,8 @@ Failures: an env call that raises or times out (after the client's own retries) 
 episode is re-run from the same task up to ``rollout.episode_retries`` times; a group with an episode that still
 fails is dropped whole and counted (``rollout/dropped_groups``). That includes an env that could not judge
 (``envs.errors.EnvInfraError``: HTTP 500 ``env_infra_error``, ``EnvServerError`` in-process), which is never a
-reward (``docs/env_errors.md``). Engine errors propagate (they are bugs).
+reward (``docs/env_errors.md``), and a reward a batch cannot hold (NaN, inf, beyond float32: each step's and the
+episode's sum, :func:`envs.numbers.checked_reward`). Engine errors propagate (they are bugs).
 
 Tools (``action_format="tools"``, docs/tools.md): the env declares its tools at reset (``info["tools"]``); the
 prompt passes them to the chat template (:class:`agent_rl.rollout.prompts.tools.ToolPrompt`,
@@ -56,6 +57,8 @@ from agent_rl.rollout.prompts.tools import ToolPrompt
 from agent_rl.rollout.tools import (TemplateTools, decode_for_parsing, get_tool_call_format, prompt_opens_reasoning,
                                     reasoning_markers, reasoning_open, strip_reasoning, tool_messages)
 from agent_rl.types import Episode, ForkOrigin, Generation, Task, Turn
+from envs.numbers import RewardError
+from envs.numbers import checked_reward as _checked_reward
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -77,7 +80,17 @@ producer logging each cycle's difference."""
 
 
 class EnvCallFailed(RuntimeError):
-    """An env call (reset/step) raised or ran past ``rollout.env_timeout_s``."""
+    """An env call (reset/step) raised or ran past ``rollout.env_timeout_s``, or gave a reward a batch cannot hold
+    (:func:`checked_reward`)."""
+
+
+def checked_reward(value: Any, source: str) -> float:
+    """:func:`envs.numbers.checked_reward` for the rollout: a reward that breaks the rule (NaN, inf, beyond float32)
+    fails the episode attempt (:class:`EnvCallFailed`: re-run, then the group dropped), never reaches a batch."""
+    try:
+        return _checked_reward(value, source)
+    except RewardError as exc:
+        raise EnvCallFailed(str(exc)) from None
 
 
 class ToolEnvError(ValueError):
@@ -586,6 +599,7 @@ class RolloutOrchestrator:
                 gen, action, well_formed = await self._respond(ctx, task, slot, prompt_ids, temperature, is_high,
                                                                episode_id)
                 step = await self._env(lambda: self.pool.step(sid, action))
+                reward = checked_reward(step.reward, "the env's reward")
                 step_info = dict(step.info or {})
                 inadmissible = step_info.get("invalid_action")
                 if inadmissible is None:  # the env does not say: judge by its admissible list, when it has one
@@ -593,7 +607,7 @@ class RolloutOrchestrator:
                 ep.turns.append(Turn(
                     prompt_ids=list(prompt_ids), response_ids=list(gen.token_ids),
                     response_logprobs=list(gen.logprobs), action=action, observation=step.observation,
-                    reward=float(step.reward), terminated=bool(step.terminated), truncated=bool(step.truncated),
+                    reward=reward, terminated=bool(step.terminated), truncated=bool(step.truncated),
                     info=step_info, invalid=(not well_formed) or bool(inadmissible),
                     response_truncated=gen.finish_reason == "length", policy_version=int(gen.policy_version or 0)))
                 history.append((obs, action))
@@ -602,7 +616,8 @@ class RolloutOrchestrator:
                     break
                 if source is not None and source.snapshot and replay is None and k + 1 < cfg.max_turns:
                     await self._snapshot(task.env_id, sid, k + 1, source)
-            env_reward = sum(t.reward for t in ep.turns)
+            # a sum of rewards that each fit float32 may not: checked again
+            env_reward = checked_reward(sum(t.reward for t in ep.turns), "the episode's reward (its turns' sum)")
             ep.reward = env_reward  # an invalid-action penalty is already in it (envs.wrappers, rollout.invalid_penalty)
             ep.won = bool(info.get("won", env_reward > 0)) if ep.turns else False
             if source is not None and source.keep_cache and ep.failure is None:

@@ -38,6 +38,7 @@ from envs.errors import EnvInfraError
 from envs.generation import NewTaskRefused, generating
 from envs.hosting.errors import EnvFailed, EnvInfraFailed, EnvRejected, QuotaExceeded
 from envs.hosting.jsonable import scrub_text, to_jsonable
+from envs.numbers import checked_reward
 from envs.procgroup import kill_group, own_session
 
 __all__ = ["EnvHost", "StateUnsupported", "can_renice", "raise_for_status", "rss_bytes", "worker_main"]
@@ -185,16 +186,19 @@ class EnvHost:
                              _with_generated(info, generated[0]))
 
     def step(self, session_id: str, action: Any) -> tuple[Any, float, bool, bool, Any]:
-        """``env.step(action)`` -> ``(observation, reward, terminated, truncated, info)``."""
+        """``env.step(action)`` -> ``(observation, reward, terminated, truncated, info)``; a reward that breaks
+        :func:`envs.numbers.checked_reward` (NaN, inf, beyond float32) fails the step like an env exception (the
+        session's env is closed, status ``"error"``: HTTP 500, an env failure of the episode)."""
         try:
             observation, reward, terminated, truncated, info = self.sessions[session_id].step(action)
+            reward = checked_reward(reward, "the env's reward")
         except BaseException:
             self.made_with.pop(session_id, None)  # an env that raised is closed, never handed on
             raise
         observation, info = to_jsonable(observation), to_jsonable(info)
         self.steps[session_id] = self.steps.get(session_id, 0) + 1
         self.last[session_id] = (observation, info)
-        return observation, float(reward), bool(terminated), bool(truncated), info
+        return observation, reward, bool(terminated), bool(truncated), info
 
     # ---- snapshots (module docstring) -----------------------------------------------------------------------
     @staticmethod

@@ -5,7 +5,7 @@ the reward: ``print`` (last stdout line as JSON) or ``post`` (``POST /sessions/<
 With DIR (files named by the session id): ``inspect`` writes its pid to ``DIR/<sid>.pid`` and waits for ``DIR/go``
 before it starts (the test reads its ``/proc`` meanwhile); ``helper`` leaves a ``sleep 40`` running in the
 background (holding its stdout) and exits; ``hang`` does the same but runs on itself after printing its reward;
-``silent`` runs on without printing one. Pids go to ``DIR/<sid>.pids`` (its own, then the helper's)."""
+``silent`` runs on without printing one; ``raw=TEXT`` prints TEXT as the last line. Pids go to ``DIR/<sid>.pids`` (its own, then the helper's)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,9 @@ def main() -> None:
     reward = 1.0 if str(task["answer"]) in (reply.choices[0].message.content or "") else 0.25
     if mode == "fail":
         sys.exit(3)
+    if mode.startswith("raw="):  # the reward line as written (NaN, Infinity, 1e308: refused by the gateway)
+        print(mode.removeprefix("raw="))
+        return
     if mode == "post":
         root = os.environ["OPENAI_BASE_URL"].removesuffix("/v1")
         httpx.post(f"{root}/sessions/{session_id}/reward", json={"reward": reward, "info": {"via": "post"}},

@@ -157,3 +157,20 @@ def reply_length(task: dict[str, Any], gateway: dict[str, Any]) -> float:
     reply = client(gateway).chat.completions.create(model="policy", max_tokens=8,
                                                     messages=[{"role": "user", "content": task["question"]}])
     return len(set(reply.choices[0].message.content or "")) / 10
+
+
+def row_reward(task: dict[str, Any], gateway: dict[str, Any]) -> float:
+    """A task file's row asked once; reward: the row's own ``reward`` read as a float (``"nan"``, ``"1e308"``: a
+    number a batch cannot hold, which the gateway must refuse)."""
+    client(gateway).chat.completions.create(model="policy", max_tokens=2,
+                                            messages=[{"role": "user", "content": task["question"]}])
+    return float(task["reward"])
+
+
+def echo_steps(task: dict[str, Any], gateway: dict[str, Any]) -> None:
+    """One model call, then two steps of its Echo env that each answer reward 3e38 (fits float32; their sum does
+    not). Reward: the env's (returns None)."""
+    client(gateway).chat.completions.create(model="policy", max_tokens=2,
+                                            messages=[{"role": "user", "content": task["observation"]}])
+    env_step(task, "reward:3e38")
+    env_step(task, "reward:3e38")

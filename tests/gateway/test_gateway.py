@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import sys
 import threading
 import time
@@ -588,3 +589,60 @@ def test_the_timeout_ends_the_group_and_reads_the_reward_printed_before(policy, 
     assert res.dropped_groups == 1 and "timed out after 8 s" in res.failures[0]
     pids = [tuple(map(int, f.read_text().split())) for f in silent.glob("*.pids")]
     assert len(pids) >= 2 and all(_gone(p) for pair in pids for p in pair)
+
+
+# ------------------------------------------------------------------------------------------------ rewards a batch cannot hold
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "3.5e38", "1e308"])
+def test_program_reward_from_a_task_row_breaking_the_rule_fails(policy, tmp_path, value):
+    # a task file's row carries the reward the program returns: NaN, inf or beyond float32 fails the episode
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"question": "What is 1 + 1?", "reward": value}) + "\n")
+    res, metrics = play(policy, "tests.gateway.programs:row_reward", tasks_override=str(path))
+    assert (res.dropped_groups, res.episodes, metrics["rollout/failed_episodes"]) == (1, [], 4.0)
+    assert "the program's reward" in res.failures[0], res.failures
+    path.write_text(json.dumps({"question": "What is 1 + 1?", "reward": "-3.4e38"}) + "\n")  # control: it fits
+    res, _ = play(policy, "tests.gateway.programs:row_reward", tasks_override=str(path))
+    assert [ep.reward for ep in res.episodes] == [-3.4e38] * 4
+
+
+@pytest.mark.parametrize("line", ["NaN", "-Infinity", "1e400", "1e308", '{"reward": 3.5e38}', '{"reward": NaN}'])
+def test_command_printing_a_reward_breaking_the_rule_fails(policy, task_file, line):
+    raw = shlex.quote(f"raw={line}").replace("{", "{{").replace("}", "}}")  # the template's own braces: literal
+    res, metrics = play(policy, "", command=COMMAND.replace("MODE", raw),
+                        tasks_override=task_file)
+    assert (res.dropped_groups, res.episodes, metrics["rollout/failed_episodes"]) == (1, [], 4.0)
+    assert "not finite" in res.failures[0] or "float32" in res.failures[0], res.failures
+
+
+def test_env_rewards_summing_beyond_float32_fail(policy):
+    # the program steps its env (user/Echo-v0) twice through the gateway, 3e38 each: the env's sum is the episode's
+    # reward, 6e38 (inf in float32): an env failure
+    model, tok = policy
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))  # user_env_module
+
+    async def go():
+        pool = LocalEnvPool(imports=["user_env_module"])
+        orch = ExternalRollout(pool, get_engine("hf", model, tok, seed=0),
+                               RolloutConfig(max_turns=3, episode_retries=1, retry_backoff_s=0.0),
+                               ExternalConfig(program="tests.gateway.programs:echo_steps", tasks="user/Echo-v0"),
+                               max_new_tokens=4, seed=0)
+        try:
+            sampler = TaskSampler("user/Echo-v0", TaskSamplerConfig(kind="seed"), seed=0)
+            return await orch.collect(sampler.sample, 1, AlgoConfig(name="grpo", group_size=2), step=1)
+        finally:
+            await orch.aclose()
+            await pool.aclose()
+
+    res = asyncio.run(go())
+    assert (res.dropped_groups, res.episodes, res.metrics["rollout/failed_episodes"]) == (1, [], 2.0)
+    assert "the episode's reward" in res.failures[0] and "float32" in res.failures[0], res.failures
+
+
+@pytest.mark.parametrize("raw", ['{"reward": NaN}', '{"reward": Infinity}', '{"reward": 1e400}', '{"reward": 1e308}',
+                                 '{"reward": -3.5e38}', '{"reward": null}'])
+def test_posted_reward_breaking_the_rule_is_refused(live, raw):
+    s = live.session(temperature=0.0)
+    r = _post(f"{live.url}/sessions/{s.session_id}/reward", raw, {"Authorization": f"Bearer {s.api_key}"})
+    assert r.status_code == 400 and s.reward is None, (raw, r.text)
+    assert _post(f"{live.url}/sessions/{s.session_id}/reward", '{"reward": 3.4e38}',
+                 {"Authorization": f"Bearer {s.api_key}"}).status_code == 200 and s.reward == 3.4e38

@@ -66,7 +66,7 @@ def _grads_of_update(model, tok, batch, **algo_kw):
 @pytest.mark.parametrize("algo_kw", [
     dict(),  # TGRL: JS weights, low rows in the denominator, token_mean
     pytest.param(dict(name="grpo", loss_agg="seq_mean_token_mean", num_mini_batches=2), marks=pytest.mark.slow),
-    pytest.param(dict(name="drgrpo", adv_estimator="drgrpo", loss_agg="seq_mean_token_sum_norm", ppo_epochs=2),
+    pytest.param(dict(name="drgrpo", adv_estimator="drgrpo", loss_agg="seq_mean_token_sum_norm", loss_max_len=8, ppo_epochs=2),
                  marks=pytest.mark.slow),
 ])
 def test_gradients_equal_the_fixed_size_path(tiny, algo_kw):

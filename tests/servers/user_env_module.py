@@ -31,7 +31,8 @@ SURROGATE_TEXT = "high \ud800 low \udfff pair \ud83d\ude00"
 class EchoEnv(gymnasium.Env):
     """Echoes the action; ``"stop"`` terminates with reward 1. ``"raise"`` makes the env raise, ``"exit"`` kills
     its process, ``"sleep:<s>"`` sleeps (a slow step), ``"spawn"`` starts a helper process and leaves it running (its
-    pid in ``info["child"]``), ``"spawn:<path>"`` writes that pid to ``path`` and hangs. ``reset(options={"sleep": s})`` sleeps too (a slow reset);
+    pid in ``info["child"]``), ``"spawn:<path>"`` writes that pid to ``path`` and hangs, ``"reward:<x>"`` answers the
+    reward ``float(x)`` (``nan``, ``inf``, ``1e308``: an env whose reward breaks the rule). ``reset(options={"sleep": s})`` sleeps too (a slow reset);
     ``reset(options={"raise": "IndexError"})`` raises that builtin exception; ``"infra"`` as an action or a
     ``raise`` option raises ``EnvInfraError`` (the env could not judge). Text that is not valid Unicode:
     ``reset(options={"surrogate": True})`` and the action ``"surrogate"`` answer with :data:`SURROGATE_TEXT` in the
@@ -82,6 +83,8 @@ class EchoEnv(gymnasium.Env):
             return f"{self.prefix}: spawned", 0.0, False, False, {"child": child.pid}
         if action.startswith("sleep:"):
             time.sleep(float(action.split(":", 1)[1]))
+        if action.startswith("reward:"):  # the reward as written ("reward:nan", "reward:1e308"), episode goes on
+            return f"{self.prefix}: {action}", float(action.split(":", 1)[1]), False, False, {"t": self.t}
         terminated = action == "stop"
         info = {"t": np.int64(self.t), "score": np.float32(0.5) * self.t, "pid": os.getpid(),
                 "nice": os.getpriority(os.PRIO_PROCESS, 0)}
