@@ -167,24 +167,32 @@ class ExternalRollout(RolloutOrchestrator):
         self._threads.shutdown(wait=False, cancel_futures=True)
 
     # ---------------------------------------------------------------------------------------------- sampling
-    async def sample(self, session: GatewaySession, prompt_ids: list[int], *, tools: bool) -> tuple[Generation, bool]:
-        """One call of ``session`` through the batcher: its temperature, its row key (group, slot, call index)."""
+    async def sample(self, session: GatewaySession, prompt_ids: list[int], *, tools: bool,
+                     max_new_tokens: int | None = None, stop: list[str] | None = None,
+                     seed: int | None = None) -> tuple[Generation, bool]:
+        """One call of ``session`` through the batcher: its temperature, its row key (group, slot, call index, and
+        the client's ``seed`` when given), the call's cap and stop strings (:meth:`GenerationBatcher.generate`)."""
         if self._batcher is None:
             raise RequestError("no rollout is running", "not_running", 503)
         penalty = session.repetition_penalty
-        key = tuple(session.key) + (session.requests,)
+        key = tuple(session.key) + (session.requests,) + (() if seed is None else (int(seed),))
+        row = dict(max_new_tokens=max_new_tokens, stop=tuple(stop or ()))
         if tools:
             gen, opened = await self._generate_tool_turn(prompt_ids, session.temperature, penalty, key,
-                                                         session.episode_id)
+                                                         session.episode_id, **row)
         else:
             gen = await self._batcher.generate(prompt_ids, session.temperature, penalty, key=key,
-                                               episode_id=session.episode_id)
+                                               episode_id=session.episode_id, **row)
             opened = False
         if gen.policy_version is None:
             gen.policy_version = session.policy_version
         if self.on_turn is not None:
             self.on_turn(gen)
         return gen, opened
+
+    def sampling_rule(self) -> dict[str, Any]:
+        """The run's top_p and top_k (every call samples with them, at its episode's temperature)."""
+        return {"top_p": float(self.gen_kwargs["top_p"]), "top_k": int(self.gen_kwargs["top_k"])}
 
     def decode(self, ids: list[int]) -> str:
         return decode_for_parsing(self.tokenizer, ids, self._keep)
@@ -342,4 +350,4 @@ class ExternalRollout(RolloutOrchestrator):
         last.info.update(info)
         task_type = (reset.info or {}).get(self.task_type_key) if reset is not None else None
         return Episode(task=task, temperature=float(temperature), is_high=bool(is_high), turns=list(turns),
-                       reward=float(reward), won=bool(won) if won is not None else reward > 0, task_type=task_type)
+                       reward=float(reward), won=bool(won) if won is not None else False, task_type=task_type)

@@ -224,16 +224,19 @@ def test_streaming_and_non_streaming_same_ids_at_temperature_0(live):
     assert _ids(a) == _ids(b) and r1.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
-def test_client_sampling_is_recorded_and_ignored_max_tokens_capped(live, policy):
+def test_client_sampling_is_the_trainers_said_in_the_reply_max_tokens_capped(live, policy):
     s = live.session(temperature=0.0)
     t = live.session(temperature=0.0)
     messages = [{"role": "user", "content": "Count to ten."}]
     r = live.client(s).chat.completions.create(model="x", messages=messages, max_tokens=10**9, temperature=2.0,
-                                               n=3, logit_bias={"42": 100}, seed=7)
+                                               logit_bias={"42": 100}, top_p=0.5)
     live.client(t).chat.completions.create(model="x", messages=messages)
-    assert r.usage.completion_tokens <= 12 and len(r.choices) == 1  # capped at engine.max_new_tokens, one choice
-    assert _ids(s) == _ids(t)  # temperature 2.0, n, logit_bias and seed changed nothing
-    assert s.ignored[0] == {"temperature": 2.0, "n": 3, "logit_bias": {"42": 100}, "seed": 7}
+    assert r.usage.completion_tokens <= 12 and len(r.choices) == 1  # capped at engine.max_new_tokens
+    assert _ids(s) == _ids(t)  # temperature 2.0, top_p and logit_bias changed nothing: the trainer's sampling
+    # the reply says so; the call keeps the fields' names and sizes, never their values
+    assert r.agent_rl_sampling == {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "rule": "trainer",
+                                   "overridden": ["logit_bias", "temperature", "top_p"]}
+    assert s.ignored[0] == {"temperature": 3, "logit_bias": 11, "top_p": 3}
     # the first prompt is the orchestrator's render of the messages
     assert s.turns[0].prompt_ids == chat_ids(policy[1], messages)
 
