@@ -190,6 +190,7 @@ class Gateway:
         self.on_reward = on_reward
         self.requests = 0
         self.prefix_breaks = 0
+        self.generated_tokens = 0
         self.app = self._build_app()
 
     # ---------------------------------------------------------------------------------------------- sessions
@@ -500,6 +501,7 @@ class Gateway:
         session.requests += 1
         session.ignored.append(dict(opts.overridden))
         self.requests += 1
+        self.generated_tokens += len(session.turns[-1].response_ids) if session.turns else 0
         if not match.extends and not match.restart and len(session.segments) > 1:
             self.prefix_breaks += 1
             log.info("gateway: session %s: prefix break (%s) at call %d: %s", session.session_id[:12],

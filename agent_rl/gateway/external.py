@@ -31,14 +31,16 @@ import concurrent.futures
 import importlib
 import itertools
 import json
+import logging
 import math
+import time
 import secrets
 import shlex
 from typing import Any, Callable
 
 from agent_rl.gateway.app import Gateway, GatewayLimits
 from agent_rl.gateway.config import ExternalConfig
-from agent_rl.gateway.recorder import GatewaySession, PromptBuilder, RequestError
+from agent_rl.gateway.recorder import BREAK_CAUSES, GatewaySession, PromptBuilder, RequestError
 from agent_rl.gateway.server import GatewayServer
 from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.fork import ForkSource, SiblingStart
@@ -50,6 +52,10 @@ from agent_rl.types import Episode, Generation, Task
 from servers.launch import new_token
 
 _EPISODE_IDS = itertools.count()
+log = logging.getLogger(__name__)
+assert all(f"gateway/prefix_breaks/{c}" in GATEWAY_COUNTS for c in BREAK_CAUSES)  # one list of causes
+PROGRESS_EVERY_S = 30.0
+"""Seconds between the run log's progress lines while programs run."""
 MAX_OUTPUT_BYTES = 1 << 20
 """A command program's stdout kept (the last line is its reward)."""
 
@@ -143,6 +149,9 @@ class ExternalRollout(RolloutOrchestrator):
         self._threads = concurrent.futures.ThreadPoolExecutor(external.concurrency,
                                                               thread_name_prefix="agent-program")
         self._programs = asyncio.Semaphore(external.concurrency)
+        self.progress = {"started": 0, "running": 0, "finished": 0, "failed": 0}
+        """Episode attempts of the gateway's life: started, running now, finished with a reward, failed."""
+        self._progress_task: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------------------------------------- the server
     @property
@@ -154,6 +163,24 @@ class ExternalRollout(RolloutOrchestrator):
         if not self._started:
             await self._server.start()
             self._started = True
+            self._progress_task = asyncio.create_task(self._report_progress())
+
+    def progress_line(self) -> str:
+        """One line of what the programs have done so far: episodes, calls, tokens, failures."""
+        p, gw = self.progress, self.gateway
+        return (f"gateway: {p['started']} episodes started ({p['running']} running, {p['finished']} finished, "
+                f"{p['failed']} failed), {gw.requests} model calls, {gw.generated_tokens} tokens generated, "
+                f"{gw.prefix_breaks} prefix breaks")
+
+    async def _report_progress(self) -> None:
+        """The run log's progress line every :data:`PROGRESS_EVERY_S` while programs run."""
+        last = ""
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY_S)
+            line = self.progress_line()
+            if self.progress["running"] or line != last:
+                log.info(line)
+                last = line
 
     def prefetch(self, tasks: Any, episodes_per_task: int) -> None:
         """Env resets of the next step's episodes (an env id's tasks only: a file's rows need none)."""
@@ -161,6 +188,9 @@ class ExternalRollout(RolloutOrchestrator):
             super().prefetch(tasks, episodes_per_task)
 
     async def aclose(self) -> None:
+        if self._progress_task is not None:
+            self._progress_task.cancel()
+            self._progress_task = None
         await super().aclose()
         await self._server.stop()
         self._started = False
@@ -300,23 +330,41 @@ class ExternalRollout(RolloutOrchestrator):
             policy_version=self.policy_version)
         gateway = {"base_url": f"{self.base_url}/v1", "api_key": session.api_key, "session_id": session.session_id,
                    "headers": {"X-Session-ID": session.session_id}}
+        self.progress["started"] += 1
+        self.progress["running"] += 1
+        t0 = time.monotonic()
         try:
             async with self._programs:
                 try:
                     result = await asyncio.wait_for(self._run(self._task_dict(task, reset, session), gateway),
                                                     self.external.timeout_s)
                 except asyncio.TimeoutError:
-                    raise EnvCallFailed(f"program timed out after {self.external.timeout_s:g} s") from None
+                    raise EnvCallFailed(f"program timed out after {self.external.timeout_s:g} s "
+                                        f"({session.requests} model calls made)") from None
                 except Exception as exc:  # noqa: BLE001 (the program's own failure: an env failure, re-run)
-                    raise EnvCallFailed(f"program raised {type(exc).__name__}: {str(exc)[:300]}") from exc
-            return self._episode_of(task, temperature, is_high, session, reset, result)
+                    raise EnvCallFailed(f"program raised {type(exc).__name__}: {exc}") from exc
+            episode = self._episode_of(task, temperature, is_high, session, reset, result)
+            self.progress["finished"] += 1
+            return episode
+        except EnvCallFailed as exc:
+            self.progress["failed"] += 1
+            cause = exc.__cause__
+            log.warning("gateway: episode attempt (group %d, slot %d) failed after %.1f s, %d model calls: %s",
+                        task.group_id, slot, time.monotonic() - t0, session.requests, exc,
+                        exc_info=(type(cause), cause, cause.__traceback__) if cause is not None else None)
+            raise
         finally:
+            self.progress["running"] -= 1
             self.gateway.close_session(session.session_id)
             c = self._gateway_counts
             c["gateway/requests"] += session.requests
             c["gateway/prefix_breaks"] += session.prefix_breaks
             c["gateway/segments"] += len(session.segments)
             c["gateway/attempts"] += 1
+            c["gateway/history_rewrites"] += session.rewrites
+            c["gateway/generated_tokens"] += sum(len(t.response_ids) for t in session.turns)
+            for why, n in session.breaks.items():
+                c[f"gateway/prefix_breaks/{why}"] += n
             end_episode = getattr(self.engine, "end_episode", None)
             if end_episode is not None:
                 end_episode(episode_id)

@@ -67,9 +67,14 @@ MAX_REASONING_RESUMES = 8
 _PROMPT_TAIL_TOKENS = 64  # the prompt tokens read to see whether the generation prompt opened a reasoning block
 
 TOKEN_COUNTS = ("throughput/prefill_tokens", "throughput/decode_tokens", "throughput/kv_reuse_tokens")
-GATEWAY_COUNTS = ("gateway/requests", "gateway/prefix_breaks", "gateway/segments", "gateway/attempts")
+GATEWAY_COUNTS = ("gateway/requests", "gateway/prefix_breaks", "gateway/segments", "gateway/attempts",
+                  "gateway/history_rewrites", "gateway/generated_tokens", "gateway/prefix_breaks/tools_changed",
+                  "gateway/prefix_breaks/history_truncated", "gateway/prefix_breaks/reply_rewritten",
+                  "gateway/prefix_breaks/history_edited", "gateway/prefix_breaks/text_edited")
 """The gateway's per-step counters (``env=external``, :class:`agent_rl.gateway.ExternalRollout`): model calls served,
-requests that did not extend their episode's segment, segments, episode attempts (failed ones included)."""
+requests that did not extend their episode's segment (and by cause, ``agent_rl.gateway.recorder.BREAK_CAUSES``),
+segments, episode attempts (failed ones included), requests that extended a segment under a history normalisation,
+tokens generated."""
 EVENT_COUNTS = FORK_COUNTS + GATEWAY_COUNTS
 """Counters an orchestrator keeps only when its runs have them (:meth:`RolloutOrchestrator.event_counts`: forks,
 the gateway): summed over rounds, Ray workers' chunks and streams like :data:`TOKEN_COUNTS`, the asynchronous

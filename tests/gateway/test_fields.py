@@ -301,3 +301,27 @@ def test_calls_after_the_reward_are_refused(gw):
     with pytest.raises(openai.ConflictError, match="episode_over|over"):
         _chat(gw, s, max_tokens=2)
     assert len(s.turns) == 1 and json.loads(json.dumps(s.ignored)) == [{}]
+
+
+def test_chat_end_token_the_template_does_not_write_is_dropped(gw, policy):  # noqa: F811
+    """A chat reply that ended on an end token the template does not write after an assistant message (here
+    ``<|endoftext|>``, made an end token of the run): the next prompt is the client's conversation as rendered, the
+    sampled reply without that token, and a new segment starts (no prefix break)."""
+    tok = policy[1]
+    extra = tok.convert_tokens_to_ids("<|endoftext|>")
+    builder = gw.orch.builder
+    assert extra not in builder.eos_ids
+    builder.eos_ids.add(extra)
+    try:
+        s = gw.session(temperature=0.0)
+        c = gw.client(s)
+        reply = _chat(gw, s, max_tokens=4).choices[0].message.content
+        seg = s.segments[-1]
+        seg.response_ids = seg.response_ids + [extra]  # as if sampled (the client's text is the same)
+        history = MESSAGES + [{"role": "assistant", "content": reply}, {"role": "user", "content": "more"}]
+        c.chat.completions.create(model="x", messages=history, max_tokens=2)
+        b = s.turns[1]
+        assert extra not in b.prompt_ids and tok.decode(b.prompt_ids) == tok.decode(builder.full(history, None))
+        assert s.prefix_breaks == 0 and [t.segment for t in s.turns] == [0, 1]
+    finally:
+        builder.eos_ids.discard(extra)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 import threading
 from typing import Any
@@ -138,13 +139,19 @@ def test_prefix_break_in_trajectory_mode_gives_one_row_per_segment(policy):
         assert batch.engine_logprobs[2 * e + 1][len(c.prompt_ids):n1].tolist() == pytest.approx(c.response_logprobs)
 
 
-def test_crashing_program_is_rerun_never_scored(policy):
+def test_crashing_program_is_rerun_never_scored(policy, caplog):
     res, metrics = play(policy, "tests.gateway.programs:crash_first_attempt")
     assert res.metrics["rollout/episode_retries"] == 1 and res.dropped_groups == 0
     assert metrics["gateway/attempts"] == 5  # the crashed attempt is counted, its episode played again
     assert [ep.reward for ep in res.episodes] == [1.0] * 4  # the re-run's reward; the crash gave none
-    res, _ = play(policy, "tests.gateway.programs:always_crash")
+    assert not any(ep.won for ep in res.episodes)  # a reward alone is no success: won comes from the env or program
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="agent_rl.gateway.external"):
+        res, _ = play(policy, "tests.gateway.programs:always_crash")
     assert res.dropped_groups == 1 and res.episodes == [] and "harness always crashes" in res.failures[0]
+    # every failed attempt in the run log with its full reason and the program's traceback
+    failed = [r for r in caplog.records if "failed after" in r.message]
+    assert len(failed) >= 2 and all(r.exc_info and "harness always crashes" in r.message for r in failed)
     res, _ = play(policy, "tests.gateway.programs:no_reward")
     assert res.dropped_groups == 1 and "no reward" in res.failures[0]
 
