@@ -188,7 +188,7 @@ class GenerationBatcher:
         fut = asyncio.get_running_loop().create_future()
         if episode_id is not None:
             self._episode_ids[fut] = episode_id
-        cap = None if max_new_tokens is None else min(int(max_new_tokens), int(self.kwargs["max_new_tokens"]))
+        cap = None if max_new_tokens is None or max_new_tokens >= self.kwargs["max_new_tokens"] else int(max_new_tokens)
         self._pending.append((prompt_ids, temperature, fut, float(repetition_penalty),
                               None if key is None else tuple(int(k) for k in key), (cap, tuple(stop))))
         self._wakeup.set()
