@@ -325,3 +325,32 @@ def test_chat_end_token_the_template_does_not_write_is_dropped(gw, policy):  # n
         assert s.prefix_breaks == 0 and [t.segment for t in s.turns] == [0, 1]
     finally:
         builder.eos_ids.discard(extra)
+
+
+def test_batcher_gives_each_row_its_own_cap_and_stop_strings():
+    """Rows asking another cap or other stop strings are generated in their own engine call, with them; a cap at
+    or above the batcher's is none (those rows batch with the others)."""
+    import asyncio
+
+    from agent_rl.rollout.orchestrator import GenerationBatcher
+    from agent_rl.types import Generation
+
+    calls = []
+
+    class Engine:
+        def generate(self, prompts, temperatures, **kwargs):
+            calls.append((len(prompts), kwargs["max_new_tokens"], kwargs["stop"]))
+            return [Generation(token_ids=[1], logprobs=[0.0], text="x", finish_reason="stop") for _ in prompts]
+
+    async def go():
+        b = GenerationBatcher(Engine(), max_new_tokens=16, stop=["</tool_call>"], wait_s=0.05)
+        server = asyncio.create_task(b.run())
+        rows = [b.generate([1], 1.0), b.generate([2], 1.0, max_new_tokens=100), b.generate([3], 1.0, max_new_tokens=4),
+                b.generate([4], 1.0, stop=["X"]), b.generate([5], 1.0, max_new_tokens=4)]
+        await asyncio.gather(*rows)
+        b.close()
+        await server
+
+    asyncio.run(go())
+    assert sorted(calls) == sorted([(2, 16, ["</tool_call>"]), (2, 4, ["</tool_call>"]),
+                                    (1, 16, ["</tool_call>", "X"])])
