@@ -135,8 +135,9 @@ class ExternalRollout(RolloutOrchestrator):
                          on_turn=on_turn, on_episode=on_episode)
         self.external = external
         self.program = load_program(external.program) if external.program else None
-        self.rows = load_tasks(external.tasks) if external.from_file else None
-        """The task file's rows (``env.external.tasks`` a file), else None (an env id's sessions)."""
+        self.rows = load_tasks(external.tasks, optional="*") if external.from_file else None
+        """The task file's rows (``env.external.tasks`` a file; rows may have different keys: each keeps its own),
+        else None (an env id's sessions)."""
         assert self.tool_format is not None
         self.builder = PromptBuilder(self.tokenizer, self.tool_format, self._eos_ids)
         limits = GatewayLimits(max_body_bytes=external.max_body_bytes, max_messages=external.max_messages,

@@ -354,3 +354,18 @@ def test_batcher_gives_each_row_its_own_cap_and_stop_strings():
     asyncio.run(go())
     assert sorted(calls) == sorted([(2, 16, ["</tool_call>"]), (2, 4, ["</tool_call>"]),
                                     (1, 16, ["</tool_call>", "X"])])
+
+
+def test_task_file_rows_with_different_keys(tmp_path, policy):  # noqa: F811
+    """A task file whose rows have different keys is read; each row's task dict holds the keys it has."""
+    from agent_rl.gateway import ExternalConfig, ExternalRollout
+    from agent_rl.rollout import RolloutConfig
+
+    path = tmp_path / "tasks.jsonl"
+    rows = [{"question": "What is 1 + 1?", "answer": 2}, {"question": "Name a tool.", "tools": ["calc"]},
+            {"prompt": "x", "meta": {"level": 3}}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    orch = ExternalRollout(None, get_engine("hf", policy[0], policy[1], seed=0), RolloutConfig(),
+                           ExternalConfig(program="tests.gateway.programs:file_task", tasks=str(path)),
+                           max_new_tokens=4)
+    assert list(orch.rows) == rows
