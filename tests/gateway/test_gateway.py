@@ -172,13 +172,13 @@ class Live:
     """An ExternalRollout's gateway served in a background event loop with an open stream (calls from this thread)."""
 
     def __init__(self, policy, max_new_tokens: int = 12, auto_sessions: bool = False, engine=None,
-                 **external) -> None:
+                 max_prompt_tokens: int = 2000, **external) -> None:
         model, tok = policy
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         engine = engine or get_engine("hf", model, tok, seed=0)
-        self.orch = ExternalRollout(None, engine, RolloutConfig(max_prompt_tokens=2000),
+        self.orch = ExternalRollout(None, engine, RolloutConfig(max_prompt_tokens=max_prompt_tokens),
                                     ExternalConfig(program="tests.gateway.programs:no_reward", **external),
                                     max_new_tokens=max_new_tokens, seed=0, auto_sessions=auto_sessions)
         self.call(self.orch.start())
