@@ -341,7 +341,12 @@ class Gateway:
             prompt_ids, match = self.sampler.builder.prompt(session, messages, tools)
             opening = ""
             if tools_mode and opts.tool_choice in ("required", "function"):  # the reply starts as a call
-                opening = call_opening(self.sampler.builder.tool_format, opts.tool_name)
+                try:
+                    opening = call_opening(self.sampler.builder.tool_format, opts.tool_name)
+                except ValueError:  # a format whose calls do not start with their name
+                    raise RequestError(f"tool_choice: {opts.tool_choice!r} is not served with the "
+                                       f"{self.sampler.builder.tool_format.name} format", "unsupported_parameter",
+                                       param="tool_choice") from None
                 prompt_ids = prompt_ids + [int(i) for i in self.sampler.tokenizer.encode(
                     opening, add_special_tokens=False)]
             self._check_prompt(prompt_ids)
@@ -413,7 +418,7 @@ class Gateway:
         wire_reply: dict[str, Any] = {"role": "assistant", "content": served.content}
         if served.calls:
             wire_reply["tool_calls"] = served.calls
-        remember(session, response["id"], [m for m in messages], wire_reply)
+        remember(session, response["id"], messages[1:] if data.get("instructions") else messages, wire_reply)
         return response
 
     async def completion(self, session: GatewaySession, body: CompletionRequest) -> dict[str, Any]:

@@ -186,9 +186,16 @@ def cut_at_stop(ids: list[int], text: str, stops: Sequence[str], decode: Any) ->
     if not found:
         return None
     target = text[:min(found)]
-    k = len(ids)
-    piece = decode(ids[:k])
+    lo, hi = 0, len(ids)  # the most ids whose text fits: bisected (texts grow with ids), then checked downwards
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if target.startswith(decode(ids[:mid])):
+            lo = mid
+        else:
+            hi = mid - 1
+    k = lo
+    piece = decode(ids[:k]) if k else ""
     while k > 0 and not target.startswith(piece):
         k -= 1
-        piece = decode(ids[:k])
-    return k, piece if k else ""
+        piece = decode(ids[:k]) if k else ""
+    return k, piece

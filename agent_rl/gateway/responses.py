@@ -132,9 +132,9 @@ def conversation(session: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def remember(session: Any, response_id: str, messages: list[Message], reply: dict[str, Any]) -> None:
-    """Keep the conversation after ``response_id`` (without its system instructions) for a later
-    ``previous_response_id``."""
-    kept = [m for m in messages if m.get("role") != "system"] + [reply]
+    """Keep the conversation after ``response_id`` (``messages``: without the request's ``instructions``, which a
+    later request does not inherit) for a later ``previous_response_id``."""
+    kept = list(messages) + [reply]
     session.responses[response_id] = kept
     while len(session.responses) > MAX_STORED_RESPONSES:
         session.responses.pop(next(iter(session.responses)))
