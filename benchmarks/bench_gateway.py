@@ -39,7 +39,7 @@ async def measure(path: str, args: argparse.Namespace, engine) -> dict:
     from agent_rl.rollout import RolloutConfig, RolloutOrchestrator, TaskSampler, TaskSamplerConfig, get_prompt
 
     pool = LocalEnvPool()
-    cfg = RolloutConfig(max_turns=args.turns)
+    cfg = RolloutConfig(max_turns=args.turns, gen_wait_s=args.gen_wait_s)
     if path == "orchestrator":
         orch = RolloutOrchestrator(pool, engine, get_prompt("generic"), cfg, max_new_tokens=args.max_new_tokens,
                                    seed=0, action_format="tools")
@@ -56,6 +56,7 @@ async def measure(path: str, args: argparse.Namespace, engine) -> dict:
         await orch.aclose()
         await pool.aclose()
     calls = sum(len(ep.turns) for ep in res.episodes)
+    sizes = list(orch.last_batcher.batch_sizes) if orch.last_batcher is not None else []
     tool_replies = sum("<tool_call>" in engine.tokenizer.decode(t.response_ids) for ep in res.episodes for t in ep.turns)
     return {"path": path, "episodes": len(res.episodes), "calls": calls, "wall_s": round(wall, 2),
             "wall_per_episode_s": round(wall / max(len(res.episodes), 1), 2),
@@ -66,6 +67,7 @@ async def measure(path: str, args: argparse.Namespace, engine) -> dict:
             "tool_call_replies": tool_replies, "won": sum(ep.won for ep in res.episodes),
             "dropped_groups": res.dropped_groups,
             "overhead_per_call_ms": round(1000 * (wall - res.metrics["time/generate_s"]) / max(calls, 1), 1),
+            "mean_batch": round(sum(sizes) / max(len(sizes), 1), 2), "engine_calls": len(sizes),
             **extra}
 
 
@@ -122,6 +124,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--out", default="")
     ap.add_argument("--per-call", type=int, default=20, help="calls of the per-call measurement (0: none)")
+    ap.add_argument("--gen-wait-s", type=float, default=0.02,
+                    help="rollout.gen_wait_s: how long the batcher waits for the next prompt before generating")
     ap.add_argument("--program", default="calculator_tools",
                     help="the gateway path's program in tests.gateway.programs (calculator_tools_fewshot: a worked "
                          "tool call in its system message)")
