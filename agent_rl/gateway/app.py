@@ -538,6 +538,12 @@ class Gateway:
                               exc.status_code == 404 else "method_not_allowed")
             return _error(exc.status_code, str(exc.detail), "http_error")
 
+        @app.exception_handler(Exception)
+        async def _unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug: logged, still OpenAI-shaped
+            log.error("gateway: %s %s failed", request.method, request.url.path[:200], exc_info=exc)
+            return JSONResponse(error_body(f"internal error ({type(exc).__name__})", "internal_error",
+                                           kind="server_error"), status_code=500)
+
         def models() -> dict[str, Any]:
             return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                                 "owned_by": "agent_rl"}]}

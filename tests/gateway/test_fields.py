@@ -369,3 +369,16 @@ def test_task_file_rows_with_different_keys(tmp_path, policy):  # noqa: F811
                            ExternalConfig(program="tests.gateway.programs:file_task", tasks=str(path)),
                            max_new_tokens=4)
     assert list(orch.rows) == rows
+
+
+def test_an_unexpected_failure_is_an_openai_shaped_500(gw, monkeypatch):
+    s = gw.session(temperature=0.0)
+
+    def broken(*args, **kwargs):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(gw.orch.builder, "prompt", broken)
+    r = httpx.post(f"{gw.url}/v1/chat/completions", json={"messages": MESSAGES},
+                   headers={"Authorization": f"Bearer {s.api_key}"}, timeout=60)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error" and "boom" not in r.text
+    assert not s.busy and s.turns == []  # the session is usable again, nothing recorded
