@@ -109,6 +109,9 @@ class Sampler(Protocol):
     def parse_calls(self, text: str, opened: bool) -> Any:
         """The tool-call format's reading (``ToolCallParse``) of a reply."""
 
+    def sampling_rule(self) -> dict[str, Any]:
+        """The run's sampling beside the episode's temperature: ``{"top_p", "top_k"}``."""
+
     def decode(self, ids: list[int]) -> str:
         """The text of sampled ids as the replies are read (the tool-call markup kept)."""
 
@@ -279,7 +282,7 @@ class Gateway:
                                "context_length_exceeded")
 
     def _single_call_stop(self) -> bool:
-        return bool(getattr(self.sampler.builder.tool_format, "stop", ()))
+        return bool(self.sampler.builder.tool_format.stop)
 
     def options(self, data: dict[str, Any], *, handled: tuple[str, ...], tools: list[dict[str, Any]] | None,
                 **kwargs: Any) -> CallOptions:
@@ -318,9 +321,8 @@ class Gateway:
     def sampling(self, session: GatewaySession, overridden: dict[str, int]) -> dict[str, Any]:
         """The sampling rule of a reply (``agent_rl_sampling`` in every response): the trainer's temperature (the
         episode's), top_p and top_k, and the client's sampling fields it replaced."""
-        rule = getattr(self.sampler, "sampling_rule", None)
-        top = rule() if rule is not None else {"top_p": 1.0, "top_k": 0}
-        return {"temperature": session.temperature, **top, "rule": "trainer", "overridden": sorted(overridden)}
+        return {"temperature": session.temperature, **self.sampler.sampling_rule(), "rule": "trainer",
+                "overridden": sorted(overridden)}
 
     async def serve_call(self, session: GatewaySession, raw_messages: list[dict[str, Any]],
                          tools: list[dict[str, Any]] | None, opts: CallOptions) -> Served:
@@ -364,7 +366,7 @@ class Gateway:
                     opts.tool_name is not None and any(n != opts.tool_name for n, _ in calls))
             reply = reply_message(content, calls)
             turn = self._turn(session, prompt_ids, gen, content, invalid)
-            stops = tuple(opts.stop) + tuple(getattr(self.sampler.builder.tool_format, "stop", ()))
+            stops = tuple(opts.stop) + tuple(self.sampler.builder.tool_format.stop)
             self.sampler.builder.record(session, messages, tools, match, prompt_ids, reply, turn, stops)
             self._count(session, match, opts)
         finally:
