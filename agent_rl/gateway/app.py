@@ -194,6 +194,7 @@ class Gateway:
         self.requests = 0
         self.prefix_breaks = 0
         self.generated_tokens = 0
+        self._causes_seen: set[str] = set()
         self.app = self._build_app()
 
     # ---------------------------------------------------------------------------------------------- sessions
@@ -511,8 +512,11 @@ class Gateway:
         self.generated_tokens += len(session.turns[-1].response_ids) if session.turns else 0
         if not match.extends and not match.restart and len(session.segments) > 1:
             self.prefix_breaks += 1
-            log.info("gateway: session %s: prefix break (%s) at call %d: %s", session.session_id[:12],
-                     match.cause or "text_edited", session.requests, match.detail or "the prompt's text differs")
+            cause = match.cause or "text_edited"
+            level = logging.INFO if cause in self._causes_seen else logging.WARNING  # each cause shown once
+            self._causes_seen.add(cause)
+            log.log(level, "gateway: session %s: prefix break (%s) at call %d: %s", session.session_id[:12], cause,
+                    session.requests, match.detail or "the prompt's text differs")
 
     # ---------------------------------------------------------------------------------------------- HTTP
     def _build_app(self) -> Any:

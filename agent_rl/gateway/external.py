@@ -33,9 +33,10 @@ import itertools
 import json
 import logging
 import math
-import time
 import secrets
 import shlex
+import sys
+import time
 from typing import Any, Callable
 
 from agent_rl.gateway.app import Gateway, GatewayLimits
@@ -174,13 +175,13 @@ class ExternalRollout(RolloutOrchestrator):
                 f"{gw.prefix_breaks} prefix breaks")
 
     async def _report_progress(self) -> None:
-        """The run log's progress line every :data:`PROGRESS_EVERY_S` while programs run."""
+        """The progress line on stderr (the run's console log) every :data:`PROGRESS_EVERY_S` while programs run."""
         last = ""
         while True:
             await asyncio.sleep(PROGRESS_EVERY_S)
             line = self.progress_line()
             if self.progress["running"] or line != last:
-                log.info(line)
+                print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)  # the run's console log
                 last = line
 
     def prefetch(self, tasks: Any, episodes_per_task: int) -> None:

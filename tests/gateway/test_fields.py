@@ -382,3 +382,13 @@ def test_an_unexpected_failure_is_an_openai_shaped_500(gw, monkeypatch):
                    headers={"Authorization": f"Bearer {s.api_key}"}, timeout=60)
     assert r.status_code == 500 and r.json()["error"]["type"] == "server_error" and "boom" not in r.text
     assert not s.busy and s.turns == []  # the session is usable again, nothing recorded
+
+
+def test_progress_line_counts_calls_and_tokens(gw):
+    before = gw.orch.gateway.requests, gw.orch.gateway.generated_tokens
+    s = gw.session(temperature=0.0)
+    _chat(gw, s, max_tokens=3)
+    assert gw.orch.gateway.requests == before[0] + 1
+    assert gw.orch.gateway.generated_tokens == before[1] + len(s.turns[0].response_ids)
+    line = gw.orch.progress_line()
+    assert f"{gw.orch.gateway.requests} model calls" in line and f"{gw.orch.gateway.generated_tokens} tokens" in line
