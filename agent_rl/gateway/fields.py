@@ -1,32 +1,26 @@
 """What the gateway does with each request field: honoured, refused with a 400 naming it, or (the sampling
 distribution) replaced by the trainer's and said so in the reply. No field is dropped without a word.
 
-=====================================  ==========================================================================
-field                                  rule
-=====================================  ==========================================================================
-``max_tokens``, ``max_completion_``    the engine's generation cap of the call (at most ``engine.max_new_tokens``:
-``tokens``, ``max_output_tokens``      generation stops there, ``finish_reason="length"``)
-``stop``                               up to 4 strings, the engine's stop strings of the call; the reply and its
-                                       recorded ids end before the first one (:func:`cut_at_stop`)
-``seed``                               mixed into the call's row seed (same session key, call index and seed: the
-                                       same sample)
-``logprobs`` / ``top_logprobs``        the sampled tokens' log-probs from the engine (at the call's temperature);
-                                       ``top_logprobs`` > 0 is refused (the engines return the sampled token's only)
-``n``, ``best_of``                     1 only: a call is one turn of one episode (refused otherwise)
-``tool_choice``                        ``auto``: calls parsed; ``none``: the reply is text, not parsed;
-                                       ``required`` / a named function: the format's call opening (and the name) is
-                                       written for the model after the prompt, so the reply is a call (the
-                                       prefix is part of the recorded prompt ids); refused without ``tools``
-``parallel_tool_calls``                ``false`` honoured by formats whose stop string ends a reply at its first
-                                       call (hermes); refused by the others
-``response_format``                    ``text`` only (``json_object``/``json_schema`` refused: no constrained
-                                       decoding)
-``temperature``, ``top_p``, ...        the trainer's sampling wins (:data:`SAMPLING`): the call samples at its
-                                       episode's temperature and the run's top_p/top_k; the reply says so
-                                       (``agent_rl.sampling``) and the call keeps the names and sizes
-``user``, ``metadata``, ``store``...   no effect on generation (:data:`INERT`)
-anything else                          400 ``unsupported_parameter`` naming it
-=====================================  ==========================================================================
+- ``max_tokens`` / ``max_completion_tokens`` / ``max_output_tokens``: the engine's generation cap of the call (at
+  most ``engine.max_new_tokens``: generation stops there, ``finish_reason="length"``).
+- ``stop``: up to 4 strings, the engine's stop strings of the call; the reply and its recorded ids end before the
+  first one (:func:`cut_at_stop`).
+- ``seed``: mixed into the call's row seed (same session key, call index and seed: the same sample).
+- ``logprobs`` / ``top_logprobs``: the sampled tokens' log-probs from the engine (at the call's temperature);
+  ``top_logprobs`` > 0 is refused (the engines return the sampled token's only).
+- ``n``, ``best_of``: 1 only (a call is one turn of one episode).
+- ``tool_choice``: ``auto``: calls parsed; ``none``: the reply is text, not parsed; ``required`` / a named function:
+  the format's call opening (and the name) is written after the prompt, so the reply is a call (the opening is part
+  of the recorded prompt ids); refused without ``tools``.
+- ``parallel_tool_calls=false``: honoured by formats whose stop string ends a reply at its first call (hermes);
+  refused by the others.
+- ``response_format`` / ``text.format``: ``text`` only (``json_object``/``json_schema`` refused: no constrained
+  decoding).
+- :data:`SAMPLING` (``temperature``, ``top_p``, ...): the trainer's sampling wins: the call samples at its episode's
+  temperature and the run's top_p/top_k; the reply says so (``agent_rl_sampling``) and the call keeps the names and
+  sizes, never the values.
+- :data:`INERT` (``user``, ``metadata``, ``store``, ...): no effect on generation.
+- anything else: 400 ``unsupported_parameter`` naming it.
 """
 
 from __future__ import annotations
