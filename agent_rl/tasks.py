@@ -284,7 +284,8 @@ def load_tasks(
         filter: ``{column: value or list of values}`` (a row is kept when each column holds one of them), or a
             callable ``row -> bool`` on the source's row; applied before the mapping.
         optional: task keys whose column may be absent (the key is then left out of every row) or empty in a row
-            (left out of that row); every other key needs its column and a value in every kept row.
+            (left out of that row); every other key needs its column and a value in every kept row. ``"*"``: every
+            key (rows with different keys: each row keeps the keys it has a value for).
         limit: keep at most this many rows (after the filter).
         cache_dir: ``datasets``' cache (default ``~/.cache/huggingface/datasets``).
 
@@ -302,7 +303,7 @@ def load_tasks(
         ds = _read(source, split, cache_dir)
     columns = list(ds.column_names)
     mapping = dict(fields) if fields is not None else {c: c for c in columns}
-    optional = set(optional)
+    optional = set(mapping) if isinstance(optional, str) and optional == "*" else set(optional)
     unknown_filter = sorted(set(filter) - set(columns)) if isinstance(filter, Mapping) else []
     if unknown_filter:
         raise TaskFileError(f"{source}: filter column(s) {unknown_filter} not in the source; its columns: "

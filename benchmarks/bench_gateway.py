@@ -10,7 +10,10 @@ engine's KV cache, replies holding a ``<tool_call>``, episodes won, and for the 
 
     OMP_NUM_THREADS=2 python benchmarks/bench_gateway.py --model smollm2 --tasks 1 --turns 3 --max-new-tokens 48
 
-Prints a table and JSON; asserts nothing.
+Also the gateway's own cost per call (``--per-call N``): N sequential chat calls of a growing conversation through
+a live gateway (the real ``openai`` client, one token generated each), the wall per call against the engine's busy
+time per call; the difference is what the gateway adds (HTTP, the client, rendering, the prefix match, recording).
+Per path: ``overhead_per_call_ms`` = (wall - generation time) / calls. Prints a table and JSON; asserts nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ async def measure(path: str, args: argparse.Namespace, engine) -> dict:
     from agent_rl.rollout import RolloutConfig, RolloutOrchestrator, TaskSampler, TaskSamplerConfig, get_prompt
 
     pool = LocalEnvPool()
-    cfg = RolloutConfig(max_turns=args.turns)
+    cfg = RolloutConfig(max_turns=args.turns, gen_wait_s=args.gen_wait_s)
     if path == "orchestrator":
         orch = RolloutOrchestrator(pool, engine, get_prompt("generic"), cfg, max_new_tokens=args.max_new_tokens,
                                    seed=0, action_format="tools")
@@ -53,6 +56,7 @@ async def measure(path: str, args: argparse.Namespace, engine) -> dict:
         await orch.aclose()
         await pool.aclose()
     calls = sum(len(ep.turns) for ep in res.episodes)
+    sizes = list(orch.last_batcher.batch_sizes) if orch.last_batcher is not None else []
     tool_replies = sum("<tool_call>" in engine.tokenizer.decode(t.response_ids) for ep in res.episodes for t in ep.turns)
     return {"path": path, "episodes": len(res.episodes), "calls": calls, "wall_s": round(wall, 2),
             "wall_per_episode_s": round(wall / max(len(res.episodes), 1), 2),
@@ -61,7 +65,55 @@ async def measure(path: str, args: argparse.Namespace, engine) -> dict:
             "prefill_tokens": res.metrics["throughput/prefill_tokens"],
             "kv_reuse_tokens": res.metrics["throughput/kv_reuse_tokens"],
             "tool_call_replies": tool_replies, "won": sum(ep.won for ep in res.episodes),
-            "dropped_groups": res.dropped_groups, **extra}
+            "dropped_groups": res.dropped_groups,
+            "overhead_per_call_ms": round(1000 * (wall - res.metrics["time/generate_s"]) / max(calls, 1), 1),
+            "mean_batch": round(sum(sizes) / max(len(sizes), 1), 2), "engine_calls": len(sizes),
+            **extra}
+
+
+def per_call(args: argparse.Namespace, engine) -> dict:
+    """``args.per_call`` sequential calls of one growing conversation through a live gateway, one token each."""
+    import threading
+
+    import openai
+
+    from agent_rl.gateway import ExternalConfig, ExternalRollout
+    from agent_rl.rollout import RolloutConfig
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def run(coro):
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(600)
+
+    orch = ExternalRollout(None, engine, RolloutConfig(max_prompt_tokens=4096),
+                           ExternalConfig(program="tests.gateway.programs:no_reward"), max_new_tokens=1, seed=0)
+    run(orch.start())
+    run(orch.open_stream(seed_key=0))
+    try:
+        warm = orch.gateway.open_session(temperature=0.0)
+        openai.OpenAI(base_url=f"{orch.base_url}/v1", api_key=warm.api_key, max_retries=0).chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=1)  # warm-up, not timed
+        session = orch.gateway.open_session(temperature=0.0)
+        client = openai.OpenAI(base_url=f"{orch.base_url}/v1", api_key=session.api_key, max_retries=0, timeout=120)
+        messages = [{"role": "user", "content": "Count with me: one."}]
+        batcher = orch._batcher
+        busy0, t0 = batcher.busy_s, time.perf_counter()
+        for i in range(args.per_call):
+            reply = client.chat.completions.create(model="x", messages=messages, max_tokens=1)
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                         {"role": "user", "content": f"and {i + 2}."}]
+        wall, busy = time.perf_counter() - t0, batcher.busy_s - busy0
+        return {"calls": args.per_call, "wall_per_call_ms": round(1000 * wall / args.per_call, 1),
+                "engine_per_call_ms": round(1000 * busy / args.per_call, 1),
+                "gateway_per_call_ms": round(1000 * (wall - busy) / args.per_call, 1),
+                "prefix_breaks": session.prefix_breaks, "prompt_tokens_last": len(session.turns[-1].prompt_ids)}
+    finally:
+        run(orch.close_stream())
+        run(orch.aclose())
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
 
 
 def main() -> None:
@@ -71,6 +123,9 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--out", default="")
+    ap.add_argument("--per-call", type=int, default=20, help="calls of the per-call measurement (0: none)")
+    ap.add_argument("--gen-wait-s", type=float, default=0.02,
+                    help="rollout.gen_wait_s: how long the batcher waits for the next prompt before generating")
     ap.add_argument("--program", default="calculator_tools",
                     help="the gateway path's program in tests.gateway.programs (calculator_tools_fewshot: a worked "
                          "tool call in its system message)")
@@ -91,9 +146,16 @@ def main() -> None:
     print(" | ".join(keys))
     for r in rows:
         print(" | ".join(str(r.get(k, "")) for k in keys))
-    print(json.dumps({"args": vars(args), "rows": rows}))
+    by = {r["path"]: r for r in rows}
+    ratio = by["gateway"]["wall_per_episode_s"] / max(by["orchestrator"]["wall_per_episode_s"], 1e-9)
+    print(f"gateway / orchestrator wall per episode: {ratio:.2f}x")
+    calls = per_call(args, get_engine("hf", model.eval(), tok, seed=0)) if args.per_call > 0 else {}
+    if calls:
+        print("per call: " + ", ".join(f"{k} {v}" for k, v in calls.items()))
+    result = {"args": vars(args), "rows": rows, "ratio_wall_per_episode": round(ratio, 3), "per_call": calls}
+    print(json.dumps(result))
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+        Path(args.out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ Only ``GET /health`` and the OpenEnv ``GET {path}/health`` answer without a cred
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -65,11 +65,13 @@ _SINGLE_HEADERS = ("host", "origin", "authorization")
 class AccessGate:
     """Pure-ASGI gate of every HTTP request and WebSocket handshake (see the module docstring): ``Host`` (no
     tokens), ``Origin``, then the credential; the caller's client name goes to ``scope[CLIENT_KEY]``. A refusal is
-    ``{"detail", "code"}`` JSON (a WebSocket handshake gets it as its denial response)."""
+    ``{"detail", "code"}`` JSON, or ``render(status, code, message)`` (the server's own error shape: the gateway's
+    OpenAI one); a WebSocket handshake gets it as its denial response."""
 
-    def __init__(self, app: Any, settings: Any) -> None:
+    def __init__(self, app: Any, settings: Any, render: Callable[[int, str, str], Any] | None = None) -> None:
         self.app = app
         self.settings = settings
+        self.render = render
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -101,7 +103,8 @@ class AccessGate:
             await self.app(scope, receive, send)
             return
         status, code, detail, extra = refusal
-        response = JSONResponse({"detail": detail, "code": code}, status_code=status, headers=extra)
+        payload = self.render(status, code, detail) if self.render is not None else {"detail": detail, "code": code}
+        response = JSONResponse(payload, status_code=status, headers=extra)
         if scope["type"] == "http":
             await response(scope, receive, send)
             return

@@ -7,7 +7,7 @@ that is not JSON. The body is read once, bounded, and replayed to the app."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from envs.jsondepth import MAX_JSON_DEPTH, json_depth
 
@@ -24,18 +24,21 @@ async def _send_json(send: Any, status: int, payload: Any) -> None:
 class BodyGuardMiddleware:
     """Reject request bodies larger than ``max_body_bytes`` (413), not valid UTF-8 (422), nested deeper than
     ``max_json_depth`` (400 ``json_too_deep``) or not JSON (400 ``invalid_json``); an empty body passes (routes
-    whose body is optional)."""
+    whose body is optional). ``render(status, code, message)``: the JSON body of a refusal in the server's own error
+    shape (the gateway's OpenAI shape); default ``{"detail", "code"}``."""
 
-    def __init__(self, app: Any, max_body_bytes: int, max_json_depth: int = MAX_JSON_DEPTH) -> None:
+    def __init__(self, app: Any, max_body_bytes: int, max_json_depth: int = MAX_JSON_DEPTH,
+                 render: Callable[[int, str, str], Any] | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_json_depth = max_json_depth
+        self.render = render
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
-        too_large = {"detail": f"request body larger than {self.max_body_bytes} bytes", "code": "body_too_large"}
+        too_large = self._body(413, "body_too_large", f"request body larger than {self.max_body_bytes} bytes")
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
@@ -59,20 +62,21 @@ class BodyGuardMiddleware:
         try:
             body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            await _send_json(send, 422, {"detail": [{"type": "json_invalid", "loc": ["body", exc.start],
-                                                     "msg": f"request body is not valid UTF-8: {exc.reason}",
-                                                     "input": None}]})
+            message = f"request body is not valid UTF-8: {exc.reason}"
+            await _send_json(send, 422, self.render(422, "invalid_utf8", message) if self.render is not None else
+                             {"detail": [{"type": "json_invalid", "loc": ["body", exc.start], "msg": message,
+                                          "input": None}]})
             return
         if body.strip():
             depth = json_depth(body, self.max_json_depth)
             if depth > self.max_json_depth:
-                await _send_json(send, 400, {"detail": f"request body nested deeper than {self.max_json_depth} "
-                                                       "levels (refused before parsing)", "code": "json_too_deep"})
+                await _send_json(send, 400, self._body(400, "json_too_deep", f"request body nested deeper than "
+                                                       f"{self.max_json_depth} levels (refused before parsing)"))
                 return
             try:
                 json.loads(body)
             except ValueError as exc:
-                await _send_json(send, 400, {"detail": f"request body is not JSON: {exc}", "code": "invalid_json"})
+                await _send_json(send, 400, self._body(400, "invalid_json", f"request body is not JSON: {exc}"))
                 return
         replayed = False
 
@@ -84,3 +88,8 @@ class BodyGuardMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    def _body(self, status: int, code: str, message: str) -> Any:
+        if self.render is not None:
+            return self.render(status, code, message)
+        return {"detail": message, "code": code}

@@ -1,8 +1,11 @@
 """An OpenAI-compatible gateway that records every sampled token, and ``env=external``: train any agent program
 through it (docs/gateway.md).
 
-- :mod:`agent_rl.gateway.app`: the HTTP surface (chat completions, completions, models, reward, env steps) and its
-  security model;
+- :mod:`agent_rl.gateway.app`: the HTTP surface (chat completions, completions, the Responses API, models, reward,
+  env steps) and its security model;
+- :mod:`agent_rl.gateway.fields`: what each request field does (honoured, refused with a 400 naming it, or the
+  trainer's sampling, said in the reply);
+- :mod:`agent_rl.gateway.responses`: the Responses API as chat calls;
 - :mod:`agent_rl.gateway.recorder`: per-episode recording (exact ids, message-level prefix matching, segments);
 - :mod:`agent_rl.gateway.external`: :class:`ExternalRollout`, the orchestrator whose episodes are agent programs;
 - ``python -m agent_rl.gateway --checkpoint DIR --port P``: the gateway alone in front of a checkpoint.

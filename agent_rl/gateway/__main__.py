@@ -61,12 +61,13 @@ def run_config(checkpoint: Path) -> dict[str, Any]:
 
 
 def episode_of(session: GatewaySession, failure: str | None = None) -> Episode:
-    """A finished session as an :class:`Episode` (its task names the session)."""
+    """A finished session as an :class:`Episode` (its task names the session; ``won`` only when the program said
+    so: a reward alone is not a success)."""
     reward = session.reward if session.reward is not None else 0.0
     won = session.reward_info.get("won")
     return Episode(task=Task(env_id="gateway", options={"session_id": session.session_id}),
                    temperature=session.temperature, is_high=False, turns=list(session.turns), reward=float(reward),
-                   won=bool(won) if won is not None else reward > 0, failure=failure)
+                   won=bool(won) if won is not None else False, failure=failure)
 
 
 async def serve(args: argparse.Namespace) -> None:

@@ -6,6 +6,8 @@ Routes (each also under ``/sessions/<id>`` for clients that cannot set headers: 
   events, the same ids: the reply is generated whole, then sent as chunks), ``tools=`` and ``tool_choice`` (calls
   parsed by ``model.tool_call_format`` and returned as ``tool_calls``; ``tool_choice="none"``: the reply is text);
 - ``POST /v1/completions``: a text prompt (its text is data: no control tokens);
+- ``POST /v1/responses``: the Responses API (text and function-call items, ``previous_response_id`` within the
+  session, streaming as Responses events), served and recorded as a chat call (:mod:`agent_rl.gateway.responses`);
 - ``GET /v1/models``: the run's policy (any ``model`` name is accepted in requests);
 - ``POST /sessions/<id>/reward``: the program's reward of its episode (once);
 - ``POST /env/sessions/<env session>/step``: the env server's step route, proxied to the run's env server (the
@@ -17,6 +19,10 @@ checked by ``servers.middleware.BodyGuardMiddleware``). Each episode has its own
 a program holds only its own, and with it reaches only its own episode (another session id is 404
 ``session_not_found``, the same answer as for an id that does not exist). The run's token (``GatewaySettings.token``,
 client ``run``) reaches every session. The server binds loopback by default (:mod:`agent_rl.gateway.server`).
+Every request field is honoured or refused with a 400 naming it (:mod:`agent_rl.gateway.fields`); the sampling
+distribution is the trainer's, said in each reply (``agent_rl_sampling``). Errors, the gate's and the body guard's
+included, are OpenAI-shaped; an unknown route is 404 ``unknown_route`` naming the routes served; a repeated
+``X-Session-ID`` is 400 ``duplicate_header``; calls after the episode's reward is posted are 409 ``episode_over``.
 Messages, tools and tool calls are bounded in number; ``max_tokens`` is capped by the run's ``engine.max_new_tokens``;
 a prompt over ``rollout.max_prompt_tokens`` is 400 ``context_length_exceeded``; one request at a time per session
 (409 ``session_busy``).
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -35,16 +42,26 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agent_rl.gateway.recorder import (GatewaySession, PromptBuilder, RequestError, Segment, normalize_message,
-                                       reply_message)
-from agent_rl.gateway.schemas import (ChatCompletionRequest, CompletionRequest, RewardRequest, StepRequest,
-                                      ignored_fields)
+from agent_rl.gateway.fields import CallOptions, call_options, cut_at_stop
+from agent_rl.gateway.recorder import (GatewaySession, Match, Message, PromptBuilder, RequestError, Segment,
+                                       normalize_message, reply_message)
+from agent_rl.gateway.responses import chat_tools, conversation, remember, response_events, response_object
+from agent_rl.gateway.schemas import (ChatCompletionRequest, CompletionRequest, ResponsesRequest, RewardRequest,
+                                      StepRequest)
 from agent_rl.rollout.prompts.encoding import encode_data
 from agent_rl.types import Generation, Turn
 from envs.hosting.jsonable import lone_surrogate
 from servers.access import CLIENT_KEY, AccessGate
 from servers.middleware import BodyGuardMiddleware
+
+log = logging.getLogger(__name__)
+
+ROUTES = ("GET /v1/models", "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses",
+          "POST /sessions/<id>/reward", "POST /env/sessions/<env session>/step", "GET /health",
+          "(each /v1 route also under /sessions/<id>/v1)")
+"""What the gateway serves (named by the 404 of any other route)."""
 
 RUN_CLIENT = "run"
 """The client name of the run's own token (reaches every session)."""
@@ -83,12 +100,18 @@ class Sampler(Protocol):
     tokenizer: Any
     builder: PromptBuilder
 
-    async def sample(self, session: GatewaySession, prompt_ids: list[int], *, tools: bool) -> tuple[Generation, bool]:
-        """One call's generation at the session's sampling settings, and whether its prompt opened a reasoning
-        block."""
+    async def sample(self, session: GatewaySession, prompt_ids: list[int], *, tools: bool,
+                     max_new_tokens: int | None = None, stop: list[str] | None = None,
+                     seed: int | None = None) -> tuple[Generation, bool]:
+        """One call's generation at the session's sampling settings (``max_new_tokens``: the engine's cap of the
+        call; ``stop``: the client's stop strings, added to the engine's; ``seed``: mixed into the row seed), and
+        whether its prompt opened a reasoning block."""
 
     def parse_calls(self, text: str, opened: bool) -> Any:
         """The tool-call format's reading (``ToolCallParse``) of a reply."""
+
+    def sampling_rule(self) -> dict[str, Any]:
+        """The run's sampling beside the episode's temperature: ``{"top_p", "top_k"}``."""
 
     def decode(self, ids: list[int]) -> str:
         """The text of sampled ids as the replies are read (the tool-call markup kept)."""
@@ -105,9 +128,43 @@ def _check_text(body: BaseModel) -> None:
         raise RequestError(found, "invalid_text")
 
 
-def _error(status: int, message: str, code: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code},
-                         "detail": message, "code": code}, status_code=status)
+def error_body(message: str, code: str, param: str | None = None,
+               kind: str = "invalid_request_error") -> dict[str, Any]:
+    """OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}`` (plus ``detail`` and ``code`` at the
+    top, the env servers' shape, for clients of both)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}, "detail": message,
+            "code": code}
+
+
+def _error(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, code, param), status_code=status)
+
+
+def call_opening(fmt: Any, name: str | None) -> str:
+    """The text a tool-call format writes before a call's name (``name`` None) or, for a named function, before its
+    arguments: hermes ``<tool_call>\\n{"name": "`` / ``<tool_call>\\n{"name": "f", "arguments": ``. Read from
+    the format's own :meth:`render_call`, so every registered format has one."""
+    probe_name, probe_key = "zzAgentRlNamezz", "zzAgentRlArgzz"
+    rendered = fmt.render_call(probe_name if name is None else name, {probe_key: 0})
+    if name is None:
+        return rendered[:rendered.index(probe_name)]
+    return rendered[:rendered.index("{" + json.dumps(probe_key))]
+
+
+@dataclass
+class Served:
+    """One served chat call: what the client gets (``content``, ``calls`` in the wire form, ``finish_reason``,
+    ``logprobs`` when asked) and the sizes of the usage."""
+
+    response_id: str
+    content: str
+    calls: list[dict[str, Any]]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: list[dict[str, Any]] | None
+    messages: list[Message]
+    reply: Message
 
 
 class Gateway:
@@ -137,6 +194,8 @@ class Gateway:
         self.on_reward = on_reward
         self.requests = 0
         self.prefix_breaks = 0
+        self.generated_tokens = 0
+        self._causes_seen: set[str] = set()
         self.app = self._build_app()
 
     # ---------------------------------------------------------------------------------------------- sessions
@@ -161,7 +220,10 @@ class Gateway:
 
     def _session(self, request: Request, path_sid: str | None, *, open_new: bool = True) -> GatewaySession:
         client = request.scope.get(CLIENT_KEY)
-        header_sid = request.headers.get("x-session-id")
+        named = request.headers.getlist("x-session-id")
+        if len(named) > 1:  # ambiguous (a proxy may read the last): refused like the gate's repeated headers
+            raise RequestError("the X-Session-ID header is sent more than once (one is allowed)", "duplicate_header")
+        header_sid = named[0] if named else None
         if path_sid is not None and header_sid is not None and header_sid != path_sid:
             raise RequestError("the session in the URL and the X-Session-ID header differ; send one or the same",
                                "session_mismatch")
@@ -200,12 +262,12 @@ class Gateway:
             raise
 
     # ---------------------------------------------------------------------------------------------- serving
-    def _check(self, body: ChatCompletionRequest) -> None:
+    def _check_counts(self, messages: list[Any], tools: list[Any] | None) -> None:
         lim = self.limits
-        if len(body.messages) > lim.max_messages:
-            raise RequestError(f"{len(body.messages)} messages; at most {lim.max_messages}", "too_many_messages")
-        if body.tools is not None and len(body.tools) > lim.max_tools:
-            raise RequestError(f"{len(body.tools)} tools; at most {lim.max_tools}", "too_many_tools")
+        if len(messages) > lim.max_messages:
+            raise RequestError(f"{len(messages)} messages; at most {lim.max_messages}", "too_many_messages")
+        if tools is not None and len(tools) > lim.max_tools:
+            raise RequestError(f"{len(tools)} tools; at most {lim.max_tools}", "too_many_tools")
 
     def _cap(self, requested: int | None) -> int:
         cap = self.limits.max_new_tokens
@@ -214,6 +276,9 @@ class Gateway:
     def _start_call(self, session: GatewaySession) -> None:
         if session.busy:
             raise RequestError("another request of this session is running (one at a time)", "session_busy", 409)
+        if session.reward is not None:
+            raise RequestError("the episode's reward is posted: the episode is over, no more calls",
+                               "episode_over", 409)
         if session.requests >= session.max_requests:
             raise RequestError(f"the episode's {session.max_requests} model calls are used", "turn_budget_exhausted",
                                429)
@@ -231,49 +296,155 @@ class Gateway:
             raise RequestError(f"the prompt is {len(prompt_ids)} tokens; at most {self.limits.max_prompt_tokens}",
                                "context_length_exceeded")
 
-    async def chat(self, session: GatewaySession, body: ChatCompletionRequest) -> dict[str, Any]:
-        """Serve one chat completion in ``session``: the prompt (recorded ids spliced in, or a new segment), one
-        generation at the session's sampling, the call parsed, the turn recorded. Returns the OpenAI response."""
-        self._check(body)
+    def _single_call_stop(self) -> bool:
+        return bool(self.sampler.builder.tool_format.stop)
+
+    def options(self, data: dict[str, Any], *, handled: tuple[str, ...], tools: list[dict[str, Any]] | None,
+                **kwargs: Any) -> CallOptions:
+        """The checked :class:`~agent_rl.gateway.fields.CallOptions` of a request's sent fields."""
+        names = [t["function"]["name"] for t in tools] if tools else None
+        return call_options(data, handled=handled, tool_names=names, single_call_stop=self._single_call_stop(),
+                            **kwargs)
+
+    def _text(self, ids: list[int], tools_mode: bool) -> str:
+        if tools_mode:
+            return self.sampler.decode(ids)
+        return self.sampler.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def _stop_cut(self, gen: Generation, stops: list[str], tools_mode: bool) -> Generation:
+        """The generation ended before its first client stop string (ids and text: :func:`cut_at_stop`)."""
+        if not stops:
+            return gen
+        cut = cut_at_stop(list(gen.token_ids), gen.text, stops, lambda ids: self._text(ids, tools_mode))
+        if cut is None:
+            return gen
+        k, text = cut
+        return Generation(token_ids=list(gen.token_ids[:k]), logprobs=list(gen.logprobs[:k]), text=text,
+                          finish_reason="stop", cached_tokens=gen.cached_tokens, policy_version=gen.policy_version)
+
+    def _logprobs(self, gen: Generation) -> list[dict[str, Any]]:
+        """OpenAI's ``logprobs.content``: each sampled token's text, log-prob at the call's temperature and bytes;
+        no alternatives (``top_logprobs`` empty)."""
+        tok = self.sampler.tokenizer
+        out = []
+        for token_id, lp in zip(gen.token_ids, gen.logprobs):
+            text = tok.decode([int(token_id)])
+            out.append({"token": text, "logprob": float(lp), "bytes": list(text.encode("utf-8", "replace")),
+                        "top_logprobs": []})
+        return out
+
+    def sampling(self, session: GatewaySession, overridden: dict[str, int]) -> dict[str, Any]:
+        """The sampling rule of a reply (``agent_rl_sampling`` in every response): the trainer's temperature (the
+        episode's), top_p and top_k, and the client's sampling fields it replaced."""
+        return {"temperature": session.temperature, **self.sampler.sampling_rule(), "rule": "trainer",
+                "overridden": sorted(overridden)}
+
+    async def serve_call(self, session: GatewaySession, raw_messages: list[dict[str, Any]],
+                         tools: list[dict[str, Any]] | None, opts: CallOptions) -> Served:
+        """Serve one chat call in ``session`` (chat completions and the Responses API): the prompt (recorded ids
+        spliced in, or a new segment), one generation at the session's sampling under the call's cap, stop strings
+        and seed, the tool call parsed, the turn recorded.
+
+        Raises:
+            RequestError: a refused request (nothing of the session changes).
+        """
+        self._check_counts(raw_messages, tools)
         self._start_call(session)
-        messages = [normalize_message(m.model_dump(exclude_unset=False)) for m in body.messages]
-        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-        tools_mode = bool(tools) and body.tool_choice != "none"
+        messages = [normalize_message(m) for m in raw_messages]
+        tools_mode = bool(tools) and opts.tool_choice != "none"
         self._check_text_size([m["content"] for m in messages] + ([json.dumps(tools)] if tools else []))
         session.busy = True
         try:
-            prompt_ids, extends = self.sampler.builder.prompt(session, messages, tools)
+            prompt_ids, match = self.sampler.builder.prompt(session, messages, tools)
+            opening = ""
+            if tools_mode and opts.tool_choice in ("required", "function"):  # the reply starts as a call
+                try:
+                    opening = call_opening(self.sampler.builder.tool_format, opts.tool_name)
+                except ValueError:  # a format whose calls do not start with their name
+                    raise RequestError(f"tool_choice: {opts.tool_choice!r} is not served with the "
+                                       f"{self.sampler.builder.tool_format.name} format", "unsupported_parameter",
+                                       param="tool_choice") from None
+                prompt_ids = prompt_ids + [int(i) for i in self.sampler.tokenizer.encode(
+                    opening, add_special_tokens=False)]
             self._check_prompt(prompt_ids)
-            gen, opened = await self.sampler.sample(session, prompt_ids, tools=tools_mode)
-            gen = self._cut(gen, self._cap(body.max_completion_tokens or body.max_tokens))
+            cap = self._cap(opts.max_new_tokens)
+            gen, opened = await self.sampler.sample(session, prompt_ids, tools=tools_mode, max_new_tokens=cap,
+                                                    stop=opts.stop, seed=opts.seed)
+            gen = self._stop_cut(self._cut(gen, cap), opts.stop, tools_mode)
             calls: list[tuple[str, dict[str, Any]]] = []
-            content, invalid = gen.text, False
+            content, invalid = opening + gen.text, False
             if tools_mode:
-                parsed = self.sampler.parse_calls(gen.text, opened)
+                parsed = self.sampler.parse_calls(opening + gen.text, opened)
                 if parsed.error is None and parsed.calls:
                     calls, content = list(parsed.calls), parsed.content
-                invalid = parsed.error is not None
+                invalid = parsed.error is not None or (bool(opening) and not calls) or (
+                    opts.tool_name is not None and any(n != opts.tool_name for n, _ in calls))
             reply = reply_message(content, calls)
             turn = self._turn(session, prompt_ids, gen, content, invalid)
-            self.sampler.builder.record(session, messages, tools, extends, prompt_ids, reply, turn)
-            self._count(session, extends, ignored_fields(body))
+            stops = tuple(opts.stop) + tuple(self.sampler.builder.tool_format.stop)
+            self.sampler.builder.record(session, messages, tools, match, prompt_ids, reply, turn, stops)
+            self._count(session, match, opts)
         finally:
             session.busy = False
-        finish = "tool_calls" if calls else gen.finish_reason
-        message: dict[str, Any] = {"role": "assistant", "content": content if (content or not calls) else None}
-        if calls:
-            message["tool_calls"] = [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
-                                      "function": {"name": n, "arguments": json.dumps(a, ensure_ascii=False)}}
-                                     for n, a in calls]
-        return {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": int(time.time()),
-                "model": body.model, "choices": [{"index": 0, "message": message, "finish_reason": finish,
-                                                  "logprobs": None}],
-                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(gen.token_ids),
-                          "total_tokens": len(prompt_ids) + len(gen.token_ids)}}
+        wire = [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
+                 "function": {"name": n, "arguments": json.dumps(a, ensure_ascii=False)}} for n, a in calls]
+        return Served(response_id=secrets.token_hex(12), content=content, calls=wire,
+                      finish_reason="tool_calls" if calls else gen.finish_reason, prompt_tokens=len(prompt_ids),
+                      completion_tokens=len(gen.token_ids), logprobs=self._logprobs(gen) if opts.logprobs else None,
+                      messages=messages, reply=reply)
+
+    async def chat(self, session: GatewaySession, body: ChatCompletionRequest) -> dict[str, Any]:
+        """Serve one chat completion (:meth:`serve_call`); returns the OpenAI response."""
+        data = body.model_dump(exclude_unset=True)
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+        opts = self.options(data, handled=("messages", "tools"), tools=tools)
+        raw = [m.model_dump(exclude_unset=False) for m in body.messages]
+        served = await self.serve_call(session, raw, tools, opts)
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": served.content if (served.content or not served.calls) else None}
+        if served.calls:
+            message["tool_calls"] = served.calls
+        logprobs = {"content": served.logprobs, "refusal": None} if served.logprobs is not None else None
+        return {"id": f"chatcmpl-{served.response_id}", "object": "chat.completion", "created": int(time.time()),
+                "model": body.model, "choices": [{"index": 0, "message": message,
+                                                  "finish_reason": served.finish_reason, "logprobs": logprobs}],
+                "usage": {"prompt_tokens": served.prompt_tokens, "completion_tokens": served.completion_tokens,
+                          "total_tokens": served.prompt_tokens + served.completion_tokens},
+                "agent_rl_sampling": self.sampling(session, opts.overridden)}
+
+    async def responses(self, session: GatewaySession, body: ResponsesRequest) -> dict[str, Any]:
+        """Serve one Responses API call (:mod:`agent_rl.gateway.responses`, :meth:`serve_call`); returns the
+        ``response`` object."""
+        data = body.model_dump(exclude_unset=True)
+        tools = chat_tools(data.get("tools"))
+        choice = data.get("tool_choice")
+        if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+            data["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+        if data.get("include"):
+            wanted = data.pop("include")
+            if not isinstance(wanted, list) or set(wanted) - {"message.output_text.logprobs"}:
+                raise RequestError("include: only 'message.output_text.logprobs' is served", "unsupported_parameter",
+                                   param="include")
+            data["logprobs"] = True
+        opts = self.options(data, handled=("input", "instructions", "previous_response_id", "tools"), tools=tools,
+                            max_tokens_fields=("max_output_tokens",))
+        messages = conversation(session, data)
+        served = await self.serve_call(session, messages, tools, opts)
+        response = response_object(data, served, self.sampling(session, opts.overridden))
+        response["id"] = f"resp_{served.response_id}"
+        wire_reply: dict[str, Any] = {"role": "assistant", "content": served.content}
+        if served.calls:
+            wire_reply["tool_calls"] = served.calls
+        remember(session, response["id"], messages[1:] if data.get("instructions") else messages, wire_reply)
+        return response
 
     async def completion(self, session: GatewaySession, body: CompletionRequest) -> dict[str, Any]:
         """Serve one text completion: a prompt that starts with the segment's text (prompt + sampled text) gets the
-        recorded ids and only its new text encoded; any other prompt starts a new segment."""
+        recorded ids and only its new text encoded; any other prompt starts a new segment. A reply that ended on
+        an end token (EOS: not in the text the client got) is followed by the recorded ids without it, in a new
+        segment (the next prompt is what the client's text encodes to, never a token it does not hold)."""
+        opts = self.options(body.model_dump(exclude_unset=True), handled=("prompt",), tools=None,
+                            chat_logprobs=False)
         self._start_call(session)
         self._check_text_size([body.prompt])
         session.busy = True
@@ -283,19 +454,29 @@ class Gateway:
                 seg.messages[0]["role"] == "_text" else None
             extends = seg_text is not None and len(body.prompt) > len(seg_text) and body.prompt.startswith(seg_text)
             tok = self.sampler.tokenizer
+            restart = False
             if extends:
-                prompt_ids = seg.ids + encode_data(tok, body.prompt[len(seg_text):])
+                assert seg is not None
+                response = list(seg.response_ids)
+                if response and response[-1] in self.sampler.builder.eos_ids:
+                    response, restart = response[:-1], True
+                prompt_ids = list(seg.prompt_ids) + response + encode_data(tok, body.prompt[len(seg_text):])
             else:
                 prompt_ids = encode_data(tok, body.prompt)
             if not prompt_ids:
                 raise RequestError("prompt is empty")
             self._check_prompt(prompt_ids)
-            gen, _ = await self.sampler.sample(session, prompt_ids, tools=False)
-            gen = self._cut(gen, self._cap(body.max_tokens))
+            cap = self._cap(opts.max_new_tokens)
+            gen, _ = await self.sampler.sample(session, prompt_ids, tools=False, max_new_tokens=cap,
+                                               stop=opts.stop, seed=opts.seed)
+            gen = self._stop_cut(self._cut(gen, cap), opts.stop, False)
             turn = self._turn(session, prompt_ids, gen, gen.text, False)
-            if not extends:
-                if session.segments:
+            match = Match(extends and not restart, None if extends or not session.segments else "text_edited",
+                          restart=restart)
+            if not match.extends:
+                if session.segments and not restart:
                     session.prefix_breaks += 1
+                    session.breaks["text_edited"] = session.breaks.get("text_edited", 0) + 1
                 session.segments.append(Segment([], None, [], [], []))
             seg = session.segments[-1]
             seg.messages = [{"role": "_text", "content": body.prompt + gen.text}]
@@ -303,14 +484,24 @@ class Gateway:
             seg.ids = list(prompt_ids) + list(gen.token_ids)
             turn.segment = turn.info["segment"] = len(session.segments) - 1
             session.turns.append(turn)
-            self._count(session, extends, ignored_fields(body))
+            self._count(session, match, opts)
         finally:
             session.busy = False
+        logprobs = None
+        if opts.logprobs:
+            content = self._logprobs(gen)
+            offsets, at = [], len(body.prompt)
+            for item in content:
+                offsets.append(at)
+                at += len(item["token"])
+            logprobs = {"tokens": [c["token"] for c in content], "token_logprobs": [c["logprob"] for c in content],
+                        "top_logprobs": None, "text_offset": offsets}
         return {"id": f"cmpl-{secrets.token_hex(12)}", "object": "text_completion", "created": int(time.time()),
                 "model": body.model, "choices": [{"index": 0, "text": gen.text, "finish_reason": gen.finish_reason,
-                                                  "logprobs": None}],
+                                                  "logprobs": logprobs}],
                 "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(gen.token_ids),
-                          "total_tokens": len(prompt_ids) + len(gen.token_ids)}}
+                          "total_tokens": len(prompt_ids) + len(gen.token_ids)},
+                "agent_rl_sampling": self.sampling(session, opts.overridden)}
 
     def _cut(self, gen: Generation, cap: int) -> Generation:
         """A generation cut at ``cap`` tokens (a prefix of a sample is a sample: ``finish_reason="length"``)."""
@@ -328,12 +519,18 @@ class Gateway:
                     response_logprobs=list(gen.logprobs), action=action, invalid=invalid,
                     response_truncated=gen.finish_reason == "length", policy_version=int(version))
 
-    def _count(self, session: GatewaySession, extends: bool, ignored: dict[str, Any]) -> None:
+    def _count(self, session: GatewaySession, match: Match, opts: CallOptions) -> None:
         session.requests += 1
-        session.ignored.append(ignored)
+        session.ignored.append(dict(opts.overridden))
         self.requests += 1
-        if not extends and len(session.segments) > 1:
+        self.generated_tokens += len(session.turns[-1].response_ids) if session.turns else 0
+        if not match.extends and not match.restart and len(session.segments) > 1:
             self.prefix_breaks += 1
+            cause = match.cause or "text_edited"
+            level = logging.INFO if cause in self._causes_seen else logging.WARNING  # each cause shown once
+            self._causes_seen.add(cause)
+            log.log(level, "gateway: session %s: prefix break (%s) at call %d: %s", session.session_id[:12], cause,
+                    session.requests, match.detail or "the prompt's text differs")
 
     # ---------------------------------------------------------------------------------------------- HTTP
     def _build_app(self) -> Any:
@@ -341,14 +538,31 @@ class Gateway:
 
         @app.exception_handler(RequestError)
         async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
-            return _error(exc.status, str(exc), exc.code)
+            return _error(exc.status, str(exc), exc.code, exc.param)
 
         @app.exception_handler(RequestValidationError)
         async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
             first = exc.errors()[0] if exc.errors() else {}
-            where = ".".join(str(p) for p in first.get("loc", ()))
+            loc = [str(p) for p in first.get("loc", ())]
+            where = ".".join(loc)
             code = "invalid_text" if first.get("type") == "string_unicode" else "invalid_request"  # lone surrogate
-            return _error(400, f"{where}: {first.get('msg', 'invalid request')}"[:500], code)
+            param = loc[1] if len(loc) > 1 and loc[0] == "body" else None
+            return _error(400, f"{where}: {first.get('msg', 'invalid request')}"[:500], code, param)
+
+        @app.exception_handler(StarletteHTTPException)
+        async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+            if exc.status_code in (404, 405):
+                what = "not found" if exc.status_code == 404 else f"does not take {request.method}"
+                return _error(exc.status_code, f"{request.method} {request.url.path[:200]}: {what}; this gateway "
+                                               f"serves {', '.join(ROUTES)}", "unknown_route" if
+                              exc.status_code == 404 else "method_not_allowed")
+            return _error(exc.status_code, str(exc.detail), "http_error")
+
+        @app.exception_handler(Exception)
+        async def _unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug: logged, still OpenAI-shaped
+            log.error("gateway: %s %s failed", request.method, request.url.path[:200], exc_info=exc)
+            return JSONResponse(error_body(f"internal error ({type(exc).__name__})", "internal_error",
+                                           kind="server_error"), status_code=500)
 
         def models() -> dict[str, Any]:
             return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
@@ -362,6 +576,14 @@ class Gateway:
                 return result
             include_usage = bool((body.stream_options or {}).get("include_usage"))
             return StreamingResponse(_chat_chunks(result, include_usage), media_type="text/event-stream")
+
+        async def responses(request: Request, body: ResponsesRequest, sid: str | None = None) -> Any:
+            _check_text(body)
+            session = self._session(request, sid)
+            result = await self.responses(session, body)
+            if not body.stream:
+                return result
+            return StreamingResponse(response_events(result), media_type="text/event-stream")
 
         async def completions(request: Request, body: CompletionRequest, sid: str | None = None) -> Any:
             _check_text(body)
@@ -389,12 +611,16 @@ class Gateway:
             session = self._session(request, None, open_new=False)
             if session.env_session is None or env_sid != session.env_session:
                 raise RequestError("session not found", "session_not_found", 404)
+            if session.reward is not None:
+                raise RequestError("the episode's reward is posted: the episode is over, no more steps",
+                                   "episode_over", 409)
             return await self.sampler.env_step(session, env_sid, body.action)
 
         for prefix in ("", "/sessions/{sid}"):
             app.add_api_route(prefix + "/v1/models", models, methods=["GET"])
             app.add_api_route(prefix + "/v1/chat/completions", chat, methods=["POST"])
             app.add_api_route(prefix + "/v1/completions", completions, methods=["POST"])
+            app.add_api_route(prefix + "/v1/responses", responses, methods=["POST"])
         app.add_api_route("/sessions/{sid}/reward", reward, methods=["POST"])
         app.add_api_route("/env/sessions/{env_sid}/step", env_step, methods=["POST"])
 
@@ -402,8 +628,11 @@ class Gateway:
         async def health() -> dict[str, Any]:
             return {"status": "ok"}
 
-        guarded = BodyGuardMiddleware(app, self.limits.max_body_bytes)
-        return AccessGate(guarded, self.settings)
+        def refusal(status: int, code: str, message: str) -> dict[str, Any]:
+            return error_body(message, code)
+
+        guarded = BodyGuardMiddleware(app, self.limits.max_body_bytes, render=refusal)
+        return AccessGate(guarded, self.settings, render=refusal)
 
 
 def _sse(obj: Any) -> bytes:
@@ -422,15 +651,16 @@ async def _chat_chunks(result: dict[str, Any], include_usage: bool) -> AsyncIter
     choice = result["choices"][0]
     msg = choice["message"]
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
+        return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                          "logprobs": logprobs}]})
 
     yield chunk({"role": "assistant", "content": ""})
     for piece in _pieces(msg.get("content") or ""):
         yield chunk({"content": piece})
     for i, call in enumerate(msg.get("tool_calls") or []):
         yield chunk({"tool_calls": [{"index": i, **call}]})
-    yield chunk({}, choice["finish_reason"])
+    yield chunk({}, choice["finish_reason"], choice.get("logprobs"))  # the sampled tokens' log-probs, all at once
     if include_usage:
         yield _sse({**base, "choices": [], "usage": result["usage"]})
     yield b"data: [DONE]\n\n"

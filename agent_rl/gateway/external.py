@@ -34,13 +34,16 @@ import concurrent.futures
 import importlib
 import itertools
 import json
+import logging
 import secrets
+import sys
+import time
 from typing import Any, Callable
 
 from agent_rl.gateway.app import Gateway, GatewayLimits
 from agent_rl.gateway.command import command_argv, last_json_line, program_environment, run_command
 from agent_rl.gateway.config import ExternalConfig
-from agent_rl.gateway.recorder import GatewaySession, PromptBuilder, RequestError
+from agent_rl.gateway.recorder import BREAK_CAUSES, GatewaySession, PromptBuilder, RequestError
 from agent_rl.gateway.server import GatewayServer
 from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.fork import ForkSource, SiblingStart
@@ -54,6 +57,10 @@ from envs.numbers import checked_reward as _checked_reward
 from servers.launch import new_token
 
 _EPISODE_IDS = itertools.count()
+log = logging.getLogger(__name__)
+assert all(f"gateway/prefix_breaks/{c}" in GATEWAY_COUNTS for c in BREAK_CAUSES)  # one list of causes
+PROGRESS_EVERY_S = 30.0
+"""Seconds between the run log's progress lines while programs run."""
 
 
 def load_program(spec: str) -> Callable[[dict[str, Any], dict[str, Any]], Any]:
@@ -131,8 +138,9 @@ class ExternalRollout(RolloutOrchestrator):
                          on_turn=on_turn, on_episode=on_episode)
         self.external = external
         self.program = load_program(external.program) if external.program else None
-        self.rows = load_tasks(external.tasks) if external.from_file else None
-        """The task file's rows (``env.external.tasks`` a file), else None (an env id's sessions)."""
+        self.rows = load_tasks(external.tasks, optional="*") if external.from_file else None
+        """The task file's rows (``env.external.tasks`` a file; rows may have different keys: each keeps its own),
+        else None (an env id's sessions)."""
         assert self.tool_format is not None
         self.builder = PromptBuilder(self.tokenizer, self.tool_format, self._eos_ids)
         limits = GatewayLimits(max_body_bytes=external.max_body_bytes, max_messages=external.max_messages,
@@ -145,6 +153,9 @@ class ExternalRollout(RolloutOrchestrator):
         self._threads = concurrent.futures.ThreadPoolExecutor(external.concurrency,
                                                               thread_name_prefix="agent-program")
         self._programs = asyncio.Semaphore(external.concurrency)
+        self.progress = {"started": 0, "running": 0, "finished": 0, "failed": 0}
+        """Episode attempts of the gateway's life: started, running now, finished with a reward, failed."""
+        self._progress_task: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------------------------------------- the server
     @property
@@ -156,6 +167,24 @@ class ExternalRollout(RolloutOrchestrator):
         if not self._started:
             await self._server.start()
             self._started = True
+            self._progress_task = asyncio.create_task(self._report_progress())
+
+    def progress_line(self) -> str:
+        """One line of what the programs have done so far: episodes, calls, tokens, failures."""
+        p, gw = self.progress, self.gateway
+        return (f"gateway: {p['started']} episodes started ({p['running']} running, {p['finished']} finished, "
+                f"{p['failed']} failed), {gw.requests} model calls, {gw.generated_tokens} tokens generated, "
+                f"{gw.prefix_breaks} prefix breaks")
+
+    async def _report_progress(self) -> None:
+        """The progress line on stderr (the run's console log) every :data:`PROGRESS_EVERY_S` while programs run."""
+        last = ""
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY_S)
+            line = self.progress_line()
+            if self.progress["running"] or line != last:
+                print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)  # the run's console log
+                last = line
 
     def prefetch(self, tasks: Any, episodes_per_task: int) -> None:
         """Env resets of the next step's episodes (an env id's tasks only: a file's rows need none)."""
@@ -163,30 +192,41 @@ class ExternalRollout(RolloutOrchestrator):
             super().prefetch(tasks, episodes_per_task)
 
     async def aclose(self) -> None:
+        if self._progress_task is not None:
+            self._progress_task.cancel()
+            self._progress_task = None
         await super().aclose()
         await self._server.stop()
         self._started = False
         self._threads.shutdown(wait=False, cancel_futures=True)
 
     # ---------------------------------------------------------------------------------------------- sampling
-    async def sample(self, session: GatewaySession, prompt_ids: list[int], *, tools: bool) -> tuple[Generation, bool]:
-        """One call of ``session`` through the batcher: its temperature, its row key (group, slot, call index)."""
+    async def sample(self, session: GatewaySession, prompt_ids: list[int], *, tools: bool,
+                     max_new_tokens: int | None = None, stop: list[str] | None = None,
+                     seed: int | None = None) -> tuple[Generation, bool]:
+        """One call of ``session`` through the batcher: its temperature, its row key (group, slot, call index, and
+        the client's ``seed`` when given), the call's cap and stop strings (:meth:`GenerationBatcher.generate`)."""
         if self._batcher is None:
             raise RequestError("no rollout is running", "not_running", 503)
         penalty = session.repetition_penalty
-        key = tuple(session.key) + (session.requests,)
+        key = tuple(session.key) + (session.requests,) + (() if seed is None else (int(seed),))
+        row = dict(max_new_tokens=max_new_tokens, stop=tuple(stop or ()))
         if tools:
             gen, opened = await self._generate_tool_turn(prompt_ids, session.temperature, penalty, key,
-                                                         session.episode_id)
+                                                         session.episode_id, **row)
         else:
             gen = await self._batcher.generate(prompt_ids, session.temperature, penalty, key=key,
-                                               episode_id=session.episode_id)
+                                               episode_id=session.episode_id, **row)
             opened = False
         if gen.policy_version is None:
             gen.policy_version = session.policy_version
         if self.on_turn is not None:
             self.on_turn(gen)
         return gen, opened
+
+    def sampling_rule(self) -> dict[str, Any]:
+        """The run's top_p and top_k (every call samples with them, at its episode's temperature)."""
+        return {"top_p": float(self.gen_kwargs["top_p"]), "top_k": int(self.gen_kwargs["top_k"])}
 
     def decode(self, ids: list[int]) -> str:
         return decode_for_parsing(self.tokenizer, ids, self._keep)
@@ -306,22 +346,40 @@ class ExternalRollout(RolloutOrchestrator):
             policy_version=self.policy_version)
         gateway = {"base_url": f"{self.base_url}/v1", "api_key": session.api_key, "session_id": session.session_id,
                    "headers": {"X-Session-ID": session.session_id}}
+        self.progress["started"] += 1
+        self.progress["running"] += 1
+        t0 = time.monotonic()
         try:
             async with self._programs:
                 try:
                     result = await self._run(self._task_dict(task, reset, session), gateway, session)
                 except asyncio.TimeoutError:
-                    raise EnvCallFailed(f"program timed out after {self.external.timeout_s:g} s") from None
+                    raise EnvCallFailed(f"program timed out after {self.external.timeout_s:g} s "
+                                        f"({session.requests} model calls made)") from None
                 except Exception as exc:  # noqa: BLE001 (the program's own failure: an env failure, re-run)
-                    raise EnvCallFailed(f"program raised {type(exc).__name__}: {str(exc)[:300]}") from exc
-            return self._episode_of(task, temperature, is_high, session, reset, result)
+                    raise EnvCallFailed(f"program raised {type(exc).__name__}: {exc}") from exc
+            episode = self._episode_of(task, temperature, is_high, session, reset, result)
+            self.progress["finished"] += 1
+            return episode
+        except EnvCallFailed as exc:
+            self.progress["failed"] += 1
+            cause = exc.__cause__
+            log.warning("gateway: episode attempt (group %d, slot %d) failed after %.1f s, %d model calls: %s",
+                        task.group_id, slot, time.monotonic() - t0, session.requests, exc,
+                        exc_info=(type(cause), cause, cause.__traceback__) if cause is not None else None)
+            raise
         finally:
+            self.progress["running"] -= 1
             self.gateway.close_session(session.session_id)
             c = self._gateway_counts
             c["gateway/requests"] += session.requests
             c["gateway/prefix_breaks"] += session.prefix_breaks
             c["gateway/segments"] += len(session.segments)
             c["gateway/attempts"] += 1
+            c["gateway/history_rewrites"] += session.rewrites
+            c["gateway/generated_tokens"] += sum(len(t.response_ids) for t in session.turns)
+            for why, n in session.breaks.items():
+                c[f"gateway/prefix_breaks/{why}"] += n
             end_episode = getattr(self.engine, "end_episode", None)
             if end_episode is not None:
                 end_episode(episode_id)
@@ -356,4 +414,4 @@ class ExternalRollout(RolloutOrchestrator):
         last.info.update(info)
         task_type = (reset.info or {}).get(self.task_type_key) if reset is not None else None
         return Episode(task=task, temperature=float(temperature), is_high=bool(is_high), turns=list(turns),
-                       reward=float(reward), won=bool(won) if won is not None else reward > 0, task_type=task_type)
+                       reward=float(reward), won=bool(won) if won is not None else False, task_type=task_type)

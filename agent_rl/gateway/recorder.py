@@ -28,33 +28,49 @@ from typing import Any, Sequence
 
 from agent_rl.rollout.orchestrator import splice_followup
 from agent_rl.rollout.prompts import render
-from agent_rl.rollout.prompts.encoding import continuation_ids
+from agent_rl.rollout.prompts.encoding import continuation_ids, encode_data
 from agent_rl.rollout.tools import TemplateTools, ToolCallFormat, tool_messages
 from agent_rl.types import Turn
+from envs.hosting.jsonable import lone_surrogate, scrub_text
+from envs.jsondepth import JSONTooDeep, loads_bounded
 
 Message = dict[str, Any]
 
 
 class RequestError(ValueError):
-    """A request the gateway refuses (HTTP 400 with ``code``); nothing of the episode changes."""
+    """A request the gateway refuses (HTTP 400 with ``code``, and ``param``: the field at fault, when one is);
+    nothing of the episode changes."""
 
-    def __init__(self, message: str, code: str = "invalid_request", status: int = 400) -> None:
+    def __init__(self, message: str, code: str = "invalid_request", status: int = 400,
+                 param: str | None = None) -> None:
         super().__init__(message)
-        self.code, self.status = code, status
+        self.code, self.status, self.param = code, status, param
 
 
 def _arguments(value: Any) -> dict[str, Any]:
-    """A tool call's arguments as a dict (OpenAI sends them as a JSON string)."""
+    """A tool call's arguments as a dict (OpenAI sends them as a JSON string), parsed under the bounds of a body:
+    nested at most ``MAX_JSON_DEPTH`` deep (counted before parsing), valid Unicode (no escaped lone surrogate).
+
+    Raises:
+        RequestError: 400 ``invalid_tool_arguments`` (not a JSON object, too deep) or ``invalid_text``."""
     if isinstance(value, dict):
-        return value
-    if value is None or (isinstance(value, str) and not value.strip()):
+        parsed: Any = value
+    elif value is None or (isinstance(value, str) and not value.strip()):
         return {}
-    try:
-        parsed = json.loads(value)
-    except (TypeError, ValueError):
-        raise RequestError(f"a tool call's arguments are not a JSON object: {str(value)[:80]!r}") from None
+    else:
+        try:
+            parsed = loads_bounded(str(value), where="a tool call's arguments")
+        except JSONTooDeep as exc:
+            raise RequestError(str(exc), "invalid_tool_arguments") from None
+        except ValueError:
+            raise RequestError(f"a tool call's arguments are not a JSON object: {scrub_text(str(value)[:80])!r}",
+                               "invalid_tool_arguments") from None
     if not isinstance(parsed, dict):
-        raise RequestError(f"a tool call's arguments must be a JSON object, got {type(parsed).__name__}")
+        raise RequestError(f"a tool call's arguments must be a JSON object, got {type(parsed).__name__}",
+                           "invalid_tool_arguments")
+    found = lone_surrogate(parsed, "a tool call's arguments")
+    if found:
+        raise RequestError(found, "invalid_text")
     return parsed
 
 
@@ -92,16 +108,47 @@ def normalize_message(m: dict[str, Any]) -> Message:
     return out
 
 
+BREAK_CAUSES = ("tools_changed", "history_truncated", "reply_rewritten", "history_edited", "text_edited")
+"""Why a request did not extend its segment (``gateway/prefix_breaks/<cause>``): its tools differ, it has no more
+messages than the segment, the last reply differs beyond a known normalisation (:meth:`PromptBuilder.prompt`), an
+earlier message differs, a ``/v1/completions`` prompt does not start with the segment's text."""
+
+
 @dataclass
 class Segment:
     """A run of calls that extend each other: ``messages`` (normalized, the assistant replies as returned),
-    ``tools`` and ``ids`` (the last turn's prompt + response ids)."""
+    ``tools`` and ``ids`` (the last turn's prompt + response ids); ``stops``: the stop strings of the last reply
+    (a client that appends one to the reply still extends the segment)."""
 
     messages: list[Message]
     tools: list[dict[str, Any]] | None
     ids: list[int]
     response_ids: list[int]
     prompt_ids: list[int]
+    stops: tuple[str, ...] = ()
+
+
+@dataclass
+class Match:
+    """How a request relates to its session's current segment (:meth:`PromptBuilder.prompt`).
+
+    Attributes:
+        extends: the request continues the segment (its prompt starts with the recorded ids).
+        cause: why it does not (one of :data:`BREAK_CAUSES`; None for the first segment or a restart).
+        detail: the first differing message, sent and recorded (for the run's log).
+        rewrite: the normalisation under which the last reply matched (``strip``, ``stop``), else None.
+        suffix: text the client appended to the last reply (a stop string), encoded after the sampled ids.
+        restart: the request extends the conversation, but the last reply ended on an end token the client's text
+            does not render (an EOS the template does not write, or any EOS on ``/v1/completions``): the prompt is
+            the recorded ids without it, and a new segment starts (its turns cannot extend the reply's row).
+    """
+
+    extends: bool
+    cause: str | None = None
+    detail: str = ""
+    rewrite: str | None = None
+    suffix: str = ""
+    restart: bool = False
 
 
 @dataclass
@@ -116,8 +163,13 @@ class GatewaySession:
         episode_id: the engine's cache key of the episode (``engine.kv_reuse``).
         env_session: the env session the program may step through the gateway (``/env/sessions/<id>/step``).
         turns: one :class:`~agent_rl.types.Turn` per call, in order (``info["segment"]``: its segment).
-        prefix_breaks: requests that did not extend the current segment (each started a new one).
-        ignored: the client's sampling fields that were recorded and not applied, one dict per call.
+        prefix_breaks: requests that did not extend the current segment (each started a new one); ``breaks``: their
+            count by cause (:data:`BREAK_CAUSES`), ``rewrites``: requests that extended it under a normalisation.
+        ignored: the client's sampling fields the trainer's rule replaced, one dict per call: name -> size of the
+            value as JSON (bytes; never the value).
+        responses: ``/v1/responses`` ids of the session -> the conversation after them (``previous_response_id``).
+        reward_closed: the reward is posted and later calls are refused (training; the standalone gateway closes
+            the session instead).
         reward, reward_info: posted by the program (``POST /sessions/<id>/reward``), None until then.
         env_reward, env_won, env_done: what the env said to the program's steps through the gateway.
     """
@@ -135,8 +187,12 @@ class GatewaySession:
     segments: list[Segment] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
     prefix_breaks: int = 0
+    breaks: dict[str, int] = field(default_factory=dict)
+    rewrites: int = 0
     requests: int = 0
-    ignored: list[dict[str, Any]] = field(default_factory=list)
+    ignored: list[dict[str, int]] = field(default_factory=list)
+    responses: dict[str, tuple[list[Message], list[dict[str, Any]] | None]] = field(default_factory=dict)
+    reward_closed: bool = False
     reward: float | None = None
     reward_info: dict[str, Any] = field(default_factory=dict)
     env_reward: float = 0.0
@@ -194,41 +250,106 @@ class PromptBuilder:
         msgs, render_tools = tool_messages(messages, tools or [], self.tokenizer, self.tool_format)
         return render(self.tokenizer, msgs, tools=render_tools)
 
-    def continuation(self, seg: Segment, new: list[Message]) -> list[int]:
-        """Ids of ``new`` messages after the segment's recorded ids (the sampled response spliced as sampled)."""
+    def continuation(self, seg: Segment, new: list[Message], match: Match) -> list[int]:
+        """Ids of ``new`` messages after the segment's recorded ids (the sampled response spliced as sampled, then
+        ``match.suffix`` as context); with ``match.restart`` set here when the response's last id is an EOS the
+        template does not write after it (the prompt then takes the response without it)."""
         msgs, _ = tool_messages(new, [], self.tokenizer, self.tool_format)
         tail = continuation_ids(self.tokenizer, msgs, tools=seg.tools if (seg.tools and self.caps.tools) else None)
-        return splice_followup(seg.prompt_ids, seg.response_ids, tail, self.eos_ids)
+        response = list(seg.response_ids)
+        if response and response[-1] in self.eos_ids and tail[:1] != response[-1:]:
+            match.restart, match.extends = True, False
+            response = response[:-1]
+        if match.suffix:
+            response += encode_data(self.tokenizer, match.suffix)
+        return splice_followup(seg.prompt_ids, response, tail, self.eos_ids)
+
+    def match(self, seg: Segment | None, messages: list[Message], tools: list[dict[str, Any]] | None) -> Match:
+        """How ``messages`` relate to ``seg`` (:class:`Match`). They extend it when they hold more messages, the
+        same tools, every earlier message the same (:func:`_same`) and the segment's last reply either the same or
+        the same under one normalisation a client library applies: its content stripped of surrounding whitespace
+        (``strip``), or with one of the reply's stop strings appended (``stop``: the suffix is then context after
+        the sampled ids). A tool call re-serialised (arguments' whitespace, key order, a string or an object) is the
+        same call already (:func:`normalize_message`)."""
+        if seg is None:
+            return Match(False)
+        if (tools or None) != seg.tools:
+            return Match(False, "tools_changed", "the request's tools differ from the segment's")
+        n = len(seg.messages)
+        for i, (sent, rec) in enumerate(zip(messages, seg.messages)):
+            if _same(sent, rec):
+                continue
+            if i == n - 1 and rec.get("role") == "assistant" and sent.get("role") == "assistant":
+                rewrite = self._rewrite(sent, rec, seg)
+                if rewrite is not None and len(messages) > n:
+                    return Match(True, rewrite=rewrite[0], suffix=rewrite[1])
+                return Match(False, "reply_rewritten", _diff(i, sent, rec))
+            return Match(False, "history_edited", _diff(i, sent, rec))
+        if len(messages) <= n:
+            return Match(False, "history_truncated", f"{len(messages)} messages sent, the segment has {n}")
+        return Match(True)
+
+    def _rewrite(self, sent: Message, rec: Message, seg: Segment) -> tuple[str, str] | None:
+        """``(normalisation, appended suffix)`` under which ``sent`` is the recorded reply ``rec``, or None."""
+        rest = {k: v for k, v in sent.items() if k != "content"}
+        if not _same(rest, {k: v for k, v in rec.items() if k != "content"}):
+            return None
+        a, b = sent["content"], rec["content"]
+        if a.strip() == b.strip():
+            return "strip", ""
+        ended_on_eos = bool(seg.response_ids) and seg.response_ids[-1] in self.eos_ids
+        for stop in seg.stops:
+            if not ended_on_eos and a.rstrip().endswith(stop) and a.rstrip()[:-len(stop)].strip() == b.strip():
+                return "stop", stop
+        return None
 
     def prompt(self, session: GatewaySession, messages: list[Message],
-               tools: list[dict[str, Any]] | None) -> tuple[list[int], bool]:
-        """``(prompt ids, extends)`` of a request: ``extends`` False = a new segment (the first, or a prefix
-        break)."""
+               tools: list[dict[str, Any]] | None) -> tuple[list[int], Match]:
+        """``(prompt ids, match)`` of a request (:meth:`match`): the recorded ids spliced when it extends the
+        segment, else the whole conversation rendered (a new segment: the first, a restart or a prefix break)."""
         if not messages:
             raise RequestError("messages is empty")
         seg = session.segments[-1] if session.segments else None
-        if seg is not None and (tools or None) == seg.tools and len(messages) > len(seg.messages) and all(
-                _same(a, b) for a, b in zip(messages, seg.messages)):
-            new = messages[len(seg.messages):]
-            return self.continuation(seg, new), True
-        return self.full(messages, tools), False
+        match = self.match(seg, messages, tools)
+        if match.extends:
+            assert seg is not None
+            return self.continuation(seg, messages[len(seg.messages):], match), match
+        return self.full(messages, tools), match
 
     @staticmethod
     def record(session: GatewaySession, messages: list[Message], tools: list[dict[str, Any]] | None,
-               extends: bool, prompt_ids: list[int], reply: Message, turn: Turn) -> None:
-        """Keep a served call: its turn, and the segment it extends or starts (the reply as the next prefix)."""
-        if not extends:
-            if session.segments:
+               match: Match, prompt_ids: list[int], reply: Message, turn: Turn,
+               stops: Sequence[str] = ()) -> None:
+        """Keep a served call: its turn, and the segment it extends or starts (the reply as the next prefix;
+        ``stops``: the call's stop strings)."""
+        if not match.extends:
+            if session.segments and not match.restart:
                 session.prefix_breaks += 1
+                cause = match.cause or "history_edited"
+                session.breaks[cause] = session.breaks.get(cause, 0) + 1
             session.segments.append(Segment([], tools or None, [], [], []))
+        elif match.rewrite is not None:
+            session.rewrites += 1
         seg = session.segments[-1]
-        if session.turns and extends:  # the previous turn's observation: what the client sent after it
-            session.turns[-1].observation = "\n".join(m["content"] for m in messages[len(seg.messages):])
+        if session.turns and (match.extends or match.restart):  # the previous turn's observation: what followed it
+            done = len(seg.messages) if match.extends else len(session.segments[-2].messages)
+            session.turns[-1].observation = "\n".join(m["content"] for m in messages[done:])
         seg.messages = list(messages) + [reply]
         seg.prompt_ids, seg.response_ids = list(prompt_ids), list(turn.response_ids)
         seg.ids = list(prompt_ids) + list(turn.response_ids)
+        seg.stops = tuple(stops)
         turn.segment = turn.info["segment"] = len(session.segments) - 1
+        if match.rewrite is not None:
+            turn.info["history_rewrite"] = match.rewrite
         session.turns.append(turn)
+
+
+def _short(m: Message) -> str:
+    return json.dumps(m, ensure_ascii=False, default=str)[:300]
+
+
+def _diff(i: int, sent: Message, rec: Message) -> str:
+    return f"message {i} differs: sent {_short(sent)}, recorded {_short(rec)}"
 
 
 def reply_message(content: str, calls: Sequence[tuple[str, dict[str, Any]]]) -> Message:

@@ -1,7 +1,7 @@
 """The OpenAI wire format the gateway reads (pydantic): chat completions, completions, and the reward a program posts.
 
-Unknown fields are accepted (clients send many) and recorded; the sampling fields a client may send
-(:data:`IGNORED_SAMPLING`) are recorded per call and never applied: sampling is the trainer's (docs/gateway.md).
+Fields beyond the ones modelled here are read by :mod:`agent_rl.gateway.fields` (each honoured, refused with a 400
+naming it, or, for the sampling distribution, replaced by the trainer's rule and said so in the reply).
 Sizes are bounded here and by the body guard (``servers.middleware.BodyGuardMiddleware``).
 """
 
@@ -12,11 +12,6 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from envs.numbers import checked_reward
-
-#: request fields that would change sampling: recorded (``GatewaySession.ignored``) and ignored
-IGNORED_SAMPLING = ("temperature", "top_p", "top_k", "n", "seed", "logit_bias", "logprobs", "top_logprobs",
-                    "presence_penalty", "frequency_penalty", "repetition_penalty", "stop", "min_p", "best_of",
-                    "response_format", "parallel_tool_calls", "tool_choice")
 
 _NAME = r"^[A-Za-z0-9_.:-]{1,64}$"
 
@@ -77,6 +72,20 @@ class CompletionRequest(_Open):
     stream: bool = False
 
 
+class ResponsesRequest(_Open):
+    """``POST /v1/responses`` (the Responses API, :mod:`agent_rl.gateway.responses`): ``input`` a string or items,
+    ``instructions``, ``previous_response_id`` (a response of the same session), function ``tools``."""
+
+    model: str = Field(default="policy", max_length=256)
+    input: str | list[dict[str, Any]] = Field(default="", max_length=512)
+    instructions: str | None = None
+    previous_response_id: str | None = Field(default=None, max_length=128)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=64)
+    tool_choice: Any = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    stream: bool = False
+
+
 class RewardRequest(BaseModel):
     """``POST /sessions/<id>/reward``: the episode's reward (a JSON number: not a string, not a boolean; finite and
     within float32, :func:`envs.numbers.checked_reward`) and optional info."""
@@ -93,9 +102,3 @@ class StepRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     action: str
-
-
-def ignored_fields(body: BaseModel) -> dict[str, Any]:
-    """The sampling fields of a request that the gateway records and does not apply."""
-    data = body.model_dump(exclude_unset=True)
-    return {k: data[k] for k in IGNORED_SAMPLING if k in data}

@@ -70,9 +70,14 @@ MAX_REASONING_RESUMES = 8
 _PROMPT_TAIL_TOKENS = 64  # the prompt tokens read to see whether the generation prompt opened a reasoning block
 
 TOKEN_COUNTS = ("throughput/prefill_tokens", "throughput/decode_tokens", "throughput/kv_reuse_tokens")
-GATEWAY_COUNTS = ("gateway/requests", "gateway/prefix_breaks", "gateway/segments", "gateway/attempts")
+GATEWAY_COUNTS = ("gateway/requests", "gateway/prefix_breaks", "gateway/segments", "gateway/attempts",
+                  "gateway/history_rewrites", "gateway/generated_tokens", "gateway/prefix_breaks/tools_changed",
+                  "gateway/prefix_breaks/history_truncated", "gateway/prefix_breaks/reply_rewritten",
+                  "gateway/prefix_breaks/history_edited", "gateway/prefix_breaks/text_edited")
 """The gateway's per-step counters (``env=external``, :class:`agent_rl.gateway.ExternalRollout`): model calls served,
-requests that did not extend their episode's segment, segments, episode attempts (failed ones included)."""
+requests that did not extend their episode's segment (and by cause, ``agent_rl.gateway.recorder.BREAK_CAUSES``),
+segments, episode attempts (failed ones included), requests that extended a segment under a history normalisation,
+tokens generated."""
 EVENT_COUNTS = FORK_COUNTS + GATEWAY_COUNTS
 """Counters an orchestrator keeps only when its runs have them (:meth:`RolloutOrchestrator.event_counts`: forks,
 the gateway): summed over rounds, Ray workers' chunks and streams like :data:`TOKEN_COUNTS`, the asynchronous
@@ -165,7 +170,8 @@ class GenerationBatcher:
         self.engine = engine
         self.kwargs = dict(max_new_tokens=max_new_tokens, top_p=top_p, top_k=top_k, stop=stop)
         self.batch_size, self.seed = batch_size, seed
-        self._pending: list[tuple[list[int], float, asyncio.Future, float, tuple[int, ...] | None]] = []
+        self._pending: list[tuple[list[int], float, asyncio.Future, float, tuple[int, ...] | None,
+                                  tuple[int | None, tuple[str, ...]]]] = []
         self._wakeup = asyncio.Event()
         self._arrived = asyncio.Event()
         self.wait_s = wait_s
@@ -181,19 +187,23 @@ class GenerationBatcher:
 
     async def generate(self, prompt_ids: list[int], temperature: float,
                        repetition_penalty: float = 1.0, key: tuple[int, ...] | None = None,
-                       episode_id: str | None = None) -> Generation:
+                       episode_id: str | None = None, max_new_tokens: int | None = None,
+                       stop: Sequence[str] = ()) -> Generation:
         """Queue one prompt; resolves to its Generation. ``repetition_penalty`` (1.0 = off) is per row: TGRL's
         ``algo.high_repetition_penalty`` on high-temperature episodes (algorithms.md section 3, optional).
         ``key`` (ints, e.g. (group id, slot, turn)) names the row: with a batcher ``seed`` the row
         samples with ``row_seed(seed, *key)`` whatever batch it lands in (module docstring); a batch with a row
         without key falls back to one seed per engine call (``seed`` + call index). ``episode_id`` names the row's
         episode for engines that keep its keys/values between turns (those with ``end_episode``: hf's
-        ``engine.kv_reuse``)."""
+        ``engine.kv_reuse``). ``max_new_tokens`` (at most the batcher's) and ``stop`` (added to the batcher's stop
+        strings) are the row's own generation cap and stop strings (the gateway's clients): rows are batched only
+        with rows of the same ones, so the engine stops each where it was asked to."""
         fut = asyncio.get_running_loop().create_future()
         if episode_id is not None:
             self._episode_ids[fut] = episode_id
+        cap = None if max_new_tokens is None or max_new_tokens >= self.kwargs["max_new_tokens"] else int(max_new_tokens)
         self._pending.append((prompt_ids, temperature, fut, float(repetition_penalty),
-                              None if key is None else tuple(int(k) for k in key)))
+                              None if key is None else tuple(int(k) for k in key), (cap, tuple(stop))))
         self._wakeup.set()
         self._arrived.set()
         return await fut
@@ -230,8 +240,16 @@ class GenerationBatcher:
             if not self._pending:
                 self._wakeup.set()
                 continue
-            take = len(self._pending) if self.batch_size <= 0 else min(self.batch_size, len(self._pending))
-            batch, self._pending = self._pending[:take], self._pending[take:]
+            opts = self._pending[0][5]  # one engine call per (cap, stop strings): the rows asking the same
+            same = [r for r in self._pending if r[5] == opts]
+            batch = same if self.batch_size <= 0 else same[:self.batch_size]
+            self._pending = [r for r in self._pending if not any(r is b for b in batch)]
+            call_kwargs = dict(self.kwargs)
+            if opts[0] is not None:
+                call_kwargs["max_new_tokens"] = opts[0]
+            if opts[1]:
+                base_stop = list(self.kwargs["stop"] or [])
+                call_kwargs["stop"] = base_stop + [s for s in opts[1] if s not in base_stop]
             seed = None if self.seed is None else self.seed + self._calls
             self._calls += 1
             t0 = time.perf_counter()
@@ -248,15 +266,15 @@ class GenerationBatcher:
                 extra["episode_ids"] = episode_ids
             try:
                 gens = await asyncio.to_thread(self.engine.generate, [b[0] for b in batch], [b[1] for b in batch],
-                                               seed=seed, **self.kwargs, **extra)
+                                               seed=seed, **call_kwargs, **extra)
             except Exception as exc:  # noqa: BLE001 (re-raised in every waiting episode)
-                for _, _, fut, _, _ in batch:
+                for _, _, fut, _, _, _ in batch:
                     if not fut.done():
                         fut.set_exception(exc)
                 gens = None
             self.busy_s += time.perf_counter() - t0
             if gens is not None:
-                for (prompt, _, fut, _, _), gen in zip(batch, gens):
+                for (prompt, _, fut, _, _, _), gen in zip(batch, gens):
                     self.generated_tokens += len(gen.token_ids)
                     cached = min(int(getattr(gen, "cached_tokens", 0) or 0), len(prompt))
                     self.kv_reuse_tokens += cached
@@ -489,7 +507,8 @@ class RolloutOrchestrator:
         return gen, action, well_formed
 
     async def _generate_tool_turn(self, prompt_ids: list[int], temperature: float, penalty: float,
-                                  key: tuple[int, ...], episode_id: str | None) -> tuple[Generation, bool]:
+                                  key: tuple[int, ...], episode_id: str | None, max_new_tokens: int | None = None,
+                                  stop: Sequence[str] = ()) -> tuple[Generation, bool]:
         """One tools-mode reply: ``(generation, whether the prompt opened a reasoning block)``.
 
         The text is decoded from the sampled ids with the format's markup and the reasoning markers kept
@@ -498,14 +517,19 @@ class RolloutOrchestrator:
         thinking) does not end the reply: generation resumes from the prompt plus the ids so far (key
         ``key + (resume,)``, same episode, so kept caches serve it), at most :data:`MAX_REASONING_RESUMES` times,
         and the pieces are one generation of at most ``max_new_tokens`` ids (cut there: ``"length"``). The check
-        is the orchestrator's, on the ids, so it is the same for every engine.
+        is the orchestrator's, on the ids, so it is the same for every engine. ``max_new_tokens`` and ``stop``: the
+        call's own cap (at most the engine's) and extra stop strings (:meth:`GenerationBatcher.generate`).
         """
         assert self._batcher is not None
         max_new = int(self.gen_kwargs["max_new_tokens"])
+        if max_new_tokens is not None:
+            max_new = min(max_new, int(max_new_tokens))
+        row = dict(max_new_tokens=max_new_tokens, stop=tuple(stop))
         stops = [s for s in self.tool_format.stop] if self.tool_format is not None else []
         tail = decode_for_parsing(self.tokenizer, prompt_ids[-_PROMPT_TAIL_TOKENS:], self._keep)
         opened = prompt_opens_reasoning(tail, self._reasoning)
-        first = gen = await self._batcher.generate(prompt_ids, temperature, penalty, key=key, episode_id=episode_id)
+        first = gen = await self._batcher.generate(prompt_ids, temperature, penalty, key=key, episode_id=episode_id,
+                                                   **row)
         ids, logprobs = list(gen.token_ids), list(gen.logprobs)
         text = decode_for_parsing(self.tokenizer, ids, self._keep)
         for resume in range(1, MAX_REASONING_RESUMES + 1):
@@ -515,7 +539,7 @@ class RolloutOrchestrator:
             if not stopped_by_string or len(ids) >= max_new or not thinking:
                 break
             gen = await self._batcher.generate(prompt_ids + ids, temperature, penalty, key=key + (resume,),
-                                               episode_id=episode_id)
+                                               episode_id=episode_id, **row)
             ids += gen.token_ids
             logprobs += gen.logprobs
             text = decode_for_parsing(self.tokenizer, ids, self._keep)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shlex
 import sys
 import threading
@@ -141,13 +142,19 @@ def test_prefix_break_in_trajectory_mode_gives_one_row_per_segment(policy):
         assert batch.engine_logprobs[2 * e + 1][len(c.prompt_ids):n1].tolist() == pytest.approx(c.response_logprobs)
 
 
-def test_crashing_program_is_rerun_never_scored(policy):
+def test_crashing_program_is_rerun_never_scored(policy, caplog):
     res, metrics = play(policy, "tests.gateway.programs:crash_first_attempt")
     assert res.metrics["rollout/episode_retries"] == 1 and res.dropped_groups == 0
     assert metrics["gateway/attempts"] == 5  # the crashed attempt is counted, its episode played again
     assert [ep.reward for ep in res.episodes] == [1.0] * 4  # the re-run's reward; the crash gave none
-    res, _ = play(policy, "tests.gateway.programs:always_crash")
+    assert not any(ep.won for ep in res.episodes)  # a reward alone is no success: won comes from the env or program
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="agent_rl.gateway.external"):
+        res, _ = play(policy, "tests.gateway.programs:always_crash")
     assert res.dropped_groups == 1 and res.episodes == [] and "harness always crashes" in res.failures[0]
+    # every failed attempt in the run log with its full reason and the program's traceback
+    failed = [r for r in caplog.records if "failed after" in r.message]
+    assert len(failed) >= 2 and all(r.exc_info and "harness always crashes" in r.message for r in failed)
     res, _ = play(policy, "tests.gateway.programs:no_reward")
     assert res.dropped_groups == 1 and "no reward" in res.failures[0]
 
@@ -167,13 +174,14 @@ def test_react_text_agent_per_session_url(policy):
 class Live:
     """An ExternalRollout's gateway served in a background event loop with an open stream (calls from this thread)."""
 
-    def __init__(self, policy, max_new_tokens: int = 12, auto_sessions: bool = False, **external) -> None:
+    def __init__(self, policy, max_new_tokens: int = 12, auto_sessions: bool = False, engine=None,
+                 max_prompt_tokens: int = 2000, **external) -> None:
         model, tok = policy
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        engine = get_engine("hf", model, tok, seed=0)
-        self.orch = ExternalRollout(None, engine, RolloutConfig(max_prompt_tokens=2000),
+        engine = engine or get_engine("hf", model, tok, seed=0)
+        self.orch = ExternalRollout(None, engine, RolloutConfig(max_prompt_tokens=max_prompt_tokens),
                                     ExternalConfig(program="tests.gateway.programs:no_reward", **external),
                                     max_new_tokens=max_new_tokens, seed=0, auto_sessions=auto_sessions)
         self.call(self.orch.start())
@@ -227,16 +235,19 @@ def test_streaming_and_non_streaming_same_ids_at_temperature_0(live):
     assert _ids(a) == _ids(b) and r1.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
-def test_client_sampling_is_recorded_and_ignored_max_tokens_capped(live, policy):
+def test_client_sampling_is_the_trainers_said_in_the_reply_max_tokens_capped(live, policy):
     s = live.session(temperature=0.0)
     t = live.session(temperature=0.0)
     messages = [{"role": "user", "content": "Count to ten."}]
     r = live.client(s).chat.completions.create(model="x", messages=messages, max_tokens=10**9, temperature=2.0,
-                                               n=3, logit_bias={"42": 100}, seed=7)
+                                               logit_bias={"42": 100}, top_p=0.5)
     live.client(t).chat.completions.create(model="x", messages=messages)
-    assert r.usage.completion_tokens <= 12 and len(r.choices) == 1  # capped at engine.max_new_tokens, one choice
-    assert _ids(s) == _ids(t)  # temperature 2.0, n, logit_bias and seed changed nothing
-    assert s.ignored[0] == {"temperature": 2.0, "n": 3, "logit_bias": {"42": 100}, "seed": 7}
+    assert r.usage.completion_tokens <= 12 and len(r.choices) == 1  # capped at engine.max_new_tokens
+    assert _ids(s) == _ids(t)  # temperature 2.0, top_p and logit_bias changed nothing: the trainer's sampling
+    # the reply says so; the call keeps the fields' names and sizes, never their values
+    assert r.agent_rl_sampling == {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "rule": "trainer",
+                                   "overridden": ["logit_bias", "temperature", "top_p"]}
+    assert s.ignored[0] == {"temperature": 3, "logit_bias": 11, "top_p": 3}
     # the first prompt is the orchestrator's render of the messages
     assert s.turns[0].prompt_ids == chat_ids(policy[1], messages)
 
