@@ -104,3 +104,23 @@ def test_continuous_batching_with_kept_caches(tiny64):
             assert ga.token_ids == gb.token_ids
             assert ga.cached_tokens == gb.cached_tokens
             assert ga.logprobs == pytest.approx(gb.logprobs, abs=1e-9)
+
+
+@pytest.mark.timeout(600)
+def test_bench_hf_continuous_runs(tmp_path):
+    """``benchmarks/bench_hf_continuous.py`` on the tiny model: both modes measured, the same tokens."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "benchmarks/bench_hf_continuous.py", "--model", "tiny", "--rows", "5",
+                           "--batch-size", "2", "--max-new-tokens", "4", "--rounds", "1", "--threads", "1",
+                           "--out", str(tmp_path)], cwd=repo, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["same_tokens"] is True
+    for mode in ("on", "off"):
+        assert res["modes"][mode]["tokens"] > 0 and res["modes"][mode]["tokens_per_s"] > 0
+    assert res["speedup_tokens_per_s"] > 0
