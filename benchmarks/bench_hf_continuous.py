@@ -6,7 +6,8 @@
 ``--rows`` chat prompts (a mix of one-word questions and requests for a paragraph, so the responses end at scattered
 lengths, as an agent's actions do) at T = 1, each with its own row seed, through ``HFEngine.generate`` with at most
 ``--batch-size`` rows decoded together: ``continuous_batching=True`` (a finished row's place goes to a waiting row at
-once) and ``False`` (the plain loop: batches one after the other). ``--mode both`` (default) alternates the two
+once) and ``False`` (the plain loop: batches one after the other). ``--eos-every K`` makes every K-th token id end
+a response too: the random tiny model never samples its EOS, so this gives it scattered lengths. ``--mode both`` (default) alternates the two
 ``--rounds`` times (A B A B) in one process after one warm-up call and checks that both sampled the same tokens;
 per mode: generated tokens, wall seconds, CPU seconds (the process, all threads), tokens/s and tokens per CPU-second
 (medians over the rounds), the decode forwards (model calls) of a call, and the load average before and after.
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mode", choices=("both", "on", "off"), default="both")
+    ap.add_argument("--eos-every", type=int, default=0,
+                    help="K > 0: every K-th token id also ends a response (scattered lengths from the random tiny "
+                         "model, which never samples its EOS); 0: the model's own EOS")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
@@ -56,7 +60,13 @@ def main(argv: list[str] | None = None) -> int:
                for i in range(args.rows)]
     temps = [1.0] * args.rows
     modes = {"on": True, "off": False} if args.mode == "both" else {args.mode: args.mode == "on"}
-    engines = {m: HFEngine(model, tok, batch_size=args.batch_size, continuous_batching=c) for m, c in modes.items()}
+    eos = None
+    if args.eos_every > 0:
+        from agent_rl.engines.base import default_eos_token_ids
+
+        eos = sorted(set(default_eos_token_ids(model, tok)) | set(range(0, model.config.vocab_size, args.eos_every)))
+    engines = {m: HFEngine(model, tok, batch_size=args.batch_size, continuous_batching=c, eos_token_ids=eos)
+               for m, c in modes.items()}
     calls = {"n": 0}
     model.register_forward_pre_hook(lambda *_: calls.__setitem__("n", calls["n"] + 1))
 
@@ -84,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     same = None
     if len(modes) == 2:
         same = all(a["token_ids"] == b["token_ids"] for a, b in zip(runs["on"], runs["off"]))
-    res = {"model": args.model, "rows": args.rows, "batch_size": args.batch_size,
+    res = {"model": args.model, "eos_every": args.eos_every, "rows": args.rows, "batch_size": args.batch_size,
            "max_new_tokens": args.max_new_tokens, "rounds": args.rounds, "threads": args.threads,
            "load_before": load_before, "load_after": load_after, "same_tokens": same, "modes": {}}
     for mode, xs in runs.items():
