@@ -4,7 +4,9 @@ Why a hand-written loop rather than ``model.generate``: one call mixes rows at d
 and T1 episodes wait for actions together), and the log-probs must be those of the exact tempered distribution the
 token was drawn from (log softmax(z / T_row), fp32) so the learner reproduces them to 1e-4. The loop is short: a
 prefill over the left-padded prompts, then one token per step with the cache; finished rows are dropped from the
-batch (``DynamicCache.batch_select_indices``) so short answers do not pay for long ones.
+batch (``DynamicCache.batch_select_indices``) so short answers do not pay for long ones, and with more rows than
+``batch_size`` the waiting rows take the freed places at once (continuous batching: a prefill of the newcomers whose
+cache joins the running one, right-aligned as below).
 
 Sampling randomness is per row, never shared by the rows of a batch: row i draws its noise from its own
 ``torch.Generator`` seeded with ``row_seeds[i]`` (the orchestrator passes ``agent_rl.engines.row_seed`` of (rollout
@@ -189,7 +191,9 @@ class HFEngine:
     Args:
         model: the policy (shared with the learner).
         tokenizer: its tokenizer (needs a pad token).
-        batch_size: prompts per forward batch (prompts are sorted by length first).
+        batch_size: most rows decoded together (prompts are sorted by length first).
+        continuous_batching: a finished row's place in the batch goes to a waiting row at once (:meth:`_generate_rows`);
+            False: the plain loop, batches of ``batch_size`` rows one after the other (the same tokens).
         eos_token_ids: ids that end a response (default: the model's ``generation_config.eos_token_id`` plus the
             tokenizer's eos).
         seed: seeds the engine's generator, which draws a call's base seed when ``generate`` gets neither
@@ -208,10 +212,11 @@ class HFEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = 32,
                  eos_token_ids: list[int] | None = None, seed: int = 0, kv_reuse: bool = True,
-                 kv_reuse_max_tokens: int = 32768, **_: Any) -> None:
+                 kv_reuse_max_tokens: int = 32768, continuous_batching: bool = True, **_: Any) -> None:
         if kv_reuse_max_tokens < 1:
             raise ValueError(f"engine.kv_reuse_max_tokens={kv_reuse_max_tokens}: must be >= 1")
         self.kv_reuse, self.kv_reuse_max_tokens = bool(kv_reuse), int(kv_reuse_max_tokens)
+        self.continuous_batching = bool(continuous_batching)
         self._caches: OrderedDict[str, _EpisodeCache] = OrderedDict()  # LRU order: oldest first
         self._cached_tokens = 0
         self._in_flight: set[str] = set()
@@ -388,7 +393,7 @@ class HFEngine:
                 seed = int(torch.randint(2**62, (1,), generator=self._generator))
             row_seeds = [row_seed(seed, i) for i in range(len(prompts))]
         ids = list(episode_ids) if episode_ids is not None and self.kv_reuse else [None] * len(prompts)
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths start together
         results: list[Generation | None] = [None] * len(prompts)
         live = {e for e in ids if e is not None}
         stamp = self._stamp() if live else ()  # the weights of this call (a reuse needs an equal stamp)
@@ -397,14 +402,12 @@ class HFEngine:
         taken = self._take_all(ids)
         try:
             with self._forward_lock, _eval_mode(self.model), torch.inference_mode():
-                for start in range(0, len(order), self.batch_size):
-                    idx = order[start:start + self.batch_size]
-                    pen = None if repetition_penalties is None else [float(repetition_penalties[i]) for i in idx]
-                    outs = self._generate_batch([prompts[i] for i in idx], [temperatures[i] for i in idx],
-                                                max_new_tokens, top_p, top_k, stop or [], [row_seeds[i] for i in idx],
-                                                pen, [ids[i] for i in idx], taken, stamp)
-                    for i, out in zip(idx, outs):
-                        results[i] = out
+                pen = None if repetition_penalties is None else [float(repetition_penalties[i]) for i in order]
+                outs = self._generate_rows([prompts[i] for i in order], [temperatures[i] for i in order],
+                                           max_new_tokens, top_p, top_k, stop or [], [row_seeds[i] for i in order],
+                                           pen, [ids[i] for i in order], taken, stamp)
+                for i, out in zip(order, outs):
+                    results[i] = out
         finally:
             with self._lock:
                 self._in_flight -= live
@@ -457,17 +460,18 @@ class HFEngine:
                     out[k] = part.tolist()
         return out
 
-    def _generate_batch(self, prompts: list[list[int]], temperatures: list[float], max_new_tokens: int,
-                        top_p: float, top_k: int, stop: list[str], seeds: list[int],
-                        penalties: list[float] | None = None, episode_ids: list[str | None] | None = None,
-                        entries: dict[str, _EpisodeCache] | None = None, stamp: tuple[int, ...] = ()
-                        ) -> list[Generation]:
+    def _prefill(self, prompts: list[list[int]], episode_ids: list[str | None], entries: dict[str, _EpisodeCache],
+                 stamp: tuple[int, ...]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+        """One forward over ``prompts`` (b rows) with their reused caches (module docstring's right-aligned layout).
+
+        Returns:
+            ``(cache, attention_mask (b, C + N) long, logits (b, V) of each row's next token, next_pos (b,) long,
+            reused (b,) prompt tokens taken from a kept cache)``.
+        """
         from transformers import DynamicCache
 
         device = self.device
         b = len(prompts)
-        episode_ids = episode_ids or [None] * b
-        entries = entries if entries is not None else {}
         taken = [self._reuse(entries.pop(e, None) if e is not None else None, p, stamp)
                  for e, p in zip(episode_ids, prompts)]
         reused = [m for m, _ in taken]  # (b,) prompt tokens taken from a cache per row
@@ -500,28 +504,92 @@ class HFEngine:
         del taken
         self._counts["kv_reuse_tokens"] += sum(reused)
         self._counts["prefill_tokens"] += sum(len(x) for x in new)
-        temps = torch.tensor(temperatures, dtype=torch.float32, device=device)
-        generators: list[torch.Generator | None] = [  # one stream per row (module docstring); none when greedy
-            torch.Generator(device=device).manual_seed(int(s) % 2**64) if t > 0 else None
-            for s, t in zip(seeds, temperatures)]
-        eos = torch.tensor(self.eos_token_ids, device=device)
-        stop_window = max((len(s) for s in stop), default=0) + 2  # a stop string spans at most len(s) tokens
-
-        tokens_out: list[list[int]] = [[] for _ in range(b)]
-        logps_out: list[list[float]] = [[] for _ in range(b)]
-        reasons = ["length"] * b
-        alive = list(range(b))  # original row of each row still in the batch
         logits = _sampling_dtype(self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
             logits_to_keep=1, **{self._cache_kw: cache}).logits[:, -1])
-        next_pos = position_ids[:, -1] + 1  # (b,)
-        penalty = seen = None
-        if penalties is not None and any(p != 1.0 for p in penalties):
-            penalty = torch.tensor(penalties, dtype=logits.dtype, device=device)[:, None]  # (b, 1)
-            seen = torch.zeros(b, logits.shape[-1], dtype=torch.bool, device=device)  # (b, V) ids seen per row
-            for r, p in enumerate(prompts):  # the whole prompt, cached part included
-                seen[r, torch.tensor(p, dtype=torch.long, device=device)] = True
-        for _step in range(max_new_tokens):
+        return cache, attention_mask, logits, position_ids[:, -1] + 1, reused
+
+    @staticmethod
+    def _join_caches(cache_a: Any, mask_a: torch.Tensor, cache_b: Any, mask_b: torch.Tensor
+                     ) -> tuple[Any, torch.Tensor]:
+        """The rows of two batch caches in one (a's rows first), right-aligned: the shorter one gets masked zero
+        columns in front (exact: module docstring), so every row's next token is again in the last column.
+
+        Args:
+            cache_a, cache_b: ``DynamicCache`` of (b_a, kv_heads, C_a, head_dim) / (b_b, ..., C_b, ...) per layer.
+            mask_a, mask_b: (b_a, C_a) / (b_b, C_b) attention masks over those columns.
+        Returns:
+            ``(cache of b_a + b_b rows and max(C_a, C_b) columns, its (b_a + b_b, C) mask)``.
+        """
+        from transformers import DynamicCache
+
+        width = max(mask_a.shape[1], mask_b.shape[1])
+
+        def pad(x: torch.Tensor, dim: int) -> torch.Tensor:  # zero columns in front of ``dim`` up to ``width``
+            missing = width - x.shape[dim]
+            if missing == 0:
+                return x
+            shape = list(x.shape)
+            shape[dim] = missing
+            return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+        past = [(torch.cat([pad(la.keys, 2), pad(lb.keys, 2)]), torch.cat([pad(la.values, 2), pad(lb.values, 2)]))
+                for la, lb in zip(cache_a.layers, cache_b.layers)]
+        return DynamicCache(ddp_cache_data=past), torch.cat([pad(mask_a, 1), pad(mask_b, 1)])
+
+    def _generate_rows(self, prompts: list[list[int]], temperatures: list[float], max_new_tokens: int,
+                       top_p: float, top_k: int, stop: list[str], seeds: list[int],
+                       penalties: list[float] | None, episode_ids: list[str | None],
+                       entries: dict[str, _EpisodeCache], stamp: tuple[int, ...]) -> list[Generation]:
+        """Decode every row of a call, at most ``batch_size`` in the batch at once, in the order given.
+
+        Continuous batching (``continuous_batching``, the default): after each decode step the finished rows leave
+        the batch (their kept caches stored first) and waiting rows take their places: one prefill of the newcomers,
+        whose cache is joined to the running one (:meth:`_join_caches`), and the next step samples every row. Off:
+        waiting rows start only when the whole batch is done (the plain loop: batches of ``batch_size`` rows one after
+        the other). Either way a row's tokens come from its own generator and its own logits only, so both give the
+        same tokens (up to the last bits of the logits, as with any padding).
+        """
+        device = self.device
+        n = len(prompts)
+        eos = torch.tensor(self.eos_token_ids, device=device)
+        stop_window = max((len(s) for s in stop), default=0) + 2  # a stop string spans at most len(s) tokens
+        use_penalty = penalties is not None and any(p != 1.0 for p in penalties)
+        tokens_out: list[list[int]] = [[] for _ in range(n)]
+        logps_out: list[list[float]] = [[] for _ in range(n)]
+        reasons = ["length"] * n
+        reused = [0] * n
+        waiting = list(range(n))  # rows not started, in order
+        alive: list[int] = []  # row of the call of each row in the batch
+        generators: list[torch.Generator | None] = []  # one stream per row (module docstring); none when greedy
+        cache = attention_mask = logits = temps = next_pos = penalty = seen = None
+        while alive or waiting:
+            room = self.batch_size - len(alive)
+            if waiting and room > 0 and (self.continuous_batching or not alive):
+                new_rows, waiting = waiting[:room], waiting[room:]
+                c_new, am_new, lg_new, pos_new, r_new = self._prefill(
+                    [prompts[r] for r in new_rows], [episode_ids[r] for r in new_rows], entries, stamp)
+                for r, m in zip(new_rows, r_new):
+                    reused[r] = m
+                t_new = torch.tensor([temperatures[r] for r in new_rows], dtype=torch.float32, device=device)
+                g_new = [torch.Generator(device=device).manual_seed(int(seeds[r]) % 2**64) if temperatures[r] > 0
+                         else None for r in new_rows]
+                if use_penalty:
+                    p_new = torch.tensor([penalties[r] for r in new_rows], dtype=lg_new.dtype, device=device)[:, None]
+                    s_new = torch.zeros(len(new_rows), lg_new.shape[-1], dtype=torch.bool, device=device)
+                    for j, r in enumerate(new_rows):  # the whole prompt, cached part included: (b, V) ids seen
+                        s_new[j, torch.tensor(prompts[r], dtype=torch.long, device=device)] = True
+                if alive:
+                    cache, attention_mask = self._join_caches(cache, attention_mask, c_new, am_new)
+                    logits, temps = torch.cat([logits, lg_new]), torch.cat([temps, t_new])
+                    next_pos = torch.cat([next_pos, pos_new])
+                    if use_penalty:
+                        penalty, seen = torch.cat([penalty, p_new]), torch.cat([seen, s_new])
+                else:
+                    cache, attention_mask, logits, temps, next_pos = c_new, am_new, lg_new, t_new, pos_new
+                    if use_penalty:
+                        penalty, seen = p_new, s_new
+                alive, generators = alive + new_rows, generators + g_new
             if penalty is not None:
                 logits = torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
             tok, lp = _sample_from_logits(logits, temps, top_p, top_k, generators)  # (b',), (b',)
@@ -537,35 +605,34 @@ class HFEngine:
                     reasons[r] = "stop"
                 elif stop and any(s in self.tokenizer.decode(tokens_out[r][-stop_window:]) for s in stop):
                     reasons[r] = "stop"
-                else:
+                elif len(tokens_out[r]) < max_new_tokens:
                     keep.append(j)
-            if not keep or _step == max_new_tokens - 1:
-                break
             if len(keep) < len(alive):  # drop finished rows from the batch and the cache (kept first)
                 kept = set(keep)
                 for j, r in enumerate(alive):
                     if j not in kept:
                         self._keep(episode_ids[r], prompts[r] + tokens_out[r][:-1], cache, j, attention_mask[j], stamp)
+                alive = [alive[j] for j in keep]
+                generators = [generators[j] for j in keep]
+                if not keep:
+                    cache = attention_mask = logits = temps = next_pos = penalty = seen = None
+                    continue
                 keep_t = torch.tensor(keep, device=device)
                 cache.batch_select_indices(keep_t)
                 tok, temps, next_pos, attention_mask = tok[keep_t], temps[keep_t], next_pos[keep_t], attention_mask[keep_t]
                 if penalty is not None:
                     penalty, seen = penalty[keep_t], seen[keep_t]
-                alive = [alive[j] for j in keep]
-                generators = [generators[j] for j in keep]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(alive), 1)], dim=1)
             logits = _sampling_dtype(self.model(
                 input_ids=tok[:, None], attention_mask=attention_mask, position_ids=next_pos[:, None],
                 use_cache=True, **{self._cache_kw: cache}).logits[:, -1])
             next_pos = next_pos + 1
-        for j, r in enumerate(alive):  # the rows still in the batch: every fed token is in the cache
-            self._keep(episode_ids[r], prompts[r] + tokens_out[r][:-1], cache, j, attention_mask[j], stamp)
         self._counts["decode_tokens"] += sum(len(t) for t in tokens_out)
         return [
             Generation(token_ids=tokens_out[r], logprobs=logps_out[r],
                        text=self.tokenizer.decode(tokens_out[r], skip_special_tokens=True), finish_reason=reasons[r],
                        cached_tokens=reused[r])
-            for r in range(b)
+            for r in range(n)
         ]
 
 

@@ -23,6 +23,16 @@ One step, top to bottom (``Learner.update``):
    ``actor/skipped_nonfinite`` is 1, with the cause in :attr:`Learner.skip_cause`. Under data parallelism the
    decision is all-reduced (MAX), so a non-finite value on any rank skips on every rank alike.
 
+Single pass (:meth:`Learner.single_pass_step`): on an on-policy step (one epoch of one mini-batch, no staleness) the
+old log-probs equal the new ones detached, so step 1 is folded into step 3: the advantages come first (from the
+rewards alone), the grad pass's own logits give ``old_logprobs`` (its log-probs detached) and the entropy, and the
+rows that carry no gradient get a no-grad forward of their own for the metrics: one forward per row instead of two.
+The separate no-grad pass stays wherever a rule needs the old policy before or apart from the grad pass: several
+epochs or mini-batches (the policy moves between optimiser steps), staleness (``trainer.max_staleness > 0`` or rows
+sampled by an older version), advantages that read the pass (TGRL's JS weights after warm-up, credit rules other than
+``uniform`` / ``tp``, GAE's old values with ``algo=ppo``, TAMPO's candidate log-probs), the KL term's reference
+log-probs (``kl_coef > 0``), and FSDP's lock-step forwards.
+
 Memory: logits-sized work is chunked; in the grad pass each chunk's ``lm_head`` + log-softmax is recomputed in
 backward (``torch.utils.checkpoint``) so only the (N, d) hidden states are kept. Rows that carry no gradient (no
 trained token, or zero advantage everywhere when no KL/entropy/value term is on: e.g. TGRL's low rows, groups with
@@ -101,6 +111,9 @@ class OldPolicyOutputs:
 
 
 log = logging.getLogger(__name__)
+#: credit rules that read neither the entropy nor the JS of the old policy (the single pass has neither before the
+#: advantages): every other rule keeps the separate no-grad pass.
+SINGLE_PASS_CREDIT = ("uniform", "tp")
 
 #: policy-loss metrics that compare the new policy with the old one (reported from optimiser steps 2..n).
 RATIO_METRICS = ("actor/clipfrac", "actor/approx_kl", "actor/pg_clipfrac_lower", "actor/ratio_mean")
@@ -266,6 +279,9 @@ class Learner:
             those of the full tempered distribution.
         max_staleness: ``trainer.max_staleness`` k (algorithms.md section 7); with ``algo.behaviour_correction=auto``
             it selects the correction of the policy-gradient term: ``tis`` when k > 0, ``none`` when k = 0.
+        single_pass: fold the no-grad pass into the grad pass on the steps where it changes nothing
+            (:meth:`single_pass_step`); False: always the separate no-grad pass (the two paths give the same loss
+            and gradients).
     Raises:
         ValueError: unknown estimator / loss / credit rule / schedule names (messages list the valid ones), or
             a credit rule at a level it does not define.
@@ -275,7 +291,7 @@ class Learner:
                  credit: CreditConfig | None = None, schedule: ScheduleConfig | None = None,
                  ref_model: nn.Module | None = None, device: str | torch.device = "cpu",
                  mixed_precision: str = "auto", seed: int = 0, top_k: int = 0, top_p: float = 1.0,
-                 max_staleness: int = 0) -> None:
+                 max_staleness: int = 0, single_pass: bool = True) -> None:
         self.lora = is_lora(model)
         if self.lora:  # the adapter's own learning rate (OptimConfig.lora_lr)
             optim = optim.for_lora()
@@ -285,6 +301,7 @@ class Learner:
         #: the run's staleness bound k and the behaviour correction it resolves ``algo.behaviour_correction`` to
         self.max_staleness = int(max_staleness)
         self.behaviour_correction = resolve_behaviour_correction(algo, max_staleness)
+        self.single_pass = bool(single_pass)
         self.credit = credit or CreditConfig()
         self.schedule = schedule or ScheduleConfig()
         # Fail early on unknown registry names (their errors list the valid names).
@@ -356,20 +373,25 @@ class Learner:
         release_free_heap()  # what generation freed, before the activations (agent_rl.memory)
         b = self._to_device(batch)
         rm = b.response_mask  # (B, L) float 0/1
-        # 1. one no-grad pass: old log-probs, entropy, JS (TGRL high rows, when the step's plan weights by JS),
-        #    old values, reference log-probs
-        old = self._no_grad_pass(b, with_js=self._plan(step, total_steps).js_strength is not None)
-
-        # 2. advantages: base estimator -> TGRL JS weights -> credit rule -> low-row mask -> clamp
-        adv = self.advantages(b, old, step=step, total_steps=total_steps)
+        single = self.single_pass_step(b, step, total_steps)
+        if single:
+            # on-policy step: advantages from the rewards alone; the grad pass fills ``old`` from its own logits
+            old = self._empty_old(b)
+            adv = self.advantages(b, None, step=step, total_steps=total_steps)
+        else:
+            # 1. one no-grad pass: old log-probs, entropy, JS (TGRL high rows, when the step's plan weights by JS),
+            #    old values, reference log-probs
+            old = self._no_grad_pass(b, with_js=self._plan(step, total_steps).js_strength is not None)
+            # 2. advantages: base estimator -> TGRL JS weights -> credit rule -> low-row mask -> clamp
+            adv = self.advantages(b, old, step=step, total_steps=total_steps)
         advantages, loss_mask, returns, S = adv.advantages, adv.loss_mask, adv.returns, adv.S
 
         # TAMPO (algorithms.md 8.2-8.4): the additive part of the batch statistic, from the old-policy pass (before
         # the update) and the episode GRPO advantages; the driver sums ranks, divides by N and moves the EMA
         tampo_metrics = self._tampo_sums(b, old, adv) if self.algo.is_tampo else {}
 
-        # 3. PPO epochs over mini-batches with gradient accumulation
-        stats = self._optimise(b, old, advantages, loss_mask, returns)
+        # 3. PPO epochs over mini-batches with gradient accumulation (single pass: one step that also fills ``old``)
+        stats = self._optimise(b, old, advantages, loss_mask, returns, fill_old=single)
 
         # 4. metrics (names of algorithms.md section 6)
         n_resp = rm.sum().clamp_min(1.0)
@@ -389,6 +411,7 @@ class Learner:
             **tampo_metrics,
             **algos.tgrl_metrics(b.rewards, b.group_index, b.is_high, success=success,
                                  episode_index=b.episode_index),
+            "actor/single_pass": float(single),
         }
         metrics["time/update_s"] = time.perf_counter() - t0
         metrics.update(memory_metrics(self.device))
@@ -402,6 +425,34 @@ class Learner:
         }
         release_free_heap()  # the update's activations, before the next generation
         return metrics
+
+    def single_pass_step(self, batch: RolloutBatch, step: int, total_steps: int) -> bool:
+        """Whether :meth:`update` folds the no-grad pass into the grad pass at ``step`` (module docstring, "Single
+        pass"): the learner's ``single_pass`` is on, the step is one optimiser step (``algo.ppo_epochs == 1`` and
+        ``algo.num_mini_batches == 1``), on-policy (``max_staleness == 0`` and every row's policy version, when the
+        batch has them, ``step - 1``), and nothing reads the old policy apart from the grad pass: no value head, no
+        TAMPO, ``kl_coef == 0``, no JS weights in the step's plan, a credit rule in :data:`SINGLE_PASS_CREDIT`, no
+        FSDP lock-step forwards."""
+        algo = self.algo
+        if not self.single_pass or algo.ppo_epochs != 1 or algo.num_mini_batches != 1 or self.max_staleness != 0:
+            return False
+        if self.value_head is not None or algo.is_tampo or algo.kl_coef > 0:
+            return False
+        dp = self.data_parallel
+        if dp is not None and getattr(dp, "lockstep", False):
+            return False
+        plan = self._plan(step, total_steps)
+        if plan.js_strength is not None or (plan.credit is not None and plan.credit not in SINGLE_PASS_CREDIT):
+            return False
+        versions = getattr(batch, "policy_versions", None)  # (B, L): read on the response tokens only
+        return versions is None or bool((versions.to(batch.response_mask.device)[batch.response_mask > 0]
+                                         == step - 1).all())
+
+    def _empty_old(self, b: RolloutBatch) -> OldPolicyOutputs:
+        """Zero (B, L) log-probs, entropy and JS on the learner's device, for the single pass to fill."""
+        bsz, seq = b.input_ids.shape
+        zeros = lambda: torch.zeros(bsz, seq, dtype=torch.float32, device=self.device)  # noqa: E731
+        return OldPolicyOutputs(logprobs=zeros(), entropy=zeros(), js=zeros())
 
     def evaluate(self, batch: RolloutBatch, *, with_js: bool = True) -> OldPolicyOutputs:
         """The update's no-grad pass alone (:class:`OldPolicyOutputs`: ``logprobs``, ``entropy``, ``js``, ``values``,
@@ -516,22 +567,25 @@ class Learner:
             return trunk(input_ids=ids, attention_mask=am, position_ids=position_ids, use_cache=False).last_hidden_state
 
     @torch.no_grad()
-    def _no_grad_pass(self, b: RolloutBatch, with_js: bool) -> OldPolicyOutputs:
-        """Old log-probs, entropy, JS, old values, reference log-probs; each (B, L), 0 off the response mask."""
+    def _no_grad_pass(self, b: RolloutBatch, with_js: bool, rows: Tensor | None = None,
+                      out: OldPolicyOutputs | None = None) -> OldPolicyOutputs:
+        """Old log-probs, entropy, JS, old values, reference log-probs; each (B, L), 0 off the response mask.
+        ``rows`` (n,) long: only these rows are forwarded (default all), written into ``out`` when given."""
         bsz, seq = b.input_ids.shape
         zeros = lambda: torch.zeros(bsz, seq, dtype=torch.float32, device=self.device)  # noqa: E731
         tampo_temps = list(self.algo.tampo.temps) if self.algo.is_tampo else None
         self._tampo_pass_s = 0.0  # time/tampo_s: the candidates' log-probs of this pass
-        out = OldPolicyOutputs(logprobs=zeros(), entropy=zeros(), js=zeros(),
-                               values=zeros() if self.value_head is not None else None,
-                               ref_logprobs=zeros() if self.ref_model is not None or self.ref_is_base else None,
-                               virtual_logprobs=None if tampo_temps is None else torch.zeros(
-                                   bsz, seq, len(tampo_temps), dtype=torch.float32, device=self.device))
+        out = out if out is not None else OldPolicyOutputs(
+            logprobs=zeros(), entropy=zeros(), js=zeros(), values=zeros() if self.value_head is not None else None,
+            ref_logprobs=zeros() if self.ref_model is not None or self.ref_is_base else None,
+            virtual_logprobs=None if tampo_temps is None else torch.zeros(
+                bsz, seq, len(tampo_temps), dtype=torch.float32, device=self.device))
         chunk = self.algo.logits_chunk_size
         was_training = self.model.training
         self.model.eval()
         try:
-            micro = self._micro_batches(torch.arange(bsz, device=self.device), b.attention_mask)
+            rows_all = torch.arange(bsz, device=self.device) if rows is None else rows
+            micro = self._micro_batches(rows_all, b.attention_mask)
             n_fwd = sum(int(bool((b.response_mask[rows][:, 1:] > 0).any())) for rows in micro)  # forwards to run
             for _ in range(self._lockstep_padding(n_fwd)):  # FSDP: as many forwards as any rank (agreed first)
                 self._idle_pass(b, backward=False, with_ref=out.ref_logprobs is not None)
@@ -601,17 +655,22 @@ class Learner:
         padded[:n] = z
         return self._compiled_js(padded, self.algo.t_low, t_high)[:n]
 
-    def _grad_logprobs(self, h: Tensor, tokens: Tensor, temps: Tensor, with_entropy: bool
+    def _grad_logprobs(self, h: Tensor, tokens: Tensor, temps: Tensor, with_entropy: bool | str
                        ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (N,) (and entropy (N,)) with grad, chunk by chunk; each chunk's logits are recomputed in
-        backward (checkpoint) so no (N, V) activation is stored."""
+        backward (checkpoint) so no (N, V) activation is stored. ``with_entropy="detached"``: the entropy of the
+        same logits without grad (the single pass's ``old.entropy``)."""
         _, lm_head = policy_trunk(self.model)
 
         def chunk_fn(hc: Tensor, tc: Tensor, temp: Tensor) -> tuple[Tensor, Tensor]:
             with self._autocast():
                 z = lm_head(hc)  # (n, V)
             lp = algos.logprobs_from_logits(self._truncate(z, temp), tc, temp)
-            ent = algos.entropy_from_logits(z, temp) if with_entropy else lp.new_zeros(())
+            if with_entropy == "detached":
+                with torch.no_grad():
+                    ent = algos.entropy_from_logits(z.detach(), temp)
+            else:
+                ent = algos.entropy_from_logits(z, temp) if with_entropy else lp.new_zeros(())
             return lp, ent
 
         chunk = self.algo.logits_chunk_size
@@ -627,16 +686,18 @@ class Learner:
     # Advantages and credit
     # ------------------------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def advantages(self, batch: RolloutBatch, old: OldPolicyOutputs, *, step: int, total_steps: int
+    def advantages(self, batch: RolloutBatch, old: OldPolicyOutputs | None, *, step: int, total_steps: int
                    ) -> StepAdvantages:
         """The token advantages and loss mask of ``batch`` at 1-based ``step`` of ``total_steps``, from the no-grad
         pass ``old`` (:meth:`evaluate`): stage 1 (base estimator) here, stages 2-5 by
         ``agent_rl.algos.token_advantages`` with ``algos.advantage_plan`` (see ``agent_rl/algos/pipeline.py``).
+        ``old=None``: from the rewards alone (the single pass, :meth:`single_pass_step`).
 
         Returns:
             :class:`StepAdvantages` ((B, L) tensors on the learner's device).
         Raises:
-            ValueError: a row-level estimator (gigpo) without observation keys, DAPO overlong without L_max.
+            ValueError: a row-level estimator (gigpo) without observation keys, DAPO overlong without L_max;
+                ``old=None`` where GAE needs its values or a stage its entropy or JS.
         """
         b = self._to_device(batch)
         rm = b.response_mask
@@ -665,6 +726,8 @@ class Learner:
             last = (rm * torch.arange(rm.shape[1], device=self.device)).argmax(-1)  # (B,) last response column
             token_rewards = torch.zeros_like(rm)
             token_rewards[torch.arange(rm.shape[0]), last] = ep_rewards[b.episode_index]
+            if old is None:
+                raise ValueError("GAE needs the old values of the no-grad pass (old=None)")
             adv, returns = algos.compute_gae(token_rewards, old.values, rm, algo.gamma, algo.lam)
             mean = (adv * rm).sum() / rm.sum().clamp_min(1.0)  # whiten over the batch's response tokens
             var = (((adv - mean) * rm) ** 2).sum() / rm.sum().clamp_min(1.0)
@@ -725,17 +788,21 @@ class Learner:
             low_rows_in_denominator=algo.low_rows_in_denominator)
 
     @staticmethod
-    def _credit_inputs(b: RolloutBatch, old: OldPolicyOutputs, advantages: Tensor, rm: Tensor
+    def _credit_inputs(b: RolloutBatch, old: OldPolicyOutputs | None, advantages: Tensor, rm: Tensor
                        ) -> Any:
         return algos.CreditInputs(
             advantages=advantages, response_mask=rm, turn_index=b.turn_index, num_turns=b.num_turns,
-            episode_index=b.episode_index, entropy=old.entropy, js=old.js, is_high=b.is_high)
+            episode_index=b.episode_index, entropy=None if old is None else old.entropy,
+            js=None if old is None else old.js, is_high=b.is_high)
 
     # ------------------------------------------------------------------------------------------------------------
     # Optimisation
     # ------------------------------------------------------------------------------------------------------------
     def _optimise(self, b: RolloutBatch, old: OldPolicyOutputs, advantages: Tensor, loss_mask: Tensor,
-                  returns: Tensor | None) -> dict[str, float]:
+                  returns: Tensor | None, fill_old: bool = False) -> dict[str, float]:
+        """The PPO epochs (module docstring, step 3). ``fill_old`` (the single pass, one optimiser step): each
+        micro-batch's old log-probs are its own log-probs detached, written with its entropy into ``old``, and the
+        rows that carry no gradient get a no-grad forward into ``old``."""
         algo = self.algo
         extra_terms = algo.kl_coef > 0 or algo.ent_coef > 0 or self.value_head is not None
         # rows that can carry gradient (others only count in the denominators)
@@ -779,8 +846,13 @@ class Learner:
                 micro = self._micro_batches(fwd_rows, b.attention_mask) if fwd_rows.numel() else []
                 for _ in range(self._lockstep_padding(len(micro))):  # FSDP: as many backwards as any rank
                     self._idle_pass(b, backward=True)
+                if fill_old:  # rows the grad pass does not forward: their old log-probs and entropy, for metrics
+                    idle_rows = mb_rows[~active[mb_rows]]
+                    if idle_rows.numel():
+                        self._no_grad_pass(b, with_js=False, rows=idle_rows, out=old)
                 for rows in micro:
-                    loss, m = self._micro_loss(b, old, advantages, loss_mask, returns, rows, den, tok_den, max_len)
+                    loss, m = self._micro_loss(b, old, advantages, loss_mask, returns, rows, den, tok_den, max_len,
+                                               fill_old=fill_old)
                     finite_loss = finite_loss and bool(torch.isfinite(loss.detach()))
                     loss.backward()
                     mb_pg_loss += float(m.pop("actor/pg_loss"))  # micro losses share den: they sum to the mb loss
@@ -831,10 +903,12 @@ class Learner:
         return bool(dp.global_max(int(flag))) if dp is not None else bool(flag)
 
     def _micro_loss(self, b: RolloutBatch, old: OldPolicyOutputs, advantages: Tensor, loss_mask: Tensor,
-                    returns: Tensor | None, rows: Tensor, den: Tensor, tok_den: Tensor, max_len: int | None
-                    ) -> tuple[Tensor, dict[str, Tensor]]:
+                    returns: Tensor | None, rows: Tensor, den: Tensor, tok_den: Tensor, max_len: int | None,
+                    fill_old: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
         """Loss of one micro-batch, already divided by the mini-batch denominators (``den`` of ``algo.loss_agg``,
-        ``tok_den`` = trained tokens of the mini-batch, for the value loss); and its metrics (0-dim tensors)."""
+        ``tok_den`` = trained tokens of the mini-batch, for the value loss); and its metrics (0-dim tensors).
+        ``fill_old``: the old log-probs are these log-probs detached (the single pass), written with the entropy of
+        the same logits into ``old``."""
         algo = self.algo
         am = b.attention_mask[rows]
         h_full = self._hidden(self.model, b.input_ids[rows], am)  # (b, L', d)
@@ -844,9 +918,15 @@ class Learner:
         h = h_full[rr, cc - 1]  # (N, d)
         tokens = b.input_ids[rows][rr, cc]
         temps = b.temperature[rows][rr]
-        lp_flat, ent_flat = self._grad_logprobs(h, tokens, temps, with_entropy=algo.ent_coef > 0)
+        lp_flat, ent_flat = self._grad_logprobs(
+            h, tokens, temps, with_entropy=True if algo.ent_coef > 0 else ("detached" if fill_old else False))
         logprobs = torch.zeros(rows.numel(), seq, device=self.device).index_put((rr, cc), lp_flat)  # (b, L')
         mask = loss_mask[rows][:, :seq]
+        if fill_old:  # on-policy: old = new detached, from these logits
+            old.logprobs[rows[rr], cc] = lp_flat.detach().float()
+            old.entropy[rows[rr], cc] = ent_flat.detach().float()
+            if algo.ent_coef <= 0:
+                ent_flat = None
         old_lp = old.logprobs[rows][:, :seq]
         # the behaviour weight w (algorithms.md section 7) multiplies the policy-gradient term only; a token with
         # old log-prob -inf (outside the learner's truncation) has w = 0 and is out of the KL term as well
