@@ -49,10 +49,10 @@ def live(url: str, token: str | None = None) -> list[str]:
 
 @pytest.fixture(scope="module")
 def local():
-    # env timeout 15 s: every op of an Echo env (a worker's start with its imports included) takes far less, even on
+    # env timeout 8 s: every op of an Echo env (a worker's start with its imports included) takes far less, even on
     # a busy machine; the timeout case's step sleeps far longer (it is ended at this limit)
     app = create_app([CALC, ECHO, TOOL], imports=["user_env_module", "tool_env_module"], max_sessions=4,
-                     prestart_workers=0, env_timeout_s=15.0)
+                     prestart_workers=0, env_timeout_s=8.0)
     port = free_port()
     with uvicorn_in_thread(app, port):
         url = f"http://127.0.0.1:{port}"

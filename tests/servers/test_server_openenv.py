@@ -43,7 +43,7 @@ ALFWORLD = "agent_rl/ALFWorld-v0"
 WEBSHOP = "agent_rl/WebShop-v0"
 # The env timeout of the `local` server: every op of an Echo env (a worker's start with its imports included) takes
 # far less, even on a busy machine; the timeout test's step sleeps far longer (it is ended at this limit).
-ENV_TIMEOUT_S = 15.0
+ENV_TIMEOUT_S = 8.0
 OPENENV_ROUTES = {"/reset", "/step", "/state", "/schema", "/metadata", "/health", "/splits", "/tasks", "/num_tasks",
                   "/task", "/task_range"}
 
