@@ -325,7 +325,7 @@ def test_a_launched_server_has_its_token_in_no_argv_and_no_worker_environment(tm
         proc = launch.start(cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{launch.port}"
     try:
-        wait_healthy(url, timeout_s=120, proc=proc)
+        wait_healthy(url, proc=proc)
         assert token.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         assert http.get(url + "/sessions").status_code == 401
         r = http.post(url + "/sessions", json={"env_id": CALC}, headers={"Authorization": f"Bearer {token}"})
@@ -376,7 +376,7 @@ def test_a_launched_server_exits_when_its_launcher_is_killed(tmp_path: Path, sig
                                 cwd=ROOT, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         server_pid = int(launcher.stdout.readline())
-        wait_healthy(f"http://127.0.0.1:{port}", timeout_s=120)
+        wait_healthy(f"http://127.0.0.1:{port}")
         tree = [server_pid, *(p.pid for p in psutil.Process(server_pid).children(recursive=True))]
         assert len(tree) >= 2  # the server and at least its env worker
         assert f"--exit-with-parent {launcher.pid}" in " ".join(psutil.Process(server_pid).cmdline())
