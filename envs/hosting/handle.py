@@ -18,6 +18,9 @@ from envs.procgroup import kill_group
 
 __all__ = ["WorkerHandle"]
 
+START_TIMEOUT_S = 600.0
+"""Seconds a worker process may take to start before its first request's own timeout begins anyway (a hung start)."""
+
 
 class WorkerHandle:
     """Parent-side handle of one worker process.
@@ -104,9 +107,16 @@ class WorkerHandle:
 
     async def call(self, op: str, session_id: str, args: Any, timeout_s: float | None) -> Any:
         """Run one request in the worker. Raises ``EnvFailed`` if the env raised or the worker died, and
-        ``EnvTimeout`` (after killing the worker) if it did not answer within ``timeout_s``."""
+        ``EnvTimeout`` (after killing the worker) if it did not answer within ``timeout_s`` (counted from when its
+        process runs: a slow start is not a slow env)."""
         if not self.alive:
             raise EnvFailed(f"env worker {self.index} is gone")
+        if not self._started.done():
+            # The process's start (launching the forkserver, then a fork) is not the env's answer: a busy machine
+            # makes it slow, not hung, so ``timeout_s`` starts once it runs. START_TIMEOUT_S only catches a start
+            # that hangs (the exchange then reports the start's failure, or times out).
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._started)), START_TIMEOUT_S)
         exchange = asyncio.ensure_future(self._exchange((op, session_id, args)))
         exchange.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved even if nobody waits
         try:

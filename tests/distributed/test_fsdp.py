@@ -205,7 +205,7 @@ def test_fsdp_ray_run_writes_two_rows_and_a_checkpoint(ray_cluster, tmp_path):
     assert json.loads((ckpt / "sharded.json").read_text())["world_size"] == 2
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)  # a hang ceiling, far above the run on a busy machine
 def test_one_rank_fsdp_in_process_matches_and_its_checkpoint_marker_is_checked(batches, tmp_path):
     """A one-rank process group in this process (gloo): the FSDP learner (rebuilt AdamW over DTensor shards, root
     hooks on the trunk) makes the single learner's step; the weight gather counts a parameter once; a sharded

@@ -70,7 +70,7 @@ def test_shard_batch_keeps_whole_groups_and_episode_tensors():
         shard_batch(batch, 4)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)  # a hang ceiling, far above the run on a busy machine
 def test_ray_ddp_matches_single_learner(ray_cluster):
     """2 learner actors (gloo process group, torch DDP, each on half the groups) make the same update as one learner
     on the whole batch: every parameter equal within 1e-5 after one step. token_mean over ranks whose shards hold

@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))  # user_env_module, servers_helpers
 
 from servers_helpers import CALC, ECHO, free_port, make_app, serve_asgi, uvicorn_in_thread  # noqa: E402
+from waiting import wait_until_async  # noqa: E402
 
 from agent_rl.envclient import (  # noqa: E402
     EnvClientError,
@@ -215,9 +216,11 @@ def test_lost_answers_leave_no_session_behind():
                 await pool.reset(ECHO)
             assert len(manager.sessions) == 1 and list(pool.orphans) == [unscoped(k) for k in manager.sessions]
             r = await pool.reset(ECHO)  # deletes the orphan in the background
-            await asyncio.sleep(0.2)
-            assert [unscoped(k) for k in manager.sessions] == [r.session_id]
-            assert pool.orphans == {} and pool.orphans_closed == 1
+
+            async def orphan_deleted():
+                return pool.orphans_closed == 1
+            await wait_until_async(orphan_deleted, "the orphan deleted in the background")
+            assert [unscoped(k) for k in manager.sessions] == [r.session_id] and pool.orphans == {} and pool.orphans_closed == 1
             to_lose.append(("DELETE", f"/sessions/{r.session_id}"))
             await pool.close(r.session_id)  # done, but its answer is lost: the client cannot know, an orphan again
             assert list(pool.orphans) == [r.session_id] and manager.sessions == {}

@@ -18,6 +18,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))  # user_env_module, servers_helpers
 
 from servers_helpers import make_app, serve_asgi  # noqa: E402
+from user_env_module import DriftEnv  # noqa: E402
+from waiting import wait_until_async  # noqa: E402
 
 from agent_rl.envclient import (  # noqa: E402
     EnvClientError,
@@ -167,10 +169,10 @@ def test_a_snapshot_whose_worker_died_is_not_found():
             d = await pool.reset(DRIFT)
             snap = await pool.snapshot(d.session_id)
             os.kill(pool.manager.pool.pid_of(d.session_id), signal.SIGKILL)
-            for _ in range(100):  # the pool notices the death when the pipe closes
-                await asyncio.sleep(0.05)
-                if pool.manager.pool.broken_sessions():
-                    break
+
+            async def noticed():  # the pool notices the death when the pipe closes
+                return pool.manager.pool.broken_sessions()
+            await wait_until_async(noticed, "the worker's death noticed")
             with pytest.raises(SnapshotNotFound):
                 await pool.restore(snap)
             assert snap not in pool.manager.snapshots and not pool.manager.pool._snapshots
@@ -186,13 +188,20 @@ def test_a_cancelled_snapshot_leaves_nothing_behind():
     async def main():
         async with LocalEnvPool(max_workers=2, mode="thread", imports=["user_env_module"]) as pool:
             d = await pool.reset(DRIFT, env_kwargs={"clone_s": 0.3})
+            started, finished = DriftEnv.clones_started, DriftEnv.clones_finished
             task = asyncio.ensure_future(pool.snapshot(d.session_id))
-            await asyncio.sleep(0.05)  # the clone runs in its thread
+
+            async def cloning():
+                return DriftEnv.clones_started > started
+            await wait_until_async(cloning, "the clone runs in its thread")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            await asyncio.sleep(0.5)  # the clone finished; its snapshot is dropped after it
-            assert not pool.manager.snapshots and not pool.manager.pool._host.snapshots
+
+            async def dropped():  # the clone finished; its snapshot is dropped after it
+                return (DriftEnv.clones_finished > finished and not pool.manager.snapshots
+                        and not pool.manager.pool._host.snapshots)
+            await wait_until_async(dropped, "the cancelled clone's snapshot dropped")
             assert (await pool.step(d.session_id, "right")).info["pos"] == 1  # the session goes on
 
     asyncio.run(main())

@@ -1,5 +1,5 @@
-"""The env-hosting core without processes or HTTP: the placement policy on plain records, and ``EnvHost`` (the ops a
-worker process runs) in this process."""
+"""The env-hosting core without HTTP: the placement policy on plain records, ``EnvHost`` (the ops a worker process
+runs) in this process, and a ``WorkerHandle``'s env timeout around a slow or hung process start (one real worker)."""
 
 from __future__ import annotations
 
@@ -127,5 +127,69 @@ def test_values_nested_too_deep_never_reach_an_env():
             assert manager.sessions == {}
         finally:
             await manager.aclose()
+
+    asyncio.run(main())
+
+
+class _GatedStart:
+    """A :class:`~envs.hosting.handle.WorkerHandle` whose process starts only once ``go`` is set: a start slowed by a
+    busy machine (set later) or hung (set only to clean up)."""
+
+    @staticmethod
+    def make(go):
+        import multiprocessing
+
+        from envs.hosting.handle import WorkerHandle
+
+        class Gated(WorkerHandle):
+            def _start(self, *args):
+                go.wait(600)  # the ceiling only frees a test that never sets it
+                super()._start(*args)
+
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["gymnasium", "envs", "envs.hosting.child"])  # as WorkerPool's forkserver
+        return Gated(0, ctx, imports=())
+
+
+def test_a_slow_worker_start_is_not_counted_as_the_envs_time():
+    """The env timeout counts from when the worker's process runs: a start slower than the timeout (a busy
+    machine launching the forkserver) is waited for, and the env's answer (``ping``, from a process forked with its
+    modules loaded) is on time."""
+    import asyncio
+    import threading
+
+    async def main():
+        go = threading.Event()
+        handle = _GatedStart.make(go)
+        threading.Timer(3.0, go.set).start()  # the start takes > 3 s, past the env's timeout
+        try:
+            assert await handle.call("ping", "", None, timeout_s=2.0) == 0  # live sessions: none
+        finally:
+            go.set()
+            await handle.stop()
+
+    asyncio.run(main())
+
+
+def test_a_hung_worker_start_is_still_caught(monkeypatch):
+    """A start that never ends: after ``START_TIMEOUT_S`` the request's own timeout runs and ends it (EnvTimeout)."""
+    import asyncio
+    import threading
+
+    from envs.hosting import handle as handle_module
+    from envs.hosting.errors import EnvTimeout
+
+    monkeypatch.setattr(handle_module, "START_TIMEOUT_S", 0.2)
+
+    async def main():
+        go = threading.Event()
+        handle = _GatedStart.make(go)
+        try:
+            with pytest.raises(EnvTimeout, match="within 0.3 s"):
+                await handle.call("ping", "", None, timeout_s=0.3)
+            assert not handle.alive
+        finally:
+            go.set()  # lets the start end, so the process it makes is closed with the handle
+            await handle.stop()
 
     asyncio.run(main())

@@ -30,6 +30,7 @@ from agent_rl.models import load_policy
 from agent_rl.rollout import RolloutConfig, TaskSampler, TaskSamplerConfig, build_rollout_batch
 from agent_rl.rollout.prompts.encoding import chat_ids
 from envs.examples.calculator import CALCULATOR_TOOLS
+from waiting import HANG_S, http
 
 torch.set_num_threads(1)
 ENV = "agent_rl/Calculator-v0"
@@ -190,13 +191,13 @@ class Live:
         self.token = self.orch.gateway.settings.token
 
     def call(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(HANG_S)
 
     def session(self, **kwargs):
         return self.orch.gateway.open_session(**kwargs)
 
     def client(self, session, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=session.api_key, max_retries=0, timeout=60, **kw)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=session.api_key, max_retries=0, timeout=HANG_S, **kw)
 
     def close(self) -> None:
         self.call(self.orch.close_stream())
@@ -272,54 +273,54 @@ def test_attacker_view(live):
     url = f"{live.url}/v1/chat/completions"
     body = {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     auth = {"Authorization": f"Bearer {mine.api_key}"}
-    assert httpx.post(url, json=body).status_code == 401  # no token
-    assert httpx.post(url, json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert http.post(url, json=body).status_code == 401  # no token
+    assert http.post(url, json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
     # my key cannot reach another episode, by header or by URL; the same answer as for an unknown id
-    r = httpx.post(url, json=body, headers={**auth, "X-Session-ID": other.session_id})
+    r = http.post(url, json=body, headers={**auth, "X-Session-ID": other.session_id})
     assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
-    r = httpx.post(f"{live.url}/sessions/{other.session_id}/v1/chat/completions", json=body, headers=auth)
+    r = http.post(f"{live.url}/sessions/{other.session_id}/v1/chat/completions", json=body, headers=auth)
     assert r.status_code == 404
-    r = httpx.post(f"{live.url}/sessions/{other.session_id}/reward", json={"reward": 1.0}, headers=auth)
+    r = http.post(f"{live.url}/sessions/{other.session_id}/reward", json={"reward": 1.0}, headers=auth)
     assert r.status_code == 404 and other.reward is None and other.turns == []
-    assert httpx.post(f"{live.url}/env/sessions/whatever/step", json={"action": "x"}, headers=auth).status_code == 404
+    assert http.post(f"{live.url}/env/sessions/whatever/step", json={"action": "x"}, headers=auth).status_code == 404
     # a browser page of another origin, a repeated Authorization header
-    assert httpx.post(url, json=body, headers={**auth, "Origin": "http://evil.example"}).status_code == 403
-    assert httpx.post(url, json=body, headers=[("Authorization", f"Bearer {mine.api_key}"),
+    assert http.post(url, json=body, headers={**auth, "Origin": "http://evil.example"}).status_code == 403
+    assert http.post(url, json=body, headers=[("Authorization", f"Bearer {mine.api_key}"),
                                                ("Authorization", f"Bearer {other.api_key}")]).status_code == 400
     # bounded: the body, the messages, the tools, hostile shapes
     big = {**body, "messages": [{"role": "user", "content": "x" * (5 * 1024 * 1024)}]}
-    assert httpx.post(url, json=big, headers=auth).status_code == 413
+    assert http.post(url, json=big, headers=auth).status_code == 413
     many = {**body, "messages": [{"role": "user", "content": "x"}] * 513}
-    assert httpx.post(url, json=many, headers=auth).json()["error"]["code"] == "too_many_messages"
+    assert http.post(url, json=many, headers=auth).json()["error"]["code"] == "too_many_messages"
     tools = {**body, "tools": [CALCULATOR_TOOLS[0]] * 65}
-    assert httpx.post(url, json=tools, headers=auth).json()["error"]["code"] == "too_many_tools"
+    assert http.post(url, json=tools, headers=auth).json()["error"]["code"] == "too_many_tools"
     deep = '{"model": "x", "messages": ' + "[" * 5000 + "]" * 5000 + "}"
-    assert httpx.post(url, content=deep, headers={**auth, "Content-Type": "application/json"}).status_code == 400
+    assert http.post(url, content=deep, headers={**auth, "Content-Type": "application/json"}).status_code == 400
     bad = {**body, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
-    assert httpx.post(url, json=bad, headers=auth).status_code == 400
-    assert httpx.post(url, json={**body, "messages": []}, headers=auth).status_code == 400
-    assert httpx.post(url, json={**body, "max_tokens": -1}, headers=auth).status_code == 400
+    assert http.post(url, json=bad, headers=auth).status_code == 400
+    assert http.post(url, json={**body, "messages": []}, headers=auth).status_code == 400
+    assert http.post(url, json={**body, "max_tokens": -1}, headers=auth).status_code == 400
     long_prompt = {**body, "messages": [{"role": "user", "content": "word " * 3000}]}
-    assert httpx.post(url, json=long_prompt, headers=auth).json()["error"]["code"] == "context_length_exceeded"
+    assert http.post(url, json=long_prompt, headers=auth).json()["error"]["code"] == "context_length_exceeded"
     assert mine.turns == [] and other.turns == []  # nothing refused was recorded
     # the reward: once, finite
     rw = f"{live.url}/sessions/{mine.session_id}/reward"
-    nan = httpx.post(rw, content='{"reward": NaN}', headers={**auth, "Content-Type": "application/json"})
+    nan = http.post(rw, content='{"reward": NaN}', headers={**auth, "Content-Type": "application/json"})
     assert nan.status_code in (400, 422) and mine.reward is None
-    assert httpx.post(rw, json={"reward": 0.25}, headers=auth).status_code == 200 and mine.reward == 0.25
-    assert httpx.post(rw, json={"reward": 1.0}, headers=auth).status_code == 409 and mine.reward == 0.25
+    assert http.post(rw, json={"reward": 0.25}, headers=auth).status_code == 200 and mine.reward == 0.25
+    assert http.post(rw, json={"reward": 1.0}, headers=auth).status_code == 409 and mine.reward == 0.25
     # a closed episode's key stops working
     live.orch.gateway.close_session(mine.session_id)
-    assert httpx.post(url, json=body, headers=auth).status_code == 401
+    assert http.post(url, json=body, headers=auth).status_code == 401
     # the run's token reaches a session by id; without one it is an error, not a new episode
     run = {"Authorization": f"Bearer {live.token}"}
-    assert httpx.post(url, json=body, headers={**run, "X-Session-ID": other.session_id}).status_code == 200
-    assert httpx.post(url, json=body, headers={**run, "X-Session-ID": "nope"}).status_code == 404
+    assert http.post(url, json=body, headers={**run, "X-Session-ID": other.session_id}).status_code == 200
+    assert http.post(url, json=body, headers={**run, "X-Session-ID": "nope"}).status_code == 404
     assert len(other.turns) == 1
 
 
 def _post(url: str, raw: str, headers: dict[str, str]) -> httpx.Response:
-    return httpx.post(url, content=raw, headers={**headers, "Content-Type": "application/json"}, timeout=60)
+    return http.post(url, content=raw, headers={**headers, "Content-Type": "application/json"})
 
 
 def test_attacker_view_text_session_keys_and_rewards(live):
@@ -344,9 +345,9 @@ def test_attacker_view_text_session_keys_and_rewards(live):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     run = {"Authorization": f"Bearer {live.token}"}
     for headers in ({**auth, "X-Session-ID": other.session_id}, {**run, "X-Session-ID": other.session_id}):
-        r = httpx.post(f"{live.url}/sessions/{s.session_id}/v1/chat/completions", json=body, headers=headers)
+        r = http.post(f"{live.url}/sessions/{s.session_id}/v1/chat/completions", json=body, headers=headers)
         assert r.status_code == 400 and r.json()["error"]["code"] == "session_mismatch"
-    assert httpx.post(f"{live.url}/sessions/{s.session_id}/v1/chat/completions", json=body,
+    assert http.post(f"{live.url}/sessions/{s.session_id}/v1/chat/completions", json=body,
                       headers={**auth, "X-Session-ID": s.session_id}).status_code == 200
     # a reward is a JSON number: not a string, not a boolean
     for raw in ('{"reward": "1.5"}', '{"reward": true}', '{"reward": "NaN"}'):
@@ -355,9 +356,9 @@ def test_attacker_view_text_session_keys_and_rewards(live):
     assert s.turns and other.turns == []
     # text that cannot fit the prompt budget is refused before it is encoded (4 MiB held the event loop ~8 s)
     huge = {**body, "messages": [{"role": "user", "content": "word " * 400_000}]}
-    r = httpx.post(chat, json=huge, headers=auth)
+    r = http.post(chat, json=huge, headers=auth)
     assert r.json()["error"]["code"] == "context_length_exceeded" and "at least" in r.json()["error"]["message"]
-    r = httpx.post(completions, json={"prompt": "word " * 400_000}, headers=auth)
+    r = http.post(completions, json={"prompt": "word " * 400_000}, headers=auth)
     assert r.json()["error"]["code"] == "context_length_exceeded" and "at least" in r.json()["error"]["message"]
     builder, tok = live.orch.builder, live.orch.tokenizer
     for text in (" " * 5000, "\n" + " " * 4000, "é€😀" * 500, "word " * 2000, "<|im_end|>" * 300):
@@ -392,14 +393,14 @@ def test_standalone_sessions_named_by_the_client(policy):
         run = {"Authorization": f"Bearer {gw.token}"}
         url = f"{gw.url}/v1/chat/completions"
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-        r = httpx.post(url, json=body, headers={**run, "X-Session-ID": "run"})
+        r = http.post(url, json=body, headers={**run, "X-Session-ID": "run"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session_id"
         # the run's token still works (a session named "run" took its place in the gate before)
-        assert httpx.post(url, json=body, headers={**run, "X-Session-ID": "s1"}).status_code == 200
-        r = httpx.post(f"{gw.url}/sessions/never/reward", json={"reward": 1.0}, headers=run)
+        assert http.post(url, json=body, headers={**run, "X-Session-ID": "s1"}).status_code == 200
+        r = http.post(f"{gw.url}/sessions/never/reward", json={"reward": 1.0}, headers=run)
         assert r.status_code == 404 and "never" not in gw.orch.gateway.sessions
-        assert httpx.post(f"{gw.url}/sessions/s1/reward", json={"reward": 1.0}, headers=run).status_code == 200
-        assert httpx.post(f"{gw.url}/sessions/s1/reward", json={"reward": 0.0}, headers=run).status_code == 404
+        assert http.post(f"{gw.url}/sessions/s1/reward", json={"reward": 1.0}, headers=run).status_code == 200
+        assert http.post(f"{gw.url}/sessions/s1/reward", json={"reward": 0.0}, headers=run).status_code == 404
         assert rewarded == ["s1"]
     finally:
         gw.close()

@@ -8,10 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
@@ -19,6 +17,8 @@ from agent_rl.episodes import load_episodes
 from agent_rl.learner.config import ModelConfig
 from agent_rl.models import load_policy
 from agent_rl.runtime import free_port
+from servers.wait import ServerExited, wait_healthy
+from waiting import HANG_S, http
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,16 +40,12 @@ def test_standalone_gateway_serves_a_checkpoint_and_stores_episodes(checkpoint, 
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, proc.stdout.read().decode()
-            time.sleep(0.1)
-        assert httpx.get(f"{url}/v1/models").status_code == 401  # the token is required
-        llm = openai.OpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0, timeout=60,
+        try:  # the ceiling only catches a server that never comes up; one that exits fails at once
+            wait_healthy([url], timeout_s=HANG_S, interval_s=0.1, process=proc)
+        except ServerExited:
+            pytest.fail(proc.stdout.read().decode())
+        assert http.get(f"{url}/v1/models").status_code == 401  # the token is required
+        llm = openai.OpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0, timeout=HANG_S,
                             default_headers={"X-Session-ID": "ep-1"})
         assert len(llm.models.list().data) == 1
         messages = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -58,9 +54,9 @@ def test_standalone_gateway_serves_a_checkpoint_and_stores_episodes(checkpoint, 
         messages += [{"role": "assistant", "content": first.choices[0].message.content},
                      {"role": "user", "content": "Again."}]
         llm.chat.completions.create(model="x", messages=messages)
-        assert httpx.post(f"{url}/sessions/ep-1/reward", json={"reward": 1.0},
+        assert http.post(f"{url}/sessions/ep-1/reward", json={"reward": 1.0},
                           headers={"Authorization": f"Bearer {token}"}).status_code == 200
-        other = openai.OpenAI(base_url=f"{url}/sessions/ep-2/v1", api_key=token, max_retries=0, timeout=60)
+        other = openai.OpenAI(base_url=f"{url}/sessions/ep-2/v1", api_key=token, max_retries=0, timeout=HANG_S)
         other.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}])
         stored = load_episodes(out, 0)
         assert [(e["reward"], e["num_turns"], e["source"]) for e in stored] == [(1.0, 2, "gateway")]

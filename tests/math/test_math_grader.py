@@ -146,28 +146,26 @@ def test_empty_answer_reason(pool):
 
 # --- the pathological answer: 0 within the deadline, without stalling the other checks -------------------------
 def test_pathological_answer_times_out_without_stalling_others():
-    pool = VerifierPool(n_workers=2, timeout_s=2.0)
+    # the deadline: the stuck check lasts this long, and the 5 fast checks (a fraction of a second each, more on a
+    # busy machine) all finish well within it unless they queue behind the stuck one
+    pool = VerifierPool(n_workers=2, timeout_s=6.0)
     try:
         pool.check("1", "1"), pool.check("1", "1")  # start both workers (import time is not part of the test)
         slow: dict = {}
 
         def pathological() -> None:
-            started = time.monotonic()
             slow["out"] = score_response("1", "\\boxed{9^{9^{9^{9}}}}", pool)
-            slow["dt"] = time.monotonic() - started
 
         thread = threading.Thread(target=pathological)
         thread.start()
-        time.sleep(0.2)
-        started = time.monotonic()
+        time.sleep(0.2)  # lets the stuck check take its worker first
         fast = [score_response("\\frac{1}{2}", "\\boxed{0.5}", pool)["reward"] for _ in range(5)]
-        fast_dt = time.monotonic() - started
-        thread.join(timeout=30)
+        still_stuck = thread.is_alive()
+        thread.join(timeout=600)  # the ceiling only catches a deadline that is not enforced
         assert fast == [1.0] * 5
-        assert fast_dt < 2.0  # the other worker kept answering while the first was stuck
+        assert still_stuck  # the other worker kept answering while the first was stuck
         assert slow["out"]["reward"] == 0.0 and slow["out"]["verifier"] == "timeout"
-        assert slow["dt"] < 2.0 + 1.5  # the outer deadline, plus scheduling slack on a busy machine
-        assert pool.n_killed == 1
+        assert pool.n_killed == 1  # ended by the outer deadline: its worker was killed
         assert score_response("2", "\\boxed{2}", pool)["reward"] == 1.0  # a fresh worker replaced the stuck one
     finally:
         pool.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from agent_rl.learner.config import AlgoConfig, ModelConfig
 from agent_rl.models import load_policy
 from agent_rl.rollout import GroupSpec, RolloutConfig, RolloutOrchestrator, TaskSampler, TaskSamplerConfig
 from agent_rl.rollout import get_prompt
+from waiting import HANG_S
 
 torch.set_num_threads(1)
 
@@ -31,7 +33,8 @@ def policy():
 
 async def _settle(engine) -> None:
     """Let cancelled tasks finish their ``finally`` blocks and a generation still running in a worker thread end."""
-    for _ in range(400):
+    deadline = time.monotonic() + HANG_S  # the ceiling only catches a generation or a task that never ends
+    while time.monotonic() < deadline:
         await asyncio.sleep(0.01)
         if not engine._in_flight and asyncio.all_tasks() == {asyncio.current_task()}:
             break

@@ -21,6 +21,7 @@ from agent_rl.rollout import (
     group_temperatures,
 )
 from agent_rl.types import Task
+from waiting import wait_until_async
 
 ENV = "agent_rl/ChooseItem-v0"
 
@@ -157,9 +158,10 @@ def test_env_failure_retried_then_group_dropped():
 def test_env_step_timeout_counts_as_failure():
     class SlowStep(SimplePool):
         async def step(self, session_id, action):
-            await asyncio.sleep(5)
+            await asyncio.sleep(600)
 
-    orch, _ = make(SlowStep(), episode_retries=0, env_timeout_s=0.05)
+    # the fake's reset answers at once, even on a busy machine; its step would last 10 minutes (ended at 1 s)
+    orch, _ = make(SlowStep(), episode_retries=0, env_timeout_s=1.0)
     res = asyncio.run(orch.run_groups([GroupSpec(tasks(1)[0], [(1.0, False)])]))
     assert res.dropped_groups == 1 and res.episodes == []
 
@@ -234,11 +236,9 @@ def test_prefetch_resets_are_used_by_next_collect():
     async def go():
         orch.prefetch(sampler.sample(2), 3)
         assert orch.num_prefetched_tasks == 2
-        for _ in range(1000):  # the resets run while "the learner updates": wait for them by count, not by time
-            if pool.resets == 6:
-                break
-            await asyncio.sleep(0.01)
-        assert pool.resets == 6
+        async def all_reset():  # the resets run while "the learner updates": wait for them by count, not by time
+            return pool.resets == 6
+        await wait_until_async(all_reset, "the 6 prefetched resets")
         res = await orch.collect(sampler.sample, 2, algo, step=1)
         await orch.aclose()
         return res

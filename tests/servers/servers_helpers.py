@@ -16,6 +16,7 @@ import uvicorn
 import user_env_module  # noqa: F401  (registers user/Echo-v0 in this process)
 from servers import wait as servers_wait
 from servers.app import create_app
+from waiting import HANG_S
 
 CALC = "agent_rl/Calculator-v0"
 ECHO = "user/Echo-v0"
@@ -63,7 +64,7 @@ def uvicorn_in_thread(app: Any, port: int, delay_s: float = 0.0) -> Iterator[uvi
         thread.join(timeout=30)
 
 
-def wait_healthy(url: str, timeout_s: float = 60.0, proc: Any = None) -> None:
+def wait_healthy(url: str, timeout_s: float = HANG_S, proc: Any = None) -> None:
     """Poll ``GET /health`` until 200 (``servers.wait.wait_healthy``: ServerExited if ``proc`` exits, TimeoutError
-    when time runs out)."""
+    after ``timeout_s``, a ceiling that only catches a server that never serves)."""
     servers_wait.wait_healthy([url], timeout_s=timeout_s, interval_s=0.2, request_timeout_s=2.0, process=proc)

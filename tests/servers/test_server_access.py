@@ -18,7 +18,6 @@ from pathlib import Path
 from time import monotonic as time_now
 from time import sleep
 
-import httpx
 import httpx2
 import pytest
 import websockets.exceptions
@@ -30,6 +29,7 @@ from openenv import GenericEnvClient
 from served_envs import ROOT, start_server
 from servers.openenv import openenv_path
 from servers_helpers import CALC, ECHO, free_port, make_app, serve_asgi, uvicorn_in_thread, wait_healthy
+from waiting import HANG_S, http
 
 pytestmark = pytest.mark.slow  # end to end: env server processes (fast tier: pytest -m 'not slow')
 
@@ -43,11 +43,11 @@ def auth(name: str) -> dict[str, str]:
 
 def mcp_client(url: str, env_id: str, name: str) -> Client:
     return Client(streamable_http_client(url + openenv_path(env_id) + "/mcp",
-                                         http_client=httpx2.AsyncClient(headers=auth(name), timeout=60)))
+                                         http_client=httpx2.AsyncClient(headers=auth(name), timeout=HANG_S)))
 
 
 def listed(url: str, name: str) -> list[dict]:
-    r = httpx.get(url + "/sessions", headers=auth(name), timeout=30)
+    r = http.get(url + "/sessions", headers=auth(name), timeout=30)
     assert r.status_code == 200, r.text
     return r.json()["sessions"]
 
@@ -70,12 +70,12 @@ def two_clients(tmp_path_factory):
 
 def test_a_session_api_session_is_untouchable_by_another_client(two_clients):
     url = two_clients
-    r = httpx.post(url + "/sessions", json={"env_id": CALC, "options": {"index": 0}}, headers=auth("alice"))
+    r = http.post(url + "/sessions", json={"env_id": CALC, "options": {"index": 0}}, headers=auth("alice"))
     assert r.status_code == 201, r.text
     sid = r.json()["session_id"]
     for method, path, body in [("POST", f"/sessions/{sid}/step", {"action": "calc[6*7]"}),
                                ("POST", f"/sessions/{sid}/reset", {}), ("DELETE", f"/sessions/{sid}", None)]:
-        r = httpx.request(method, url + path, json=body, headers=auth("bob"))
+        r = http.request(method, url + path, json=body, headers=auth("bob"))
         assert (r.status_code, r.json()["code"]) == (404, "session_not_found"), (path, r.text)
     assert sid not in [s["session_id"] for s in listed(url, "bob")]
     mine = {s["session_id"]: s for s in listed(url, "alice")}
@@ -84,11 +84,11 @@ def test_a_session_api_session_is_untouchable_by_another_client(two_clients):
     # bob cannot take the id either, and an empty or a wrong credential is no client
     for headers in [{"Authorization": "Bearer"}, {"Authorization": "Basic " + base64.b64encode(b"alice:").decode()},
                     {"Authorization": "Bearer tok-alice"}, {}]:
-        r = httpx.post(url + f"/sessions/{sid}/step", json={"action": "x"}, headers=headers)
+        r = http.post(url + f"/sessions/{sid}/step", json={"action": "x"}, headers=headers)
         assert (r.status_code, r.json()["code"]) == (401, "unauthorized"), headers
-    r = httpx.post(url + f"/sessions/{sid}/step", json={"action": "calc[6*7]"}, headers=auth("alice"))
+    r = http.post(url + f"/sessions/{sid}/step", json={"action": "calc[6*7]"}, headers=auth("alice"))
     assert (r.status_code, r.json()["observation"]) == (200, "Result: 42")
-    assert httpx.delete(url + f"/sessions/{sid}", headers=auth("alice")).status_code == 204
+    assert http.delete(url + f"/sessions/{sid}", headers=auth("alice")).status_code == 204
 
 
 def test_a_websocket_session_is_untouchable_by_another_client(two_clients):
@@ -98,9 +98,9 @@ def test_a_websocket_session_is_untouchable_by_another_client(two_clients):
         sid = env.reset(index=0).observation["session_id"]
         assert sid in [s["session_id"] for s in listed(url, "alice")]
         assert sid not in [s["session_id"] for s in listed(url, "bob")]
-        r = httpx.post(url + f"/sessions/{sid}/step", json={"action": "answer[0]"}, headers=auth("bob"))
+        r = http.post(url + f"/sessions/{sid}/step", json={"action": "answer[0]"}, headers=auth("bob"))
         assert (r.status_code, r.json()["code"]) == (404, "session_not_found")
-        assert httpx.delete(url + f"/sessions/{sid}", headers=auth("bob")).status_code == 404
+        assert http.delete(url + f"/sessions/{sid}", headers=auth("bob")).status_code == 404
         r = env.step({"action": "calc[17 * 13 - 6]"})  # the episode goes on, untouched
         assert (r.observation["text"], r.done) == ("Result: 215", False)
 
@@ -143,33 +143,33 @@ def test_an_mcp_session_id_answers_only_its_client(two_clients):
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
     accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-    r = httpx.post(mcp, json=init, headers={**accept, **auth("alice")})
+    r = http.post(mcp, json=init, headers={**accept, **auth("alice")})
     assert r.status_code == 200, r.text
     session = {"mcp-session-id": r.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
-    httpx.post(mcp, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+    http.post(mcp, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
                headers={**accept, **auth("alice"), **session})
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "reset", "arguments": {"index": 0}}}
-    r = httpx.post(mcp, json=call, headers={**accept, **auth("alice"), **session})
+    r = http.post(mcp, json=call, headers={**accept, **auth("alice"), **session})
     sid = r.json()["result"]["structuredContent"]["session_id"]
     step = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
             "params": {"name": "calc", "arguments": {"expression": "6*7"}}}
-    assert httpx.post(mcp, json=step, headers={**accept, **auth("bob"), **session}).status_code == 404
-    assert httpx.delete(mcp, headers={**auth("bob"), **session}).status_code == 404
+    assert http.post(mcp, json=step, headers={**accept, **auth("bob"), **session}).status_code == 404
+    assert http.delete(mcp, headers={**auth("bob"), **session}).status_code == 404
     assert sid in [s["session_id"] for s in listed(url, "alice")]
-    r = httpx.post(mcp, json=step, headers={**accept, **auth("alice"), **session})
+    r = http.post(mcp, json=step, headers={**accept, **auth("alice"), **session})
     assert r.json()["result"]["structuredContent"]["observation"] == "Result: 42"
-    assert httpx.delete(mcp, headers={**auth("alice"), **session}).status_code == 200
+    assert http.delete(mcp, headers={**auth("alice"), **session}).status_code == 200
     assert sid not in [s["session_id"] for s in listed(url, "alice")]  # the MCP session's end closed it
 
 
 def test_docs_and_schema_pages_need_the_token(two_clients):
     for path in ("/docs", "/redoc", "/openapi.json"):
-        r = httpx.get(two_clients + path)
+        r = http.get(two_clients + path)
         assert (r.status_code, r.json()["code"]) == (401, "unauthorized"), path
         assert r.headers["www-authenticate"].startswith("Basic")  # a browser asks for it
-        assert httpx.get(two_clients + path, headers={"Authorization": "Bearer"}).status_code == 401
-        assert httpx.get(two_clients + path, headers=auth("bob")).status_code == 200, path
-    assert httpx.get(two_clients + "/health").status_code == 200  # the health checks stay open
+        assert http.get(two_clients + path, headers={"Authorization": "Bearer"}).status_code == 401
+        assert http.get(two_clients + path, headers=auth("bob")).status_code == 200, path
+    assert http.get(two_clients + "/health").status_code == 200  # the health checks stay open
 
 
 def test_one_token_server_keeps_envs_apart_and_hides_pids_and_docs():
@@ -182,12 +182,12 @@ def test_one_token_server_keeps_envs_apart_and_hides_pids_and_docs():
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url)
         ok = {"Authorization": "Bearer s3cret"}
-        sid = httpx.post(url + "/sessions", json={"env_id": CALC, "options": {"index": 0}}, headers=ok).json()[
+        sid = http.post(url + "/sessions", json={"env_id": CALC, "options": {"index": 0}}, headers=ok).json()[
             "session_id"]
 
         async def main() -> None:
             client = Client(streamable_http_client(url + openenv_path(ECHO) + "/mcp",
-                                                   http_client=httpx2.AsyncClient(headers=ok, timeout=60)))
+                                                   http_client=httpx2.AsyncClient(headers=ok, timeout=HANG_S)))
             async with client:
                 for tool, args in [("act", {"command": "calc[6*7]", "session_id": sid}),
                                    ("close", {"session_id": sid})]:
@@ -195,15 +195,15 @@ def test_one_token_server_keeps_envs_apart_and_hides_pids_and_docs():
                     assert r.is_error and r.structured_content["error_code"] == "session_not_found", r.content
 
         asyncio.run(main())
-        (listed_session,) = httpx.get(url + "/sessions", headers=ok).json()["sessions"]
+        (listed_session,) = http.get(url + "/sessions", headers=ok).json()["sessions"]
         assert listed_session["session_id"] == sid and listed_session["steps"] == 0
         assert "worker_pid" not in listed_session
         for path in ("/docs", "/redoc", "/openapi.json"):
-            assert httpx.get(url + path).status_code == 401, path
+            assert http.get(url + path).status_code == 401, path
         empty = "Basic " + base64.b64encode(b"agent_rl:").decode()
-        assert httpx.post(url + f"/sessions/{sid}/step", json={"action": "x"},
+        assert http.post(url + f"/sessions/{sid}/step", json={"action": "x"},
                           headers={"Authorization": empty}).status_code == 401
-        r = httpx.post(url + f"/sessions/{sid}/step", json={"action": "calc[6*7]"}, headers=ok)
+        r = http.post(url + f"/sessions/{sid}/step", json={"action": "calc[6*7]"}, headers=ok)
         assert r.json()["observation"] == "Result: 42"
 
 
@@ -298,14 +298,14 @@ def test_a_websocket_from_a_foreign_origin_is_refused_unless_allowed():
         for origin, host in [("http://evil.example", "127.0.0.1"), (None, "evil.example")]:
             # the handshake names `host` (a DNS-rebinding page's name) over a socket to this server
             with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
-                websockets.sync.client.connect(ws.replace("127.0.0.1", host), origin=origin, open_timeout=10,
+                websockets.sync.client.connect(ws.replace("127.0.0.1", host), origin=origin, open_timeout=HANG_S,
                                                sock=socket.create_connection(("127.0.0.1", port)))
             assert refused.value.response.status_code == (403 if origin else 421)
             assert b'"code"' in refused.value.response.body
         for origin in ("http://localhost:3000", None):  # allowed by --allow-origin; a non-browser client
-            with websockets.sync.client.connect(ws, origin=origin, open_timeout=10) as conn:
+            with websockets.sync.client.connect(ws, origin=origin, open_timeout=HANG_S) as conn:
                 conn.send('{"type": "reset", "data": {"index": 0}}')
-                assert '"session_id"' in conn.recv(timeout=30)
+                assert '"session_id"' in conn.recv(timeout=HANG_S)
 
 
 # ------------------------------------------------------------------------------------------- the launched child
@@ -325,12 +325,12 @@ def test_a_launched_server_has_its_token_in_no_argv_and_no_worker_environment(tm
         proc = launch.start(cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{launch.port}"
     try:
-        wait_healthy(url, timeout_s=120, proc=proc)
+        wait_healthy(url, proc=proc)
         assert token.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
-        assert httpx.get(url + "/sessions").status_code == 401
-        r = httpx.post(url + "/sessions", json={"env_id": CALC}, headers={"Authorization": f"Bearer {token}"})
+        assert http.get(url + "/sessions").status_code == 401
+        r = http.post(url + "/sessions", json={"env_id": CALC}, headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 201
-        workers = httpx.get(url + "/health").json()["worker_pids"]
+        workers = http.get(url + "/health").json()["worker_pids"]
         assert workers and all(token.encode() not in _environ(pid) for pid in workers)
         children = [int(p) for p in (Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split())]
         assert children and all(token.encode() not in Path(f"/proc/{p}/cmdline").read_bytes() for p in children)
@@ -376,7 +376,7 @@ def test_a_launched_server_exits_when_its_launcher_is_killed(tmp_path: Path, sig
                                 cwd=ROOT, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         server_pid = int(launcher.stdout.readline())
-        wait_healthy(f"http://127.0.0.1:{port}", timeout_s=120)
+        wait_healthy(f"http://127.0.0.1:{port}")
         tree = [server_pid, *(p.pid for p in psutil.Process(server_pid).children(recursive=True))]
         assert len(tree) >= 2  # the server and at least its env worker
         assert f"--exit-with-parent {launcher.pid}" in " ".join(psutil.Process(server_pid).cmdline())

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 
 import pytest
 
 from servers_helpers import CACHED, CALC, ECHO, make_app, serve_asgi
+from waiting import wait_until, wait_until_async
 
 # Calculator problem 0 (hand-checked): "Tom saves 17 dollars a week for 13 weeks and spends 6 dollars. How many
 # dollars are left?" -> 17 * 13 - 6 = 221 - 6 = 215.
@@ -195,18 +195,29 @@ def test_step_after_episode_end_is_409_until_reset():
     run(main())
 
 
-def test_two_concurrent_steps_on_one_session_409():
+async def wait_busy(client, session_id) -> None:
+    """Until ``GET /sessions`` lists the session busy (its request is in the env)."""
+    async def busy():
+        return any(s["session_id"] == session_id and s["busy"]
+                   for s in (await client.get("/sessions")).json()["sessions"])
+    await wait_until_async(busy, f"session {session_id} busy")
+
+
+def test_two_concurrent_steps_on_one_session_409(tmp_path):
+    gate = tmp_path / "gate"  # the slow step lasts until this file exists
+
     async def main():
         async with serve_asgi(make_app()) as c:
             other = (await open_session(c))["session_id"]
             sid = (await open_session(c, options={"k": 1}))["session_id"]
-            slow = asyncio.create_task(c.post(f"/sessions/{sid}/step", json={"action": "sleep:0.6"}))
-            await asyncio.sleep(0.2)
+            slow = asyncio.create_task(c.post(f"/sessions/{sid}/step", json={"action": f"wait:{gate}"}))
+            await wait_busy(c, sid)
             r = await c.post(f"/sessions/{sid}/step", json={"action": "second"})
             assert (r.status_code, r.json()["code"]) == (409, "session_busy")
             await assert_bystander_ok(c, other)  # answered while the slow step still runs
             assert not slow.done()
-            assert (await slow).json()["observation"] == "echo: sleep:0.6"
+            gate.touch()
+            assert (await slow).json()["observation"] == f"echo: wait:{gate}"
             assert (await c.post(f"/sessions/{sid}/step", json={"action": "third"})).status_code == 200
     run(main())
 
@@ -229,7 +240,10 @@ def test_idle_sessions_expire_after_ttl():
     async def main():
         async with serve_asgi(make_app(session_ttl_s=0.3)) as c:
             sid = (await open_session(c))["session_id"]
-            await asyncio.sleep(1.2)
+
+            async def expired():
+                return (await c.get("/health")).json()["expired_sessions"] == 1
+            await wait_until_async(expired, "the idle session expired")
             assert (await c.post(f"/sessions/{sid}/step", json={"action": "x"})).status_code == 404
             health = (await c.get("/health")).json()
             assert (health["sessions"], health["expired_sessions"]) == (0, 1)
@@ -323,15 +337,21 @@ def test_dead_worker_is_500_and_server_keeps_serving():
     run(main())
 
 
-def test_a_slow_reset_does_not_stall_other_sessions():
+def test_a_slow_reset_does_not_stall_other_sessions(tmp_path):
+    gate = tmp_path / "gate"  # the slow reset lasts until this file exists
+
     async def main():
         async with serve_asgi(make_app()) as c:
             other = (await open_session(c))["session_id"]
-            slow = asyncio.create_task(c.post("/sessions", json={"env_id": ECHO, "options": {"sleep": 1.0}}))
-            await asyncio.sleep(0.1)
+            slow = asyncio.create_task(c.post("/sessions", json={"env_id": ECHO, "options": {"wait": str(gate)}}))
+
+            async def opening():  # the slow session is listed (busy) while it is made and reset
+                return len((await c.get("/sessions")).json()["sessions"]) == 2
+            await wait_until_async(opening, "the slow reset started")
             for _ in range(3):  # steps of the other session complete while the reset still runs
                 await assert_bystander_ok(c, other)
             assert not slow.done()
+            gate.touch()
             assert (await slow).status_code == 201
     run(main())
 
@@ -384,12 +404,7 @@ def test_graceful_shutdown_ends_every_worker():
                 await open_session(c, options={"k": k})
             pids = (await c.get("/health")).json()["worker_pids"]
             assert len(pids) == 3
-        deadline = time.monotonic() + 10
-        alive = pids
-        while alive and time.monotonic() < deadline:
-            alive = [p for p in pids if _running(p)]
-            time.sleep(0.05)
-        assert alive == []
+        wait_until(lambda: not any(_running(p) for p in pids), "every worker exited")
     run(main())
 
 
@@ -403,10 +418,11 @@ def _running(pid: int) -> bool:
 
 def test_env_call_over_the_timeout_is_504_and_the_server_keeps_serving():
     async def main():
-        async with serve_asgi(make_app(env_timeout_s=0.5)) as c:
+        # an Echo op takes far less than 3 s even on a busy machine; the step below sleeps far longer (ended at 3 s)
+        async with serve_asgi(make_app(env_timeout_s=3.0)) as c:
             other = (await open_session(c))["session_id"]
             sid = (await open_session(c, options={"k": 4}))["session_id"]
-            r = await c.post(f"/sessions/{sid}/step", json={"action": "sleep:5"})
+            r = await c.post(f"/sessions/{sid}/step", json={"action": "sleep:600"})
             assert (r.status_code, r.json()["code"]) == (504, "env_timeout")
             assert (await c.post(f"/sessions/{sid}/step", json={"action": "x"})).status_code == 404
             await assert_bystander_ok(c, other)

@@ -38,6 +38,7 @@ from schemathesis.generation import GenerationMode
 
 from envs.hosting import lone_surrogate
 from servers_helpers import free_port, wait_healthy
+from waiting import HANG_S
 
 pytestmark = pytest.mark.slow  # end to end: env server processes (fast tier: pytest -m 'not slow')
 
@@ -303,7 +304,7 @@ def test_fuzz_the_openenv_ws_channel(server):
     print(f"\nWS fuzz {name}: {dict(sorted(counts.items()))}, {len(problems)} problems")
     assert problems == [], "\n".join(problems[:20])
     with httpx.Client(base_url=url, timeout=60) as http:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + HANG_S  # the ceiling only catches sessions that are never closed
         while http.get("/health").json()["sessions"] and time.monotonic() < deadline:
             time.sleep(0.1)
         health = http.get("/health")
@@ -394,7 +395,7 @@ def test_fuzz_mcp(server):
         asyncio.run(play())
     print(f"\nMCP fuzz {name}: {dict(sorted(statuses.items(), key=str))}, {len(problems)} problems")
     assert problems == [], "\n".join(problems[:20])
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_S  # the ceiling only catches sessions that are never closed
     for sid in told:  # the stateless protocol has no MCP session to end: close every episode the server named
         http.delete(f"/sessions/{sid}")
     while http.get("/health").json()["sessions"] and time.monotonic() < deadline:

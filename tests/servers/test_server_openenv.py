@@ -25,6 +25,7 @@ from openenv.core.env_server.types import (
     WSObservationResponse,
     WSStateResponse,
 )
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 import tool_env_module  # noqa: F401  (registers user/ToolEcho-v0 here)
@@ -33,12 +34,16 @@ from served_envs import TOKEN
 from servers.app import create_app
 from servers.openenv import openenv_path
 from servers_helpers import CALC, ECHO, free_port, uvicorn_in_thread
+from waiting import HANG_S, http, wait_until
 
 pytestmark = pytest.mark.slow  # end to end: env server processes (fast tier: pytest -m 'not slow')
 
 TOOL = "user/ToolEcho-v0"
 ALFWORLD = "agent_rl/ALFWorld-v0"
 WEBSHOP = "agent_rl/WebShop-v0"
+# The env timeout of the `local` server: every op of an Echo env (a worker's start with its imports included) takes
+# far less, even on a busy machine; the timeout test's step sleeps far longer (it is ended at this limit).
+ENV_TIMEOUT_S = 8.0
 OPENENV_ROUTES = {"/reset", "/step", "/state", "/schema", "/metadata", "/health", "/splits", "/tasks", "/num_tasks",
                   "/task", "/task_range"}
 
@@ -57,38 +62,32 @@ def ws_url(url: str, env_id: str) -> str:
 
 @pytest.fixture(scope="module")
 def local():
-    """Calculator, Echo and ToolEcho behind a real uvicorn in this process (max 4 sessions, env timeout 3 s)."""
+    """Calculator, Echo and ToolEcho behind a real uvicorn in this process (max 4 sessions, env timeout
+    :data:`ENV_TIMEOUT_S`)."""
     app = create_app([CALC, ECHO, TOOL], imports=["user_env_module", "tool_env_module"], max_sessions=4,
-                     prestart_workers=0, env_timeout_s=3.0)
+                     prestart_workers=0, env_timeout_s=ENV_TIMEOUT_S)
     port = free_port()
     with uvicorn_in_thread(app, port):
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server not up"
-            time.sleep(0.1)
+        wait_until(lambda: _up(url), "the server answers /health")
         yield url
 
 
 def sessions(url: str, token: str | None = None) -> list[dict]:
     headers = {"Authorization": f"Bearer {token}"} if token else None
-    return httpx.get(url + "/sessions", headers=headers, timeout=30).json()["sessions"]
+    return http.get(url + "/sessions", headers=headers, timeout=30).json()["sessions"]
 
 
 class Raw:
     """A raw WS connection speaking OpenEnv's messages; every answer is checked against openenv-core's model."""
 
     def __init__(self, url: str, env_id: str, **kw) -> None:
+        kw.setdefault("open_timeout", HANG_S)  # websockets' 10 s default would fail a busy server's handshake
         self.ws = ws_connect(ws_url(url, env_id), **kw).__enter__()
 
     def send(self, message) -> dict:
         self.ws.send(message if isinstance(message, str) else json.dumps(message))
-        answer = json.loads(self.ws.recv(timeout=60))
+        answer = json.loads(self.ws.recv(timeout=HANG_S))  # the ceiling only catches a server that never answers
         model = {"observation": WSObservationResponse, "state": WSStateResponse, "error": WSErrorResponse}
         model[answer["type"]].model_validate(answer)
         if answer["type"] == "error":
@@ -99,20 +98,13 @@ class Raw:
         self.ws.close()
 
 
-def wait_until(predicate, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
-
 # ------------------------------------------------------------------------------------------ routes and shapes
 def test_envs_lists_each_openenv_path_and_openapi_documents_the_routes(local):
-    envs = httpx.get(local + "/envs").json()
+    envs = http.get(local + "/envs").json()
     assert envs["env_ids"] == [CALC, ECHO, TOOL]
     assert envs["envs"] == [{"env_id": e, "openenv_path": f"/envs/{e}", "mcp_path": f"/envs/{e}/mcp"}
                             for e in (CALC, ECHO, TOOL)]
-    paths = set(httpx.get(local + "/openapi.json").json()["paths"])
+    paths = set(http.get(local + "/openapi.json").json()["paths"])
     for env_id in (CALC, ECHO, TOOL):
         assert {f"/envs/{env_id}{r}" for r in OPENENV_ROUTES} <= paths
     assert "/reset" not in paths  # three envs: no root alias (a one-env server has one, tested below)
@@ -120,71 +112,71 @@ def test_envs_lists_each_openenv_path_and_openapi_documents_the_routes(local):
 
 def test_http_routes_answer_openenv_shapes_and_are_stateless(local):
     base = local + openenv_path(CALC)
-    r = httpx.post(base + "/reset", json={"index": 0})
+    r = http.post(base + "/reset", json={"index": 0})
     assert r.status_code == 200
     reset = ResetResponse.model_validate(r.json())
     assert reset.observation["text"].startswith("Tom saves 17 dollars a week for 13 weeks and spends 6")
     assert (reset.reward, reset.done, reset.observation["tools"]) == (None, False, [])
     assert reset.observation["info"]["task_id"] == "calculator/0"
     # a fresh env per request: the step resets problem 0 itself, then plays the answer (17 * 13 - 6 = 215)
-    r = httpx.post(base + "/step", json={"action": {"action": "answer[215]"}, "index": 0})
+    r = http.post(base + "/step", json={"action": {"action": "answer[215]"}, "index": 0})
     step = StepResponse.model_validate(r.json())
     assert (step.observation["text"], step.reward, step.done, step.observation["terminated"]) == (
         "Correct!", 1.0, True, True)
     assert "tools" not in step.observation
     assert sessions(local) == []  # nothing kept
-    assert State.model_validate(httpx.get(base + "/state").json()) == State()
-    schema = SchemaResponse.model_validate(httpx.get(base + "/schema").json())
+    assert State.model_validate(http.get(base + "/state").json()) == State()
+    schema = SchemaResponse.model_validate(http.get(base + "/schema").json())
     assert schema.action["required"] == ["action"] and schema.action["properties"]["action"]["type"] == "string"
     assert {"text", "info", "terminated", "truncated", "session_id"} <= set(schema.observation["properties"])
-    assert HealthResponse.model_validate(httpx.get(base + "/health").json()).status == "healthy"
-    meta = httpx.get(base + "/metadata").json()
+    assert HealthResponse.model_validate(http.get(base + "/health").json()).status == "healthy"
+    meta = http.get(base + "/metadata").json()
     EnvironmentMetadata.model_validate({k: v for k, v in meta.items() if k != "tools"})
     assert meta["name"] == CALC and meta["tools"] == []
-    assert httpx.get(local + openenv_path(TOOL) + "/metadata").json()["tools"] == tool_env_module.TOOLS
+    assert http.get(local + openenv_path(TOOL) + "/metadata").json()["tools"] == tool_env_module.TOOLS
     assert sessions(local) == []
 
 
 def test_http_errors_are_our_4xx_5xx_json(local):
     base = local + openenv_path(CALC)
-    r = httpx.post(base + "/reset", json={"index": -1})  # the env's ValueError: the client's error
+    r = http.post(base + "/reset", json={"index": -1})  # the env's ValueError: the client's error
     assert (r.status_code, r.json()["code"]) == (422, "invalid_request")
     assert r.json()["detail"].endswith("no session was opened")
-    assert httpx.post(base + "/reset", json={"seed": "1"}).status_code == 422  # strict types
-    assert httpx.post(base + "/step", json={"action": {"action": 3}}).status_code == 422
-    assert httpx.post(base + "/step", json={"action": {"action": "x", "bogus": 1}}).status_code == 422
-    r = httpx.post(base + "/step", json={"action": {"action": "x" * (64 * 1024 + 1)}})
+    assert http.post(base + "/reset", json={"seed": "1"}).status_code == 422  # strict types
+    assert http.post(base + "/step", json={"action": {"action": 3}}).status_code == 422
+    assert http.post(base + "/step", json={"action": {"action": "x", "bogus": 1}}).status_code == 422
+    r = http.post(base + "/step", json={"action": {"action": "x" * (64 * 1024 + 1)}})
     assert (r.status_code, r.json()["code"]) == (413, "action_too_large")
-    r = httpx.post(base + "/reset", content=b'{"index": "\\ud800"}', headers={"content-type": "application/json"})
+    r = http.post(base + "/reset", content=b'{"index": "\\ud800"}', headers={"content-type": "application/json"})
     assert r.status_code == 422 and "lone UTF-16 surrogate U+D800" in r.text
     echo = local + openenv_path(ECHO)
-    r = httpx.post(echo + "/step", json={"action": {"action": "raise"}})
+    r = http.post(echo + "/step", json={"action": {"action": "raise"}})
     assert (r.status_code, r.json()["code"]) == (500, "env_error")
     assert "boom on purpose" in r.json()["detail"] and r.json()["detail"].endswith("the session was closed")
-    r = httpx.post(echo + "/step", json={"action": {"action": "infra"}})
+    r = http.post(echo + "/step", json={"action": {"action": "infra"}})
     assert (r.status_code, r.json()["code"]) == (500, "env_infra_error")
     assert sessions(local) == []
 
 
 def test_task_api_in_openenv_shapes(local):
     base = local + openenv_path(CALC)
-    assert httpx.get(base + "/splits").json() == [{"name": "test", "type": "test"}]
-    assert httpx.get(base + "/tasks").json() == {"env_id": CALC, "splits": [
+    assert http.get(base + "/splits").json() == [{"name": "test", "type": "test"}]
+    assert http.get(base + "/tasks").json() == {"env_id": CALC, "splits": [
         {"name": "test", "type": "test", "num_tasks": 1000}]}
-    assert httpx.post(base + "/num_tasks", json={"split": "test"}).json() == {"num_tasks": 1000}
-    task = httpx.post(base + "/task", json={"split": "test", "index": 7}).json()["task"]
+    assert http.post(base + "/num_tasks", json={"split": "test"}).json() == {"num_tasks": 1000}
+    task = http.post(base + "/task", json={"split": "test", "index": 7}).json()["task"]
     assert task == {"id": "calculator/7", "split": "test", "index": 7, "reset": {"index": 7}}
-    tasks = httpx.post(base + "/task_range", json={"split": "test", "start": 998}).json()["tasks"]
+    tasks = http.post(base + "/task_range", json={"split": "test", "start": 998}).json()["tasks"]
     assert [t["index"] for t in tasks] == [998, 999]
-    assert len(httpx.post(base + "/tasks", json={"split": "test"}).json()["tasks"]) == 1000
+    assert len(http.post(base + "/tasks", json={"split": "test"}).json()["tasks"]) == 1000
     # a task's reset options play it: over HTTP reset, the info names the same task
-    r = httpx.post(base + "/reset", json=task["reset"]).json()
+    r = http.post(base + "/reset", json=task["reset"]).json()
     assert r["observation"]["info"]["task_id"] == task["id"]
     for body, why in [({"split": "test", "index": 1000}, "out of range"), ({"split": "train", "index": 0},
                                                                               "unknown split")]:
-        r = httpx.post(base + "/task", json=body)
+        r = http.post(base + "/task", json=body)
         assert (r.status_code, r.json()["code"]) == (400, "invalid_task") and why in r.json()["detail"]
-    r = httpx.get(local + openenv_path(ECHO) + "/splits")  # a user's env without a task listing
+    r = http.get(local + openenv_path(ECHO) + "/splits")  # a user's env without a task listing
     assert (r.status_code, r.json()["code"]) == (501, "not_implemented")
     assert sessions(local) == []
 
@@ -270,7 +262,7 @@ def test_ws_faults_dead_worker_and_timeout_leave_the_rest_serving(local):
         assert bystander.send({"type": "step", "data": {"action": "still"}})["data"]["observation"]["text"] == (
             "echo: still")
         raw.send({"type": "reset", "data": {"k": 2}})
-        slow = raw.send({"type": "step", "data": {"action": "sleep:10"}})["data"]  # past the 3 s env timeout
+        slow = raw.send({"type": "step", "data": {"action": "sleep:600"}})["data"]  # ended at the env timeout
         assert (slow["code"], slow["status"], slow["error_code"]) == ("EXECUTION_ERROR", 504, "env_timeout")
         assert bystander.send({"type": "step", "data": {"action": "again"}})["type"] == "observation"
         assert raw.send({"type": "reset", "data": {}})["type"] == "observation"
@@ -285,7 +277,7 @@ def test_ws_capacity_is_the_servers_max_sessions(local):
     try:
         for raw in raws:
             assert raw.send({"type": "reset", "data": {}})["type"] == "observation"
-        r = httpx.post(local + "/sessions", json={"env_id": ECHO})  # our API sees the same limit
+        r = http.post(local + "/sessions", json={"env_id": ECHO})  # our API sees the same limit
         assert (r.status_code, r.json()["code"]) == (503, "at_capacity")
         late = Raw(local, ECHO)  # a connection holds no session: its reset is refused, the connection stays
         try:
@@ -305,45 +297,53 @@ def test_ws_capacity_is_the_servers_max_sessions(local):
 
 
 def test_ws_session_expires_with_the_ttl_and_an_idle_connection_is_closed():
-    app = create_app([ECHO], imports=["user_env_module"], max_sessions=4, prestart_workers=0, session_ttl_s=0.5)
+    ttl_s = 2.0  # the gaps between the keep-alive messages below are ~0.2 s: a tenth of it, even on a busy machine
+    app = create_app([ECHO], imports=["user_env_module"], max_sessions=4, prestart_workers=0, session_ttl_s=ttl_s)
     port = free_port()
     with uvicorn_in_thread(app, port):
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _up(url), 60)
+        wait_until(lambda: _up(url), "the server answers /health")
         raw = Raw(url, ECHO)
         try:
-            raw.send({"type": "reset", "data": {}})
-            time.sleep(0.4)
-            raw.send({"type": "step", "data": {"action": "keepalive"}})  # activity keeps both alive
-            time.sleep(0.35)
-            assert raw.send({"type": "state"})["data"]["session_id"] is not None
-            time.sleep(1.5)  # past the TTL: the session was reaped and the silent connection closed by the server
-            with pytest.raises(Exception):
-                raw.send({"type": "step", "data": {"action": "late"}})
-            assert sessions(url) == [] and httpx.get(url + "/health").json()["expired_sessions"] == 1
+            sid = raw.send({"type": "reset", "data": {}})["data"]["observation"]["session_id"]
+            started = time.monotonic()
+            while time.monotonic() - started < 2 * ttl_s:  # activity keeps both alive past the TTL
+                raw.send({"type": "step", "data": {"action": "keepalive"}})
+                time.sleep(0.2)
+            assert raw.send({"type": "state"})["data"]["session_id"] == sid
+            # silence: the server closes the silent connection past the TTL (waited for: the close itself), and
+            # its session goes (closed with the connection, or expired by the reaper first: the two clocks race)
+            with pytest.raises(ConnectionClosed):
+                raw.ws.recv(timeout=HANG_S)
+            wait_until(lambda: sessions(url) == [], "the connection's session closed")
         finally:
             raw.close()
+        # a session left idle (no connection holds it) is ended by the reaper past the TTL
+        expired = http.get(url + "/health").json()["expired_sessions"]
+        assert http.post(url + "/sessions", json={"env_id": ECHO}).status_code == 201
+        wait_until(lambda: sessions(url) == [], "the idle session expired")
+        assert http.get(url + "/health").json()["expired_sessions"] == expired + 1
 
 
 def _up(url: str) -> bool:
     try:
-        return httpx.get(url + "/health", timeout=2).status_code == 200
+        return http.get(url + "/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
 
 
 # -------------------------------------------------------------------------------------- tools and the token
 def test_session_create_returns_the_declared_tools(local):
-    r = httpx.post(local + "/sessions", json={"env_id": TOOL})
+    r = http.post(local + "/sessions", json={"env_id": TOOL})
     assert r.status_code == 201 and r.json()["tools"] == tool_env_module.TOOLS
     sid = r.json()["session_id"]
-    step = httpx.post(f"{local}/sessions/{sid}/step", json={"action": json.dumps(
+    step = http.post(f"{local}/sessions/{sid}/step", json={"action": json.dumps(
         {"name": "finish", "arguments": {"answer": "42"}})}).json()
     assert (step["observation"], step["reward"], step["terminated"]) == ("right", 1.0, True)
-    httpx.delete(f"{local}/sessions/{sid}")
-    r = httpx.post(local + "/sessions", json={"env_id": ECHO})  # an env that declares none
+    http.delete(f"{local}/sessions/{sid}")
+    r = http.post(local + "/sessions", json={"env_id": ECHO})  # an env that declares none
     assert r.json()["tools"] == []
-    httpx.delete(f"{local}/sessions/{r.json()['session_id']}")
+    http.delete(f"{local}/sessions/{r.json()['session_id']}")
     with GenericEnvClient(base_url=client_url(local, TOOL)).sync() as env:
         assert env.reset().observation["tools"] == tool_env_module.TOOLS
 
@@ -353,22 +353,22 @@ def test_token_guards_every_surface_and_openenv_client_passes_it_in_the_url():
     port = free_port()
     with uvicorn_in_thread(app, port):
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _up(url), 60)
+        wait_until(lambda: _up(url), "the server answers /health")
         base = url + openenv_path(CALC)
         basic = "Basic " + base64.b64encode(b"anyone:s3cret").decode()
         for path in (base + "/health", url + "/health"):  # health checks need none
-            assert httpx.get(path).status_code == 200
+            assert http.get(path).status_code == 200
         for method, path, body in [("POST", "/reset", {}), ("POST", "/step", {"action": {"action": "x"}}),
                                    ("GET", "/state", None), ("GET", "/schema", None), ("GET", "/metadata", None),
                                    ("GET", "/splits", None), ("POST", "/task", {"split": "test", "index": 0})]:
             for root in (base, url):  # the env's path and the one-env server's root alias
-                r = httpx.request(method, root + path, json=body)
+                r = http.request(method, root + path, json=body)
                 assert (r.status_code, r.json()["code"]) == (401, "unauthorized"), path
-                assert httpx.request(method, root + path, json=body,
+                assert http.request(method, root + path, json=body,
                                      headers={"Authorization": "Bearer wrong"}).status_code == 401
-                assert httpx.request(method, root + path, json=body, headers={"Authorization": basic}).status_code \
+                assert http.request(method, root + path, json=body, headers={"Authorization": basic}).status_code \
                     == 200, path
-        assert httpx.post(url + "/sessions", json={"env_id": CALC}, headers={"Authorization": basic}).status_code \
+        assert http.post(url + "/sessions", json={"env_id": CALC}, headers={"Authorization": basic}).status_code \
             == 201
         with pytest.raises(ConnectionError, match="HTTP 401"):
             with GenericEnvClient(base_url=client_url(url, CALC)).sync() as env:
@@ -386,7 +386,7 @@ def test_token_guards_every_surface_and_openenv_client_passes_it_in_the_url():
 def test_openenv_client_wins_alfworld_expert_episodes_over_ws(alfworld_url):
     """Games 0-2 of valid_unseen, the env's handcoded expert (env_kwargs expert=True) played through
     openenv-core's async client, three connections at once; each game's task id is the Task API's."""
-    tasks = httpx.post(alfworld_url + openenv_path(ALFWORLD) + "/task_range", json={
+    tasks = http.post(alfworld_url + openenv_path(ALFWORLD) + "/task_range", json={
         "split": "valid_unseen", "start": 0, "stop": 3}, headers={"Authorization": f"Bearer {TOKEN}"}).json()["tasks"]
 
     async def play(task: dict) -> tuple[str, bool, float, int]:

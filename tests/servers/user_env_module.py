@@ -30,9 +30,11 @@ SURROGATE_TEXT = "high \ud800 low \udfff pair \ud83d\ude00"
 
 class EchoEnv(gymnasium.Env):
     """Echoes the action; ``"stop"`` terminates with reward 1. ``"raise"`` makes the env raise, ``"exit"`` kills
-    its process, ``"sleep:<s>"`` sleeps (a slow step), ``"spawn"`` starts a helper process and leaves it running (its
-    pid in ``info["child"]``), ``"spawn:<path>"`` writes that pid to ``path`` and hangs, ``"reward:<x>"`` answers the
-    reward ``float(x)`` (``nan``, ``inf``, ``1e308``: an env whose reward breaks the rule). ``reset(options={"sleep": s})`` sleeps too (a slow reset);
+    its process, ``"sleep:<s>"`` sleeps (a slow step), ``"wait:<path>"`` waits until the file ``path`` exists (a step
+    that lasts until the test lets it end), ``"spawn"`` starts a helper process and leaves it running (its pid in
+    ``info["child"]``), ``"spawn:<path>"`` writes that pid to ``path`` and hangs, ``"reward:<x>"`` answers the reward
+    ``float(x)`` (``nan``, ``inf``, ``1e308``: an env whose reward breaks the rule). ``reset(options={"sleep": s})``
+    sleeps too (a slow reset), and ``reset(options={"wait": path})`` waits for the file;
     ``reset(options={"raise": "IndexError"})`` raises that builtin exception; ``"infra"`` as an action or a
     ``raise`` option raises ``EnvInfraError`` (the env could not judge). Text that is not valid Unicode:
     ``reset(options={"surrogate": True})`` and the action ``"surrogate"`` answer with :data:`SURROGATE_TEXT` in the
@@ -50,6 +52,8 @@ class EchoEnv(gymnasium.Env):
         super().reset(seed=seed)
         options = options or {}
         time.sleep(float(options.get("sleep", 0.0)))
+        if "wait" in options:
+            _wait_for_file(options["wait"])
         if options.get("raise") == "infra":
             raise EnvInfraError("reset could not reach its backend on purpose", component="echo")
         if "raise" in options:  # {"raise": "IndexError"}: reset raises that builtin exception
@@ -85,10 +89,21 @@ class EchoEnv(gymnasium.Env):
             time.sleep(float(action.split(":", 1)[1]))
         if action.startswith("reward:"):  # the reward as written ("reward:nan", "reward:1e308"), episode goes on
             return f"{self.prefix}: {action}", float(action.split(":", 1)[1]), False, False, {"t": self.t}
+        if action.startswith("wait:"):
+            _wait_for_file(action.split(":", 1)[1])
         terminated = action == "stop"
         info = {"t": np.int64(self.t), "score": np.float32(0.5) * self.t, "pid": os.getpid(),
                 "nice": os.getpriority(os.PRIO_PROCESS, 0)}
         return f"{self.prefix}: {action}", float(terminated), terminated, False, info
+
+
+def _wait_for_file(path: str, ceiling_s: float = 600.0) -> None:
+    """Return once ``path`` exists; the ceiling only ends a wait whose test never creates it (then raises)."""
+    deadline = time.monotonic() + ceiling_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} was never created")
+        time.sleep(0.01)
 
 
 gymnasium.register(id="user/Echo-v0", entry_point=EchoEnv, max_episode_steps=20)
@@ -125,7 +140,11 @@ class DriftEnv(gymnasium.Env):
     OS at construction), so replaying its actions never reproduces an episode, but it can copy its state:
     ``clone_state()``/``set_state(state)`` (forked groups by state copy). Actions ``left``/``right`` move by one;
     reaching position 3 terminates with reward 1. ``TimeLimit``: 6 steps. ``clone_s``: seconds a ``clone_state``
-    takes (a slow copy, for the cancellation and close-meanwhile tests)."""
+    takes (a slow copy, for the cancellation and close-meanwhile tests); ``clones_started``/``clones_finished``
+    count the copies begun and ended in this process (what a test run in threads waits on)."""
+
+    clones_started = 0
+    clones_finished = 0
 
     def __init__(self, clone_s: float = 0.0) -> None:
         self.clone_s = float(clone_s)
@@ -149,7 +168,9 @@ class DriftEnv(gymnasium.Env):
                                                      "won": won}
 
     def clone_state(self):
+        DriftEnv.clones_started += 1
         time.sleep(self.clone_s)
+        DriftEnv.clones_finished += 1
         return {"pos": self.pos, "rng": self.rng.bit_generator.state}
 
     def set_state(self, state):

@@ -16,6 +16,7 @@ from agent_rl.rollout import build_rollout_batch
 from agent_rl.engines import VersionedEngine
 from agent_rl.rollout.producer import AsyncProducer, PlayedGroup, StepAdmission, group_staleness
 from agent_rl.types import Episode, Task, Turn
+from waiting import HANG_S
 
 
 def _episode(group: int, versions: list[int], *, high: bool = False, reward: float = 0.0) -> Episode:
@@ -199,7 +200,7 @@ def test_partial_true_sync_does_not_wait():
             await asyncio.sleep(0)
         side.gates[0].set(), side.gates[1].set()
         await collect
-        await asyncio.wait_for(prod.sync(1), 5)  # groups 2 and 3 are still in flight
+        await asyncio.wait_for(prod.sync(1), HANG_S)  # groups 2 and 3 are still in flight (the ceiling: a hang)
         assert loaded == [1] and prod.groups_in_flight >= 2
         await prod.aclose()
 
@@ -376,7 +377,7 @@ def test_an_error_while_starting_groups_reaches_collect_instead_of_hanging():
             raise KeyError("no such task split")
 
         with pytest.raises(KeyError, match="no such task split"):
-            await asyncio.wait_for(prod.collect(1, broken), 10)
+            await asyncio.wait_for(prod.collect(1, broken), HANG_S)  # the ceiling only catches a hang
         await prod.aclose()
 
     asyncio.run(main())

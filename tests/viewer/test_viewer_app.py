@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -17,6 +16,7 @@ from agent_rl.episodes import load_episodes, write_episodes
 from agent_rl.viewer import create_app
 from agent_rl.viewer.heat import Scale, colour, episode_scale
 from viewer_helpers import HOSTILE_ACTION, HOSTILE_OBS, REPO, ByteTokenizer, make_episode, start_viewer
+from waiting import http
 
 class TokenSpans(html.parser.HTMLParser):
     """Collects the attributes and text of every ``span.tok`` of a page, and every <script> element."""
@@ -251,8 +251,8 @@ def test_cli_serves_on_localhost(hostile_run):
     port = free_port()
     proc = start_viewer(hostile_run, port)
     try:
-        assert httpx.get(f"http://127.0.0.1:{port}/api/steps").json() == [1]
-        assert hostile_run.name.replace("<", "&lt;").replace(">", "&gt;") in httpx.get(f"http://127.0.0.1:{port}/").text
+        assert http.get(f"http://127.0.0.1:{port}/api/steps").json() == [1]
+        assert hostile_run.name.replace("<", "&lt;").replace(">", "&gt;") in http.get(f"http://127.0.0.1:{port}/").text
     finally:
         proc.terminate()
         proc.wait(10)

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from agent_rl.types import Episode, Task, Turn
+from waiting import HANG_S
 
 REPO = Path(__file__).resolve().parents[2]
 # the tiny training run of these tests: TGRL after warm-up (T0 and T1 episodes, JS on the T1 rows), 2 steps of
@@ -59,7 +60,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float = HANG_S) -> None:
+    """Until ``url`` answers 200; the viewer exiting fails at once, the ceiling only catches one that never serves."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
