@@ -37,8 +37,9 @@ from agent_rl.types import Episode, Task
 
 #: ``extra.json`` key of the probe's result (a resumed run applies it instead of probing again).
 STATE_KEY = "calibration"
-#: the rollout seed key of the probe's first round (+1 each later round; the steps' keys are the step and round
-#: numbers: never this large)
+#: the rollout seed key of the probe's rounds (the steps' keys are the step and round numbers: never this large);
+#: each probe group has its own group id, so a row's seed (``row_seed(seed, group, slot, turn)``) and the probe's
+#: samples do not depend on how its groups are split into rounds (``trainer.tasks_per_step`` x G)
 SEED_KEY = 2**31 - 7
 #: group ids of the probe's groups start here (distinct from every training group id of the run's sampler)
 GROUP_ID_BASE = 10**15
@@ -144,8 +145,8 @@ class Calibration:
         by_gid: dict[int, list[Episode]] = {}
         failures: list[str] = []
         dropped = n_episodes = 0
-        for r, a in enumerate(range(0, len(specs), per_round)):
-            played = await player.play_specs(specs[a:a + per_round], SEED_KEY + r)
+        for a in range(0, len(specs), per_round):  # one seed key: a row's sample depends on its group id, not round
+            played = await player.play_specs(specs[a:a + per_round], SEED_KEY)
             for ep in played.episodes:
                 by_gid.setdefault(ep.task.group_id, []).append(ep)
             failures += played.failures

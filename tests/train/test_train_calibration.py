@@ -124,3 +124,18 @@ def test_tgrl_small_preset() -> None:
 def test_refusals_at_load(overrides: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         load_config(["env=choose_item", "model=tiny", *overrides])
+
+
+def test_the_probe_does_not_depend_on_how_its_groups_are_split_into_rounds(tmp_path: Path) -> None:
+    """The probe plays in rounds of about a step's episodes; a row's sample is keyed by its group id, so rounds of
+    1 group (tasks_per_step=1) and of 2 give the same records, statistics and choice."""
+    cals, records = [], []
+    for n in (1, 2):
+        out = tmp_path / f"run{n}"
+        main([*ARGS, "algo=tgrl", "algo.warmup_steps=0", *PROBE, "trainer.total_steps=1", "algo.calibration.samples=4",
+              f"trainer.tasks_per_step={n}", f"trainer.output_dir={out}"])
+        cals.append(next(r for r in rows(out) if r["kind"] == "calibration"))
+        records.append(json.loads((out / "checkpoints" / "step_1" / "extra.json").read_text())[STATE_KEY]["records"])
+    assert len(records[0]) == 2 * 3 and records[0] == records[1]  # every (task, T): the same rewards and formats
+    assert len({json.dumps(r["rewards"]) + str(r["format_rate"]) for r in records[0]}) > 1  # not all alike
+    assert cals[0]["pairs"] == cals[1]["pairs"] and cals[0]["chosen"] == cals[1]["chosen"]
