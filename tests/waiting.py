@@ -6,6 +6,8 @@ that only catches a hang. No clock here decides an outcome on a slow machine: a 
   loaded machine needs (seconds); it only turns a hang into a failure instead of a stuck suite.
 - :func:`wait_until` / :func:`wait_until_async`: poll a condition until it holds, failing with ``what`` after
   :data:`HANG_S`.
+- :func:`closed_by_server`: how many of some sockets the server closed, each waited for under :data:`HANG_S` (a
+  connection the server should end by its deadline: the test waits for the close, not for a guessed time).
 - :data:`http`: httpx's top-level ``get``/``post``/``put``/``patch``/``delete``/``request`` with :data:`HANG_S` as
   the default timeout in place of httpx's 5 s (a request to a server that is busy, not hung, must not fail).
 """
@@ -21,7 +23,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["HANG_S", "http", "wait_until", "wait_until_async"]
+__all__ = ["HANG_S", "closed_by_server", "http", "wait_until", "wait_until_async"]
 
 HANG_S = 300.0
 """Seconds one wait may take before the test fails as hung: one request, one message, one condition."""
@@ -67,3 +69,18 @@ def _patient(request: Callable[..., httpx.Response]) -> Callable[..., httpx.Resp
 http = SimpleNamespace(get=_patient(httpx.get), post=_patient(httpx.post), put=_patient(httpx.put),
                        patch=_patient(httpx.patch), delete=_patient(httpx.delete), request=_patient(httpx.request))
 """httpx's top-level request functions with :data:`HANG_S` as the default timeout (``timeout=`` still overrides)."""
+
+
+def closed_by_server(socks: list[Any], ceiling_s: float = HANG_S) -> int:
+    """How many of ``socks`` (connected ``socket.socket``s) the server closed: each read waits for the close (EOF or
+    a reset) under ``ceiling_s``; one still open then counts as not closed (a hang the caller's assert names)."""
+    closed = 0
+    for s in socks:
+        s.settimeout(ceiling_s)
+        try:
+            closed += s.recv(1024) == b""
+        except ConnectionResetError:
+            closed += 1
+        except TimeoutError:
+            pass
+    return closed

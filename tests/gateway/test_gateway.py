@@ -30,7 +30,7 @@ from agent_rl.models import load_policy
 from agent_rl.rollout import RolloutConfig, TaskSampler, TaskSamplerConfig, build_rollout_batch
 from agent_rl.rollout.prompts.encoding import chat_ids
 from envs.examples.calculator import CALCULATOR_TOOLS
-from waiting import HANG_S, http
+from waiting import HANG_S, closed_by_server, http
 
 torch.set_num_threads(1)
 ENV = "agent_rl/Calculator-v0"
@@ -433,7 +433,6 @@ def test_a_refused_call_opens_no_session(policy):
 def test_a_gateway_connection_that_stops_mid_body_is_closed(live):
     """30 connections with the run's token that stop mid-body were never closed; past the body timeout each is."""
     import socket
-    import time
 
     server = GatewayServer(live.orch.gateway.app, body_timeout_s=1.0)
     live.call(server.start())
@@ -445,17 +444,7 @@ def test_a_gateway_connection_that_stops_mid_body_is_closed(live):
                       f"{live.token}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
                       '{"messages":'.encode())
             socks.append(s)
-        time.sleep(3.0)
-        closed = 0
-        for s in socks:
-            s.settimeout(5)
-            try:
-                closed += s.recv(1024) == b""
-            except ConnectionResetError:
-                closed += 1
-            except TimeoutError:
-                pass
-        assert closed == 30
+        assert closed_by_server(socks) == 30  # each closed at its body deadline
     finally:
         for s in socks:
             s.close()
