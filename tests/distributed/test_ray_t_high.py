@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.timeout(600)
 def test_ray_auto_t_high_matches_local(ray_cluster, tmp_path):
-    common = ["env=choose_item", "model=tiny", "algo=tgrl", "algo.t_high=auto", "algo.warmup_steps=1",
+    common = ["env=choose_item", "model=tiny", "algo=tgrl", "algo.t_high=auto", "algo.warmup_steps=2",
               "trainer.total_steps=4", "trainer.tasks_per_step=2", "trainer.progress=false",
               "trainer.loggers=[jsonl]", "engine.max_new_tokens=8", "env_server.mode=local",
               "trainer.save_episodes=all"]
