@@ -278,6 +278,7 @@ def test_a_client_past_its_new_game_quota_is_refused_and_another_still_plays(tex
     tokens = {"alice": "tok-alice-5b1e", "bob": "tok-bob-77c2"}
     app = create_app([ENV_ID], max_sessions=4, prestart_workers=0, tokens=tokens, client_max_new_tasks=1)
     kwargs = {"family": "coin_collector", "level": 1}
+    first = 9000  # train games no other test of the session's shared games folder generates (they use 0, 1, ...)
 
     async def run() -> None:
         async with app.router.lifespan_context(app):
@@ -288,15 +289,15 @@ def test_a_client_past_its_new_game_quota_is_refused_and_another_still_plays(tex
                                              json={"env_id": ENV_ID, "env_kwargs": kwargs,
                                                    "options": {"split": "train", "index": index}})
 
-                r = await reset("alice", 0)
+                r = await reset("alice", first)
                 assert r.status_code == 201 and r.json()["info"]["task_generated"] is True, r.text
-                r = await reset("alice", 1)
+                r = await reset("alice", first + 1)
                 assert (r.status_code, r.json()["code"]) == (503, "quota_exceeded"), r.text
                 assert "client_max_new_tasks" in r.json()["detail"]
-                assert not (textworld_games / "coin_collector" / "level_1" / "train" / "000001").exists()
-                r = await reset("alice", 0)  # generated already: plays
+                assert not (textworld_games / "coin_collector" / "level_1" / "train" / f"{first + 1:06d}").exists()
+                r = await reset("alice", first)  # generated already: plays
                 assert r.status_code == 201 and "task_generated" not in r.json()["info"], r.text
-                r = await reset("bob", 1)
+                r = await reset("bob", first + 1)
                 assert r.status_code == 201 and r.json()["info"]["task_generated"] is True, r.text
 
     asyncio.run(run())

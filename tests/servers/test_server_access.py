@@ -398,21 +398,21 @@ def test_another_clients_session_id_is_answered_as_an_unknown_one(two_clients):
     now each client's own, so bob's same id opens his own session, and neither touches the other's."""
     url = two_clients
     chosen = "episode-000000001"
-    r = httpx.post(url + "/sessions", json={"env_id": CALC, "options": {"index": 0}, "session_id": chosen},
+    r = http.post(url + "/sessions", json={"env_id": CALC, "options": {"index": 0}, "session_id": chosen},
                    headers=auth("alice"))
     assert r.status_code == 201 and r.json()["session_id"] == chosen, r.text
-    r = httpx.post(url + "/sessions", json={"env_id": CALC, "options": {"index": 0}, "session_id": chosen},
+    r = http.post(url + "/sessions", json={"env_id": CALC, "options": {"index": 0}, "session_id": chosen},
                    headers=auth("bob"))
     assert r.status_code == 201 and r.json()["session_id"] == chosen, r.text  # not 409: no oracle
-    r = httpx.post(url + "/sessions", json={"env_id": CALC, "session_id": chosen}, headers=auth("alice"))
+    r = http.post(url + "/sessions", json={"env_id": CALC, "session_id": chosen}, headers=auth("alice"))
     assert (r.status_code, r.json()["code"]) == (409, "session_exists")  # her own id, live: told to her only
     assert chosen in r.json()["detail"] and "alice" not in r.json()["detail"]
-    r = httpx.post(url + f"/sessions/{chosen}/step", json={"action": "calc[6*7]"}, headers=auth("bob"))
+    r = http.post(url + f"/sessions/{chosen}/step", json={"action": "calc[6*7]"}, headers=auth("bob"))
     assert r.json()["observation"] == "Result: 42"
     assert [s["steps"] for s in listed(url, "alice") if s["session_id"] == chosen] == [0]  # hers untouched
     assert [s["steps"] for s in listed(url, "bob") if s["session_id"] == chosen] == [1]
     for name in ("alice", "bob"):
-        assert httpx.delete(url + f"/sessions/{chosen}", headers=auth(name)).status_code == 204
-    r = httpx.delete(url + f"/sessions/{chosen}", headers=auth("bob"))
+        assert http.delete(url + f"/sessions/{chosen}", headers=auth(name)).status_code == 204
+    r = http.delete(url + f"/sessions/{chosen}", headers=auth("bob"))
     assert (r.status_code, r.json()["code"]) == (404, "session_not_found")
     assert r.json()["detail"] == f"no live session {chosen!r} (closed, expired or broken)"

@@ -158,8 +158,12 @@ for _ in gguf.tqdm(range(3), file=log): pass
 for _ in hf_logging.tqdm(range(3), file=log): pass
 print(repr(before.getvalue().count(chr(13))), repr(log.getvalue()))
 """
+    from agent_rl.progress import QUIET_ENV
+
+    # the child's own switch only: an in-process run of the CLI earlier in this process set the variables here
+    clean_env = {k: v for k, v in os.environ.items() if k not in QUIET_ENV} | {"PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env=clean_env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     drawn, quiet = proc.stdout.split()
     assert int(drawn) > 0 and quiet == "''"

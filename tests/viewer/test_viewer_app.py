@@ -208,7 +208,7 @@ def test_metrics_rows_by_kind(tmp_path):
         ("eval", 0), ("train", 1), ("train", 2), ("eval", 2), ("sft", 3)]
     assert [r["step"] for r in client.get("/api/metrics", params={"kind": "eval"}).json()] == [0, 2]
     bad = client.get("/api/metrics", params={"kind": "bogus"})
-    assert bad.status_code == 400 and "the kinds are train, sft, eval" in bad.json()["detail"]
+    assert bad.status_code == 400 and "the kinds are calibration, train, sft, eval" in bad.json()["detail"]
     curves = dict(RunReader(run).curves(Filters()))
     assert curves["success (train / eval)"] == {"success/rate": ([1.0, 2.0], [0.5, 1.0]),
                                                 "eval/p/success": ([0.0, 2.0], [0.25, 0.75])}
