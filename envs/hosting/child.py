@@ -29,7 +29,7 @@ import json
 import os
 import signal
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -304,14 +304,21 @@ class EnvHost:
         return True
 
 
-def worker_main(conn: Any, imports: Sequence[str], reset_nice: int = 0, keep_envs: int = 1) -> None:
+def worker_main(conn: Any, imports: Sequence[str], reset_nice: int = 0, keep_envs: int = 1,
+                environ: Mapping[str, str] | None = None) -> None:
     """Body of a worker process: own the envs of its sessions (an :class:`EnvHost`) and answer one request at a
     time until EOF or ``"shutdown"``.
+
+    ``environ``: the starting process's environment when it started this worker, which replaces the one inherited
+    (a ``forkserver`` child inherits the forkserver's, frozen when that server first started).
 
     With ``reset_nice > 0`` (and ``CAP_SYS_NICE``) the process runs ``make``/``reset`` at that lower priority and
     steps at its normal one: a reset burns seconds of CPU, and the OS then gives the cores to the other sessions'
     steps first (a step is what an agent waits on; resets of other sessions must not slow it down).
     """
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     own_session()  # the pool ends the worker with its group: what its envs start goes with it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the server, which shuts workers down in order
     base_nice = os.getpriority(os.PRIO_PROCESS, 0)

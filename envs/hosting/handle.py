@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -53,7 +54,10 @@ class WorkerHandle:
 
     def _start(self, ctx: Any, imports: Sequence[str], reset_nice: int, keep_envs: int) -> None:
         parent_conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=worker_main, args=(child_conn, tuple(imports), reset_nice, keep_envs),
+        # the environment as of this start, not as of the forkserver's (started once per process, perhaps long
+        # before: a variable set since, e.g. a games folder or a bound, would otherwise never reach the worker)
+        self.process = ctx.Process(target=worker_main, args=(child_conn, tuple(imports), reset_nice, keep_envs,
+                                                             dict(os.environ)),
                                    daemon=True, name=f"env-worker-{self.index}")
         self.process.start()
         child_conn.close()

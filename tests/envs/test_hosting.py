@@ -193,3 +193,31 @@ def test_a_hung_worker_start_is_still_caught(monkeypatch):
             await handle.stop()
 
     asyncio.run(main())
+
+
+def test_a_worker_reads_the_environment_of_its_start_not_of_the_forkserver(monkeypatch, tmp_path):
+    """The forkserver starts once per process and froze its environment then: a worker forked from it ran with that
+    old environment (a games folder or bound set since never reached the env; in the full suite a TextWorld test
+    generated its games into the user's cache). Each worker now takes the environment of the moment it starts: the
+    bound set after the forkserver started refuses the missing game, and nothing is generated."""
+    import asyncio
+
+    from envs.generation import TEXTWORLD_MAX_INDEX_ENV
+    from envs.hosting.pool import WorkerPool
+
+    async def main():
+        first = WorkerPool(1, preload=["envs.textworld"])
+        await first.prestart(1)  # the forkserver runs now (or ran before this test), with the old environment
+        await first.aclose()
+        monkeypatch.setenv("AGENT_RL_TEXTWORLD_GAMES", str(tmp_path))  # an empty games folder
+        monkeypatch.setenv(TEXTWORLD_MAX_INDEX_ENV, "0")  # no game generated on demand
+        pool = WorkerPool(1, preload=["envs.textworld"])
+        try:
+            with pytest.raises(EnvRejected, match="not generated on demand"):
+                await pool.open("s", "agent_rl/TextWorld-v0", env_kwargs={"family": "coin_collector", "level": 1},
+                                options={"split": "train", "index": 3})
+        finally:
+            await pool.aclose()
+
+    asyncio.run(main())
+    assert list(tmp_path.iterdir()) == []
