@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
@@ -125,20 +126,119 @@ def special_stop_ids(tokenizer: Any, stop: list[str] | None) -> list[int]:
     return sorted({added[s] for s in stop or [] if s in added and added[s] in special})
 
 
+@dataclass(frozen=True)
+class EngineCaps:
+    """What an engine can do beyond ``generate``/``sync_weights``/``close``, declared once at registration
+    (:func:`register_engine`) and read by everything that would otherwise probe the engine object.
+
+    Attributes:
+        kv_reuse: keeps an episode's keys/values between its turns (``generate(episode_ids=...)``; hf's
+            ``engine.kv_reuse``); ``end_episode`` frees them.
+        fork_cache: ``fork_episode(source_id, episode_id)``: a forked sibling starts from its base's cached prefix.
+        token_js: ``token_js(turns, t_low, t_high, ...)`` scores per-token Jensen-Shannon divergences from full
+            logits (``rollout.fork.select=js``).
+        carries_versions: its generations carry the weights' version themselves (``Generation.policy_version``):
+            no :class:`~agent_rl.engines.VersionedEngine` around it (algorithms.md section 7).
+        sleep: ``sleep()``/``wake_up()`` free its accelerator memory between rollouts (vLLM's sleep mode).
+        own_process: generates in processes of its own (a vLLM engine or server): the learner's weights reach it by
+            a weight-sync route, never by sharing the policy module.
+        step_metrics: ``step_metrics()`` returns its own metrics for the step (``vllm_server``: the servers'
+            ``/metrics``).
+        prefix_cache_stats: ``prefix_cache_stats()`` returns its prefix-cache hit counters.
+    """
+
+    kv_reuse: bool = False
+    fork_cache: bool = False
+    token_js: bool = False
+    carries_versions: bool = False
+    sleep: bool = False
+    own_process: bool = False
+    step_metrics: bool = False
+    prefix_cache_stats: bool = False
+
+
+class EngineBase:
+    """Base class of the engines: their declared :class:`EngineCaps` (class attribute ``caps``) and no-op defaults
+    of every optional method, so a caller reads ``engine.caps`` and calls, never probes with ``getattr``. A method
+    whose capability is not declared keeps the default: a no-op for the ones with nothing to do (``end_episode``,
+    ``sleep``, ``wake_up``, ``close``), an empty answer for the metrics, ``NotImplementedError`` for the ones that
+    must produce something (``fork_episode``, ``token_js``)."""
+
+    caps: EngineCaps = EngineCaps()
+    tokenizer: Any
+    eos_token_ids: list[int] | None = None
+
+    def end_episode(self, episode_id: str) -> None:
+        """The episode ``episode_id`` is over: drop what is kept for it (a no-op where nothing is)."""
+
+    def fork_episode(self, source_id: str, episode_id: str) -> None:
+        """Start ``episode_id``'s cache from ``source_id``'s (declared by ``caps.fork_cache``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no fork cache (EngineCaps.fork_cache)")
+
+    def token_js(self, *args: Any, **kwargs: Any) -> Any:
+        """Per-token Jensen-Shannon divergences (declared by ``caps.token_js``)."""
+        raise NotImplementedError(f"{type(self).__name__} scores no token JS (EngineCaps.token_js)")
+
+    def sleep(self) -> None:
+        """Free accelerator memory until :meth:`wake_up` (declared by ``caps.sleep``; else a no-op)."""
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep` (a no-op where sleep is)."""
+
+    def step_metrics(self) -> dict[str, float]:
+        """The engine's own metrics for the step (declared by ``caps.step_metrics``; else none)."""
+        return {}
+
+    def prefix_cache_stats(self) -> dict[str, float]:
+        """Prefix-cache counters (declared by ``caps.prefix_cache_stats``; else none)."""
+        return {}
+
+    def close(self) -> None:
+        """Release what the engine holds; idempotent (a no-op where it holds nothing)."""
+
+
+def caps_of(engine: Any) -> EngineCaps:
+    """The capabilities of an engine object: its declared ``caps`` (an :class:`EngineBase`), else none beyond
+    ``generate`` (a plain object with the :class:`Engine` protocol's ``generate``, as a test's scripted engine)."""
+    return engine.caps if isinstance(engine, EngineBase) else EngineCaps()
+
+
 EngineFactory = Callable[..., Engine]
 _ENGINES: dict[str, EngineFactory] = {}
+_CAPS: dict[str, EngineCaps] = {}
 
 
-def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
-    """Decorator registering an engine factory ``(model, tokenizer, **kwargs) -> Engine`` (duplicates rejected)."""
+def register_engine(name: str, caps: EngineCaps | None = None) -> Callable[[EngineFactory], EngineFactory]:
+    """Decorator registering an engine factory ``(model, tokenizer, **kwargs) -> Engine`` under ``name`` with its
+    declared capabilities (default: those of the factory's ``caps`` attribute, an engine class's; else none).
+    Duplicates are rejected."""
 
     def deco(factory: EngineFactory) -> EngineFactory:
         if name in _ENGINES:
             raise ValueError(f"engine {name!r} is already registered")
         _ENGINES[name] = factory
+        declared = caps if caps is not None else getattr(factory, "caps", None)
+        _CAPS[name] = declared if isinstance(declared, EngineCaps) else EngineCaps()
         return factory
 
     return deco
+
+
+def engine_caps(name: str) -> EngineCaps:
+    """The declared capabilities of the registered engine ``name`` (``engine.name``).
+
+    Raises:
+        ValueError: unknown name (the message lists the registered ones).
+    """
+    if name not in _CAPS:
+        _unknown(name)
+    return _CAPS[name]
+
+
+def _unknown(name: str) -> None:
+    close = difflib.get_close_matches(name, list(_ENGINES), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"unknown engine {name!r} (engine.name); valid names: {sorted(_ENGINES)}.{hint}")
 
 
 def get_engine(name: str, model: Any, tokenizer: Any, **kwargs: Any) -> Engine:
@@ -148,9 +248,7 @@ def get_engine(name: str, model: Any, tokenizer: Any, **kwargs: Any) -> Engine:
         ValueError: unknown name (the message lists the registered ones).
     """
     if name not in _ENGINES:
-        close = difflib.get_close_matches(name, list(_ENGINES), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown engine {name!r} (engine.name); valid names: {sorted(_ENGINES)}.{hint}")
+        _unknown(name)
     return _ENGINES[name](model, tokenizer, **kwargs)
 
 

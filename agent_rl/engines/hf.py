@@ -66,7 +66,8 @@ from typing import Any, Iterator
 import torch
 
 from agent_rl.algos.logits import js_divergence_from_logits, truncate_logits
-from agent_rl.engines.base import check_episode_ids, default_eos_token_ids, register_engine, row_seed
+from agent_rl.engines.base import (EngineBase, EngineCaps, check_episode_ids, default_eos_token_ids, register_engine,
+                                   row_seed)
 from agent_rl.memory import release_free_heap
 from agent_rl.types import Generation
 
@@ -185,7 +186,7 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-class HFEngine:
+class HFEngine(EngineBase):
     """Engine over a transformers causal LM (see module docstring).
 
     Args:
@@ -209,6 +210,8 @@ class HFEngine:
     Raises:
         ValueError: ``kv_reuse_max_tokens < 1``.
     """
+
+    caps = EngineCaps(kv_reuse=True, fork_cache=True, token_js=True)
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = 32,
                  eos_token_ids: list[int] | None = None, seed: int = 0, kv_reuse: bool = True,
@@ -636,6 +639,6 @@ class HFEngine:
         ]
 
 
-@register_engine("hf")
+@register_engine("hf", HFEngine.caps)
 def _make_hf(model: Any, tokenizer: Any, **kwargs: Any) -> HFEngine:
     return HFEngine(model, tokenizer, **kwargs)

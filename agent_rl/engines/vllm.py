@@ -59,7 +59,7 @@ from typing import Any
 import torch
 
 from agent_rl import models
-from agent_rl.engines.base import (ClosesOnExit, check_episode_ids, default_eos_token_ids, register_engine,
+from agent_rl.engines.base import (ClosesOnExit, EngineBase, EngineCaps, check_episode_ids, default_eos_token_ids, register_engine,
                                    row_seed, special_stop_ids)
 from agent_rl.lora import base_state_dict, merged_state_dict
 from agent_rl.types import Generation
@@ -577,7 +577,7 @@ def write_sync_weights(model: Any, folder: Path, dtype: torch.dtype, untie: bool
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class VLLMEngine(ClosesOnExit):
+class VLLMEngine(ClosesOnExit, EngineBase):
     """vLLM-backed engine (see module docstring).
 
     Args:
@@ -601,6 +601,8 @@ class VLLMEngine(ClosesOnExit):
     Raises:
         RuntimeError: vLLM missing, too old, or the CUDA build without a CUDA device.
     """
+
+    caps = EngineCaps(sleep=True, own_process=True, prefix_cache_stats=True)
 
     def __init__(self, model: Any, tokenizer: Any, *, model_path: str | None = None, dtype: str = "float32",
                  seed: int = 0, eos_token_ids: list[int] | None = None, gpu_memory_utilization: float = 0.4,
@@ -803,6 +805,6 @@ class VLLMEngine(ClosesOnExit):
         shutil.rmtree(self.sync_folder, ignore_errors=True)
 
 
-@register_engine("vllm")
+@register_engine("vllm", VLLMEngine.caps)
 def _make_vllm(model: Any, tokenizer: Any, **kwargs: Any) -> VLLMEngine:
     return VLLMEngine(model, tokenizer, **kwargs)

@@ -79,7 +79,7 @@ import httpx
 import torch
 
 from agent_rl.engines import vllm as offline
-from agent_rl.engines.base import ClosesOnExit, default_eos_token_ids, register_engine
+from agent_rl.engines.base import ClosesOnExit, EngineBase, EngineCaps, default_eos_token_ids, register_engine
 from agent_rl.lora import adapter_config, save_adapter
 from agent_rl.types import Generation
 from envs.procgroup import end_group
@@ -430,7 +430,7 @@ class ServerProcess:
 
 
 # ------------------------------------------------------------------------------------------------ the engine
-class VLLMServerEngine(ClosesOnExit):
+class VLLMServerEngine(ClosesOnExit, EngineBase):
     """The ``vllm_server`` engine (module docstring). ``carries_versions``: its generations carry the server's
     weight version, so the backends do not wrap it in a :class:`~agent_rl.engines.VersionedEngine` (its sync is
     ``/pause?mode=wait``: requests in flight finish with the weights they started under).
@@ -464,6 +464,7 @@ class VLLMServerEngine(ClosesOnExit):
         RuntimeError: a server that did not start (its log's tail), or a first check that failed.
     """
 
+    caps = EngineCaps(carries_versions=True, own_process=True, step_metrics=True, prefix_cache_stats=True)
     carries_versions = True
 
     def __init__(self, model: Any, tokenizer: Any, *, urls: list[str] | None = None, server: str = "auto",
@@ -894,6 +895,6 @@ class VLLMServerEngine(ClosesOnExit):
         shutil.rmtree(self.sync_folder, ignore_errors=True)
 
 
-@register_engine("vllm_server")
+@register_engine("vllm_server", VLLMServerEngine.caps)
 def _make_vllm_server(model: Any, tokenizer: Any, **kwargs: Any) -> VLLMServerEngine:
     return VLLMServerEngine(model, tokenizer, **kwargs)

@@ -40,6 +40,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from agent_rl.engines.base import caps_of
 from agent_rl.gateway.app import Gateway, GatewayLimits
 from agent_rl.gateway.command import command_argv, last_json_line, program_environment, run_command
 from agent_rl.gateway.config import ExternalConfig
@@ -380,9 +381,8 @@ class ExternalRollout(RolloutOrchestrator):
             c["gateway/generated_tokens"] += sum(len(t.response_ids) for t in session.turns)
             for why, n in session.breaks.items():
                 c[f"gateway/prefix_breaks/{why}"] += n
-            end_episode = getattr(self.engine, "end_episode", None)
-            if end_episode is not None:
-                end_episode(episode_id)
+            if caps_of(self.engine).kv_reuse:
+                self.engine.end_episode(episode_id)
             if reset is not None:
                 try:
                     await asyncio.wait_for(self.pool.close(reset.session_id), 30.0)

@@ -46,7 +46,7 @@ import torch
 
 from agent_rl.aio import gather_all
 from agent_rl.algos import dapo_keep_groups
-from agent_rl.engines.base import row_seed
+from agent_rl.engines.base import caps_of, row_seed
 from agent_rl.rollout.config import RolloutConfig
 from agent_rl.rollout.fork import (FORK_COUNTS, ForkSource, ReplayMismatch, SiblingStart, base_count, budget_order,
                                    check_replayed_prompt, check_replayed_step, fork_turns, generated_turns,
@@ -262,7 +262,7 @@ class GenerationBatcher:
             if self.seed is not None and all(b[4] is not None for b in batch):  # per-row randomness
                 extra["row_seeds"] = [row_seed(self.seed, *b[4]) for b in batch]
             episode_ids = [self._episode_ids.pop(b[2], None) for b in batch]
-            if hasattr(self.engine, "end_episode") and any(e is not None for e in episode_ids):
+            if caps_of(self.engine).kv_reuse and any(e is not None for e in episode_ids):
                 extra["episode_ids"] = episode_ids
             try:
                 gens = await asyncio.to_thread(self.engine.generate, [b[0] for b in batch], [b[1] for b in batch],
@@ -356,7 +356,7 @@ class RolloutOrchestrator:
             raise ValueError(f"rollout.fork.restore=state needs an env pool with snapshot/restore/drop_snapshot "
                              f"({type(pool).__name__} has none; LocalEnvPool and HTTPEnvPool have them)")
         if self.fork.enabled and self.fork.select == "js":
-            if fork_js_temperatures is None or not hasattr(engine, "token_js"):
+            if fork_js_temperatures is None or not caps_of(engine).token_js:
                 raise ValueError("rollout.fork.select=js needs the engine's token JS (engine=hf) and the JS "
                                  "temperatures (algo.t_low, T1)")
         self.reset_counts()
@@ -573,9 +573,8 @@ class RolloutOrchestrator:
             reset = await early if early is not None else await self._reset(task)
         sid = reset.session_id
         episode_id = f"ep{next(_EPISODE_IDS)}"  # the engine's key for this attempt's kept keys/values
-        fork_cache = getattr(self.engine, "fork_episode", None)
-        if replay is not None and replay.cache is not None and fork_cache is not None:
-            fork_cache(replay.cache, episode_id)
+        if replay is not None and replay.cache is not None and caps_of(self.engine).fork_cache:
+            self.engine.fork_episode(replay.cache, episode_id)
         kept = False
         try:
             obs, info = replay.reset if restored else (reset.observation, reset.info)  # type: ignore[union-attr,misc]
@@ -649,9 +648,8 @@ class RolloutOrchestrator:
                 kept = True
             return ep
         finally:
-            end_episode = getattr(self.engine, "end_episode", None)
-            if end_episode is not None and not kept:  # the engine drops what it kept (hf: engine.kv_reuse)
-                end_episode(episode_id)
+            if caps_of(self.engine).kv_reuse and not kept:  # the engine drops what it kept (hf: engine.kv_reuse)
+                self.engine.end_episode(episode_id)
             try:
                 await asyncio.wait_for(self.pool.close(sid), 30.0)
             except Exception:  # noqa: BLE001 (closing is best effort; the server's TTL reaps leftovers)
@@ -732,7 +730,7 @@ class RolloutOrchestrator:
                                       "env that has clone_state/set_state")
         forking = self.fork.enabled and env_id not in self.fork_refused
         # each base's kept engine cache (its siblings' prefix) and, with restore=state, its env-state snapshots
-        sources = [ForkSource(keep_cache=forking and hasattr(self.engine, "fork_episode"),
+        sources = [ForkSource(keep_cache=forking and caps_of(self.engine).fork_cache,
                               snapshot=forking and by_state) for _ in range(n_base)]
         try:
             bases = list(await gather_all(*(one(spec.task, t, h, slot, None, sources[slot] if forking else None)
@@ -757,10 +755,9 @@ class RolloutOrchestrator:
             self._fork_counts["fork/generated_turns"] += generated_turns(eps)
             return eps
         finally:
-            end_episode = getattr(self.engine, "end_episode", None)
-            for eid in (e for src in sources for e in src.cache):
-                if end_episode is not None:
-                    end_episode(eid)
+            if caps_of(self.engine).kv_reuse:
+                for eid in (e for src in sources for e in src.cache):
+                    self.engine.end_episode(eid)
             await gather_all(*(self._free_source(src) for src in sources))
 
     async def _free_source(self, source: ForkSource, keep: set[int] | frozenset[int] = frozenset()) -> None:

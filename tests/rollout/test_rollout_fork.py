@@ -5,13 +5,14 @@ nondeterministic env is refused, and the rows mask the replayed prefix."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 
 import pytest
 from rollout_fakes import ByteTokenizer, SimplePool
 
-from agent_rl.engines.base import row_seed
+from agent_rl.engines.base import EngineBase, row_seed
 from agent_rl.rollout import GroupSpec, RolloutConfig, RolloutOrchestrator, build_rollout_batch, get_prompt
 from agent_rl.rollout.config import ForkConfig
 from agent_rl.rollout.fork import FORK_COUNTS, fork_turns, sibling_slot
@@ -178,16 +179,20 @@ def test_fork_turn_selection():
         fork_turns(ForkConfig(points=1, select="js"), [t0, t1], seed=0, group_id=0)
 
 
-class NoFork:
-    """The hf engine without ``fork_episode``: siblings prefill their replayed prefix themselves."""
+class NoFork(EngineBase):
+    """The hf engine declaring no fork cache (``EngineCaps.fork_cache``): siblings prefill their replayed prefix
+    themselves."""
 
     def __init__(self, engine) -> None:
         self._engine = engine
+        self.caps = dataclasses.replace(engine.caps, fork_cache=False)
+        self.tokenizer, self.eos_token_ids = engine.tokenizer, engine.eos_token_ids
 
-    def __getattr__(self, name):
-        if name == "fork_episode":
-            raise AttributeError(name)
-        return getattr(self._engine, name)
+    def generate(self, *args, **kwargs):
+        return self._engine.generate(*args, **kwargs)
+
+    def end_episode(self, episode_id):
+        self._engine.end_episode(episode_id)
 
 
 def test_siblings_prefill_the_shared_prefix_once_with_the_hf_engine(games):
