@@ -352,16 +352,19 @@ def test_resume_under_k1_restores_the_version_and_replays_the_groups_in_flight(t
     main([*ACCEPTANCE, f"trainer.output_dir={first}", "trainer.save_every=1", "trainer.keep_checkpoints=0"])
     extra = json.loads((first / "checkpoints" / "step_1" / "extra.json").read_text())
     assert extra["policy_version"] == 1
-    assert extra["groups_in_flight"] == 2  # step 2's groups, started at version 0 during step 1
-    # the data position is before the earliest draw not trained: 4 drawn, 2 in flight
-    assert extra["sampler"]["position"] <= 4 - extra["groups_in_flight"]
+    # step 2's groups (started at version 0 during step 1), and step 3's too when the producer started them at
+    # version 1 between the weight sync and the save: which depends on the machine's timing, not on the run
+    assert extra["groups_in_flight"] in (2, 4)
+    # the data position is the earliest draw not trained: step 1 trained the first two groups to finish, so at most
+    # draw 2 (a resume draws again from there)
+    assert extra["sampler"]["position"] <= 2
     second = tmp_path / "B"
     (second / "checkpoints").mkdir(parents=True)
     shutil.copytree(first / "checkpoints" / "step_1", second / "checkpoints" / "step_1")
     main([*ACCEPTANCE, f"trainer.output_dir={second}", "trainer.resume=auto"])
     rows = check_async_rows(second)
     assert [r["step"] for r in rows] == [2, 3]
-    assert rows[0]["async/groups_replayed_after_resume"] == 2.0  # counted
+    assert rows[0]["async/groups_replayed_after_resume"] == extra["groups_in_flight"]  # counted
     # the version counter is restored: step 2's groups are played again with version-1 weights (staleness 0)
     assert rows[0]["async/staleness_max"] == 0.0 and rows[0]["async/engine_version"] == 1.0
     assert json.loads((second / "checkpoints" / "step_3" / "extra.json").read_text())["policy_version"] == 3
