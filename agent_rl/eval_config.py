@@ -1,4 +1,5 @@
-"""``eval.*`` config (composed into the root config by ``agent_rl/config.py``)."""
+"""``eval.*`` config (composed into the root config by ``agent_rl/config.py``): a leaf module below the config, so
+the config never imports the evaluation package (:mod:`agent_rl.eval`, which reads the config)."""
 
 from __future__ import annotations
 
