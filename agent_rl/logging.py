@@ -18,7 +18,7 @@ Each JSONL line is one row: ``{"step": int, "kind": KIND, <metric>: float | null
   elig, score}``), ``chosen`` (``{t_low, t_high}``) and the probe's size (``agent_rl.calibration.Calibration.row``);
   the one kind whose values are not all numbers.
 
-A run has up to two phases (:data:`PHASES`, issue 35): ``warm_start`` (behaviour cloning, ``trainer.warm_start=bc``
+A run has up to two phases (:data:`PHASES`): ``warm_start`` (behaviour cloning, ``trainer.warm_start=bc``
 or ``agent_rl.sft``: ``sft`` rows, steps 1..K, its own counter) then ``rl`` (``train`` rows, steps 1..N). An ``eval``
 row names its phase in a ``phase`` field (the warm start's panels at its step 0 = before cloning and step K = after
 it; RL's at its steps), so the two step-0 panels of a warm-started run are two rows; the training loop writes the

@@ -215,14 +215,14 @@ class WandbTracker:
 
 def path_safe_names(keys: list[str], logged: set[str], dirs: set[str], names: dict[str, str]) -> dict[str, str]:
     """MLflow names for metric ``keys``, such that no name is a ``/``-path prefix of another: MLflow's file store
-    writes metric ``a/b`` as the file ``metrics/a/b``, so ``eval/p/success`` and ``eval/p/success/Algebra`` (a panel's
-    success and its per-type breakdown) cannot both exist, and the second one logged raised ``Not a directory``
-    (which turned the tracker off for the rest of the run). A new key keeps its name unless it collides with a name
-    already logged; then its last ``/`` becomes ``.`` until it does not (``eval/p/success/Algebra`` ->
-    ``eval/p/success.Algebra``). Keys are named in (depth, name) order, so a parent keeps its name over the children
-    first seen with it; a resumed run passes its logged names first, and a key renamed before gets the same name
-    again (a name equal to a logged one is that metric's, not a collision). ``names`` (key -> name), ``logged`` (names) and ``dirs`` (their ``/`` prefixes) are the run's
-    state, updated in place; returns ``names`` restricted to ``keys``."""
+    writes metric ``a/b`` as the file ``metrics/a/b``, so ``eval/p/success`` and ``eval/p/success/Algebra`` (a
+    panel's success and its per-type breakdown) cannot both be files there. A new key keeps its name unless it
+    collides with a name already logged; then its last ``/`` becomes ``.`` until it does not
+    (``eval/p/success/Algebra`` -> ``eval/p/success.Algebra``). Keys are named in (depth, name) order, so a parent
+    keeps its name over the children first seen with it; a resumed run passes its logged names first, and a key
+    renamed before gets the same name again (a name equal to a logged one is that metric's, not a collision).
+    ``names`` (key -> name), ``logged`` (names) and ``dirs`` (their ``/`` prefixes) are the run's state, updated in
+    place; returns ``names`` restricted to ``keys``."""
     for key in sorted((k for k in keys if k not in names), key=lambda k: (k.count("/"), k)):
         name = key
         while "/" in name and (name in dirs or any(name[:i] in logged for i, c in enumerate(name) if c == "/")):
