@@ -5,6 +5,11 @@ One step, top to bottom (:func:`run`)::
     collect (whole groups) -> build the batch -> update -> store episodes -> sync weights -> evaluate when due
         -> log -> checkpoint (with the config) -> prune
 
+Around it, objects it calls: the run's temperature rules (:class:`agent_rl.temperature.TemperatureHooks`: the
+calibration probe, TGRL's adaptive T1, TAMPO's draw or a temperature schedule), the one metrics sink
+(:class:`agent_rl.logging.MetricsLogger`: ``metrics.jsonl`` and the trackers, TensorBoard, W&B, MLflow) and the
+steps that must not pass silently (:class:`LoudSteps`).
+
 Every run is this loop: RL on one process (:class:`agent_rl.local.LocalBackend`), RL on Ray actors
 (:class:`agent_rl.distributed.backend.RayBackend`), behaviour cloning
 (:class:`agent_rl.sft.BehaviourCloningBackend`: expert rows collected once, then epochs over them, cross-entropy
