@@ -26,7 +26,7 @@ def register_configs() -> None:
 
 # ---------------------------------------------------------------------------------------------- unknown keys
 REPLACED_KEYS: dict[str, str] = {
-    "trainer.tensorboard": "trainer.loggers lists the metric sinks (issue 39): trainer.tensorboard=false is "
+    "trainer.tensorboard": "trainer.loggers lists the metric sinks: trainer.tensorboard=false is "
                            "trainer.loggers=[jsonl]; true is the default [jsonl,tensorboard]",
 }
 """Keys that no longer exist -> what replaced them (refused with this hint)."""

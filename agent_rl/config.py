@@ -20,7 +20,7 @@ from typing import Any, get_type_hints
 from agent_rl.algos.fork import FORK_ESTIMATORS
 from agent_rl.engines.config import EngineConfig
 from agent_rl.episodes import parse_save_episodes
-from agent_rl.eval.config import EvalConfig
+from agent_rl.eval_config import EvalConfig
 from agent_rl.gateway.config import ExternalConfig
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
 from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH, applied

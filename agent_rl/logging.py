@@ -1,5 +1,6 @@
-"""Per-step metrics: console progress bar (tqdm), ``DIR/metrics.jsonl`` and TensorBoard (``DIR/tb``), and the one
-reader of ``metrics.jsonl`` (:func:`read_metrics`) that every consumer uses (report, viewer, scripts, benchmarks).
+"""Per-step metrics: console progress bar (tqdm), ``DIR/metrics.jsonl`` and the trackers every row is handed to
+(TensorBoard ``DIR/tb``, W&B, MLflow: :mod:`agent_rl.trackers`), and the one reader of ``metrics.jsonl``
+(:func:`read_metrics`) that every consumer uses (report, viewer, scripts, benchmarks).
 
 Each JSONL line is one row: ``{"step": int, "kind": KIND, <metric>: float | null, ...}``. ``KIND`` (:data:`KINDS`):
 
@@ -17,7 +18,7 @@ Each JSONL line is one row: ``{"step": int, "kind": KIND, <metric>: float | null
   elig, score}``), ``chosen`` (``{t_low, t_high}``) and the probe's size (``agent_rl.calibration.Calibration.row``);
   the one kind whose values are not all numbers.
 
-A run has up to two phases (:data:`PHASES`, issue 35): ``warm_start`` (behaviour cloning, ``trainer.warm_start=bc``
+A run has up to two phases (:data:`PHASES`): ``warm_start`` (behaviour cloning, ``trainer.warm_start=bc``
 or ``agent_rl.sft``: ``sft`` rows, steps 1..K, its own counter) then ``rl`` (``train`` rows, steps 1..N). An ``eval``
 row names its phase in a ``phase`` field (the warm start's panels at its step 0 = before cloning and step K = after
 it; RL's at its steps), so the two step-0 panels of a warm-started run are two rows; the training loop writes the
@@ -38,6 +39,8 @@ import math
 import sys
 from pathlib import Path
 from typing import Any
+
+from agent_rl.trackers import TensorBoardTracker, Trackers
 
 # algorithms.md section 6: the names are part of the interface.
 SECTION6_METRICS: tuple[str, ...] = (
@@ -197,7 +200,8 @@ def drop_records_from(path: Path, step: int, phase: str | None = None) -> int:
 
 class MetricsLogger:
     """Writes the rows of each step (module docstring) to ``metrics.jsonl`` (appended, so a resumed run continues
-    the file), TensorBoard and the console.
+    the file) and the console, and hands each row and checkpoint to the trackers (:class:`agent_rl.trackers.Trackers`:
+    TensorBoard, W&B, MLflow); the training loop's one metrics sink.
 
     Args:
         out_dir: run directory.
@@ -207,35 +211,30 @@ class MetricsLogger:
             the start) every row, the step-0 evaluation included; with ``phase``, only that phase's rows.
         phase: the run's phase (:data:`PHASES`), written on every row (so a file written with phases is read by
             phase, :func:`read_metrics`); None: rows without one, and a fresh start drops every row of the file.
-        tensorboard: write ``out_dir/tb`` events.
+        tensorboard: attach the phase's TensorBoard tracker (``out_dir/tb`` events,
+            :class:`agent_rl.trackers.TensorBoardTracker`) to the trackers until :meth:`close`.
         progress: tqdm bar (else one plain line per training step).
         trackers: the run's W&B / MLflow runs (:class:`agent_rl.trackers.Trackers`), given every row written and
             rewound to ``start_step`` as the file is (:meth:`~agent_rl.trackers.Trackers.rewind`); their owner
-            closes them.
+            closes them. None: a group of this logger's own (TensorBoard only).
     """
 
     def __init__(self, out_dir: str | Path, *, total_steps: int, start_step: int = 1, tensorboard: bool = True,
-                 progress: bool = True, phase: str | None = None, trackers: Any = None) -> None:
-        self.trackers = trackers
+                 progress: bool = True, phase: str | None = None, trackers: Trackers | None = None) -> None:
         if phase is not None and phase not in PHASES:
             raise ValueError(f"unknown run phase {phase!r}; the phases are {', '.join(PHASES)}")
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
         self.phase = phase
+        self.trackers = trackers if trackers is not None else Trackers()
         drop_records_from(self.path, start_step if start_step > 1 else 0, phase)
-        if trackers is not None and start_step > 1:  # the trackers drop the same steps (a resume)
-            trackers.rewind(start_step)
+        if start_step > 1:  # the trackers drop the same steps (a resume)
+            self.trackers.rewind(start_step)
         self._file = self.path.open("a", encoding="utf-8")
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                # the warm start's steps restart at 1: its curves in their own TensorBoard run (tb/warm_start)
-                self._tb = SummaryWriter(str(self.out_dir / "tb" / ("warm_start" if phase == "warm_start" else "")))
-            except ImportError:  # tensorboard missing: JSONL and console still work
-                self._tb = None
+        self._tb = TensorBoardTracker.for_phase(self.out_dir, phase) if tensorboard else None
+        if self._tb is not None:
+            self.trackers.attach(self._tb)
         self._bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -243,20 +242,15 @@ class MetricsLogger:
             self._bar = tqdm(total=total_steps, initial=start_step - 1, desc="train", unit="step", dynamic_ncols=True)
 
     def log_calibration(self, row: dict[str, Any]) -> dict[str, Any]:
-        """The ``calibration`` row (step 0): ``row`` as given to ``metrics.jsonl``; its numbers to TensorBoard and
-        the trackers as ``calibration/t_low``, ``calibration/t_high`` and ``calibration/score/<T_low>_<T_high>``.
-        Returns the row written."""
+        """The ``calibration`` row (step 0): ``row`` as given to ``metrics.jsonl``; its numbers to the trackers as
+        ``calibration/t_low``, ``calibration/t_high`` and ``calibration/score/<T_low>_<T_high>``. Returns the row
+        written."""
         line = {"step": 0, "kind": "calibration", **({"phase": self.phase} if self.phase else {}), **row}
         self._file.write(json.dumps(line) + "\n")
         self._file.flush()
         scalars = {"calibration/t_low": row["chosen"]["t_low"], "calibration/t_high": row["chosen"]["t_high"]}
         scalars.update({f"calibration/score/{p['t_low']:g}_{p['t_high']:g}": p["score"] for p in row["pairs"]})
-        if self.trackers is not None:
-            self.trackers.log(0, {"step": 0, "kind": "calibration", **scalars})
-        if self._tb is not None:
-            for name, value in scalars.items():
-                self._tb.add_scalar(name, value, 0)
-            self._tb.flush()
+        self.trackers.log(0, {"step": 0, "kind": "calibration", **scalars})
         return line
 
     def log(self, step: int, metrics: dict[str, Any], *, kind: str = "train") -> dict[str, Any]:
@@ -287,15 +281,8 @@ class MetricsLogger:
             rows.append({"step": step, "kind": "eval", **phase, **{k: _clean(v) for k, v in sorted(evals.items())}})
         for row in rows:
             self._file.write(json.dumps(row) + "\n")
-            if self.trackers is not None:
-                self.trackers.log(step, row)
-            if self._tb is not None:
-                for name, value in row.items():
-                    if name not in ("step", "kind", "phase") and value is not None:
-                        self._tb.add_scalar(name, value, step)
+            self.trackers.log(step, row)
         self._file.flush()
-        if self._tb is not None:
-            self._tb.flush()
         record = rows[0]
         if kind != "eval":  # the bar counts steps; an evaluation prints its own lines (agent_rl.eval.training)
             shown = {short: f"{record[k]:.3g}" for k, short in BAR_KEYS.items() if record.get(k) is not None}
@@ -309,9 +296,14 @@ class MetricsLogger:
                       file=sys.stderr, flush=True)
         return record
 
+    def checkpoint(self, step: int, path: Path) -> None:
+        """Checkpoint ``path`` of ``step`` was written: its path to the trackers (W&B summary, MLflow tag)."""
+        self.trackers.checkpoint(step, path)
+
     def close(self) -> None:
+        """Close the file and the phase's TensorBoard tracker (the run's trackers stay open: their owner's)."""
         self._file.close()
         if self._tb is not None:
-            self._tb.close()
+            self.trackers.detach(self._tb)
         if self._bar is not None:
             self._bar.close()

@@ -5,6 +5,11 @@ One step, top to bottom (:func:`run`)::
     collect (whole groups) -> build the batch -> update -> store episodes -> sync weights -> evaluate when due
         -> log -> checkpoint (with the config) -> prune
 
+Around it, objects it calls: the run's temperature rules (:class:`agent_rl.temperature.TemperatureHooks`: the
+calibration probe, TGRL's adaptive T1, TAMPO's draw or a temperature schedule), the one metrics sink
+(:class:`agent_rl.logging.MetricsLogger`: ``metrics.jsonl`` and the trackers, TensorBoard, W&B, MLflow) and the
+steps that must not pass silently (:class:`LoudSteps`).
+
 Every run is this loop: RL on one process (:class:`agent_rl.local.LocalBackend`), RL on Ray actors
 (:class:`agent_rl.distributed.backend.RayBackend`), behaviour cloning
 (:class:`agent_rl.sft.BehaviourCloningBackend`: expert rows collected once, then epochs over them, cross-entropy
@@ -33,21 +38,18 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent_rl.algos import AdaptiveHighTemperature
-from agent_rl.calibration import STATE_KEY as CALIBRATION_STATE_KEY, Calibration
 from agent_rl.config import Config, ConfigError
 from agent_rl.episodes import parse_save_episodes, save_step_episodes
 from agent_rl.eval.training import TrainingEval
-from agent_rl.learner.config import t_high_value
 from agent_rl.logging import KIND_PHASE, NO_SIGNAL, SKIPPED_NONFINITE, MetricsLogger
 from agent_rl.progress import step_phase
 from agent_rl.rollout import build_rollout_batch
 from agent_rl.rollout.schedule import ExpertRows, Player, Schedule, choose_schedule
 from agent_rl.rollout.tasks import make_task_sampler
 from agent_rl.tasks import TaskFileError
-from agent_rl.runtime import (checkpoint_extra, checkpoint_step, pad_token_id, prune_checkpoints, resume_path,
-                              t_high_state)
-from agent_rl.temperature import STATE_KEY as TEMPERATURE_STATE_KEY, StepTemperature
+from agent_rl.runtime import checkpoint_extra, checkpoint_step, pad_token_id, prune_checkpoints, resume_path
+from agent_rl.temperature import TemperatureHooks
+from agent_rl.trackers import Trackers
 from agent_rl.types import RolloutBatch
 
 
@@ -118,18 +120,15 @@ class Backend(Protocol):
 # ------------------------------------------------------------------------------------------------ the loop
 async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase: str | None = None,
               checkpoints: Path | None = None, eval_dir: Path | None = None,
-              eval_at_start: bool = True, trackers: Any = None) -> dict[str, Any]:
+              eval_at_start: bool = True, trackers: Trackers | None = None) -> dict[str, Any]:
     """Run steps ``start..total_steps`` of ``backend`` (``start`` = 1, or the step after the checkpoint
     ``trainer.resume`` names); returns the last step's logged row ({} when nothing was left to train).
 
-    The phase hooks (issue 35, a warm-started run is two calls: :mod:`agent_rl.warm_start`): ``phase`` is written on
-    the eval rows (``agent_rl.logging.PHASES``; default: the backend kind's, ``warm_start`` for behaviour cloning,
-    ``rl`` for RL; only its own rows are dropped on a restart), ``checkpoints`` the
-    folder of the phase's ``step_N`` (default ``DIR/checkpoints``; ``trainer.resume=auto`` looks there), ``eval_dir``
-    that of its panels' files (default ``DIR/eval``: ``step_N/<panel>.json``); ``eval_at_start=False`` skips the
-    step-0 panel (the RL phase after a warm start: the warm start's last panel played the same weights).
-    ``trackers`` (:class:`agent_rl.trackers.Trackers`, issue 39) get every logged row and checkpoint path; the
-    caller closes them.
+    A warm-started run is two calls (:mod:`agent_rl.warm_start`), each with its ``phase`` (``agent_rl.logging.PHASES``,
+    on its rows, only its own dropped on a restart; default: the backend kind's), ``checkpoints`` (default
+    ``DIR/checkpoints``, where ``trainer.resume=auto`` looks) and ``eval_dir`` (default ``DIR/eval``);
+    ``eval_at_start=False`` skips the step-0 panel (after a warm start its last panel played the same weights).
+    ``trackers`` (W&B, MLflow; the caller closes them) get every row and checkpoint path through the logger.
 
     Raises:
         FirstStepFailed: every episode of the first step failed.
@@ -137,106 +136,47 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
         ConfigError: the eval panel is not held out (before anything starts).
     """
     t = cfg.trainer
-    phase = phase or KIND_PHASE[backend.kind]  # issue 35 phase hooks
     ckpt_dir = checkpoints or out / "checkpoints"
     evaluator = TrainingEval(cfg, out, progress, folder=eval_dir)
-    try:  # env.tasks (its description printed), trainer.curriculum
-        sampler = make_task_sampler(cfg, announce=lambda text: print(text, file=sys.stderr))
-    except (TaskFileError, FileNotFoundError) as exc:
-        raise ConfigError(f"env.tasks={cfg.env.tasks!r}: {exc}") from None
+    sampler = _task_sampler(cfg)
     ckpt = resume_path(cfg, out, folder=ckpt_dir)
     start = checkpoint_step(ckpt) + 1 if ckpt is not None else 1
-    record: dict[str, Any] = {}
     logger: MetricsLogger | None = None
     schedule: Schedule | None = None
     try:
         extra = await backend.start(ckpt)
         total = backend.total_steps
-        if extra is not None:
-            sampler.load_state_dict(extra.get("sampler", {"position": 0}))
-            print(f"resumed from {ckpt} at step {start} (actor/lr {backend.lr:.6g})", file=sys.stderr)
-        if start > total:
-            print(f"nothing to train: the checkpoint is at step {start - 1} and trainer.total_steps={total}; "
-                  "raise trainer.total_steps to train further", file=sys.stderr)
+        if not _resume(backend, sampler, extra, ckpt, start, total):
             return {}
         player = await backend.open()
         schedule = choose_schedule(cfg, player, progress, total_steps=total, version=start - 1)
-        # algo.calibration=probe (algorithms.md 3b): the pair (T0, T1) chosen by a probe before RL step 1, or
-        # restored from the checkpoint (a resumed run never probes again)
-        calibration = Calibration.from_config(cfg) if schedule.plays_episodes else None
-        probed = False
-        if calibration is not None:
-            if extra is not None and CALIBRATION_STATE_KEY in extra:
-                calibration.load_state_dict(extra[CALIBRATION_STATE_KEY])
-            else:
-                print(calibration.plan_line(), file=sys.stderr)
-                await calibration.probe(player, make_task_sampler(cfg, curriculum=False), progress)
-                probed = True
-            calibration.apply(cfg)
-            await backend.set_temperatures(cfg.algo.t_low, cfg.algo.t_high)
-            sampler = calibration.restrict(sampler)
-            print(calibration.summary_line() if probed else
-                  f"calibration: T0={cfg.algo.t_low:g}, T1={cfg.algo.t_high:g} restored from {ckpt} (no new probe)",
-                  file=sys.stderr)
-        # algo.t_high=auto: the adaptive T1 (algorithms.md section 3), picked before each collect, observed after
-        # each update, saved in every checkpoint's extra.json
-        t_rule = AdaptiveHighTemperature(cfg.algo) if cfg.algo.t_high == "auto" and schedule.plays_episodes else None
-        if t_rule is not None and extra is not None:
-            t_rule.load_state_dict(t_high_state(extra, ckpt))
-        # [tampo hook] the step temperature of the non-TGRL algorithms (algorithms.md 8): TAMPO's meta-policy draw or
-        # rollout.temperature_schedule; drawn here (the driver), observed after each update, saved in extra.json
-        temp_rule = StepTemperature.from_config(cfg) if schedule.plays_episodes else None
-        if temp_rule is not None and extra is not None:
-            temp_rule.load_state_dict(extra, ckpt)
+        temperatures = TemperatureHooks(cfg, plays_episodes=schedule.plays_episodes)  # calibration, T1, TAMPO
+        sampler = await temperatures.start(backend, player, sampler, extra, ckpt, progress)
         logger = MetricsLogger(out, total_steps=total, start_step=start, tensorboard="tensorboard" in t.loggers,
-                               progress=False, phase=phase, trackers=trackers)  # one line per step; the live display is `progress`
-        if probed:  # the probe's row, before the first train row
-            logger.log_calibration(calibration.row())
+                               progress=False, phase=phase or KIND_PHASE[backend.kind], trackers=trackers)
+        if temperatures.calibration_row is not None:  # the probe's row, before the first train row
+            logger.log_calibration(temperatures.calibration_row)
         if start == 1 and eval_at_start and evaluator.due(0, total):  # the panel before training, as step 0
-            record = logger.log(0, evaluator.metrics(0, await backend.evaluate(0, evaluator)), kind="eval")
-        keep_episodes = parse_save_episodes(t.save_episodes)
-        idle_steps = 0  # steps that trained on nothing (every group dropped or filtered)
-        no_signal_steps = 0  # steps whose groups all had equal rewards (issue 35: said on its line and at the end)
-        nonfinite_skips = 0  # steps in a row whose update the learner refused (non-finite)
+            logger.log(0, evaluator.metrics(0, await backend.evaluate(0, evaluator)), kind="eval")
+        loud = LoudSteps(start, total, t.max_nonfinite_skips)
         for step in range(start, total + 1):
             # 1. Collect the step's complete groups (TGRL: 1 at T0 + 3 at T1 each; warm-up all at T1).
-            t_high = t_rule.t_high(step) if t_rule is not None else None
-            if temp_rule is not None:  # [tampo hook] the step's one temperature travels as t_high (non-TGRL)
-                t_high = temp_rule.temperature(step)
+            t_high = temperatures.temperature(step)
             result = await schedule.collect(step, sampler.sample, t_high=t_high)
-            metrics: dict[str, Any] = dict(result.metrics)
-            if schedule.plays_episodes:  # the curriculum learns before the next draws (prefetch below)
-                sampler.observe(step, result.outcomes)
-                metrics.update(sampler.step_metrics())
-            if temp_rule is not None:  # [tampo hook] tampo/t, tampo/pi/<T>, ... (or rollout/temperature)
-                metrics.update(temp_rule.step_metrics(step))
-            if step == start and extra is not None and schedule.plays_episodes:  # section 7, Checkpoints
-                metrics["async/groups_replayed_after_resume"] = float(extra.get("groups_in_flight", 0))
-            if schedule.plays_episodes and cfg.algo.is_tgrl:  # the step's T1, fixed or picked (section 3)
-                metrics["tgrl/t_high"] = t_high if t_high is not None else t_high_value(cfg.algo)
-            check_dropped_groups(step, start, result.failures, bool(result.episodes) or result.batch is not None,
-                                 result.filtered_groups)
+            metrics = _collect_metrics(step, result, sampler, schedule, temperatures.collect_metrics(step, t_high),
+                                       resumed=extra if step == start else None)
+            loud.collected(step, result)
             schedule.prefetch(step, sampler.sample)  # the next step's env resets run during this update
             # 2. The rows (``build_rollout_batch``, the one place RL rows are made).
-            batch = result.batch
-            if batch is None and result.episodes:
-                batch = build_rollout_batch(result.episodes, pad_token_id=pad_token_id(backend.tokenizer),
-                                            mode=cfg.rollout.mode)
+            batch = _batch(cfg, backend, result)
             update_metrics, refused = await _update(backend, schedule, batch, step, progress, total)
             if update_metrics is not None:  # 3. updated; 4. store the step's episodes; 5. sync the engines
                 metrics.update(update_metrics)
-                if t_rule is not None and "tgrl/delta_R" in update_metrics:
-                    t_rule.observe(step, update_metrics["tgrl/delta_R"],
-                                   informative_groups=update_metrics.get("tgrl/delta_R_groups"))
-                if temp_rule is not None:  # [tampo hook] A_B -> EMA, once per RL step (8.5)
-                    metrics.update(temp_rule.observe(step, metrics))
+                metrics.update(temperatures.observe(step, update_metrics, metrics))
                 if result.episodes:
-                    stats = await backend.token_stats() if keep_episodes != 0 else None
-                    await asyncio.to_thread(save_step_episodes, out, step, result.episodes, t.save_episodes,
-                                            tokenizer=backend.tokenizer, batch=batch, token_stats=stats, seed=t.seed)
+                    await _store_episodes(cfg, out, step, backend, result.episodes, batch)
             else:  # loud: a run that never trains must not look like one that did
-                idle_steps += 1
-                warn_idle_step(step, result.dropped_groups, result.filtered_groups, refused)
+                loud.idle(step, result, refused)
             metrics["batch/rows"] = batch.num_rows if update_metrics is not None else 0
             await schedule.sync(step, trained=update_metrics is not None)  # v = s after step s (section 7)
             metrics.update(await backend.engine_metrics())
@@ -246,41 +186,66 @@ async def run(cfg: Config, out: Path, backend: Backend, progress: Any, *, phase:
             # 7. Log; 8. checkpoint (the data position excludes tasks drawn but not trained: a resume replays them).
             progress.end()
             record = logger.log(step, {**metrics, **schedule.step_metrics()}, kind=backend.kind)
-            nonfinite_skips = nonfinite_skips + 1 if record.get(SKIPPED_NONFINITE) else 0
-            check_nonfinite_skips(step, nonfinite_skips, t.max_nonfinite_skips, record)
-            if no_learning_signal(metrics):
-                no_signal_steps += 1
-                print(f"step {step}: {NO_SIGNAL} in all {int(metrics.get('rollout/groups', 0))} group(s); "
-                      "every advantage is 0, the update changes nothing", file=sys.stderr)
+            loud.logged(step, record, metrics)
             if step % t.save_every == 0 or step == total:
                 progress.phase(step_phase(progress, step, total, "checkpoint"))
-                ckpt_extra = checkpoint_extra(cfg, step, sampler.position - schedule.pending_tasks,
-                                              t_high_state=t_rule.state_dict() if t_rule is not None else None)
-                ckpt_extra["sampler"] = sampler.state_dict(ckpt_extra["sampler"]["position"])  # + the curriculum's
-                if temp_rule is not None and temp_rule.state_dict() is not None:  # [tampo hook]
-                    ckpt_extra[TEMPERATURE_STATE_KEY] = temp_rule.state_dict()
-                ckpt_extra["policy_version"] = step  # the engines' version counter (section 7: v = s after step s)
-                ckpt_extra["groups_in_flight"] = schedule.groups_in_flight
-                if calibration is not None:  # the choice, and the config's temperatures as configured
-                    calibration.patch_extra(ckpt_extra)
-                await backend.save(ckpt_dir / f"step_{step}", ckpt_extra)
-                if trackers is not None:
-                    trackers.checkpoint(step, ckpt_dir / f"step_{step}")
+                await backend.save(ckpt_dir / f"step_{step}", _checkpoint_extra(cfg, step, sampler, schedule,
+                                                                               temperatures))
+                logger.checkpoint(step, ckpt_dir / f"step_{step}")  # its path to the trackers
                 prune_checkpoints(ckpt_dir, t.keep_checkpoints)
-        warn_idle_run(idle_steps, total - start + 1)
-        if schedule.plays_episodes and no_signal_steps:  # RL steps only (behaviour cloning plays none)
-            print(f"WARNING: {no_signal_steps} of {total - start + 1} step(s) had {NO_SIGNAL} "
-                  f"({no_signal_steps / (total - start + 1):.0%})", file=sys.stderr)
+        loud.end(schedule.plays_episodes)
         return record
     finally:
-        progress.end()
-        if logger is not None:
-            logger.close()
-        try:
-            if schedule is not None:
-                await schedule.aclose()
-        finally:
-            await backend.close()
+        await _close(progress, logger, schedule, backend)
+
+
+def _task_sampler(cfg: Config) -> Any:
+    """The run's task sampler (``env.tasks``, its description printed; ``trainer.curriculum``).
+
+    Raises:
+        ConfigError: ``env.tasks`` names a file that cannot be read as tasks.
+    """
+    try:
+        return make_task_sampler(cfg, announce=lambda text: print(text, file=sys.stderr))
+    except (TaskFileError, FileNotFoundError) as exc:
+        raise ConfigError(f"env.tasks={cfg.env.tasks!r}: {exc}") from None
+
+
+def _resume(backend: Backend, sampler: Any, extra: dict[str, Any] | None, ckpt: Path | None, start: int,
+            total: int) -> bool:
+    """Put the checkpoint's data position (``extra``; None: a fresh run) into ``sampler`` and say the resume;
+    False (said on stderr) when the checkpoint is at or past the last step: nothing to train."""
+    if extra is not None:
+        sampler.load_state_dict(extra.get("sampler", {"position": 0}))
+        print(f"resumed from {ckpt} at step {start} (actor/lr {backend.lr:.6g})", file=sys.stderr)
+    if start > total:
+        print(f"nothing to train: the checkpoint is at step {start - 1} and trainer.total_steps={total}; "
+              "raise trainer.total_steps to train further", file=sys.stderr)
+        return False
+    return True
+
+
+def _collect_metrics(step: int, result: Any, sampler: Any, schedule: Schedule, temperature_metrics: dict[str, float],
+                     *, resumed: dict[str, Any] | None) -> dict[str, Any]:
+    """The step's metrics after its collect: the rollout's, the curriculum's (``sampler`` observes the step's
+    outcomes before the next draws, the prefetch's included), the step temperature's, and at the first step after a
+    resume (``resumed``: the checkpoint's ``extra``) the groups it plays again (section 7, Checkpoints)."""
+    metrics: dict[str, Any] = dict(result.metrics)
+    if schedule.plays_episodes:
+        sampler.observe(step, result.outcomes)
+        metrics.update(sampler.step_metrics())
+    metrics.update(temperature_metrics)
+    if resumed is not None and schedule.plays_episodes:
+        metrics["async/groups_replayed_after_resume"] = float(resumed.get("groups_in_flight", 0))
+    return metrics
+
+
+def _batch(cfg: Config, backend: Backend, result: Any) -> RolloutBatch | None:
+    """The step's rows: the schedule's (fixed expert rows), else built from its episodes (None: no episode)."""
+    if result.batch is None and result.episodes:
+        return build_rollout_batch(result.episodes, pad_token_id=pad_token_id(backend.tokenizer),
+                                   mode=cfg.rollout.mode)
+    return result.batch
 
 
 async def _update(backend: Backend, schedule: Schedule, batch: RolloutBatch | None, step: int, progress: Any,
@@ -298,7 +263,91 @@ async def _update(backend: Backend, schedule: Schedule, batch: RolloutBatch | No
     return {**metrics, **schedule.update_metrics(mark)}, None
 
 
+async def _store_episodes(cfg: Config, out: Path, step: int, backend: Backend, episodes: list[Any],
+                          batch: RolloutBatch | None) -> None:
+    """The step's episodes into the episode store (``trainer.save_episodes``), with the update's per-token tensors
+    when any episode is kept."""
+    t = cfg.trainer
+    stats = await backend.token_stats() if parse_save_episodes(t.save_episodes) != 0 else None
+    await asyncio.to_thread(save_step_episodes, out, step, episodes, t.save_episodes, tokenizer=backend.tokenizer,
+                            batch=batch, token_stats=stats, seed=t.seed)
+
+
+def _checkpoint_extra(cfg: Config, step: int, sampler: Any, schedule: Schedule,
+                      temperatures: TemperatureHooks) -> dict[str, Any]:
+    """The ``extra.json`` of step ``step``'s checkpoint: the data position (tasks drawn but not trained left out: a
+    resume plays them again) with the curriculum's state, the temperature rules' states, the engines' version
+    counter (section 7: v = s after step s) and the groups in flight."""
+    extra = checkpoint_extra(cfg, step, sampler.position - schedule.pending_tasks,
+                             t_high_state=temperatures.t_high_state())
+    extra["sampler"] = sampler.state_dict(extra["sampler"]["position"])
+    extra.update(temperatures.step_state())
+    extra["policy_version"] = step
+    extra["groups_in_flight"] = schedule.groups_in_flight
+    temperatures.patch_extra(extra)  # the calibration's choice, and the config's temperatures as configured
+    return extra
+
+
+async def _close(progress: Any, logger: MetricsLogger | None, schedule: Schedule | None, backend: Backend) -> None:
+    """Release what the run opened, the backend last (also after a failed start)."""
+    progress.end()
+    if logger is not None:
+        logger.close()
+    try:
+        if schedule is not None:
+            await schedule.aclose()
+    finally:
+        await backend.close()
+
+
 # ------------------------------------------------------------------------------------------------ loud steps
+class LoudSteps:
+    """The run's steps that must not pass silently: dropped groups (a run whose first step played nothing stops),
+    steps that trained on nothing, steps without a learning signal, updates skipped for a non-finite value (too many
+    in a row stop the run). Counts them and says the totals at the end (:meth:`end`)."""
+
+    def __init__(self, start: int, total: int, max_nonfinite_skips: int) -> None:
+        self.start, self.total, self.max_nonfinite_skips = start, total, max_nonfinite_skips
+        self.idle_steps = 0  # steps that trained on nothing (every group dropped or filtered)
+        self.no_signal_steps = 0  # steps whose groups all had equal rewards (said on its line and at the end)
+        self.nonfinite_skips = 0  # steps in a row whose update the learner refused (non-finite)
+
+    def collected(self, step: int, result: Any) -> None:
+        """After the collect: warn about dropped groups (:func:`check_dropped_groups`).
+
+        Raises:
+            FirstStepFailed: every episode of the run's first step failed.
+        """
+        check_dropped_groups(step, self.start, result.failures, bool(result.episodes) or result.batch is not None,
+                             result.filtered_groups)
+
+    def idle(self, step: int, result: Any, refused: str | None) -> None:
+        """The step trains on nothing: its loud line (:func:`warn_idle_step`)."""
+        self.idle_steps += 1
+        warn_idle_step(step, result.dropped_groups, result.filtered_groups, refused)
+
+    def logged(self, step: int, record: dict[str, Any], metrics: dict[str, Any]) -> None:
+        """After the step's row ``record`` (of ``metrics``): a skipped update, a step without a learning signal.
+
+        Raises:
+            NonFiniteUpdates: ``trainer.max_nonfinite_skips`` updates in a row skipped.
+        """
+        self.nonfinite_skips = self.nonfinite_skips + 1 if record.get(SKIPPED_NONFINITE) else 0
+        check_nonfinite_skips(step, self.nonfinite_skips, self.max_nonfinite_skips, record)
+        if no_learning_signal(metrics):
+            self.no_signal_steps += 1
+            print(f"step {step}: {NO_SIGNAL} in all {int(metrics.get('rollout/groups', 0))} group(s); "
+                  "every advantage is 0, the update changes nothing", file=sys.stderr)
+
+    def end(self, plays_episodes: bool) -> None:
+        """The run's totals: steps that trained on nothing; under RL (``plays_episodes``) steps without a signal."""
+        steps = self.total - self.start + 1
+        warn_idle_run(self.idle_steps, steps)
+        if plays_episodes and self.no_signal_steps:  # RL steps only (behaviour cloning plays none)
+            print(f"WARNING: {self.no_signal_steps} of {steps} step(s) had {NO_SIGNAL} "
+                  f"({self.no_signal_steps / steps:.0%})", file=sys.stderr)
+
+
 def check_dropped_groups(step: int, start: int, failures: list[Any], has_rows: bool, filtered_groups: int) -> None:
     """Warn about the step's dropped groups (a broken env, bad env.kwargs or missing data would otherwise fail
     silently).

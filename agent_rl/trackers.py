@@ -1,12 +1,18 @@
-"""Experiment trackers beside ``metrics.jsonl`` (``trainer.loggers``, issue 39): Weights & Biases and MLflow through
-their own clients. TensorBoard (``DIR/tb``) is written by :class:`agent_rl.logging.MetricsLogger` itself; the JSONL
-file is always on.
+"""Experiment trackers beside ``metrics.jsonl`` (``trainer.loggers``): TensorBoard, Weights & Biases and MLflow, each
+one :class:`Tracker` behind one :class:`Trackers` group. :class:`agent_rl.logging.MetricsLogger` writes the JSONL
+file (always on) and hands every row it writes to the group; the training loop talks to the logger only.
+
+- W&B and MLflow (:data:`TRACKER_TYPES`) are the run's: :meth:`Trackers.open` starts them once per command (the
+  driver's), ``DIR/trackers.json`` keeps their run ids, a resume continues them.
+- TensorBoard (:class:`TensorBoardTracker`) writes the files of one phase: the logger of each phase opens it
+  (``DIR/tb``; the warm start's steps restart at 1, so its events go to ``DIR/tb/warm_start``), attaches it to the
+  group (:meth:`Trackers.attach`) and closes it with the phase.
 
 What goes to each tracker: every metrics row (``train``, ``eval`` and ``sft`` rows, at their step; W&B: the
-row's values in one ``log`` call, MLflow: one ``log_batch``), the resolved config (W&B: the run config; MLflow: one
-param per flattened key, cut to MLflow's 6,000-character limit, and ``config.yaml`` as an artifact), every
-checkpoint's path (W&B summary / MLflow tag ``checkpoint/step_N``), and at the end ``config.yaml``, ``curves.png`` and
-``summary.md`` as files / artifacts.
+row's values in one ``log`` call, MLflow: one ``log_batch``, TensorBoard: one scalar per value), the resolved config
+(W&B: the run config; MLflow: one param per flattened key, cut to MLflow's 6,000-character limit, and ``config.yaml``
+as an artifact), every checkpoint's path (W&B summary / MLflow tag ``checkpoint/step_N``), and at the end
+``config.yaml``, ``curves.png`` and ``summary.md`` as files / artifacts.
 
 Defaults (docs/training.md "Trackers"):
 
@@ -21,6 +27,8 @@ Defaults (docs/training.md "Trackers"):
 A resume follows the run's history (:meth:`Trackers.rewind`, called where ``metrics.jsonl`` drops the rows of the
 steps a resumed run plays again): every tracker then holds the re-run's values at those steps, and only them, as
 ``metrics.jsonl`` does.
+
+- TensorBoard: nothing is dropped; the resumed process writes a new event file beside the old ones.
 
 - W&B: the run is rewound (``wandb.init(resume_from="<id>?_step=<S-1>")``, W&B's documented rewind: the history
   after step S-1 is truncated and logging goes on at S, the original kept archived). Rewind is a W&B preview
@@ -84,7 +92,8 @@ class TrackingConfig:
 
 
 class Tracker(Protocol):
-    """One external tracker; every call may raise (:class:`Trackers` turns that into one warning)."""
+    """One tracker; every call may raise (:class:`Trackers` turns that into one warning). A tracker of the run
+    (W&B, MLflow) also has ``run_id`` (kept in ``DIR/trackers.json``)."""
 
     name: str
 
@@ -206,14 +215,14 @@ class WandbTracker:
 
 def path_safe_names(keys: list[str], logged: set[str], dirs: set[str], names: dict[str, str]) -> dict[str, str]:
     """MLflow names for metric ``keys``, such that no name is a ``/``-path prefix of another: MLflow's file store
-    writes metric ``a/b`` as the file ``metrics/a/b``, so ``eval/p/success`` and ``eval/p/success/Algebra`` (a panel's
-    success and its per-type breakdown) cannot both exist, and the second one logged raised ``Not a directory``
-    (which turned the tracker off for the rest of the run). A new key keeps its name unless it collides with a name
-    already logged; then its last ``/`` becomes ``.`` until it does not (``eval/p/success/Algebra`` ->
-    ``eval/p/success.Algebra``). Keys are named in (depth, name) order, so a parent keeps its name over the children
-    first seen with it; a resumed run passes its logged names first, and a key renamed before gets the same name
-    again (a name equal to a logged one is that metric's, not a collision). ``names`` (key -> name), ``logged`` (names) and ``dirs`` (their ``/`` prefixes) are the run's
-    state, updated in place; returns ``names`` restricted to ``keys``."""
+    writes metric ``a/b`` as the file ``metrics/a/b``, so ``eval/p/success`` and ``eval/p/success/Algebra`` (a
+    panel's success and its per-type breakdown) cannot both be files there. A new key keeps its name unless it
+    collides with a name already logged; then its last ``/`` becomes ``.`` until it does not
+    (``eval/p/success/Algebra`` -> ``eval/p/success.Algebra``). Keys are named in (depth, name) order, so a parent
+    keeps its name over the children first seen with it; a resumed run passes its logged names first, and a key
+    renamed before gets the same name again (a name equal to a logged one is that metric's, not a collision).
+    ``names`` (key -> name), ``logged`` (names) and ``dirs`` (their ``/`` prefixes) are the run's state, updated in
+    place; returns ``names`` restricted to ``keys``."""
     for key in sorted((k for k in keys if k not in names), key=lambda k: (k.count("/"), k)):
         name = key
         while "/" in name and (name in dirs or any(name[:i] in logged for i, c in enumerate(name) if c == "/")):
@@ -319,16 +328,58 @@ class MLflowTracker:
         self.client.set_terminated(self.run_id)
 
 
+class TensorBoardTracker:
+    """TensorBoard event files of one phase in ``folder`` (module docstring): each row's values as scalars at its
+    step, flushed after every row. Build it with :meth:`for_phase`."""
+
+    name = "tensorboard"
+
+    def __init__(self, folder: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # deferred: the optional tensorboard package
+
+        self._writer = SummaryWriter(str(folder))
+
+    @classmethod
+    def for_phase(cls, out: Path, phase: str | None) -> "TensorBoardTracker | None":
+        """The tracker of run directory ``out``'s phase ``phase`` (``DIR/tb``; ``warm_start``: ``DIR/tb/warm_start``,
+        its steps restart at 1); None when the tensorboard package is missing (the JSONL file still has every row)."""
+        try:
+            return cls(out / "tb" / ("warm_start" if phase == "warm_start" else ""))
+        except ImportError:
+            return None
+
+    def log(self, step: int, metrics: dict[str, float], kind: str) -> None:
+        for name, value in metrics.items():
+            self._writer.add_scalar(name, value, step)
+        self._writer.flush()
+
+    def rewind(self, step: int) -> None:
+        """Nothing is dropped: the resumed process writes a new event file (module docstring)."""
+
+    def checkpoint(self, step: int, path: Path) -> None:
+        """Checkpoints are not shown in TensorBoard."""
+
+    def files(self, paths: list[Path]) -> None:
+        """The run's files stay in its directory, beside ``DIR/tb``."""
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 TRACKER_TYPES: dict[str, type] = {"wandb": WandbTracker, "mlflow": MLflowTracker}
+"""The trackers of a run, started by :meth:`Trackers.open` (TensorBoard is a phase's: :class:`TensorBoardTracker`)."""
 
 
 class Trackers:
-    """The run's external trackers (``trainer.loggers`` minus jsonl and tensorboard), started by :meth:`open`; every
-    call goes to each, and a tracker that raises warns once and is dropped (the run goes on)."""
+    """Where metrics rows go besides ``metrics.jsonl``: the run's trackers (``trainer.loggers`` minus jsonl and
+    tensorboard, started by :meth:`open`, in ``trackers``) and the trackers of the current phase's files
+    (TensorBoard, :meth:`attach`); every call goes to each, and a tracker that raises warns once and is dropped (the
+    run goes on)."""
 
     def __init__(self, trackers: list[Any] | None = None, state_path: Path | None = None,
                  state: dict[str, str] | None = None) -> None:
         self.trackers = list(trackers or [])
+        self.attached: list[Any] = []
         self.state_path = state_path
         self.state = dict(state or {})
 
@@ -378,13 +429,30 @@ class Trackers:
                       file=sys.stderr)
             self._save_state()
 
+    def attach(self, tracker: Tracker) -> None:
+        """Add a tracker of the current phase's files (TensorBoard) after the run's trackers, until :meth:`detach`."""
+        self.attached.append(tracker)
+
+    def detach(self, tracker: Tracker) -> None:
+        """Close an attached tracker (the phase ended) and stop sending it rows; one dropped before is left alone."""
+        if tracker in self.attached:
+            self._call(self.attached, tracker, "close")
+            if tracker in self.attached:
+                self.attached.remove(tracker)
+
     def _each(self, call: str, *args: Any) -> None:
-        for tracker in list(self.trackers):
-            try:
-                getattr(tracker, call)(*args)
-            except Exception as exc:  # noqa: BLE001 (as in open)
-                _warn(tracker.name, f"failed in {call}; it is off for the rest of the run", exc)
-                self.trackers.remove(tracker)
+        for group in (self.trackers, self.attached):
+            for tracker in list(group):
+                self._call(group, tracker, call, *args)
+
+    @staticmethod
+    def _call(group: list[Any], tracker: Any, call: str, *args: Any) -> None:
+        """``tracker.<call>(*args)``; a tracker that raises warns and leaves ``group``."""
+        try:
+            getattr(tracker, call)(*args)
+        except Exception as exc:  # noqa: BLE001 (as in open)
+            _warn(tracker.name, f"failed in {call}; it is off for the rest of the run", exc)
+            group.remove(tracker)
 
     def log(self, step: int, row: dict[str, Any]) -> None:
         """One ``metrics.jsonl`` row: its numeric values at ``step`` (``step``, ``kind``, ``phase`` and nulls left
@@ -404,6 +472,7 @@ class Trackers:
     def close(self) -> None:
         self._each("close")
         self.trackers = []
+        self.attached = []
 
 
 def _warn(name: str, what: str, exc: BaseException) -> None:

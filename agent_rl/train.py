@@ -148,7 +148,7 @@ def usage() -> str:
 
 def with_device_preset(overrides: list[str]) -> tuple[list[str], str]:
     """The command line's overrides, plus the CPU budget preset when no ``trainer=`` is given and no GPU is visible
-    (``trainer=cpu_alfworld`` for env=alfworld, the default env: ALFWorld's own sizing, issue 35; ``trainer=cpu``
+    (``trainer=cpu_alfworld`` for env=alfworld, the default env: ALFWorld's own sizing; ``trainer=cpu``
     for every other env); and the one line that says so ("" when nothing was added)."""
     if any(ov.split("=", 1)[0].lstrip("+~") == "trainer" for ov in overrides) or torch.cuda.is_available() or \
             any(arg in ("-h", "--help") for arg in overrides):

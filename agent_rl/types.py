@@ -74,7 +74,7 @@ class Turn:
 
 @dataclass(frozen=True)
 class ForkOrigin:
-    """Where a forked sibling (``rollout.fork``, issue 40) starts: its base is the episode of slot ``base_slot`` of
+    """Where a forked sibling (``rollout.fork``) starts: its base is the episode of slot ``base_slot`` of
     its group; turns ``0..turn-1`` replayed the base's actions (copies of the base's turns: never trained on the
     sibling), turns ``turn..`` were sampled."""
 

@@ -1,4 +1,4 @@
-"""The warm start of an RL run (``trainer.warm_start=bc`` or ``dagger``, issue 35; docs/training.md "Warm start").
+"""The warm start of an RL run (``trainer.warm_start=bc`` or ``dagger``; docs/training.md "Warm start").
 
 A warm-started run is two phases in one run directory, each one call of the one training loop
 (:func:`agent_rl.loop.run`):

@@ -23,7 +23,7 @@ What the learner calls, by spec section:
     5  apply_credit(name, CreditInputs(...), S, level) -> (advantages (B, T), loss_mask (B, T));
        tp_mask, turn_tp_mask, forking_mask, entropy_adv, empg_advantages
     fork   fork_advantages(name, episode_rewards, episode_group_index, fork_base, fork_turn, token_turn,
-           episode_index, response_mask) -> (B, T): forked groups' step-group advantages (issue 40)
+           episode_index, response_mask) -> (B, T): forked groups' step-group advantages
     pipeline: advantage_plan(...) -> AdvantagePlan; token_advantages(plan, CreditInputs) runs
        base -> TGRL JS weights -> credit rule -> low-row mask -> clamp
 Registries (decorator registration): register_adv_estimator, register_policy_loss, register_credit_rule,
@@ -128,7 +128,7 @@ __all__ = [
     "compute_gae",
     "dapo_overlong_penalty",
     "dapo_keep_groups",
-    # forked groups (issue 40, docs/algorithms_impl.md)
+    # forked groups (docs/algorithms_impl.md)
     "fork_advantages",
     "FORK_ESTIMATORS",
     # losses (algorithms.md section 2)

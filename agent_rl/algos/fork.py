@@ -1,5 +1,5 @@
-"""Forked groups' step-group advantages (issue 40; spec and hand-computed example: docs/algorithms_impl.md,
-"Forked groups").
+"""Forked groups' step-group advantages (spec and hand-computed example: docs/algorithms_impl.md, "Forked
+groups").
 
 A task's G base episodes keep their group advantage; from a base b at fork turn t, K siblings replay b's turns
 0..t-1 and sample onward. b and its siblings from (b, t) form a step group S(b, t) that shares the state at turn t

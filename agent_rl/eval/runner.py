@@ -117,7 +117,7 @@ def build_panels(cfg: Any, *, split: str = "", num_tasks: int | None = None) -> 
         size = family.split_size(env_split, data_root)
         types = family.task_types(env_split, data_root) if family.task_types is not None else None
         selected = kwargs.get(family.task_type_kwarg) if family.task_type_kwarg else None
-        if selected and types is not None:  # the env indexes only the games of these types (issue 35)
+        if selected and types is not None:  # the env indexes only the games of these types
             selected = {selected} if isinstance(selected, str) else set(selected)
             types = [t for t in types if t in selected]
             size = len(types)

@@ -37,7 +37,7 @@ class TrainingEval:
         self.cfg.eval.policy = "model"
         if self.every <= 0:
             return
-        if cfg.eval.tasks:  # a task file as the panel (issue 39): held out unless it is the training file
+        if cfg.eval.tasks:  # a task file as the panel: held out unless it is the training file
             if cfg.eval.tasks == cfg.env.tasks and cfg.eval.task_split == cfg.env.task_split:
                 raise ConfigError(f"eval.tasks={cfg.eval.tasks!r} is the training file env.tasks (same split); "
                                   "choose held-out tasks (another file or eval.task_split)")
@@ -80,7 +80,7 @@ class TrainingEval:
         to (default this evaluator's). The Ray backend runs this on rollout worker 0.
 
         ``cache``: the policy is the unmodified ``model.*`` (no ``model.path``, no update yet: the warm start's
-        step-0 panel, issue 35), whose greedy games are a function of :meth:`panel_key`: read them from
+        step-0 panel), whose greedy games are a function of :meth:`panel_key`: read them from
         ``$AGENT_RL_CACHE/panels/<key hash>.json`` when played before, else play and store them there (as
         ``benchmarks/bench_learning.py --eval-cache`` does); delete the folder to play them again."""
         path = None

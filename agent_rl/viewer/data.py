@@ -241,7 +241,7 @@ def _read_json(path: Path) -> Any:
 
 
 def fork_tree(episodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A forked group (``rollout.fork``, issue 40) as a tree: one node per base episode record (no ``fork``) that
+    """A forked group (``rollout.fork``) as a tree: one node per base episode record (no ``fork``) that
     has siblings, ``{"base": rec, "forks": [{"turn": t, "siblings": [rec, ...], "mean": the step group's mean
     return (base and siblings)}, ...]}`` in fork-turn order; [] for a group without forks. Siblings whose base is
     not among ``episodes`` are left out."""

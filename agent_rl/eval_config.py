@@ -1,4 +1,5 @@
-"""``eval.*`` config (composed into the root config by ``agent_rl/config.py``)."""
+"""``eval.*`` config (composed into the root config by ``agent_rl/config.py``): a leaf module below the config, so
+the config never imports the evaluation package (:mod:`agent_rl.eval`, which reads the config)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class EvalConfig:
     dataset: str = ""
     """Math/code panels: a dataset name, or several comma-separated (math default math500, code humanevalplus)."""
     tasks: str = ""
-    """A task file as the panel (issue 39; any env): its rows, mapped by ``env.task_fields``, are the panel's tasks
+    """A task file as the panel (any env): its rows, mapped by ``env.task_fields``, are the panel's tasks
     (reset options), read by :func:`agent_rl.tasks.load_tasks`; the panel is named ``<env.name>_<file stem>``.
     "" = the env's own panels (``eval.split`` / ``eval.dataset``)."""
     task_split: str = ""
