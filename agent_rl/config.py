@@ -67,7 +67,7 @@ class EnvConfig:
     """``env=external``: an agent program trained through the gateway (``agent_rl.gateway``, docs/gateway.md)."""
 
     tasks: str = ""
-    """A task file (issue 39, docs/training.md "Your own tasks"): JSONL, JSON, parquet, CSV, a ``save_to_disk``
+    """A task file (docs/training.md "Your own tasks"): JSONL, JSON, parquet, CSV, a ``save_to_disk``
     folder or a hub name, read by :func:`agent_rl.tasks.load_tasks`. Each row, mapped by ``env.task_fields``, is one
     task's reset options (its content, never a path: it reaches an env server as is); it replaces ``env.sampler``
     (epochs of seeded permutations over the rows). "" = the env's own tasks (``env.sampler``)."""
@@ -172,7 +172,7 @@ class TrainerConfig:
     device: str = field(default="auto", metadata=MAY_CHANGE)
     """auto (cuda when available) | cpu | cuda | cuda:N."""
     loggers: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"], metadata=MAY_CHANGE)
-    """Where metrics go (issue 39; :mod:`agent_rl.trackers`): jsonl (``DIR/metrics.jsonl``, always on), tensorboard
+    """Where metrics go (:mod:`agent_rl.trackers`): jsonl (``DIR/metrics.jsonl``, always on), tensorboard
     (``DIR/tb``), wandb (W&B; offline in ``DIR/wandb`` without credentials), mlflow (the file store ``DIR/mlruns``
     unless ``trainer.tracking.mlflow_uri``). Replaces ``trainer.tensorboard`` (false = ``[jsonl]``)."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata=MAY_CHANGE)
@@ -218,7 +218,7 @@ class TrainerConfig:
     rollout side produce groups for up to k steps ahead while the learner updates, and admits a group only if every
     token's staleness (step - 1 - its policy version) is <= k; 0 = synchronous (today's run exactly)."""
     warm_start: str = field(default="auto", metadata=MUST_MATCH)
-    """Behaviour-cloning warm start before RL (issue 35, docs/training.md "Warm start"): bc = clone the env's expert
+    """Behaviour-cloning warm start before RL (docs/training.md "Warm start"): bc = clone the env's expert
     on train-split tasks (``sft.*``; checkpoints under ``DIR/checkpoints/warm_start/``, rows of kind ``sft`` in the
     same metrics.jsonl), then RL from the cloned weights; dagger = bc, then ``sft.dagger_rounds`` DAgger rounds
     (the policy plays, the expert labels each state it reached, the aggregate is cloned again; an env whose expert
@@ -228,7 +228,7 @@ class TrainerConfig:
     (:func:`agent_rl.trainable.resolve_warm_start`)."""
 
     curriculum: str = field(default="none", metadata=MUST_MATCH)
-    """Which training tasks are drawn (issue 39): none = uniformly (``env.sampler`` / ``env.tasks``: epochs of seeded
+    """Which training tasks are drawn: none = uniformly (``env.sampler`` / ``env.tasks``: epochs of seeded
     permutations); pass_rate = the pass-rate curriculum (``trainer.pass_rate``; needs a task list, ``env.tasks`` or
     ``env.sampler.kind=index``)."""
     pass_rate: PassRateConfig = field(default_factory=PassRateConfig, metadata=MUST_MATCH)
