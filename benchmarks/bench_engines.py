@@ -263,7 +263,7 @@ def run_affinity(args: argparse.Namespace) -> dict[str, float]:
         for affinity in (True, False):
             name = "affinity" if affinity else "no_affinity"
             for url in engine.urls:
-                engine._post(url, "/reset_prefix_cache")
+                engine.post(url, "/reset_prefix_cache")
             engine.router = Router(engine.urls, affinity)
             engine.step_metrics()  # the /metrics counters from here
             before = engine.prefix_cache_stats()
