@@ -357,6 +357,20 @@ class ServerProcess:
             end_group(self.proc, SERVER_STOP_TIMEOUT_S)
 
 
+def local_servers(python: str, model_path: str, replicas: int, env: dict[str, str], api_key: str, logs: Path,
+                  **options: Any) -> list[ServerProcess]:
+    """``replicas`` servers of ``model_path`` to start on free 127.0.0.1 ports (not launched yet): ``vllm serve``
+    run by ``python`` (:func:`server_command` with ``options``), environment ``env``, the key ``api_key`` on their
+    health checks, each log ``logs/vllm_server-<pid>-<i>.log``."""
+    servers = []
+    for i in range(replicas):
+        port = free_port()
+        servers.append(ServerProcess(server_command(python, model_path, port, **options), env,
+                                     f"http://127.0.0.1:{port}", logs / f"vllm_server-{os.getpid()}-{i}.log",
+                                     headers={"Authorization": f"Bearer {api_key}"}))
+    return servers
+
+
 # ------------------------------------------------------------------------------------------------ the engine
 class VLLMServerEngine(ClosesOnExit, EngineBase):
     """The ``vllm_server`` engine (module docstring). ``carries_versions``: its generations carry the server's
@@ -471,41 +485,30 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
                                "makes .venv-vllm, or set engine.server_python")
         self.model_path = offline.model_folder(model, self.tokenizer, self.sync_folder, self.dtype, self.untie,
                                                merge=self.route.merged_start)
-        logs = Path(run_dir) if run_dir else self.sync_folder
         env = server_environment(self.api_key, lora=self.route.lora_updates, unpickle=self.route.unpickle)
-        extra = self.route.server_args() + extra
         # the servers run on this machine: a CPU one must not split a seeded prompt's prefill (cpu_prefill_limits)
         limits = None if torch.cuda.is_available() else offline.cpu_prefill_limits(model, max_model_len)
-        for i in range(replicas):
-            port = free_port()
-            cmd = server_command(python, self.model_path, port, dtype=self.dtype_name, seed=seed,
-                                 kv_cache_gb=kv_cache_gb, max_model_len=max_model_len, enforce_eager=enforce_eager,
-                                 tensor_parallel_size=tp, prefill_limits=limits, extra_args=extra)
-            self.servers.append(ServerProcess(cmd, env, f"http://127.0.0.1:{port}",
-                                              logs / f"vllm_server-{os.getpid()}-{i}.log",
-                                              headers={"Authorization": f"Bearer {self.api_key}"}))
+        self.servers = local_servers(
+            python, self.model_path, replicas, env, self.api_key, Path(run_dir) if run_dir else self.sync_folder,
+            dtype=self.dtype_name, seed=seed, kv_cache_gb=kv_cache_gb, max_model_len=max_model_len,
+            enforce_eager=enforce_eager, tensor_parallel_size=tp, prefill_limits=limits,
+            extra_args=self.route.server_args() + extra)
         t0 = time.monotonic()
         for s in self.servers:  # all at once: vLLM's start is mostly its own compile and load
             s.launch()
             print(f"vllm_server: starting {s.url} (log: {s.log_path})", file=sys.stderr)
-        self._write_owner()
+        # owner.json (the sweep of dead runs reads it) and the watchdog that kills the servers when this process
+        # dies without closing the engine (SIGKILL)
+        self._watchdog = processes.start_watchdog(
+            self.sync_folder, [ps for ps in (s.pid_start() for s in self.servers) if ps is not None])
         for s in self.servers:
             s.wait_ready(max(1.0, timeout_s - (time.monotonic() - t0)))
         self.start_seconds = time.monotonic() - t0
         self.urls = [s.url for s in self.servers]
 
-    def _write_owner(self) -> None:
-        """``owner.json`` (the sweep of dead runs reads it) and the watchdog that kills the servers when this
-        process dies without closing the engine (SIGKILL)."""
-        procs = [ps for ps in (s.pid_start() for s in self.servers) if ps is not None]
-        self._watchdog = processes.start_watchdog(self.sync_folder, procs)
-
     # ---------------------------------------------------------------------------------------------- http
     def _server_of(self, url: str) -> ServerProcess | None:
         return next((s for s in self.servers if s.url == url), None)
-
-    def _tails(self) -> str:
-        return "\n".join(s.tail() for s in self.servers) or "(servers started elsewhere: see their logs)"
 
     def log_tail(self, url: str) -> str:
         """A newline and the log's tail of server ``url`` when this engine started it; "" for a server started
@@ -528,9 +531,7 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
         try:
             r = self.http.post(url + path, **kw)
         except httpx.TransportError as exc:
-            server = self._server_of(url)
-            raise RuntimeError(f"vllm server {url}{path}: {type(exc).__name__}: {exc}"
-                               + (f"\n{server.tail()}" if server else "")) from None
+            raise RuntimeError(f"vllm server {url}{path}: {type(exc).__name__}: {exc}{self.log_tail(url)}") from None
         if r.status_code >= 400:
             raise self._http_error(url, path, r)
         if not r.content:
@@ -567,7 +568,8 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
             if r.status_code >= 400:
                 raise self._http_error(url, "", r)
             return response_generation(r.json())
-        raise RuntimeError(f"every vLLM server is down (last: {last})\n{self._tails()}")
+        tails = "\n".join(s.tail() for s in self.servers) or "(servers started elsewhere: see their logs)"
+        raise RuntimeError(f"every vLLM server is down (last: {last})\n{tails}")
 
     # ---------------------------------------------------------------------------------------------- generate
     def generate(self, prompts: list[list[int]], temperatures: list[float], *, max_new_tokens: int,
