@@ -12,6 +12,6 @@ from agent_rl.engines.hf import HFEngine
 from agent_rl.engines.versioned import VersionedEngine
 
 __all__ = ["ConfigCheck", "Engine", "EngineBase", "EngineCaps", "EngineConfig", "HFEngine", "caps_of",
-           "check_engine_config", "default_eos_token_ids",
-           "engine_caps", "engine_kwargs", "engine_names", "get_engine", "merge_engine_metrics", "register_engine", "row_seed",
-           "set_torch_threads", "VersionedEngine"]
+           "check_engine_config", "default_eos_token_ids", "engine_caps", "engine_kwargs", "engine_names",
+           "get_engine", "merge_engine_metrics", "register_engine", "row_seed", "set_torch_threads",
+           "VersionedEngine"]

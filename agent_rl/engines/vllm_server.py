@@ -15,11 +15,11 @@ first), ``/collective_rpc`` (``reload_weights``, the offline engine's reload), `
   ``<trainer.output_dir>/vllm_server-<pid>-<i>.log`` (pid: the trainer's or Ray worker's). They stop with the
   engine (:meth:`VLLMServerEngine.close`: the run's end, atexit, SIGTERM/SIGINT of the trainer); a watchdog process
   kills them when the trainer is SIGKILLed, and each start sweeps what dead runs left (the offline engine's
-  plumbing: :mod:`agent_rl.engines.processes`). vLLM's ``--api-key`` guards only ``/v1``, ``/v2``, ``/inference``, ``/cohere``;
-  a run's own servers also load :data:`GUARD_MIDDLEWARE` (vLLM's ``--middleware``), which refuses every request
-  without the key on every route, the dev endpoints, ``/update_weights``, ``/metrics`` and ``/health`` included
-  (:mod:`agent_rl.engines.vllm_plugins.agent_rl_vllm_guard`). A server started elsewhere is guarded only if its
-  owner starts it the same way (docs/training.md).
+  plumbing: :mod:`agent_rl.engines.processes`). vLLM's ``--api-key`` guards only ``/v1``, ``/v2``,
+  ``/inference``, ``/cohere``; a run's own servers also load :data:`GUARD_MIDDLEWARE` (vLLM's ``--middleware``),
+  which refuses every request without the key on every route, the dev endpoints, ``/update_weights``, ``/metrics``
+  and ``/health`` included (:mod:`agent_rl.engines.vllm_plugins.agent_rl_vllm_guard`). A server started elsewhere
+  is guarded only if its owner starts it the same way (docs/training.md).
 - Generation: one request per row (``output_mode=text``: ids, log-probs and text), the row's sampling fields the
   offline engine's (:func:`agent_rl.engines.vllm.sampling_rows`: per-row temperature, top-p/top-k, seed, stop ids =
   the hf engine's EOS ids, processed log-probs of the sampled token); the rows of a call in flight together.
