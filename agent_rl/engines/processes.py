@@ -67,8 +67,8 @@ def kill_tree(procs: list[tuple[int, float | None]], timeout: float = 10.0) -> i
             p.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(targets, timeout=timeout)
-    for p in alive:
+    _, left = psutil.wait_procs(targets, timeout=timeout)
+    for p in left:
         try:
             p.kill()
         except psutil.NoSuchProcess:
