@@ -223,7 +223,7 @@ _CHECKS: dict[str, ConfigCheck] = {}
 def register_engine(name: str, caps: EngineCaps | None = None,
                     check: ConfigCheck | None = None) -> Callable[[EngineFactory], EngineFactory]:
     """Decorator registering an engine factory ``(model, tokenizer, **kwargs) -> Engine`` under ``name`` with its
-    declared capabilities (default: those of the factory's ``caps`` attribute, an engine class's; else none) and its
+    declared capabilities (default: the factory's ``caps`` when it is an :class:`EngineBase` class; else none) and its
     load-time config check (``check``: :data:`ConfigCheck`, run by :func:`check_engine_config`; None = nothing to
     check). Duplicates are rejected."""
 
@@ -231,8 +231,8 @@ def register_engine(name: str, caps: EngineCaps | None = None,
         if name in _ENGINES:
             raise ValueError(f"engine {name!r} is already registered")
         _ENGINES[name] = factory
-        declared = caps if caps is not None else getattr(factory, "caps", None)
-        _CAPS[name] = declared if isinstance(declared, EngineCaps) else EngineCaps()
+        declared = factory.caps if isinstance(factory, type) and issubclass(factory, EngineBase) else EngineCaps()
+        _CAPS[name] = caps if caps is not None else declared
         if check is not None:
             _CHECKS[name] = check
         return factory
