@@ -93,6 +93,8 @@ class WeightSyncRoute:
             sync loads the rest).
         lora_updates: the servers load LoRA adapters at run time (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``).
         served_name: the ``model`` every request names (None: the server's default).
+        unpickle (per instance): the servers unpickle what ``/update_weights`` receives
+            (``VLLM_ALLOW_INSECURE_SERIALIZATION``: CUDA IPC handles).
     """
 
     transfer: ClassVar[tuple[str, ...]] = ()
@@ -103,7 +105,6 @@ class WeightSyncRoute:
 
     def __init__(self, target: SyncTarget, spec: WeightSyncSpec, model: Any) -> None:
         self.target, self.spec = target, spec
-        # the servers unpickle what /update_weights receives (VLLM_ALLOW_INSECURE_SERIALIZATION)
         self.unpickle = False
 
     @classmethod
