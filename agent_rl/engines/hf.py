@@ -426,6 +426,7 @@ class HFEngine(EngineBase):
         samples every row. Off: waiting rows start only when the whole batch is done (the plain loop: batches of
         ``batch_size`` rows one after the other). Either way a row's tokens come from its own generator and its own
         logits only, so both give the same tokens (up to the last bits of the logits, as with any padding).
+        One function (over 80 lines): the batch's cache, mask, positions and rows change together at every step.
         """
         device = self.device
         n = len(prompts)
