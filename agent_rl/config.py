@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from agent_rl.algos.fork import FORK_ESTIMATORS
+from agent_rl.engines import engine_caps, engine_names
 from agent_rl.engines.config import EngineConfig
 from agent_rl.episodes import parse_save_episodes
 from agent_rl.eval_config import EvalConfig
@@ -375,10 +376,12 @@ class Config:
             raise ValueError(f"rollout.fork needs a group estimator with a per-group baseline: algo.adv_estimator "
                              f"one of {', '.join(FORK_ESTIMATORS)} (got {self.algo.adv_estimator}; gigpo, "
                              "reinforce_pp and ppo's critic bring their own step or critic credit)")
-        if fork.enabled and fork.select == "js" and self.engine.name != "hf":
-            raise ValueError(f"rollout.fork.select=js scores the base episodes' token JS with the hf engine's logits "
-                             f"(engine={self.engine.name} returns no full logits): use engine=hf, or select=entropy "
-                             "/ uniform / divergence")
+        # an engine registered later (trainer.imports) is checked by the orchestrator when it is built
+        if fork.enabled and fork.select == "js" and self.engine.name in engine_names() \
+                and not engine_caps(self.engine.name).token_js:
+            raise ValueError(f"rollout.fork.select=js scores the base episodes' token JS with the engine's full logits "
+                             f"(engine={self.engine.name} returns no full logits: EngineCaps.token_js): use engine=hf, "
+                             "or select=entropy / uniform / divergence")
         if fork.enabled and fork.points >= self.rollout.max_turns:
             raise ValueError(f"rollout.fork.points={fork.points} fork turns need episodes of more turns than "
                              f"rollout.max_turns={self.rollout.max_turns} (a fork turn t is 1..max_turns-1)")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_rl.config import Config
-from agent_rl.engines import VersionedEngine, set_torch_threads
+from agent_rl.engines import VersionedEngine, caps_of, engine_caps, set_torch_threads
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner import Learner
 from agent_rl.learner.checkpoint import load_checkpoint, save_checkpoint
@@ -93,13 +93,13 @@ class LocalBackend:
         if not plays_ahead(cfg):
             self.engine = build_engine(cfg, base_module(self.model), self.tokenizer)  # closed by close()
         else:  # asynchronous rollouts: the engine samples with weights the update does not touch
-            if cfg.engine.name not in ("vllm", "vllm_server"):  # hf: its own copy, loaded after each update
+            if not engine_caps(cfg.engine.name).own_process:  # hf: its own copy, loaded after each update
                 self.engine_model = copy.deepcopy(base_module(self.model)).requires_grad_(False)
             engine = build_engine(cfg, self.engine_model if self.engine_model is not None
                                   else base_module(self.model), self.tokenizer)
-            # vllm_server labels its generations with the servers' weight version itself (a sync waits for the
-            # requests in flight): no wrapper, whose lock would let one call in flight at a time
-            self.engine = engine if getattr(engine, "carries_versions", False) else VersionedEngine(engine)
+            # an engine that labels its generations with its weights' version itself (vllm_server: a sync waits
+            # for the requests in flight) goes unwrapped: the wrapper's lock lets one call in flight at a time
+            self.engine = engine if caps_of(engine).carries_versions else VersionedEngine(engine)
         self.total_steps = cfg.trainer.total_steps
         self.version = 0  # updates behind the engine's weights
         self._stack = contextlib.AsyncExitStack()
@@ -151,7 +151,7 @@ class LocalBackend:
             algo.t_low, algo.t_high = float(t_low), float(t_high)
 
     async def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
-        if not isinstance(self.engine, VersionedEngine) and hasattr(self.engine, "sleep"):
+        if not isinstance(self.engine, VersionedEngine) and caps_of(self.engine).sleep:
             self.engine.sleep()  # vllm with engine.sleep_mode (refused with a stream): its GPU memory to the learner
         return await asyncio.to_thread(self.learner.update, batch, step=step, total_steps=self.total_steps)
 
@@ -159,8 +159,9 @@ class LocalBackend:
         return self.learner.last_token_stats
 
     async def engine_metrics(self) -> dict[str, float]:
-        step_metrics = getattr(self.engine, "step_metrics", None)  # vllm_server's (servers' /metrics: a thread)
-        return await asyncio.to_thread(step_metrics) if step_metrics is not None else {}
+        if not caps_of(self.engine).step_metrics:
+            return {}
+        return await asyncio.to_thread(self.engine.step_metrics)  # vllm_server: the servers' /metrics over HTTP
 
     async def evaluate(self, step: int, evaluator: TrainingEval) -> list[dict[str, Any]]:
         return await evaluator.results(step, self.pool, self.engine)

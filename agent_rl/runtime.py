@@ -31,7 +31,7 @@ from agent_rl.compose import config_dict, to_yaml
 from agent_rl.config import CONFIG_DIR, Config, ConfigError
 
 from agent_rl.trainable import fit_prompt_budget
-from agent_rl.engines import engine_kwargs, get_engine
+from agent_rl.engines import EngineBase, engine_kwargs, get_engine
 from agent_rl.gateway import ExternalRollout
 from agent_rl.envclient import HTTPEnvPool, LocalEnvPool
 from agent_rl.learner.checkpoint import STATE_FILES, incomplete_message, latest_checkpoint, missing_state
@@ -130,10 +130,10 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
 
 
 def close_engine(engine: Any) -> None:
-    """Release an engine's processes and files (vllm: its engine processes and sync files; hf: nothing)."""
-    close = getattr(engine, "close", None)
-    if close is not None:
-        close()
+    """Release an engine's processes and files (vllm: its engine processes and sync files; hf: nothing): its
+    ``close`` (:class:`~agent_rl.engines.EngineBase`'s no-op default where it holds nothing)."""
+    if isinstance(engine, EngineBase):
+        engine.close()
 
 
 def build_orchestrator(cfg: Config, pool: Any, engine: Any, *, rollout: RolloutConfig | None = None,

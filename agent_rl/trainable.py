@@ -19,9 +19,7 @@ import torch
 import envs  # noqa: F401 (registers the built-in ids)
 from agent_rl import algos
 from agent_rl.config import BACKENDS, Config, ConfigError
-from agent_rl.engines import engine_names
-from agent_rl.engines.vllm import check_config as check_vllm
-from agent_rl.engines.vllm_server import check_config as check_vllm_server
+from agent_rl.engines import check_engine_config, engine_caps, engine_names
 from agent_rl.models import model_context_length
 from agent_rl.rollout import get_prompt
 from agent_rl.rollout.tools import get_tool_call_format
@@ -182,20 +180,13 @@ def check_trainable(cfg: Config) -> list[str]:
                           "smollm2, tiny, a hub id (org/name) or an existing folder")
     context = model_context_length(cfg.model)
     source = f"model={cfg.model.name}"
-    if cfg.engine.name == "vllm":  # vLLM found, recent enough, head size and context it can run (engines/vllm.py)
-        try:
-            notes += check_vllm(cfg, context)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if cfg.engine.max_model_len and (not context or cfg.engine.max_model_len < context):
-            context, source = cfg.engine.max_model_len, "engine.max_model_len"
-    if cfg.engine.name == "vllm_server":  # where its servers come from (engines/vllm_server.py)
-        try:
-            notes += check_vllm_server(cfg)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if cfg.engine.max_model_len and (not context or cfg.engine.max_model_len < context):
-            context, source = cfg.engine.max_model_len, "engine.max_model_len"
+    try:  # the engine's own load-time check (vllm: installed, recent, head size; vllm_server: its servers)
+        notes += check_engine_config(cfg, context)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if engine_caps(cfg.engine.name).model_len_limit and cfg.engine.max_model_len and (
+            not context or cfg.engine.max_model_len < context):
+        context, source = cfg.engine.max_model_len, "engine.max_model_len"
     note = fit_prompt_budget(cfg, context, source)
     if note:
         notes.append(note)

@@ -160,7 +160,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def run_engine(args: argparse.Namespace) -> dict[str, float]:
     """One engine, in this process (``--engine NAME``)."""
-    from agent_rl.engines import get_engine
+    from agent_rl.engines import caps_of, get_engine
 
     model, tok = _load(args)
     batches = _batches(args.batch)
@@ -203,10 +203,10 @@ def run_engine(args: argparse.Namespace) -> dict[str, float]:
                        "logprob_diff_after_sync": diff_after_sync})
         if args.engine == "vllm" and args.sync_variants and args.in_process:
             result.update(_time_sync_variants(engine, model, args.syncs))
-        if args.engine in ("vllm", "vllm_server"):
+        if caps_of(engine).prefix_cache_stats:
             result["prefix_cache_hit_rate"] = engine.prefix_cache_stats()["hit_rate"]
     finally:
-        getattr(engine, "close", lambda: None)()
+        engine.close()
     result["peak_rss_gb"] = peak.stop()
     return result
 
@@ -263,7 +263,7 @@ def run_affinity(args: argparse.Namespace) -> dict[str, float]:
         for affinity in (True, False):
             name = "affinity" if affinity else "no_affinity"
             for url in engine.urls:
-                engine._post(url, "/reset_prefix_cache")
+                engine.post(url, "/reset_prefix_cache")
             engine.router = Router(engine.urls, affinity)
             engine.step_metrics()  # the /metrics counters from here
             before = engine.prefix_cache_stats()

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from agent_rl.distributed.data_parallel import DataParallel, init_process_group
-from agent_rl.engines import VersionedEngine, set_torch_threads
+from agent_rl.engines import VersionedEngine, caps_of, set_torch_threads
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner import Learner
 from agent_rl.distributed.fsdp import FullyShardedDataParallel, learner_memory
@@ -227,9 +227,9 @@ class RolloutWorker:
         if torch.cuda.is_available() and cfg.rollout.worker_gpus > 0:
             self.model.to("cuda:0")
         self.engine = build_engine(cfg, self.model, self.tokenizer)
-        # weights swapped between two engine calls, generations stamped (vllm_server stamps its own: its servers'
-        # weight version; a sync waits for the requests in flight)
-        if plays_ahead(cfg) and not getattr(self.engine, "carries_versions", False):
+        # weights swapped between two engine calls, generations stamped (an engine that carries versions stamps its
+        # own: vllm_server's servers' weight version; a sync waits for the requests in flight)
+        if plays_ahead(cfg) and not caps_of(self.engine).carries_versions:
             self.engine = VersionedEngine(self.engine, self.version)
         self.pool = self._run(self._make_pool())  # made on the orchestrator's event loop, which uses it
         self.orchestrator = build_orchestrator(cfg, self.pool, self.engine)
@@ -246,7 +246,7 @@ class RolloutWorker:
 
         def load() -> None:
             self.model.load_state_dict(weights)
-            getattr(self.engine, "engine", self.engine).sync_weights(self.model, int(version))
+            self.engine.sync_weights(self.model, int(version))  # a VersionedEngine's: the wrapped engine's as is
 
         if isinstance(self.engine, VersionedEngine):  # asynchronous: between two engine calls of the stream
             self.engine.sync(load, int(version))
@@ -324,8 +324,7 @@ class RolloutWorker:
 
     def engine_metrics(self) -> dict[str, float]:
         """This worker's engine metrics of the step (``vllm_server``: ``step_metrics``; others: none)."""
-        step_metrics = getattr(self.engine, "step_metrics", None) if self._ready else None
-        return step_metrics() if step_metrics is not None else {}
+        return self.engine.step_metrics() if self._ready and caps_of(self.engine).step_metrics else {}
 
     def pid(self) -> int:
         return os.getpid()

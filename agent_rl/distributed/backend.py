@@ -44,7 +44,7 @@ from agent_rl import algos
 from agent_rl.config import Config
 from agent_rl.distributed.actors import EnvServerReplica, LearnerRank, LearnerSpec, RolloutWorker
 from agent_rl.distributed.data_parallel import shard_indices, take_shard, unshard_rows
-from agent_rl.engines.vllm_server import merge_engine_metrics
+from agent_rl.engines import merge_engine_metrics
 from agent_rl.eval.training import TrainingEval
 from agent_rl.loop import SkipUpdate
 from agent_rl.rollout import GroupSpec, RolloutResult, merge_parallel_results

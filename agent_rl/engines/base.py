@@ -33,8 +33,9 @@ class Engine(Protocol):
     (the orchestrator passes :func:`row_seed` of (rollout seed, group id, slot, turn): episodes do not depend on the
     env timing that formed the batches); ``seed`` then plays no part. Greedy rows (T = 0) draw nothing.
     ``episode_ids`` (optional, per row, None = none): the episode each row belongs to, so an engine may keep its
-    keys/values for the episode's next prompt (hf: ``engine.kv_reuse``; vLLM has its own prefix cache and ignores
-    them); ``end_episode(id)`` says the episode is over. Neither changes the tokens sampled.
+    keys/values for the episode's next prompt (hf: ``engine.kv_reuse``; vllm_server routes the episode to one replica;
+    vllm has its own prefix cache and ignores them); ``end_episode(id)`` says the episode is over. Neither changes the
+    tokens sampled. The rollout passes them to an engine that declares ``EngineCaps.kv_reuse``.
     """
 
     tokenizer: Any
@@ -132,8 +133,11 @@ class EngineCaps:
     (:func:`register_engine`) and read by everything that would otherwise probe the engine object.
 
     Attributes:
-        kv_reuse: keeps an episode's keys/values between its turns (``generate(episode_ids=...)``; hf's
-            ``engine.kv_reuse``); ``end_episode`` frees them.
+        kv_reuse: takes ``generate(episode_ids=...)`` and ``end_episode(id)``: the rollout names the episode of each
+            row so the engine may keep its prefix warm between its turns (hf keeps the episode's keys/values,
+            ``engine.kv_reuse``; vllm_server routes the episode's turns to one replica, whose prefix cache holds
+            them; vllm accepts the ids and lets its own prefix cache find the turns); ``end_episode`` frees what is
+            kept. An engine without it never sees episode ids.
         fork_cache: ``fork_episode(source_id, episode_id)``: a forked sibling starts from its base's cached prefix.
         token_js: ``token_js(turns, t_low, t_high, ...)`` scores per-token Jensen-Shannon divergences from full
             logits (``rollout.fork.select=js``).
@@ -141,10 +145,13 @@ class EngineCaps:
             no :class:`~agent_rl.engines.VersionedEngine` around it (algorithms.md section 7).
         sleep: ``sleep()``/``wake_up()`` free its accelerator memory between rollouts (vLLM's sleep mode).
         own_process: generates in processes of its own (a vLLM engine or server): the learner's weights reach it by
-            a weight-sync route, never by sharing the policy module.
+            a weight-sync route, never by sharing the policy module (an asynchronous run needs no copy of the
+            policy for it).
         step_metrics: ``step_metrics()`` returns its own metrics for the step (``vllm_server``: the servers'
             ``/metrics``).
         prefix_cache_stats: ``prefix_cache_stats()`` returns its prefix-cache hit counters.
+        model_len_limit: honours ``engine.max_model_len`` (the longest prompt + response it accepts): the prompt
+            budget is capped to fit it when the config loads.
     """
 
     kv_reuse: bool = False
@@ -155,6 +162,7 @@ class EngineCaps:
     own_process: bool = False
     step_metrics: bool = False
     prefix_cache_stats: bool = False
+    model_len_limit: bool = False
 
 
 class EngineBase:
@@ -204,21 +212,29 @@ def caps_of(engine: Any) -> EngineCaps:
 
 
 EngineFactory = Callable[..., Engine]
+ConfigCheck = Callable[[Any, "int | None"], list[str]]
+"""A per-engine load-time config check ``(cfg, context) -> notes``: ``cfg`` the run's config, ``context`` the model's
+context length when known; raises ``ValueError`` (the reason and what to do) for a config the engine cannot run."""
 _ENGINES: dict[str, EngineFactory] = {}
 _CAPS: dict[str, EngineCaps] = {}
+_CHECKS: dict[str, ConfigCheck] = {}
 
 
-def register_engine(name: str, caps: EngineCaps | None = None) -> Callable[[EngineFactory], EngineFactory]:
+def register_engine(name: str, caps: EngineCaps | None = None,
+                    check: ConfigCheck | None = None) -> Callable[[EngineFactory], EngineFactory]:
     """Decorator registering an engine factory ``(model, tokenizer, **kwargs) -> Engine`` under ``name`` with its
-    declared capabilities (default: those of the factory's ``caps`` attribute, an engine class's; else none).
-    Duplicates are rejected."""
+    declared capabilities (default: the factory's ``caps`` when it is an :class:`EngineBase` class; else none) and its
+    load-time config check (``check``: :data:`ConfigCheck`, run by :func:`check_engine_config`; None = nothing to
+    check). Duplicates are rejected."""
 
     def deco(factory: EngineFactory) -> EngineFactory:
         if name in _ENGINES:
             raise ValueError(f"engine {name!r} is already registered")
         _ENGINES[name] = factory
-        declared = caps if caps is not None else getattr(factory, "caps", None)
-        _CAPS[name] = declared if isinstance(declared, EngineCaps) else EngineCaps()
+        declared = factory.caps if isinstance(factory, type) and issubclass(factory, EngineBase) else EngineCaps()
+        _CAPS[name] = caps if caps is not None else declared
+        if check is not None:
+            _CHECKS[name] = check
         return factory
 
     return deco
@@ -233,6 +249,21 @@ def engine_caps(name: str) -> EngineCaps:
     if name not in _CAPS:
         _unknown(name)
     return _CAPS[name]
+
+
+def check_engine_config(cfg: Any, context: int | None) -> list[str]:
+    """Run the config check ``cfg.engine.name`` registered (:func:`register_engine`'s ``check``; nothing is started).
+
+    Returns:
+        the check's notes ([] for an engine without a check).
+    Raises:
+        ValueError: unknown engine name, or what the engine's check refuses.
+    """
+    name = cfg.engine.name
+    if name not in _ENGINES:
+        _unknown(name)
+    check = _CHECKS.get(name)
+    return list(check(cfg, context)) if check is not None else []
 
 
 def _unknown(name: str) -> None:
@@ -254,6 +285,26 @@ def get_engine(name: str, model: Any, tokenizer: Any, **kwargs: Any) -> Engine:
 
 def engine_names() -> list[str]:
     return sorted(_ENGINES)
+
+
+def merge_engine_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """One step's engine metrics of several engines (the Ray backend's rollout workers, each with its own engine's
+    ``step_metrics``): ``engine/weight_version`` the oldest, ``engine/requests_in_flight_max`` summed (their servers
+    are apart), ``engine/prefix_cache_hit_rate`` the mean, everything else (sync times, probe gaps) the largest.
+    Empty: {}."""
+    keys = sorted({k for m in parts for k in m})
+    out: dict[str, float] = {}
+    for key in keys:
+        values = [float(m[key]) for m in parts if key in m]
+        if key == "engine/weight_version":
+            out[key] = min(values)
+        elif key == "engine/requests_in_flight_max":
+            out[key] = sum(values)
+        elif key == "engine/prefix_cache_hit_rate":
+            out[key] = sum(values) / len(values)
+        else:
+            out[key] = max(values)
+    return out
 
 
 def set_torch_threads(num_threads: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_rl.engines.weight_sync import check_names
 from agent_rl.resume_rules import MAY_CHANGE
 
 
@@ -116,10 +117,7 @@ class EngineConfig:
                              "engine.urls)")
         if self.server_replicas < 1 or self.server_start_timeout_s <= 0 or self.request_timeout_s <= 0:
             raise ValueError("engine: server_replicas >= 1, server_start_timeout_s > 0, request_timeout_s > 0")
-        if self.weight_transfer not in ("reload", "nccl", "ipc"):
-            raise ValueError(f"engine.weight_transfer={self.weight_transfer!r}: valid: reload | nccl | ipc")
-        if self.lora_sync not in ("merged", "adapter"):
-            raise ValueError(f"engine.lora_sync={self.lora_sync!r}: valid: merged | adapter")
+        check_names(self.weight_transfer, self.lora_sync)  # the weight-sync routes' names (engines/weight_sync.py)
         if self.sync_check_tol <= 0:
             raise ValueError(f"engine.sync_check_tol={self.sync_check_tol}: must be > 0")
         bad = [u for u in self.urls if not isinstance(u, str) or not u.startswith(("http://", "https://"))]

@@ -58,9 +58,7 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -68,6 +66,7 @@ import torch
 from agent_rl.algos.logits import js_divergence_from_logits, truncate_logits
 from agent_rl.engines.base import (EngineBase, EngineCaps, check_episode_ids, default_eos_token_ids, register_engine,
                                    row_seed)
+from agent_rl.engines.hf_cache import EpisodeCache, EpisodeKVStore, join_caches, reuse, right_aligned, row_layers
 from agent_rl.memory import release_free_heap
 from agent_rl.types import Generation
 
@@ -100,18 +99,6 @@ def _sample_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: 
     return tokens, torch.where(greedy, full, logp.gather(-1, tokens[:, None]).squeeze(-1))
 
 
-@dataclass
-class _EpisodeCache:
-    """The kept keys/values of one episode: ``token_ids`` (L ids, the prompt and response fed so far) and per layer
-    ``(keys, values)`` of shape (kv_heads, L, head_dim); ``stamp`` the weights they were computed with."""
-
-    token_ids: list[int]
-    layers: list[tuple[torch.Tensor, torch.Tensor]]
-    stamp: tuple[int, ...]
-
-
-#: ended episode ids an engine remembers (ids are never reused; 64 Ki short strings: a few MiB at most).
-_MAX_ENDED = 1 << 16
 #: elements per chunk of :func:`weights_fingerprint` (bounds its temporaries: 4 MiB of int32 products per chunk).
 _FINGERPRINT_CHUNK = 1 << 20
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -163,14 +150,6 @@ def weights_fingerprint(module: torch.nn.Module) -> int:
     return total
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 def _sampling_dtype(logits: torch.Tensor) -> torch.Tensor:
     """float32 logits (float64 stays float64)."""
     return logits if logits.dtype == torch.float64 else logits.float()
@@ -220,16 +199,10 @@ class HFEngine(EngineBase):
             raise ValueError(f"engine.kv_reuse_max_tokens={kv_reuse_max_tokens}: must be >= 1")
         self.kv_reuse, self.kv_reuse_max_tokens = bool(kv_reuse), int(kv_reuse_max_tokens)
         self.continuous_batching = bool(continuous_batching)
-        self._caches: OrderedDict[str, _EpisodeCache] = OrderedDict()  # LRU order: oldest first
-        self._cached_tokens = 0
-        self._in_flight: set[str] = set()
-        # ended ids (episode ids are never reused): not kept by a generation in flight or about to start (a batch
-        # handed to the engine's thread before its episode was cancelled); the newest _MAX_ENDED are remembered
-        self._ended: OrderedDict[str, None] = OrderedDict()
-        self._lock = threading.Lock()
+        self.store = EpisodeKVStore(self.kv_reuse, self.kv_reuse_max_tokens)  # each live episode's keys/values
         # one forward of the shared module at a time (generate's and token_js's, from the rollout's worker threads)
         self._forward_lock = threading.Lock()
-        self._counts = dict(prefill_tokens=0, kv_reuse_tokens=0, decode_tokens=0, evicted_episodes=0)
+        self._counts = dict(prefill_tokens=0, kv_reuse_tokens=0, decode_tokens=0)
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -259,13 +232,7 @@ class HFEngine(EngineBase):
         """Drop the kept cache of ``episode_id`` (the orchestrator calls this when the episode ends or is cancelled;
         unknown ids are fine). A generation of that id in flight, or handed to the engine just before (a cancelled
         episode's last batch), keeps nothing for it."""
-        with self._lock:
-            entry = self._caches.pop(episode_id, None)
-            if entry is not None:
-                self._cached_tokens -= len(entry.token_ids)
-            self._ended[episode_id] = None
-            while len(self._ended) > _MAX_ENDED:
-                self._ended.popitem(last=False)
+        self.store.end(episode_id)
 
     def fork_episode(self, source_id: str, episode_id: str) -> None:
         """Start ``episode_id``'s kept cache as ``source_id``'s (a forked sibling, ``rollout.fork``: its replayed
@@ -273,84 +240,36 @@ class HFEngine(EngineBase):
         for the base and all its siblings). The tensors are shared: kept caches are never written in place (a call
         copies them into its batch cache). Nothing happens for an unknown or ended source, or with ``kv_reuse`` off;
         the bound ``kv_reuse_max_tokens`` evicts as for any kept episode."""
-        with self._lock:
-            entry = self._caches.get(source_id)
-            if entry is None or not self.kv_reuse or episode_id in self._ended or episode_id in self._caches:
-                return
-            self._caches[episode_id] = _EpisodeCache(list(entry.token_ids), list(entry.layers), entry.stamp)
-            self._cached_tokens += len(entry.token_ids)
-            self._evict()
-
-    def _evict(self) -> None:
-        """Evict whole episodes, least recently used first, until at most ``kv_reuse_max_tokens`` are kept (call
-        with the lock held)."""
-        while self._cached_tokens > self.kv_reuse_max_tokens:
-            _, old = self._caches.popitem(last=False)
-            self._cached_tokens -= len(old.token_ids)
-            self._counts["evicted_episodes"] += 1
+        self.store.fork(source_id, episode_id)
 
     def clear_caches(self) -> None:
         """Drop every kept cache."""
-        with self._lock:
-            self._caches.clear()
-            self._cached_tokens = 0
+        self.store.clear()
 
     @property
     def cached_tokens(self) -> int:
         """Tokens whose keys/values are kept now (<= ``kv_reuse_max_tokens``)."""
-        return self._cached_tokens
+        return self.store.tokens
 
     @property
     def cached_episodes(self) -> list[str]:
         """Episode ids with a kept cache, least recently used first."""
-        with self._lock:
-            return list(self._caches)
+        return self.store.episodes()
 
     def stats(self) -> dict[str, int]:
         """Token counters since construction (class docstring)."""
-        return dict(self._counts)
+        return {**self._counts, "evicted_episodes": self.store.evicted}
 
     def _stamp(self) -> tuple[int, ...]:
         """Identity of the weights a cache is computed with: the module and :func:`weights_fingerprint` of it (moved
         by every write to a parameter or buffer, ``.data`` writes included: module docstring)."""
         return (id(self.model), weights_fingerprint(self.model))
 
-    def _take_all(self, episode_ids: list[str | None]) -> dict[str, _EpisodeCache]:
-        """Take the kept entries of a call's episodes out of the store (all at once, so the rows kept by one forward
-        batch of the call never evict the entries the next one is about to use; each is kept again, extended,
-        when its row is done)."""
-        with self._lock:
-            taken = {e: self._caches.pop(e) for e in episode_ids if e is not None and e in self._caches}
-            self._cached_tokens -= sum(len(x.token_ids) for x in taken.values())
-        return taken
-
-    @staticmethod
-    def _reuse(entry: _EpisodeCache | None, prompt: list[int], stamp: tuple[int, ...]
-               ) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
-        """(reused length m, per-layer (keys, values) of the first m tokens) of one row."""
-        if entry is None or entry.stamp != stamp:
-            return 0, None
-        m = min(_common_prefix(entry.token_ids, prompt), len(prompt) - 1)  # at least one token to feed
-        if m <= 0:
-            return 0, None
-        return m, [(k[:, :m], v[:, :m]) for k, v in entry.layers]
-
     def _keep(self, episode_id: str | None, token_ids: list[int], cache: Any, row: int, mask_row: torch.Tensor,
               stamp: tuple[int, ...]) -> None:
         """Keep row ``row`` of the batch ``cache`` (its real columns, ``mask_row`` == 1) for ``episode_id``."""
-        if episode_id is None or not self.kv_reuse or len(token_ids) > self.kv_reuse_max_tokens:
-            return
-        cols = mask_row.nonzero().squeeze(-1)
-        layers = [(layer.keys[row].index_select(1, cols), layer.values[row].index_select(1, cols))
-                  for layer in cache.layers]
-        if layers and layers[0][0].shape[1] != len(token_ids):
-            raise RuntimeError(f"kv reuse: {layers[0][0].shape[1]} cached columns for {len(token_ids)} tokens")
-        with self._lock:
-            if episode_id in self._ended:
-                return
-            self._caches[episode_id] = _EpisodeCache(list(token_ids), layers, stamp)
-            self._cached_tokens += len(token_ids)
-            self._evict()
+        if episode_id is not None and self.store.wants(episode_id, len(token_ids)):
+            self.store.keep(episode_id, token_ids, row_layers(cache, row, mask_row, len(token_ids)), stamp)
 
     @property
     def device(self) -> torch.device:
@@ -398,11 +317,9 @@ class HFEngine(EngineBase):
         ids = list(episode_ids) if episode_ids is not None and self.kv_reuse else [None] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths start together
         results: list[Generation | None] = [None] * len(prompts)
-        live = {e for e in ids if e is not None}
-        stamp = self._stamp() if live else ()  # the weights of this call (a reuse needs an equal stamp)
-        with self._lock:
-            self._in_flight |= live
-        taken = self._take_all(ids)
+        # the weights of this call (a reuse needs an equal stamp)
+        stamp = self._stamp() if any(e is not None for e in ids) else ()
+        taken = self.store.begin(ids)
         try:
             with self._forward_lock, _eval_mode(self.model), torch.inference_mode():
                 pen = None if repetition_penalties is None else [float(repetition_penalties[i]) for i in order]
@@ -412,8 +329,7 @@ class HFEngine(EngineBase):
                 for i, out in zip(order, outs):
                     results[i] = out
         finally:
-            with self._lock:
-                self._in_flight -= live
+            self.store.done(ids)
         return results  # type: ignore[return-value]
 
     def token_js(self, turns: list[tuple[list[int], list[int]]], t_low: float, t_high: float,
@@ -463,7 +379,7 @@ class HFEngine(EngineBase):
                     out[k] = part.tolist()
         return out
 
-    def _prefill(self, prompts: list[list[int]], episode_ids: list[str | None], entries: dict[str, _EpisodeCache],
+    def _prefill(self, prompts: list[list[int]], episode_ids: list[str | None], entries: dict[str, EpisodeCache],
                  stamp: tuple[int, ...]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
         """One forward over ``prompts`` (b rows) with their reused caches (module docstring's right-aligned layout).
 
@@ -471,11 +387,9 @@ class HFEngine(EngineBase):
             ``(cache, attention_mask (b, C + N) long, logits (b, V) of each row's next token, next_pos (b,) long,
             reused (b,) prompt tokens taken from a kept cache)``.
         """
-        from transformers import DynamicCache
-
         device = self.device
         b = len(prompts)
-        taken = [self._reuse(entries.pop(e, None) if e is not None else None, p, stamp)
+        taken = [reuse(entries.pop(e, None) if e is not None else None, p, stamp)
                  for e, p in zip(episode_ids, prompts)]
         reused = [m for m, _ in taken]  # (b,) prompt tokens taken from a cache per row
         big_c = max(reused)  # cached columns of the batch (right-aligned, module docstring)
@@ -491,19 +405,7 @@ class HFEngine(EngineBase):
             attention_mask[r, big_c + big_n - len(x):] = 1
             position_ids[r, big_n - len(x):] = torch.arange(m, m + len(x))  # positions count real tokens only
         input_ids, attention_mask, position_ids = input_ids.to(device), attention_mask.to(device), position_ids.to(device)
-        cache = DynamicCache()
-        if big_c > 0:
-            ref = next(layers for _, layers in taken if layers is not None)
-            past = []
-            for li, (k0, v0) in enumerate(ref):
-                k = k0.new_zeros((b, k0.shape[0], big_c, k0.shape[2]))  # (b, kv_heads, C, head_dim)
-                v = v0.new_zeros((b, v0.shape[0], big_c, v0.shape[2]))
-                for r, (m, layers) in enumerate(taken):
-                    if layers is not None:
-                        k[r, :, big_c - m:] = layers[li][0]
-                        v[r, :, big_c - m:] = layers[li][1]
-                past.append((k, v))
-            cache = DynamicCache(ddp_cache_data=past)
+        cache = right_aligned(taken, big_c)  # (b, kv_heads, C, head_dim) per layer
         del taken
         self._counts["kv_reuse_tokens"] += sum(reused)
         self._counts["prefill_tokens"] += sum(len(x) for x in new)
@@ -512,46 +414,19 @@ class HFEngine(EngineBase):
             logits_to_keep=1, **{self._cache_kw: cache}).logits[:, -1])
         return cache, attention_mask, logits, position_ids[:, -1] + 1, reused
 
-    @staticmethod
-    def _join_caches(cache_a: Any, mask_a: torch.Tensor, cache_b: Any, mask_b: torch.Tensor
-                     ) -> tuple[Any, torch.Tensor]:
-        """The rows of two batch caches in one (a's rows first), right-aligned: the shorter one gets masked zero
-        columns in front (exact: module docstring), so every row's next token is again in the last column.
-
-        Args:
-            cache_a, cache_b: ``DynamicCache`` of (b_a, kv_heads, C_a, head_dim) / (b_b, ..., C_b, ...) per layer.
-            mask_a, mask_b: (b_a, C_a) / (b_b, C_b) attention masks over those columns.
-        Returns:
-            ``(cache of b_a + b_b rows and max(C_a, C_b) columns, its (b_a + b_b, C) mask)``.
-        """
-        from transformers import DynamicCache
-
-        width = max(mask_a.shape[1], mask_b.shape[1])
-
-        def pad(x: torch.Tensor, dim: int) -> torch.Tensor:  # zero columns in front of ``dim`` up to ``width``
-            missing = width - x.shape[dim]
-            if missing == 0:
-                return x
-            shape = list(x.shape)
-            shape[dim] = missing
-            return torch.cat([x.new_zeros(shape), x], dim=dim)
-
-        past = [(torch.cat([pad(la.keys, 2), pad(lb.keys, 2)]), torch.cat([pad(la.values, 2), pad(lb.values, 2)]))
-                for la, lb in zip(cache_a.layers, cache_b.layers)]
-        return DynamicCache(ddp_cache_data=past), torch.cat([pad(mask_a, 1), pad(mask_b, 1)])
-
     def _generate_rows(self, prompts: list[list[int]], temperatures: list[float], max_new_tokens: int,
                        top_p: float, top_k: int, stop: list[str], seeds: list[int],
                        penalties: list[float] | None, episode_ids: list[str | None],
-                       entries: dict[str, _EpisodeCache], stamp: tuple[int, ...]) -> list[Generation]:
+                       entries: dict[str, EpisodeCache], stamp: tuple[int, ...]) -> list[Generation]:
         """Decode every row of a call, at most ``batch_size`` in the batch at once, in the order given.
 
         Continuous batching (``continuous_batching``, the default): after each decode step the finished rows leave
         the batch (their kept caches stored first) and waiting rows take their places: one prefill of the newcomers,
-        whose cache is joined to the running one (:meth:`_join_caches`), and the next step samples every row. Off:
-        waiting rows start only when the whole batch is done (the plain loop: batches of ``batch_size`` rows one after
-        the other). Either way a row's tokens come from its own generator and its own logits only, so both give the
-        same tokens (up to the last bits of the logits, as with any padding).
+        whose cache is joined to the running one (:func:`~agent_rl.engines.hf_cache.join_caches`), and the next step
+        samples every row. Off: waiting rows start only when the whole batch is done (the plain loop: batches of
+        ``batch_size`` rows one after the other). Either way a row's tokens come from its own generator and its own
+        logits only, so both give the same tokens (up to the last bits of the logits, as with any padding).
+        One function (over 80 lines): the batch's cache, mask, positions and rows change together at every step.
         """
         device = self.device
         n = len(prompts)
@@ -583,7 +458,7 @@ class HFEngine(EngineBase):
                     for j, r in enumerate(new_rows):  # the whole prompt, cached part included: (b, V) ids seen
                         s_new[j, torch.tensor(prompts[r], dtype=torch.long, device=device)] = True
                 if alive:
-                    cache, attention_mask = self._join_caches(cache, attention_mask, c_new, am_new)
+                    cache, attention_mask = join_caches(cache, attention_mask, c_new, am_new)
                     logits, temps = torch.cat([logits, lg_new]), torch.cat([temps, t_new])
                     next_pos = torch.cat([next_pos, pos_new])
                     if use_penalty:

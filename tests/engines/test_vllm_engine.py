@@ -395,7 +395,7 @@ def _gone(pids: list[int]) -> bool:
 def test_sigkill_engine_processes_die_and_the_next_start_sweeps(policy, tmp_path):
     """A SIGKILLed owner: the watchdog of engine A ends A's engine processes and removes its folder; engine B's
     watchdog is killed too, so B's processes and folder outlive the run, until the next start sweeps them."""
-    from agent_rl.engines.vllm import sweep_sync_dir
+    from agent_rl.engines.processes import sweep_sync_dir
 
     proc, info = _start_child(tmp_path, 2, True)
     a, b = info
@@ -446,10 +446,10 @@ def test_signal_handlers_chain_to_the_defaults_and_leave_ignored_signals_ignored
         import signal
         signal.signal(signal.SIGINT, signal.SIG_IGN if {inherited == "ignored"} else signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        from agent_rl.engines import vllm
-        vllm._install_handlers()
-        print(signal.getsignal(signal.SIGINT) is (signal.SIG_IGN if {inherited == "ignored"} else vllm._on_signal),
-              signal.getsignal(signal.SIGTERM) is vllm._on_signal, sorted(int(s) for s in vllm._PREVIOUS_HANDLERS))
+        from agent_rl.engines import processes
+        processes.install_handlers()
+        print(signal.getsignal(signal.SIGINT) is (signal.SIG_IGN if {inherited == "ignored"} else processes.on_signal),
+              signal.getsignal(signal.SIGTERM) is processes.on_signal, sorted(int(s) for s in processes.PREVIOUS_HANDLERS))
     """)
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     chained = [int(signal.SIGTERM)] if inherited == "ignored" else sorted([int(signal.SIGINT), int(signal.SIGTERM)])

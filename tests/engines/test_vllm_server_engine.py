@@ -324,7 +324,7 @@ def test_replica_killed_mid_rollout_its_episodes_finish_on_the_other(pair):
     # the victim holds its requests (paused, mode=keep: accepted, not scheduled), so they are in flight when it
     # dies whatever the machine's speed: polling for a moment in flight failed a loaded CI stage once (the tiny
     # model's 200 tokens came back between two polls)
-    eng._post(victim.url, "/pause", params={"mode": "keep"})
+    eng.post(victim.url, "/pause", params={"mode": "keep"})
     t = threading.Thread(target=play)
     t.start()
     assert _wait_until(lambda: eng.router.in_flight[victim.url] == len(mine), 60), dict(eng.router.in_flight)

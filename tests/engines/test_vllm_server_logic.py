@@ -14,9 +14,10 @@ from omegaconf import OmegaConf
 
 from agent_rl.config import Config
 from agent_rl.engines.config import EngineConfig
+from agent_rl.engines import merge_engine_metrics
 from agent_rl.engines.vllm_server import (GUARD_MIDDLEWARE, PLUGIN_DIR, SERVER_MODULE, HashRing, Router, VLLMServerEngine, check_config,
-                                          check_weight_transfer, merge_engine_metrics, parse_prefix_cache, response_generation,
-                                          server_command, server_environment)
+                                          parse_prefix_cache, response_generation, server_command, server_environment)
+from agent_rl.engines.weight_sync import check_weight_transfer
 
 URLS = ["http://127.0.0.1:8001", "http://127.0.0.1:8002", "http://127.0.0.1:8003"]
 

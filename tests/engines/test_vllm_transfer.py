@@ -42,7 +42,7 @@ def test_policy_source_sends_what_the_reload_path_writes(tmp_path, tie, dtype):
                          tie_word_embeddings=tie)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
-    untie = bool(offline._tied_names(model))  # as the engine decides: a tied head goes as its own copy
+    untie = bool(offline.tied_names(model))  # as the engine decides: a tied head goes as its own copy
     assert untie == tie
     source = PolicySource(model, dtype, untie)
     meta = source.metadata()
@@ -136,19 +136,21 @@ def test_a_failed_handshake_is_one_clear_error_and_leaves_no_sender(tmp_path):
     on CPU)."""
     from agent_rl.engines.vllm_server import VLLMServerEngine
     from agent_rl.engines.vllm_transfer import PolicySource
+    from agent_rl.engines.weight_sync import VLLMTransfer, WeightSyncSpec
     from servers.launch import free_port
 
     model, _ = _tiny()
     url = f"http://127.0.0.1:{free_port()}"
-    eng = VLLMServerEngine.__new__(VLLMServerEngine)
-    eng.weight_transfer, eng.weight_transfer_host, eng.tensor_parallel_size = "ipc", "127.0.0.1", 1
-    eng.request_timeout_s, eng.servers, eng._transfer, eng.api_key = 5.0, [], {}, "the-run-key"
-    eng._source = PolicySource(model, torch.float32, False)
+    eng = VLLMServerEngine.__new__(VLLMServerEngine)  # the route's target: its log tails (none: no server started)
+    eng.servers = []
+    route = VLLMTransfer(eng, WeightSyncSpec(weight_transfer="ipc", host="127.0.0.1", timeout_s=5.0,
+                                             api_key="the-run-key"), model)
+    route.source = PolicySource(model, torch.float32, False)
     for _ in range(2):  # the same error again: nothing half-built was kept
         cause = "ConnectionError" if torch.cuda.is_available() else "RuntimeError: Cannot access accelerator device"
         with pytest.raises(RuntimeError, match=rf"vllm server {url}: weight transfer \(ipc\) failed: {cause}"):
-            eng._transfer_to(url)
-        assert eng._transfer == {}
+            route.load(url)
+        assert route.senders == {}
 
 
 # ------------------------------------------------------------------------------------------ GPU: the transfers
