@@ -141,9 +141,9 @@ def build_orchestrator(cfg: Config, pool: Any, engine: Any, *, rollout: RolloutC
                        on_turn: Callable[[Generation], None] | None = None,
                        on_episode: Callable[[Episode], None] | None = None) -> GroupPlayer:
     """The run's :class:`~agent_rl.rollout.groups.GroupPlayer` (training, evaluation, Ray workers and behaviour
-    cloning play episodes through it): the env's prompt format, ``rollout`` (default ``cfg.rollout``), the engine's sampling settings
-    (``max_new_tokens`` default ``engine.max_new_tokens``, ``seed`` default ``engine.seed``), TGRL's repetition
-    penalty, the env family's task type key, and an optional reference ``policy``
+    cloning play episodes through it): the env's prompt format, ``rollout`` (default ``cfg.rollout``), the engine's
+    sampling settings (``max_new_tokens`` default ``engine.max_new_tokens``, ``seed`` default ``engine.seed``),
+    TGRL's repetition penalty, the env family's task type key, and an optional reference ``policy``
     (:mod:`agent_rl.rollout.policies`) answering turns in place of the engine. ``env.external`` set (``env=external``):
     the group player of :class:`~agent_rl.gateway.ProgramEpisode`, whose episodes are agent programs run through the
     gateway."""

@@ -23,7 +23,6 @@ an invalid turn (the env gives the reason in its observation); the episode goes 
 from __future__ import annotations
 
 import abc
-import asyncio
 import dataclasses
 import itertools
 import time

@@ -145,7 +145,7 @@ class GenerationBatcher:
             if gens is not None:
                 for (prompt, _, fut, _, _, _), gen in zip(batch, gens):
                     self.generated_tokens += len(gen.token_ids)
-                    cached = min(int(getattr(gen, "cached_tokens", 0) or 0), len(prompt))
+                    cached = min(int(gen.cached_tokens or 0), len(prompt))
                     self.kv_reuse_tokens += cached
                     self.prefill_tokens += len(prompt) - cached
                     if not fut.done():

@@ -19,13 +19,13 @@ GATEWAY_COUNTS = ("gateway/requests", "gateway/prefix_breaks", "gateway/segments
                   "gateway/history_rewrites", "gateway/generated_tokens", "gateway/prefix_breaks/tools_changed",
                   "gateway/prefix_breaks/history_truncated", "gateway/prefix_breaks/reply_rewritten",
                   "gateway/prefix_breaks/history_edited", "gateway/prefix_breaks/text_edited")
-"""The gateway's per-step counters (``env=external``, :class:`agent_rl.gateway.external.ProgramEpisode`): model calls served,
-requests that did not extend their episode's segment (and by cause, ``agent_rl.gateway.recorder.BREAK_CAUSES``),
-segments, episode attempts (failed ones included), requests that extended a segment under a history normalisation,
-tokens generated."""
+"""The gateway's per-step counters (``env=external``, :class:`agent_rl.gateway.external.ProgramEpisode`): model
+calls served, requests that did not extend their episode's segment (and by cause,
+``agent_rl.gateway.recorder.BREAK_CAUSES``), segments, episode attempts (failed ones included), requests that extended
+a segment under a history normalisation, tokens generated."""
 EVENT_COUNTS = FORK_COUNTS + GATEWAY_COUNTS
-"""Counters a group player keeps only when its runs have them (:meth:`agent_rl.rollout.groups.GroupPlayer.event_counts`: forks,
-the gateway): summed over rounds, Ray workers' chunks and streams like :data:`TOKEN_COUNTS`, the asynchronous
+"""Counters a group player keeps only when its runs have them (:meth:`agent_rl.rollout.groups.GroupPlayer.event_counts`:
+forks, the gateway): summed over rounds, Ray workers' chunks and streams like :data:`TOKEN_COUNTS`, the asynchronous
 producer logging each cycle's difference."""
 
 
@@ -71,9 +71,8 @@ async def collect_groups(play: Callable[[list[Task], int], Awaitable[RolloutResu
                          filter_groups: bool = False, max_extra_rounds: int = 0) -> RolloutResult:
     """One training step's groups, in rounds: ``play(tasks, seed_key)`` plays one group of ``group_size`` episodes
     per task (one group player's :meth:`~agent_rl.rollout.groups.GroupPlayer.run_groups`, or the Ray workers'
-    chunks of it merged by
-    :func:`merge_parallel_results`) with the rollout seed key ``step * 1000 + round``; ``take_tasks(n)`` draws the
-    round's tasks. The one implementation of a step's collection for every backend.
+    chunks of it merged by :func:`merge_parallel_results`) with the rollout seed key ``step * 1000 + round``;
+    ``take_tasks(n)`` draws the round's tasks. The one implementation of a step's collection for every backend.
 
     With ``filter_groups`` (DAPO dynamic sampling, algorithms.md section 1) groups whose episode rewards are all
     equal are dropped and more tasks are drawn, at most ``max_extra_rounds`` extra rounds; the batch keeps at most
@@ -135,10 +134,9 @@ def sum_counters(parts: Iterable[Mapping[str, float]], keys: Iterable[str] | Non
 
 def merge_parallel_results(results: Sequence[RolloutResult], *, wall_s: float) -> RolloutResult:
     """Several group players' :meth:`~agent_rl.rollout.groups.GroupPlayer.run_groups` results of one round played in
-    parallel (the
-    Ray workers' chunks) as one result: episodes and failures in the given order, counters and generation time
-    summed, ``time/rollout_s`` the round's wall time ``wall_s``, the env-wait fraction weighted by each part's
-    rollout time, throughput = all generated tokens / ``wall_s``."""
+    parallel (the Ray workers' chunks) as one result: episodes and failures in the given order, counters and
+    generation time summed, ``time/rollout_s`` the round's wall time ``wall_s``, the env-wait fraction weighted by each
+    part's rollout time, throughput = all generated tokens / ``wall_s``."""
     parts = [r.metrics for r in results]
     busy = [m.get("time/rollout_s", 0.0) for m in parts]
     out = RolloutResult(episodes=[ep for r in results for ep in r.episodes],
