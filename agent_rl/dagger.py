@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from agent_rl.config import Config, ConfigError
+from agent_rl.envclient import EnvPoolBase, pool_caps
 from agent_rl.learner.checkpoint import IncompleteCheckpoint, load_checkpoint
 from agent_rl.lora import base_module
 from agent_rl.rollout import GroupSpec, RolloutResult, build_rollout_batch
@@ -87,13 +88,14 @@ def task_key(seed: int | None, options: dict[str, Any] | None) -> str:
     return json.dumps([seed, options or {}], sort_keys=True, default=str)
 
 
-class ResetLabels:
+class ResetLabels(EnvPoolBase):
     """An env pool that records the expert's action for each reset state (``info["expert_action"]`` of the reset,
     by :func:`task_key`): the label of an episode's first turn, which no :class:`~agent_rl.types.Turn` holds (each
     turn's ``info`` is the env's answer to it, the state of the next turn). Everything else is the pool's."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
+        self.caps = pool_caps(pool)  # the wrapped pool's declared capabilities (snapshots)
         self.first: dict[str, str | None] = {}
 
     async def reset(self, env_id: str, *, seed: int | None = None, options: dict[str, Any] | None = None,

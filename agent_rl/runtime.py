@@ -32,13 +32,13 @@ from agent_rl.config import CONFIG_DIR, Config, ConfigError
 
 from agent_rl.trainable import fit_prompt_budget
 from agent_rl.engines import EngineBase, engine_kwargs, get_engine
-from agent_rl.gateway import ExternalRollout
+from agent_rl.gateway import external_player
 from agent_rl.envclient import HTTPEnvPool, LocalEnvPool
 from agent_rl.learner.checkpoint import STATE_FILES, incomplete_message, latest_checkpoint, missing_state
 from agent_rl.learner.config import t_high_value
 from agent_rl.lora import apply_lora, check_targets
 from agent_rl.models import load_policy
-from agent_rl.rollout import RolloutConfig, RolloutOrchestrator, get_prompt
+from agent_rl.rollout import GroupPlayer, RolloutConfig, env_player, get_prompt
 from agent_rl.types import Episode, Generation
 from envs.families import describe
 from envs.procgroup import end_group, kill_group
@@ -139,22 +139,23 @@ def close_engine(engine: Any) -> None:
 def build_orchestrator(cfg: Config, pool: Any, engine: Any, *, rollout: RolloutConfig | None = None,
                        max_new_tokens: int | None = None, seed: int | None = None, policy: Any = None,
                        on_turn: Callable[[Generation], None] | None = None,
-                       on_episode: Callable[[Episode], None] | None = None) -> RolloutOrchestrator:
-    """The run's :class:`RolloutOrchestrator` (training, evaluation, Ray workers and behaviour cloning play episodes
-    through it): the env's prompt format, ``rollout`` (default ``cfg.rollout``), the engine's sampling settings
-    (``max_new_tokens`` default ``engine.max_new_tokens``, ``seed`` default ``engine.seed``), TGRL's repetition
-    penalty, the env family's task type key, and an optional reference ``policy``
+                       on_episode: Callable[[Episode], None] | None = None) -> GroupPlayer:
+    """The run's :class:`~agent_rl.rollout.groups.GroupPlayer` (training, evaluation, Ray workers and behaviour
+    cloning play episodes through it): the env's prompt format, ``rollout`` (default ``cfg.rollout``), the engine's
+    sampling settings (``max_new_tokens`` default ``engine.max_new_tokens``, ``seed`` default ``engine.seed``),
+    TGRL's repetition penalty, the env family's task type key, and an optional reference ``policy``
     (:mod:`agent_rl.rollout.policies`) answering turns in place of the engine. ``env.external`` set (``env=external``):
-    the :class:`~agent_rl.gateway.ExternalRollout`, whose episodes are agent programs run through the gateway."""
+    the group player of :class:`~agent_rl.gateway.ProgramEpisode`, whose episodes are agent programs run through the
+    gateway."""
     if cfg.env.external.enabled and policy is None:
-        return ExternalRollout(
+        return external_player(
             pool, engine, rollout or cfg.rollout, cfg.env.external,
             max_new_tokens=cfg.engine.max_new_tokens if max_new_tokens is None else max_new_tokens,
             top_p=cfg.engine.top_p, top_k=cfg.engine.top_k, seed=cfg.engine.seed if seed is None else seed,
             high_repetition_penalty=cfg.algo.high_repetition_penalty, tool_call_format=cfg.model.tool_call_format,
             task_type_key=describe(cfg.env.id, cfg.env.name).task_type_key, model_name=cfg.model.name,
             on_turn=on_turn, on_episode=on_episode)
-    return RolloutOrchestrator(
+    return env_player(
         pool, engine, get_prompt(cfg.env.prompt), rollout or cfg.rollout,
         max_new_tokens=cfg.engine.max_new_tokens if max_new_tokens is None else max_new_tokens,
         top_p=cfg.engine.top_p, top_k=cfg.engine.top_k, seed=cfg.engine.seed if seed is None else seed,

@@ -12,7 +12,7 @@ loop's, ``trainer.save_every`` and ``trainer.eval_every`` included):
    ``envs.families``): each turn plays ``info["expert_action"]`` (ALFWorld: the fixed handcoded expert; TextWorld:
    the walkthrough, then TextWorld's planner; WebShop: the scripted oracle). Only won episodes are kept
    (``sft.keep_lost=true`` keeps all).
-2. **Render**: every turn's prompt is the orchestrator's own (``RolloutOrchestrator.next_prompt``: per-turn or
+2. **Render**: every turn's prompt is the orchestrator's own (``EnvEpisode.next_prompt``: per-turn or
    full-trajectory, ``rollout.mode``), the response ``sft.response_template`` filled with the action (default
    ``<action>{action}</action>``, the format the RL parser reads) plus the end-of-turn token; rows are made by
    ``build_rollout_batch``, the one place RL rows are made. The rows are saved once (``DIR/sft_rows.pt``) so a

@@ -4,14 +4,17 @@ process (:class:`LocalEnvPool`). The rollout orchestrator takes an ``EnvPool`` a
 from agent_rl.envclient.base import (
     EnvClientError,
     EnvPool,
+    EnvPoolBase,
     EnvServerError,
     EnvUnavailable,
     EpisodeOver,
+    PoolCaps,
     ResetResult,
     SessionBusy,
     SessionNotFound,
     SnapshotNotFound,
     StepResult,
+    pool_caps,
 )
 from agent_rl.envclient.http import HTTPEnvPool
 from agent_rl.envclient.local import LocalEnvPool
@@ -19,14 +22,17 @@ from agent_rl.envclient.local import LocalEnvPool
 __all__ = [
     "EnvClientError",
     "EnvPool",
+    "EnvPoolBase",
     "EnvServerError",
     "EnvUnavailable",
     "EpisodeOver",
     "HTTPEnvPool",
     "LocalEnvPool",
+    "PoolCaps",
     "ResetResult",
     "SessionBusy",
     "SessionNotFound",
     "SnapshotNotFound",
     "StepResult",
+    "pool_caps",
 ]

@@ -131,9 +131,10 @@ class EnvPool(Protocol):
         """Free the session (idempotent: closing an unknown or expired session is not an error)."""
         ...
 
-    # Optional (both pools of this package have them): env-state snapshots, for an env whose unwrapped class has
-    # ``clone_state()``/``set_state(state)`` (forked groups, ``rollout.fork.restore=state``). The state never leaves
-    # the process that holds the env; a snapshot is named by an id.
+    # Optional, declared by ``caps.snapshots`` (:class:`PoolCaps`; both pools of this package have them): env-state
+    # snapshots, for an env whose unwrapped class has ``clone_state()``/``set_state(state)`` (forked groups,
+    # ``rollout.fork.restore=state``). The state never leaves the process that holds the env; a snapshot is named by
+    # an id.
     #   async def snapshot(self, session_id: str) -> str: keep the session's current state -> snapshot id
     #       (EnvClientError code "invalid_request" when the env has no clone_state/set_state; EpisodeOver after the
     #       episode ended)
@@ -144,3 +145,28 @@ class EnvPool(Protocol):
     async def aclose(self) -> None:
         """Close every session this pool opened and release its resources."""
         ...
+
+
+@dataclass(frozen=True)
+class PoolCaps:
+    """What an env pool can do beyond ``reset``/``step``/``close``/``aclose``, declared on its class
+    (:class:`EnvPoolBase`) and read by the rollout instead of probing the pool object.
+
+    Attributes:
+        snapshots: ``snapshot(session_id)``, ``restore(snapshot_id)`` and ``drop_snapshot(snapshot_id)`` (the
+            :class:`EnvPool` comments; forked groups by state copy, ``rollout.fork.restore=state``).
+    """
+
+    snapshots: bool = False
+
+
+class EnvPoolBase:
+    """Base class of the env pools: their declared :class:`PoolCaps` (class attribute ``caps``)."""
+
+    caps: PoolCaps = PoolCaps()
+
+
+def pool_caps(pool: Any) -> PoolCaps:
+    """The capabilities of an env pool object: its declared ``caps`` (an :class:`EnvPoolBase`), else none beyond
+    the :class:`EnvPool` protocol (a duck-typed pool, e.g. a test's fake)."""
+    return pool.caps if isinstance(pool, EnvPoolBase) else PoolCaps()

@@ -18,8 +18,10 @@ import httpx
 from agent_rl.aio import gather_all
 from agent_rl.envclient.base import (
     EnvClientError,
+    EnvPoolBase,
     EnvServerError,
     EnvUnavailable,
+    PoolCaps,
     ResetResult,
     SessionNotFound,
     SnapshotNotFound,
@@ -49,7 +51,7 @@ def _refuse_invalid_text(**fields: Any) -> None:
             raise EnvClientError(found, code="invalid_request")
 
 
-class HTTPEnvPool:
+class HTTPEnvPool(EnvPoolBase):
     """Env sessions on remote env servers (implements :class:`agent_rl.envclient.EnvPool`).
 
     New sessions go to the URL holding the fewest of this pool's live sessions (ties in turn); the pool remembers
@@ -74,6 +76,8 @@ class HTTPEnvPool:
         transport: an httpx transport (tests pass ``httpx.ASGITransport(app)``).
         orphan_timeout_s: deadline of one orphan ``DELETE`` and of the final clean-up in :meth:`aclose`.
     """
+
+    caps = PoolCaps(snapshots=True)
 
     def __init__(
         self,

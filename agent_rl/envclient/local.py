@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
 import envs  # noqa: F401  (registers the built-in ids)
-from agent_rl.envclient.base import EnvClientError, ResetResult, StepResult, client_error
+from agent_rl.envclient.base import EnvClientError, EnvPoolBase, PoolCaps, ResetResult, StepResult, client_error
 from envs.data import PATH_OPTIONS
 from envs.hosting import SessionManager, SessionSettings, ThreadEnvPool, WorkerPool, env_module
 from envs.hosting.errors import EnvInfraFailed, http_error
@@ -24,7 +24,7 @@ __all__ = ["LocalEnvPool"]
 T = TypeVar("T")
 
 
-class LocalEnvPool:
+class LocalEnvPool(EnvPoolBase):
     """In-process env sessions (implements :class:`agent_rl.envclient.EnvPool`); env work never runs on the event
     loop. Errors are those of ``HTTPEnvPool`` for the same situation (one rule, :func:`client_error`, on the
     server's status and code of each :mod:`envs.hosting.errors` exception), with ``status=None``: an env that raises
@@ -47,6 +47,8 @@ class LocalEnvPool:
             ``invalid_request`` naming them): host paths (``envs.data.PATH_OPTIONS``, ALFWorld's ``gamefile``),
             since task rows are content and reach the env as reset options; ``()``: trust every option.
     """
+
+    caps = PoolCaps(snapshots=True)
 
     def __init__(
         self,

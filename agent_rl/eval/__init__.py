@@ -1,7 +1,7 @@
 """Evaluation on fixed panels: ``python -m agent_rl.eval env=alfworld policy=expert eval.split=valid_unseen``.
 
 One code path with training: the same config groups (``env=``, ``model=``, ``engine=``, ``model.path=``), prompts,
-action parser, env servers and :class:`~agent_rl.rollout.RolloutOrchestrator` (the reference policies of
+action parser, env servers and :class:`~agent_rl.rollout.GroupPlayer` (the reference policies of
 :mod:`agent_rl.rollout.policies` answer turns in place of the engine). The run is :mod:`agent_rl.eval.runner`
 (``python -m agent_rl.eval``), the in-training panel :mod:`agent_rl.eval.training`. See ``docs/evaluation.md``.
 """

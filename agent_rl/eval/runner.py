@@ -43,7 +43,8 @@ from agent_rl.engines import set_torch_threads
 from agent_rl.eval import pass_at_k
 from agent_rl.models import finish_tokenizer, load_policy, smollm2_tokenizer
 from agent_rl.progress import Progress
-from agent_rl.rollout.orchestrator import GroupSpec, RolloutOrchestrator
+from agent_rl.rollout.groups import GroupPlayer
+from agent_rl.rollout.results import GroupSpec
 from agent_rl.rollout.policies import ScriptedEngine, make_policy
 from agent_rl.rollout.prompts.base import has_prompt
 from agent_rl.runtime import (build_engine, build_orchestrator, close_engine, open_env_pool, resolve_device,
@@ -157,7 +158,7 @@ def _task_id(ep: Episode) -> str:
     return json.dumps(ep.task.options, sort_keys=True)
 
 
-async def run_panel(orch: RolloutOrchestrator, panel: Panel, *, temperature: float, samples: int,
+async def run_panel(orch: GroupPlayer, panel: Panel, *, temperature: float, samples: int,
                     progress: Any = None) -> dict[int, list[Episode]]:
     """Play every task of ``panel`` ``samples`` times at ``temperature``; returns episodes by task (group_id),
     failed episodes included (``Episode.failure`` set)."""

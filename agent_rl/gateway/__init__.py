@@ -7,14 +7,15 @@ through it (docs/gateway.md).
   trainer's sampling, said in the reply);
 - :mod:`agent_rl.gateway.responses`: the Responses API as chat calls;
 - :mod:`agent_rl.gateway.recorder`: per-episode recording (exact ids, message-level prefix matching, segments);
-- :mod:`agent_rl.gateway.external`: :class:`ExternalRollout`, the orchestrator whose episodes are agent programs;
+- :mod:`agent_rl.gateway.external`: :class:`ProgramEpisode`, the episode runner of agent programs, and
+  :func:`external_player`, the group player of ``env=external`` (``ExternalRollout``: its former name);
 - ``python -m agent_rl.gateway --checkpoint DIR --port P``: the gateway alone in front of a checkpoint.
 """
 
 from agent_rl.gateway.app import Gateway, GatewayLimits
 from agent_rl.gateway.config import ExternalConfig
-from agent_rl.gateway.external import ExternalRollout, load_program, read_reward
+from agent_rl.gateway.external import ExternalRollout, ProgramEpisode, external_player, load_program, read_reward
 from agent_rl.gateway.recorder import GatewaySession, PromptBuilder, RequestError
 
-__all__ = ["ExternalConfig", "ExternalRollout", "Gateway", "GatewayLimits", "GatewaySession", "PromptBuilder",
-           "RequestError", "load_program", "read_reward"]
+__all__ = ["ExternalConfig", "ExternalRollout", "Gateway", "GatewayLimits", "GatewaySession", "ProgramEpisode",
+           "PromptBuilder", "RequestError", "external_player", "load_program", "read_reward"]

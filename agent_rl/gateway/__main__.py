@@ -24,7 +24,7 @@ import torch
 from agent_rl.engines import get_engine
 from agent_rl.episodes import write_episodes
 from agent_rl.gateway.config import ExternalConfig
-from agent_rl.gateway.external import ExternalRollout
+from agent_rl.gateway.external import ProgramEpisode, external_player
 from agent_rl.gateway.recorder import GatewaySession
 from agent_rl.learner.config import ModelConfig
 from agent_rl.models import load_policy
@@ -90,17 +90,19 @@ async def serve(args: argparse.Namespace) -> None:
                            append=True)
         state["rollout"].gateway.close_session(session.session_id)
 
-    rollout = ExternalRollout(None, engine, RolloutConfig(max_prompt_tokens=args.max_prompt_tokens),
+    rollout = external_player(None, engine, RolloutConfig(max_prompt_tokens=args.max_prompt_tokens),
                               ExternalConfig(), max_new_tokens=args.max_new_tokens, seed=args.seed,
                               tool_call_format=args.tool_call_format or model_cfg.get("tool_call_format", "hermes"),
                               model_name=str(model_cfg.get("name", ckpt.name)), host=args.host, port=args.port,
                               token=token, auto_sessions=True, allow_remote=args.allow_remote)
-    state["rollout"] = rollout
-    rollout.gateway.on_reward = store
-    rollout.gateway.session_defaults = {"temperature": float(args.temperature)}
-    await rollout.start()
+    gateway_runner = rollout.runner
+    assert isinstance(gateway_runner, ProgramEpisode)
+    state["rollout"] = gateway_runner
+    gateway_runner.gateway.on_reward = store
+    gateway_runner.gateway.session_defaults = {"temperature": float(args.temperature)}
+    await gateway_runner.start()
     await rollout.open_stream(seed_key=args.seed)
-    print(f"gateway for {ckpt} at {rollout.base_url}/v1 (episodes: {out}/episodes/)", file=sys.stderr)
+    print(f"gateway for {ckpt} at {gateway_runner.base_url}/v1 (episodes: {out}/episodes/)", file=sys.stderr)
     if not os.environ.get(TOKEN_ENV):
         print(f"token (set ${TOKEN_ENV} to choose it): {token}", file=sys.stderr)
     main_task = asyncio.current_task()
@@ -111,7 +113,7 @@ async def serve(args: argparse.Namespace) -> None:
     except asyncio.CancelledError:
         pass
     finally:
-        for session in list(rollout.gateway.sessions.values()):
+        for session in list(gateway_runner.gateway.sessions.values()):
             store(session, "no reward posted")
         await rollout.close_stream()
         await rollout.aclose()

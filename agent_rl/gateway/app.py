@@ -95,7 +95,7 @@ class GatewaySettings:
 
 
 class Sampler(Protocol):
-    """What serves the gateway's calls (:class:`agent_rl.gateway.external.ExternalRollout`)."""
+    """What serves the gateway's calls (:class:`agent_rl.gateway.external.ProgramEpisode`)."""
 
     tokenizer: Any
     builder: PromptBuilder

@@ -1,12 +1,15 @@
 """``env=external``: train any agent program through the gateway (docs/gateway.md).
 
-:class:`ExternalRollout` is the rollout orchestrator with one part replaced: an episode is not played turn by turn
-against an env, it is an *agent program* run once per episode, which calls the gateway (an OpenAI-compatible
-``base_url``) for every model call. Everything else is the orchestrator's, unchanged: groups of G episodes at the
+:class:`ProgramEpisode` is an episode runner of its own kind (:class:`agent_rl.rollout.episode.EpisodeRunner`): an
+episode is not played turn by turn against an env, it is an *agent program* run once per episode, which calls the
+gateway (an OpenAI-compatible ``base_url``) for every model call. :func:`external_player` gives it to a
+:class:`~agent_rl.rollout.groups.GroupPlayer`, which does the rest as for every kind: groups of G episodes at the
 group's temperatures (TGRL's T0/T1 slots, TAMPO's T), row seeds keyed by (group, slot, call), one generation batcher
 across all running programs (``engine.generate`` in a worker thread), re-runs of a failed episode and dropped groups
 (``rollout.episode_retries``, ``rollout/dropped_groups``), the env-reset prefetch, the metrics. The calls become the
-episode's turns (:mod:`agent_rl.gateway.recorder`), and the batch is built from them by ``build_rollout_batch``.
+episode's turns (:mod:`agent_rl.gateway.recorder`), and the batch is built from them by ``build_rollout_batch``. A
+program cannot be replayed, so :class:`ProgramEpisode` declares ``can_fork = False`` (the group player refuses
+``rollout.fork``).
 
 The program: ``env.external.program=MODULE:FUNCTION`` is called as ``function(task, gateway)`` in a thread of its
 own pool (``env.external.concurrency`` at once: a synchronous client blocks its thread, never the event loop that
@@ -38,7 +41,7 @@ import logging
 import secrets
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from agent_rl.engines.base import caps_of
 from agent_rl.gateway.app import Gateway, GatewayLimits
@@ -47,10 +50,15 @@ from agent_rl.gateway.config import ExternalConfig
 from agent_rl.gateway.recorder import BREAK_CAUSES, GatewaySession, PromptBuilder, RequestError
 from agent_rl.gateway.server import GatewayServer
 from agent_rl.rollout.config import RolloutConfig
-from agent_rl.rollout.fork import ForkSource, SiblingStart
-from agent_rl.rollout.orchestrator import GATEWAY_COUNTS, EnvCallFailed, RolloutOrchestrator, checked_reward
-from agent_rl.rollout.prompts import get_prompt
-from agent_rl.rollout.tools import decode_for_parsing, strip_reasoning
+from agent_rl.rollout.episode import EpisodeRunner, Sampling
+from agent_rl.rollout.fork import EpisodeStart
+from agent_rl.rollout.generation import Generator
+from agent_rl.rollout.groups import GroupPlayer
+from agent_rl.rollout.prompts import render_followup
+from agent_rl.rollout.replies import ReplyReader, eos_ids_of
+from agent_rl.rollout.results import GATEWAY_COUNTS
+from agent_rl.rollout.sessions import EnvCallFailed, EnvSessions, checked_reward
+from agent_rl.rollout.tools import TemplateTools, get_tool_call_format
 from agent_rl.tasks import load_tasks
 from agent_rl.types import Episode, Generation, Task
 from envs.numbers import RewardError
@@ -107,46 +115,52 @@ def read_reward(result: Any) -> tuple[float | None, dict[str, Any], bool | None]
     return checked_reward(result, "the program's reward"), info, None if won is None else bool(won)
 
 
-class ExternalRollout(RolloutOrchestrator):
-    """The orchestrator whose episodes are agent programs run through the gateway (module docstring).
+class ProgramEpisode(EpisodeRunner):
+    """Episodes that are agent programs run through the gateway (module docstring); the gateway's sampler
+    (:class:`agent_rl.gateway.app.Sampler`).
 
     Args:
-        pool: the run's env client (the task source's env sessions; None for the standalone gateway).
-        engine: the engine (``tokenizer``, ``generate``).
+        env: the env calls of the task source's sessions (:class:`EnvSessions`; its pool None for the standalone
+            gateway).
+        generator: the engine side (:class:`Generator`: the open batcher every call samples through).
         cfg: :class:`RolloutConfig` (``mode=trajectory``: one row per segment of an episode; a prefix break
             starts a segment whose turns do not extend the earlier ones, ``agent_rl.rollout.batch.segments``).
         external: :class:`ExternalConfig`.
+        tool_call_format: how the model writes calls (``model.tool_call_format``).
+        task_type_key: the reset ``info`` key of an episode's task type.
+        model_name, token, auto_sessions, allow_remote: the gateway's (:class:`Gateway`, :class:`GatewayServer`).
         host, port: where the gateway listens (loopback; port 0: a free one).
-        Other arguments: as :class:`RolloutOrchestrator`.
 
     Raises:
-        ValueError: ``rollout.fork`` on; a program that cannot be loaded.
+        ValueError: a program that cannot be loaded; a chat template that cannot be spliced (``mode=trajectory``).
     """
 
-    def __init__(self, pool: Any, engine: Any, cfg: RolloutConfig, external: ExternalConfig, *,
-                 max_new_tokens: int, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                 high_repetition_penalty: float = 1.0, tool_call_format: str = "hermes",
-                 task_type_key: str = "task_type", model_name: str = "policy", host: str = "127.0.0.1",
-                 port: int = 0, on_turn: Callable[[Generation], None] | None = None,
-                 on_episode: Callable[[Episode], None] | None = None, token: str | None = None,
-                 auto_sessions: bool = False, allow_remote: bool = False) -> None:
-        if cfg.fork.enabled:
-            raise ValueError("env=external does not fork groups (rollout.fork.points=0): a sibling replays its "
-                             "base's actions on the env, and an agent program cannot be replayed")
-        super().__init__(pool, engine, get_prompt("generic"), cfg, max_new_tokens=max_new_tokens, top_p=top_p,
-                         top_k=top_k, seed=seed, high_repetition_penalty=high_repetition_penalty,
-                         action_format="tools", tool_call_format=tool_call_format, task_type_key=task_type_key,
-                         on_turn=on_turn, on_episode=on_episode)
-        self.external = external
+    can_fork: ClassVar[bool] = False  # a sibling replays its base's actions on the env; a program cannot be replayed
+    kind: ClassVar[str] = "env=external"
+
+    def __init__(self, env: EnvSessions, generator: Generator, cfg: RolloutConfig, external: ExternalConfig, *,
+                 tool_call_format: str = "hermes", task_type_key: str = "task_type", model_name: str = "policy",
+                 host: str = "127.0.0.1", port: int = 0, token: str | None = None, auto_sessions: bool = False,
+                 allow_remote: bool = False) -> None:
+        super().__init__(env, generator)
+        self.cfg, self.external, self.task_type_key = cfg, external, task_type_key
+        self.engine, self.tokenizer = generator.engine, generator.tokenizer
+        self.tool_format = get_tool_call_format(tool_call_format)
+        eos_ids = eos_ids_of(self.engine)
+        self.replies = ReplyReader(self.tokenizer, self.tool_format, eos_ids)
+        if cfg.mode == "trajectory":  # a template that cannot be spliced is refused here, by name
+            render_followup(self.tokenizer, "probe")
+            render_followup(self.tokenizer, "probe", role="tool" if TemplateTools.of(self.tokenizer).tool_role
+                            else "user")
         self.program = load_program(external.program) if external.program else None
         self.rows = load_tasks(external.tasks, optional="*") if external.from_file else None
         """The task file's rows (``env.external.tasks`` a file; rows may have different keys: each keeps its own),
         else None (an env id's sessions)."""
-        assert self.tool_format is not None
-        self.builder = PromptBuilder(self.tokenizer, self.tool_format, self._eos_ids)
+        self.builder = PromptBuilder(self.tokenizer, self.tool_format, eos_ids)
         limits = GatewayLimits(max_body_bytes=external.max_body_bytes, max_messages=external.max_messages,
                                max_tools=external.max_tools, max_requests=external.max_requests,
-                               max_prompt_tokens=cfg.max_prompt_tokens, max_new_tokens=max_new_tokens)
+                               max_prompt_tokens=cfg.max_prompt_tokens,
+                               max_new_tokens=int(generator.gen_kwargs["max_new_tokens"]))
         self.gateway = Gateway(self, token=token or new_token(), model_name=model_name, limits=limits,
                                auto_sessions=auto_sessions)
         self._server = GatewayServer(self.gateway.app, host, port, allow_remote=allow_remote)
@@ -157,6 +171,7 @@ class ExternalRollout(RolloutOrchestrator):
         self.progress = {"started": 0, "running": 0, "finished": 0, "failed": 0}
         """Episode attempts of the gateway's life: started, running now, finished with a reward, failed."""
         self._progress_task: asyncio.Task[None] | None = None
+        self._gateway_counts = dict.fromkeys(GATEWAY_COUNTS, 0.0)
 
     # ---------------------------------------------------------------------------------------------- the server
     @property
@@ -193,10 +208,11 @@ class ExternalRollout(RolloutOrchestrator):
             super().prefetch(tasks, episodes_per_task)
 
     async def aclose(self) -> None:
+        """Stop the progress line, the gateway and the programs' threads (the group player closed the prefetched
+        sessions first)."""
         if self._progress_task is not None:
             self._progress_task.cancel()
             self._progress_task = None
-        await super().aclose()
         await self._server.stop()
         self._started = False
         self._threads.shutdown(wait=False, cancel_futures=True)
@@ -207,41 +223,40 @@ class ExternalRollout(RolloutOrchestrator):
                      seed: int | None = None) -> tuple[Generation, bool]:
         """One call of ``session`` through the batcher: its temperature, its row key (group, slot, call index, and
         the client's ``seed`` when given), the call's cap and stop strings (:meth:`GenerationBatcher.generate`)."""
-        if self._batcher is None:
+        batcher = self.generator.batcher
+        if batcher is None:
             raise RequestError("no rollout is running", "not_running", 503)
         penalty = session.repetition_penalty
         key = tuple(session.key) + (session.requests,) + (() if seed is None else (int(seed),))
-        row = dict(max_new_tokens=max_new_tokens, stop=tuple(stop or ()))
+        row: dict[str, Any] = dict(max_new_tokens=max_new_tokens, stop=tuple(stop or ()))
         if tools:
-            gen, opened = await self._generate_tool_turn(prompt_ids, session.temperature, penalty, key,
-                                                         session.episode_id, **row)
+            gen, opened = await self.replies.generate_tool_turn(batcher, prompt_ids, session.temperature, penalty,
+                                                                key, session.episode_id, **row)
         else:
-            gen = await self._batcher.generate(prompt_ids, session.temperature, penalty, key=key,
-                                               episode_id=session.episode_id, **row)
+            gen = await batcher.generate(prompt_ids, session.temperature, penalty, key=key,
+                                         episode_id=session.episode_id, **row)
             opened = False
-        if gen.policy_version is None:
-            gen.policy_version = session.policy_version
-        if self.on_turn is not None:
-            self.on_turn(gen)
-        return gen, opened
+        return self.generator.finish_turn(gen, session.policy_version), opened
 
     def sampling_rule(self) -> dict[str, Any]:
         """The run's top_p and top_k (every call samples with them, at its episode's temperature)."""
-        return {"top_p": float(self.gen_kwargs["top_p"]), "top_k": int(self.gen_kwargs["top_k"])}
+        settings = self.generator.gen_kwargs
+        return {"top_p": float(settings["top_p"]), "top_k": int(settings["top_k"])}
 
     def decode(self, ids: list[int]) -> str:
-        return decode_for_parsing(self.tokenizer, ids, self._keep)
+        """The text of sampled ids with the tool-call markup kept (:meth:`ReplyReader.decode`)."""
+        return self.replies.decode(ids)
 
     def parse_calls(self, text: str, opened: bool) -> Any:
-        assert self.tool_format is not None
-        return self.tool_format.parse(strip_reasoning(text, self._reasoning, opened, self._call_markup))
+        """The tool-call format's reading of a reply (:meth:`ReplyReader.parse_calls`)."""
+        return self.replies.parse_calls(text, opened)
 
     async def env_step(self, session: GatewaySession, env_session: str, action: str) -> dict[str, Any]:
         """The program's step of its env session, through the run's env client; recorded on the session."""
         if session.env_done:
             raise RequestError("the env episode is over (terminated or truncated)", "episode_over", 409)
         try:
-            step = await self._env(lambda: self.pool.step(env_session, action))
+            step = await self.env.call(lambda: self.env.pool.step(env_session, action))
         except EnvCallFailed as exc:
             session.reward_info["env_failure"] = str(exc)
             raise RequestError(f"the env step failed: {exc}", "env_error", 502) from None
@@ -268,15 +283,14 @@ class ExternalRollout(RolloutOrchestrator):
 
     # ---------------------------------------------------------------------------------------------- episodes
     def event_counts(self) -> dict[str, float]:
-        """The orchestrator's counters plus the gateway's (:data:`~agent_rl.rollout.orchestrator.GATEWAY_COUNTS`)
-        since :meth:`reset_counts`: ``gateway/requests`` (model calls served), ``gateway/prefix_breaks`` (requests
-        that did not extend their episode's segment), ``gateway/segments`` and ``gateway/attempts`` (episode attempts,
-        failed ones included; segments per attempt = their ratio). They reach each step's record on every backend and
-        schedule as the fork counters do."""
-        return {**super().event_counts(), **self._gateway_counts}
+        """The gateway's counters (:data:`~agent_rl.rollout.results.GATEWAY_COUNTS`) since :meth:`reset_counts`:
+        ``gateway/requests`` (model calls served), ``gateway/prefix_breaks`` (requests that did not extend their
+        episode's segment), ``gateway/segments`` and ``gateway/attempts`` (episode attempts, failed ones included;
+        segments per attempt = their ratio). They reach each step's record on every backend and schedule as the fork
+        counters do."""
+        return dict(self._gateway_counts)
 
     def reset_counts(self) -> None:
-        super().reset_counts()
         self._gateway_counts = dict.fromkeys(GATEWAY_COUNTS, 0.0)
 
     def _task_dict(self, task: Task, reset: Any, session: GatewaySession) -> dict[str, Any]:
@@ -327,24 +341,20 @@ class ExternalRollout(RolloutOrchestrator):
             raise RuntimeError(f"the command exited with status {run.returncode}: {run.stderr[-400:]}")
         return printed
 
-    async def _play(self, task: Task, temperature: float, is_high: bool, slot: int = 0,
-                    replay: SiblingStart | None = None, source: ForkSource | None = None) -> Episode:
+    async def run(self, task: Task, sampling: Sampling, slot: int, start: EpisodeStart | None = None) -> Episode:
         """One attempt: the env session (task source), the gateway session, the program, the episode from the
-        recorded calls; raises :class:`EnvCallFailed` on any failure of the attempt (module docstring). ``replay``
-        and ``source`` (the orchestrator's forked groups) are never given: ``rollout.fork`` is refused here."""
-        if replay is not None or source is not None:
-            raise ValueError("env=external does not fork groups (rollout.fork)")
+        recorded calls; raises :class:`EnvCallFailed` on any failure of the attempt (module docstring). ``start``
+        is never given: this kind declares ``can_fork = False``."""
         await self.start()
         reset = None
         if self.rows is None and self.external.tasks:
-            early = self._prefetched.pop((task.group_id, slot), None)
-            reset = await early if early is not None else await self._reset(task)
+            reset = await self.env.open(self.env.take_prefetched(task, slot), task)
         episode_id = f"gw{next(_EPISODE_IDS)}"
         session = self.gateway.open_session(
-            secrets.token_hex(16), temperature=float(temperature), is_high=bool(is_high),
-            repetition_penalty=self.high_repetition_penalty if is_high else 1.0, key=(task.group_id, slot),
+            secrets.token_hex(16), temperature=float(sampling.temperature), is_high=bool(sampling.is_high),
+            repetition_penalty=self.generator.penalty(sampling.is_high), key=(task.group_id, slot),
             episode_id=episode_id, env_session=reset.session_id if reset is not None else None,
-            policy_version=self.policy_version)
+            policy_version=self.generator.policy_version)
         gateway = {"base_url": f"{self.base_url}/v1", "api_key": session.api_key, "session_id": session.session_id,
                    "headers": {"X-Session-ID": session.session_id}}
         self.progress["started"] += 1
@@ -359,7 +369,7 @@ class ExternalRollout(RolloutOrchestrator):
                                         f"({session.requests} model calls made)") from None
                 except Exception as exc:  # noqa: BLE001 (the program's own failure: an env failure, re-run)
                     raise EnvCallFailed(f"program raised {type(exc).__name__}: {exc}") from exc
-            episode = self._episode_of(task, temperature, is_high, session, reset, result)
+            episode = self._episode_of(task, sampling, session, reset, result)
             self.progress["finished"] += 1
             return episode
         except EnvCallFailed as exc:
@@ -372,25 +382,27 @@ class ExternalRollout(RolloutOrchestrator):
         finally:
             self.progress["running"] -= 1
             self.gateway.close_session(session.session_id)
-            c = self._gateway_counts
-            c["gateway/requests"] += session.requests
-            c["gateway/prefix_breaks"] += session.prefix_breaks
-            c["gateway/segments"] += len(session.segments)
-            c["gateway/attempts"] += 1
-            c["gateway/history_rewrites"] += session.rewrites
-            c["gateway/generated_tokens"] += sum(len(t.response_ids) for t in session.turns)
-            for why, n in session.breaks.items():
-                c[f"gateway/prefix_breaks/{why}"] += n
+            self._count(session)
             if caps_of(self.engine).kv_reuse:
                 self.engine.end_episode(episode_id)
             if reset is not None:
-                try:
-                    await asyncio.wait_for(self.pool.close(reset.session_id), 30.0)
-                except Exception:  # noqa: BLE001 (best effort; the server's TTL reaps leftovers)
-                    pass
+                await self.env.close(reset.session_id)
 
-    def _episode_of(self, task: Task, temperature: float, is_high: bool, session: GatewaySession, reset: Any,
+    def _count(self, session: GatewaySession) -> None:
+        """Add an attempt's session to the gateway's counters."""
+        c = self._gateway_counts
+        c["gateway/requests"] += session.requests
+        c["gateway/prefix_breaks"] += session.prefix_breaks
+        c["gateway/segments"] += len(session.segments)
+        c["gateway/attempts"] += 1
+        c["gateway/history_rewrites"] += session.rewrites
+        c["gateway/generated_tokens"] += sum(len(t.response_ids) for t in session.turns)
+        for why, n in session.breaks.items():
+            c[f"gateway/prefix_breaks/{why}"] += n
+
+    def _episode_of(self, task: Task, sampling: Sampling, session: GatewaySession, reset: Any,
                     result: Any) -> Episode:
+        """The attempt's episode from the recorded calls and the reward (the program's, posted, or the env's)."""
         if "env_failure" in session.reward_info:
             raise EnvCallFailed(f"env: {session.reward_info['env_failure']}")
         try:
@@ -413,5 +425,35 @@ class ExternalRollout(RolloutOrchestrator):
             last.terminated = True  # the program ended its episode
         last.info.update(info)
         task_type = (reset.info or {}).get(self.task_type_key) if reset is not None else None
-        return Episode(task=task, temperature=float(temperature), is_high=bool(is_high), turns=list(turns),
+        return Episode(task=task, temperature=float(sampling.temperature), is_high=bool(sampling.is_high),
+                       turns=list(turns),
                        reward=float(reward), won=bool(won) if won is not None else False, task_type=task_type)
+
+
+def external_player(pool: Any, engine: Any, cfg: RolloutConfig, external: ExternalConfig, *, max_new_tokens: int,
+                    top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                    high_repetition_penalty: float = 1.0, tool_call_format: str = "hermes",
+                    task_type_key: str = "task_type", model_name: str = "policy", host: str = "127.0.0.1",
+                    port: int = 0, on_turn: Callable[[Generation], None] | None = None,
+                    on_episode: Callable[[Episode], None] | None = None, token: str | None = None,
+                    auto_sessions: bool = False, allow_remote: bool = False) -> GroupPlayer:
+    """The group player of ``env=external``: :class:`ProgramEpisode` episodes on ``pool`` (the task source's env
+    sessions; None for the standalone gateway) with ``engine``; its runner (``.runner``) is the gateway's
+    (``.runner.gateway``, ``.runner.base_url``, ``.runner.start()``). Arguments as :class:`ProgramEpisode` and
+    :func:`agent_rl.rollout.players.env_player`.
+
+    Raises:
+        ValueError: ``rollout.fork`` on (:attr:`ProgramEpisode.can_fork`); a program that cannot be loaded.
+    """
+    stop = list(get_tool_call_format(tool_call_format).stop)
+    generator = Generator(engine, max_new_tokens=max_new_tokens, top_p=top_p, top_k=top_k, stop=stop, seed=seed,
+                          batch_size=cfg.gen_batch_size, wait_s=cfg.gen_wait_s,
+                          high_repetition_penalty=high_repetition_penalty, on_turn=on_turn)
+    runner = ProgramEpisode(EnvSessions(pool, cfg.env_timeout_s), generator, cfg, external,
+                            tool_call_format=tool_call_format, task_type_key=task_type_key, model_name=model_name,
+                            host=host, port=port, token=token, auto_sessions=auto_sessions,
+                            allow_remote=allow_remote)
+    return GroupPlayer(runner, cfg, on_episode=on_episode)
+
+
+ExternalRollout = external_player  # the former name of the gateway's group player

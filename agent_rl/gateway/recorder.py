@@ -8,7 +8,7 @@ assistant ones equal to what was sampled: content and tool calls by name and arg
 versus ``""`` contents and fields such as ``refusal`` are not compared) and its tools are the same; its prompt is
 then the recorded ids, the sampled response as sampled, and only the new messages encoded on the orchestrator's path
 (:func:`agent_rl.rollout.prompts.encoding.continuation_ids`, spliced by
-:func:`agent_rl.rollout.orchestrator.splice_followup`). Any other request (history edited, truncated, re-ordered,
+:func:`agent_rl.rollout.replies.splice_followup`). Any other request (history edited, truncated, re-ordered,
 tools changed) starts a new segment, rendered whole (:func:`agent_rl.rollout.prompts.render`), and is counted as a
 prefix break: never silently merged.
 
@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from agent_rl.rollout.orchestrator import splice_followup
+from agent_rl.rollout.replies import splice_followup
 from agent_rl.rollout.prompts import render
 from agent_rl.rollout.prompts.encoding import continuation_ids, encode_data
 from agent_rl.rollout.tools import TemplateTools, ToolCallFormat, tool_messages

@@ -1,4 +1,4 @@
-"""Reference policies: scripted players the :class:`~agent_rl.rollout.RolloutOrchestrator` asks instead of the
+"""Reference policies: scripted players a :class:`~agent_rl.rollout.episode.ScriptedEpisode` asks instead of the
 engine (``policy=``), on the one episode path training uses: the random lower bound and the env's expert (the
 evaluation's reference rows, ``agent_rl.eval``), and the expert whose turns behaviour cloning trains on
 (``agent_rl.sft``: the response is the expert action rendered as the RL parser reads it).
@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from agent_rl.engines.base import EngineBase
 from agent_rl.rollout.prompts import TurnContext
 from agent_rl.types import Generation, Task
 from envs.families import EnvFamily
@@ -101,7 +102,7 @@ def make_policy(name: str, family: EnvFamily, seed: int) -> ScriptedPolicy | Non
     raise ValueError(f"policy={name}: {family.name} has no scripted reference policy (valid: model)")
 
 
-class ScriptedEngine:
+class ScriptedEngine(EngineBase):
     """Stands in for the engine when a scripted policy plays every turn: only the tokenizer is used (prompts are
     still rendered, so the prompt budget applies as in training)."""
 

@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from agent_rl.rollout.orchestrator import EVENT_COUNTS, GroupSpec, RolloutResult, all_equal, rollout_metrics
+from agent_rl.rollout.results import EVENT_COUNTS, GroupSpec, RolloutResult, all_equal, rollout_metrics
 from agent_rl.types import Episode, Task
 
 #: a replayed task's group id is its first group id + replays x this (group ids must stay distinct in a stream).
@@ -187,8 +187,8 @@ class AsyncProducer:
     order of completion, and hands each step its admitted groups.
 
     Args:
-        play_group: plays one group (``GroupSpec``) and returns its G episodes (a local orchestrator's
-            :meth:`~agent_rl.rollout.orchestrator.RolloutOrchestrator.play_group`, or a Ray worker's).
+        play_group: plays one group (``GroupSpec``) and returns its G episodes (a local group player's
+            :meth:`~agent_rl.rollout.groups.GroupPlayer.play_group`, or a Ray worker's).
         load_weights: ``await load_weights(version)`` puts the weights after ``version`` steps into the engine(s).
         counters: cumulative generation counters (``generate_s``, ``tokens``, ``episode_retries``,
             ``failed_episodes``) for the step metrics.

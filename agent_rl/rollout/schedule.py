@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from agent_rl.progress import step_phase
-from agent_rl.rollout.orchestrator import GroupSpec, RolloutResult, collect_groups, group_temperatures, split_groups
+from agent_rl.rollout.results import GroupSpec, RolloutResult, collect_groups, group_temperatures, split_groups
 from agent_rl.rollout.producer import AsyncProducer, warmup_horizon
 from agent_rl.types import Episode, Task
 

@@ -207,7 +207,7 @@ def test_trajectory_turns_token_in_token_out_with_several_eos_ids(tmp_path):
             pool = LocalEnvPool()
             try:
                 orch = RolloutOrchestrator(pool, eng, get_prompt("generic"), cfg, max_new_tokens=8, seed=0)
-                assert orch._eos_ids == set(eng.eos_token_ids)
+                assert orch.runner.eos_ids == set(eng.eos_token_ids)
                 return await orch.collect(sampler.sample, 2, AlgoConfig(name="grpo", group_size=2), step=1)
             finally:
                 await pool.aclose()

@@ -84,6 +84,6 @@ def test_smolagents_tool_calling_agent_tool_choice_required(gw, policy):  # noqa
     model = smolagents.OpenAIServerModel(model_id="policy", api_base=f"{gw.url}/v1", api_key=s.api_key)
     agent = smolagents.ToolCallingAgent(tools=[calc], model=model, max_steps=2, verbosity_level=0)
     agent.run("What is 2+2?")
-    opening = tok.encode(call_opening(gw.orch.builder.tool_format, None), add_special_tokens=False)
+    opening = tok.encode(call_opening(gw.orch.runner.builder.tool_format, None), add_special_tokens=False)
     forced = [t for t in s.turns if t.prompt_ids[-len(opening):] == opening]
     assert forced and all(t.invalid for t in forced)

@@ -57,7 +57,7 @@ def test_n_logprobs_top_logprobs(gw):
     turn = s.turns[0]
     assert [c.logprob for c in content] == pytest.approx(turn.response_logprobs)  # the engine's, as sampled
     assert len(content) == r.usage.completion_tokens == len(turn.response_ids)
-    assert "".join(c.token for c in content) == gw.orch.tokenizer.decode(turn.response_ids)
+    assert "".join(c.token for c in content) == gw.orch.runner.tokenizer.decode(turn.response_ids)
     c = gw.client(s).completions.create(model="x", prompt="Once upon a time", max_tokens=4, logprobs=0)
     assert c.choices[0].logprobs.token_logprobs == pytest.approx(s.turns[1].response_logprobs)
     # streamed: the same log-probs, all in the finish chunk
@@ -132,7 +132,7 @@ def test_tool_choice_each_value(gw, policy):  # noqa: F811
     _refused(gw, s, "tool_choice", tools=CALCULATOR_TOOLS, tool_choice="sometimes")
     _refused(gw, s, "response_format", response_format={"type": "json_object"})
     _refused(gw, s, "frobnicate", frobnicate=1)
-    fmt = gw.orch.builder.tool_format
+    fmt = gw.orch.runner.builder.tool_format
     assert call_opening(fmt, None) == '<tool_call>\n{"name": "'
     assert call_opening(fmt, "calc") == '<tool_call>\n{"name": "calc", "arguments": '
     for choice, opening in (("required", call_opening(fmt, None)),
@@ -143,7 +143,7 @@ def test_tool_choice_each_value(gw, policy):  # noqa: F811
         prompt = t.turns[0].prompt_ids
         # the reply starts as a call: the format's opening is written after the rendered prompt (and recorded)
         assert prompt[-len(opened):] == opened
-        assert prompt[:-len(opened)] == gw.orch.builder.full(MESSAGES, CALCULATOR_TOOLS)
+        assert prompt[:-len(opened)] == gw.orch.runner.builder.full(MESSAGES, CALCULATOR_TOOLS)
     # none: the reply is text, never parsed as a call
     n = gw.session(temperature=0.0)
     r = _chat(gw, n, tools=CALCULATOR_TOOLS, tool_choice="none")
@@ -246,7 +246,7 @@ def test_an_end_token_the_clients_text_lacks_is_not_in_the_next_prompt(gw, polic
     """A completion that ended on EOS: the client's next prompt (its text + more) holds no EOS, so neither do the
     recorded ids: they are what the client's text encodes to, and the next call starts a new segment (no break)."""
     tok = policy[1]
-    eos = sorted(gw.orch.builder.eos_ids)[0]
+    eos = sorted(gw.orch.runner.builder.eos_ids)[0]
     s = gw.session(temperature=0.0)
     c = gw.client(s)
     first = c.completions.create(model="x", prompt="Once upon a time", max_tokens=4)
@@ -309,7 +309,7 @@ def test_chat_end_token_the_template_does_not_write_is_dropped(gw, policy):  # n
     sampled reply without that token, and a new segment starts (no prefix break)."""
     tok = policy[1]
     extra = tok.convert_tokens_to_ids("<|endoftext|>")
-    builder = gw.orch.builder
+    builder = gw.orch.runner.builder
     assert extra not in builder.eos_ids
     builder.eos_ids.add(extra)
     try:
@@ -368,7 +368,7 @@ def test_task_file_rows_with_different_keys(tmp_path, policy):  # noqa: F811
     orch = ExternalRollout(None, get_engine("hf", policy[0], policy[1], seed=0), RolloutConfig(),
                            ExternalConfig(program="tests.gateway.programs:file_task", tasks=str(path)),
                            max_new_tokens=4)
-    assert list(orch.rows) == rows
+    assert list(orch.runner.rows) == rows
 
 
 def test_an_unexpected_failure_is_an_openai_shaped_500(gw, monkeypatch):
@@ -377,7 +377,7 @@ def test_an_unexpected_failure_is_an_openai_shaped_500(gw, monkeypatch):
     def broken(*args, **kwargs):
         raise KeyError("boom")
 
-    monkeypatch.setattr(gw.orch.builder, "prompt", broken)
+    monkeypatch.setattr(gw.orch.runner.builder, "prompt", broken)
     r = httpx.post(f"{gw.url}/v1/chat/completions", json={"messages": MESSAGES},
                    headers={"Authorization": f"Bearer {s.api_key}"}, timeout=60)
     assert r.status_code == 500 and r.json()["error"]["type"] == "server_error" and "boom" not in r.text
@@ -385,10 +385,11 @@ def test_an_unexpected_failure_is_an_openai_shaped_500(gw, monkeypatch):
 
 
 def test_progress_line_counts_calls_and_tokens(gw):
-    before = gw.orch.gateway.requests, gw.orch.gateway.generated_tokens
+    before = gw.orch.runner.gateway.requests, gw.orch.runner.gateway.generated_tokens
     s = gw.session(temperature=0.0)
     _chat(gw, s, max_tokens=3)
-    assert gw.orch.gateway.requests == before[0] + 1
-    assert gw.orch.gateway.generated_tokens == before[1] + len(s.turns[0].response_ids)
-    line = gw.orch.progress_line()
-    assert f"{gw.orch.gateway.requests} model calls" in line and f"{gw.orch.gateway.generated_tokens} tokens" in line
+    assert gw.orch.runner.gateway.requests == before[0] + 1
+    assert gw.orch.runner.gateway.generated_tokens == before[1] + len(s.turns[0].response_ids)
+    line = gw.orch.runner.progress_line()
+    gateway = gw.orch.runner.gateway
+    assert f"{gateway.requests} model calls" in line and f"{gateway.generated_tokens} tokens" in line

@@ -21,7 +21,7 @@ import openai
 import pytest
 import torch
 
-from agent_rl.engines import get_engine
+from agent_rl.engines import EngineBase, get_engine
 from agent_rl.envclient import LocalEnvPool
 from agent_rl.gateway import ExternalConfig, ExternalRollout
 from agent_rl.gateway.server import GatewayServer
@@ -42,12 +42,13 @@ def policy():
     return model.eval(), tok
 
 
-class RecordingEngine:
-    """The real HF engine, its every output kept (to compare the gateway's recorded ids with what it sampled)."""
+class RecordingEngine(EngineBase):
+    """The real HF engine, its every output kept (to compare the gateway's recorded ids with what it sampled); it
+    declares the HF engine's EOS ids (``EngineBase.eos_token_ids``) and no capabilities."""
 
     def __init__(self, engine: Any) -> None:
         self.engine, self.tokenizer = engine, engine.tokenizer
-        self.eos_token_ids = getattr(engine, "eos_token_ids", None)
+        self.eos_token_ids = engine.eos_token_ids
         self.outputs: list[tuple[list[int], list[int], list[float]]] = []
         self._lock = threading.Lock()
 
@@ -185,16 +186,16 @@ class Live:
         self.orch = ExternalRollout(None, engine, RolloutConfig(max_prompt_tokens=max_prompt_tokens),
                                     ExternalConfig(program="tests.gateway.programs:no_reward", **external),
                                     max_new_tokens=max_new_tokens, seed=0, auto_sessions=auto_sessions)
-        self.call(self.orch.start())
+        self.call(self.orch.runner.start())
         self.call(self.orch.open_stream(seed_key=0))
-        self.url = self.orch.base_url
-        self.token = self.orch.gateway.settings.token
+        self.url = self.orch.runner.base_url
+        self.token = self.orch.runner.gateway.settings.token
 
     def call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(HANG_S)
 
     def session(self, **kwargs):
-        return self.orch.gateway.open_session(**kwargs)
+        return self.orch.runner.gateway.open_session(**kwargs)
 
     def client(self, session, **kw) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=session.api_key, max_retries=0, timeout=HANG_S, **kw)
@@ -310,7 +311,7 @@ def test_attacker_view(live):
     assert http.post(rw, json={"reward": 0.25}, headers=auth).status_code == 200 and mine.reward == 0.25
     assert http.post(rw, json={"reward": 1.0}, headers=auth).status_code == 409 and mine.reward == 0.25
     # a closed episode's key stops working
-    live.orch.gateway.close_session(mine.session_id)
+    live.orch.runner.gateway.close_session(mine.session_id)
     assert http.post(url, json=body, headers=auth).status_code == 401
     # the run's token reaches a session by id; without one it is an error, not a new episode
     run = {"Authorization": f"Bearer {live.token}"}
@@ -360,7 +361,7 @@ def test_attacker_view_text_session_keys_and_rewards(live):
     assert r.json()["error"]["code"] == "context_length_exceeded" and "at least" in r.json()["error"]["message"]
     r = http.post(completions, json={"prompt": "word " * 400_000}, headers=auth)
     assert r.json()["error"]["code"] == "context_length_exceeded" and "at least" in r.json()["error"]["message"]
-    builder, tok = live.orch.builder, live.orch.tokenizer
+    builder, tok = live.orch.runner.builder, live.orch.runner.tokenizer
     for text in (" " * 5000, "\n" + " " * 4000, "é€😀" * 500, "word " * 2000, "<|im_end|>" * 300):
         assert 0 < builder.fewest_tokens([text]) <= len(tok.encode(text, add_special_tokens=False)), text[:8]
     # an earlier tool call's arguments edited to a value Python calls equal (1 -> true, 1 -> 1.0): a prefix break
@@ -387,8 +388,8 @@ def test_standalone_sessions_named_by_the_client(policy):
     open session (posted once: a second one, or one for a session that never called, is refused)."""
     gw = Live(policy, auto_sessions=True)
     rewarded: list[str] = []
-    gw.orch.gateway.on_reward = lambda session: (rewarded.append(session.session_id),
-                                                 gw.orch.gateway.close_session(session.session_id))
+    gw.orch.runner.gateway.on_reward = lambda session: (rewarded.append(session.session_id),
+                                                        gw.orch.runner.gateway.close_session(session.session_id))
     try:
         run = {"Authorization": f"Bearer {gw.token}"}
         url = f"{gw.url}/v1/chat/completions"
@@ -398,7 +399,7 @@ def test_standalone_sessions_named_by_the_client(policy):
         # the run's token still works (a session named "run" took its place in the gate before)
         assert http.post(url, json=body, headers={**run, "X-Session-ID": "s1"}).status_code == 200
         r = http.post(f"{gw.url}/sessions/never/reward", json={"reward": 1.0}, headers=run)
-        assert r.status_code == 404 and "never" not in gw.orch.gateway.sessions
+        assert r.status_code == 404 and "never" not in gw.orch.runner.gateway.sessions
         assert http.post(f"{gw.url}/sessions/s1/reward", json={"reward": 1.0}, headers=run).status_code == 200
         assert http.post(f"{gw.url}/sessions/s1/reward", json={"reward": 0.0}, headers=run).status_code == 404
         assert rewarded == ["s1"]
@@ -422,10 +423,10 @@ def test_a_refused_call_opens_no_session(policy):
         r = httpx.post(f"{gw.url}/sessions/refused-x/v1/completions", json={"prompt": "word " * 5000},
                        headers=run, timeout=60)
         assert r.status_code == 400, r.text
-        assert not gw.orch.gateway.sessions
+        assert not gw.orch.runner.gateway.sessions
         good = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         assert httpx.post(url, json=good, headers={**run, "X-Session-ID": "s1"}, timeout=60).status_code == 200
-        assert list(gw.orch.gateway.sessions) == ["s1"]
+        assert list(gw.orch.runner.gateway.sessions) == ["s1"]
     finally:
         gw.close()
 
@@ -434,7 +435,7 @@ def test_a_gateway_connection_that_stops_mid_body_is_closed(live):
     """30 connections with the run's token that stop mid-body were never closed; past the body timeout each is."""
     import socket
 
-    server = GatewayServer(live.orch.gateway.app, body_timeout_s=1.0)
+    server = GatewayServer(live.orch.runner.gateway.app, body_timeout_s=1.0)
     live.call(server.start())
     socks = []
     try:
@@ -453,7 +454,7 @@ def test_a_gateway_connection_that_stops_mid_body_is_closed(live):
 
 def test_gateway_binds_loopback_only_by_default(live):
     with pytest.raises(ValueError, match="not loopback"):
-        GatewayServer(live.orch.gateway.app, host="0.0.0.0")
+        GatewayServer(live.orch.runner.gateway.app, host="0.0.0.0")
 
 
 # ------------------------------------------------------------------------------------------------ task files, commands

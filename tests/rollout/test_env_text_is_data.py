@@ -21,7 +21,7 @@ from rollout_fakes import ByteTokenizer, SimplePool
 
 from agent_rl.learner.config import ModelConfig
 from agent_rl.models import _byte_level_tokenizer, finish_tokenizer, find_smollm2_gguf, load_policy, smollm2_tokenizer
-from agent_rl.rollout import GroupSpec, RolloutConfig, RolloutOrchestrator, TurnContext, get_prompt
+from agent_rl.rollout import EnvEpisode, GroupSpec, RolloutConfig, RolloutOrchestrator, TurnContext, get_prompt
 from agent_rl.rollout.policies import ScriptedEngine, ScriptedPolicy
 from agent_rl.rollout.prompts import (ChatTemplateError, UnsafeTokenizerError, encode_data, format_ids, render,
                                       render_followup, render_text)
@@ -170,9 +170,9 @@ def test_benign_prompts_keep_the_tokenizers_own_ids(tok):
 
 
 # ------------------------------------------------------------------------------------------------ later turns
-def _builder(tok, mode: str, prompt: str = "generic") -> RolloutOrchestrator:
+def _builder(tok, mode: str, prompt: str = "generic") -> EnvEpisode:
     return RolloutOrchestrator(None, ScriptedEngine(tok), get_prompt(prompt), RolloutConfig(mode=mode),
-                               max_new_tokens=8)
+                               max_new_tokens=8).runner
 
 
 @pytest.mark.parametrize("eos", [True, False])

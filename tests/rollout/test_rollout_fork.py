@@ -239,7 +239,7 @@ def test_stream_play_group_holds_its_forks_and_budget_episodes(games):
             return await orch.play_group(spec), orch.stream_counters()
         finally:
             await orch.close_stream()
-            await orch.pool.aclose()
+            await orch.env.pool.aclose()
 
     eps, counters = asyncio.run(go())
     bases = [ep for ep in eps if ep.fork is None]

@@ -110,7 +110,7 @@ def test_multi_turn_history_and_invalid_flags():
 
 def test_max_turns_and_response_truncation_recorded():
     orch, _ = make(SimplePool(), lambda p, t: "x" * 100, max_turns=2)
-    orch.gen_kwargs["max_new_tokens"] = 10
+    orch.generator.gen_kwargs["max_new_tokens"] = 10
     res = asyncio.run(orch.run_groups([GroupSpec(tasks(1)[0], [(1.0, False)] * 2)]))
     for ep in res.episodes:
         assert len(ep.turns) == 2 and not ep.won and not ep.turns[-1].terminated

@@ -358,7 +358,7 @@ CASES = [("qwen2_5", "hermes"), ("llama3_style", "llama3_json"), ("smollm2", "he
 def test_tool_episode_with_malformed_calls(tokenizers, name, fmt_name, mode):
     tok = tokenizers[name]
     orch, res = play(tok, fmt_name, mode)
-    assert orch.gen_kwargs["stop"] == (["</tool_call>"] if fmt_name == "hermes" else None)
+    assert orch.generator.gen_kwargs["stop"] == (["</tool_call>"] if fmt_name == "hermes" else None)
     (ep,) = res.episodes
     assert [t.invalid for t in ep.turns] == [False, True, True, True, False]
     assert ep.won and ep.reward == 1.0 and ep.turns[-1].terminated
@@ -395,10 +395,10 @@ def test_tool_episode_with_malformed_calls(tokenizers, name, fmt_name, mode):
         assert turn.prompt_ids[:len(head)] == head
     env = gymnasium.make("agent_rl/Calculator-v0", action_format="tools")
     obs0, info0 = env.reset(options=PROBLEM)
-    prompt = orch.prompt
+    prompt = orch.runner.prompt
     ctx0 = TurnContext(task=prompt.task_text(obs0, info0), observation=obs0, admissible=info0["admissible_actions"],
                        step=0, info=info0, tools=info0["tools"])
-    messages, tools = tool_messages(prompt.messages(ctx0), info0["tools"], tok, orch.tool_format)
+    messages, tools = tool_messages(prompt.messages(ctx0), info0["tools"], tok, orch.runner.tool_format)
     role = "tool" if TemplateTools.of(tok).tool_role else "user"
     for k, turn in enumerate(ep.turns[:-1]):  # the env's answer: the prompt's follow-up text of that turn
         answer = prompt.followup(TurnContext(task=ctx0.task, observation=turn.observation, step=k + 1, info=turn.info,
@@ -428,4 +428,4 @@ def test_text_mode_is_unchanged_by_tools(tokenizers):
     """action_format=text keeps rollout.stop and the <action> parser."""
     engine = TokenEngine(tokenizers["qwen2_5"], ["<action>pick sock</action>"])
     orch = RolloutOrchestrator(SimplePool(), engine, get_prompt("generic"), RolloutConfig(), max_new_tokens=8)
-    assert orch.gen_kwargs["stop"] == ["</action>"] and orch.tool_format is None
+    assert orch.generator.gen_kwargs["stop"] == ["</action>"] and orch.runner.tool_format is None
