@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from agent_rl.algos.calibration import calibration_scores, candidate_pairs, medium_tasks
 from agent_rl.rollout import GroupSpec
-from agent_rl.rollout.tasks import make_task_sampler
+from agent_rl.rollout.samplers import make_task_sampler
 from agent_rl.types import Episode, Task
 
 #: ``extra.json`` key of the probe's result (a resumed run applies it instead of probing again).

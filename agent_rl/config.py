@@ -69,7 +69,7 @@ class EnvConfig:
 
     tasks: str = ""
     """A task file (docs/training.md "Your own tasks"): JSONL, JSON, parquet, CSV, a ``save_to_disk``
-    folder or a hub name, read by :func:`agent_rl.tasks.load_tasks`. Each row, mapped by ``env.task_fields``, is one
+    folder or a hub name, read by :func:`agent_rl.task_files.load_tasks`. Each row, mapped by ``env.task_fields``, is one
     task's reset options (its content, never a path: it reaches an env server as is); it replaces ``env.sampler``
     (epochs of seeded permutations over the rows). "" = the env's own tasks (``env.sampler``)."""
     task_fields: dict[str, str] = field(default_factory=dict)

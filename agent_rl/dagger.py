@@ -50,7 +50,7 @@ from agent_rl.lora import base_module
 from agent_rl.rollout import GroupSpec, RolloutResult, build_rollout_batch
 from agent_rl.rollout.policies import ExpertPolicy
 from agent_rl.rollout.schedule import ExpertRows
-from agent_rl.rollout.tasks import make_task_sampler
+from agent_rl.rollout.samplers import make_task_sampler
 from agent_rl.runtime import build_engine, build_orchestrator, open_env_pool, pad_token_id
 from agent_rl.sft import BehaviourCloningBackend, response_ids_for, step_rows
 from agent_rl.types import Episode, RolloutBatch, Task, Turn

@@ -22,7 +22,7 @@ class EvalConfig:
     """Math/code panels: a dataset name, or several comma-separated (math default math500, code humanevalplus)."""
     tasks: str = ""
     """A task file as the panel (any env): its rows, mapped by ``env.task_fields``, are the panel's tasks
-    (reset options), read by :func:`agent_rl.tasks.load_tasks`; the panel is named ``<env.name>_<file stem>``.
+    (reset options), read by :func:`agent_rl.task_files.load_tasks`; the panel is named ``<env.name>_<file stem>``.
     "" = the env's own panels (``eval.split`` / ``eval.dataset``)."""
     task_split: str = ""
     """Split of ``eval.tasks`` ("" = train, or the one split of a saved dataset)."""

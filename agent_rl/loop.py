@@ -45,8 +45,8 @@ from agent_rl.logging import KIND_PHASE, NO_SIGNAL, SKIPPED_NONFINITE, MetricsLo
 from agent_rl.progress import step_phase
 from agent_rl.rollout import build_rollout_batch
 from agent_rl.rollout.schedule import ExpertRows, Player, Schedule, choose_schedule
-from agent_rl.rollout.tasks import make_task_sampler
-from agent_rl.tasks import TaskFileError
+from agent_rl.rollout.samplers import make_task_sampler
+from agent_rl.task_files import TaskFileError
 from agent_rl.runtime import checkpoint_extra, checkpoint_step, pad_token_id, prune_checkpoints, resume_path
 from agent_rl.temperature import TemperatureHooks
 from agent_rl.trackers import Trackers

@@ -64,7 +64,7 @@ from agent_rl.loop import FirstStepFailed, run
 from agent_rl.lora import base_module, is_lora
 from agent_rl.progress import Progress, quiet_library_progress
 from agent_rl.rollout import GroupSpec, RolloutResult, build_rollout_batch
-from agent_rl.rollout.tasks import make_task_sampler
+from agent_rl.rollout.samplers import make_task_sampler
 from agent_rl.rollout.policies import ExpertPolicy, ScriptedEngine
 from agent_rl.rollout.prompts import format_ids
 from agent_rl.rollout.schedule import ExpertRows

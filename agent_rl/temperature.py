@@ -25,7 +25,7 @@ from agent_rl.algos import TAMPO_SUM_PREFIX as SUM_PREFIX
 from agent_rl.calibration import STATE_KEY as CALIBRATION_STATE_KEY, Calibration
 from agent_rl.config import ConfigError
 from agent_rl.learner.config import t_high_value
-from agent_rl.rollout.tasks import make_task_sampler
+from agent_rl.rollout.samplers import make_task_sampler
 from agent_rl.runtime import t_high_state
 
 #: ``extra.json`` key of the driver's temperature state (TAMPO's E, meta RNG, draws).

@@ -1,7 +1,7 @@
 """Configs that cannot train are refused when they load (docs/training.md, "Refused configs"):
 :func:`check_trainable` checks registry names, the env id and its kwargs, the device, the model's context, and the
 combinations of keys that cannot work together (the backend's capabilities, :data:`agent_rl.config.BACKENDS`;
-asynchronous rollouts), and resolves ``trainer.warm_start`` (:func:`resolve_warm_start`, issue 35). Called by
+asynchronous rollouts), and resolves ``trainer.warm_start`` (:func:`resolve_warm_start`). Called by
 :func:`agent_rl.compose.load_config`.
 """
 
@@ -22,7 +22,7 @@ from agent_rl.config import BACKENDS, Config, ConfigError
 from agent_rl.engines import check_engine_config, engine_caps, engine_names
 from agent_rl.models import model_context_length
 from agent_rl.rollout import get_prompt
-from agent_rl.rollout.tools import get_tool_call_format
+from agent_rl.rollout.tool_calls import get_tool_call_format
 from envs.families import family_of
 from envs.wrappers import WRAPPER_KWARGS
 
@@ -166,7 +166,7 @@ def check_trainable(cfg: Config) -> list[str]:
     """
     notes: list[str] = []
     _import_all("trainer.imports", cfg.trainer.imports)
-    notes += resolve_warm_start(cfg)  # issue 35: trainer.warm_start auto -> bc | none, bc without an expert refused
+    notes += resolve_warm_start(cfg)  # trainer.warm_start auto -> dagger | bc | none, bc without an expert refused
     try:
         _registry_checks(cfg)
     except ValueError as exc:

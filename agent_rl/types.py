@@ -27,7 +27,7 @@ class Task:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     index: int | None = None
     """The task's position in the run's task list (``env.tasks`` rows, ``env.sampler.kind=index``); None for
-    seed-drawn tasks. The curriculum's key (``agent_rl.rollout.tasks.PassRateSampler``)."""
+    seed-drawn tasks. The curriculum's key (``agent_rl.rollout.samplers.PassRateSampler``)."""
 
 
 @dataclass

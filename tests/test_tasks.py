@@ -1,4 +1,4 @@
-"""agent_rl.tasks.load_tasks: every source kind read by ``datasets`` gives the same rows; errors name file, row, field."""
+"""agent_rl.task_files.load_tasks: every source kind read by ``datasets`` gives the same rows; errors name file, row, field."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 datasets = pytest.importorskip("datasets")
 
-from agent_rl.tasks import MAX_JSON_DEPTH, TaskFileError, load_tasks  # noqa: E402
+from agent_rl.task_files import MAX_JSON_DEPTH, TaskFileError, load_tasks  # noqa: E402
 
 ROWS = [
     {"question": "What is 2+3?", "final": "5", "level": 1},
@@ -163,7 +163,7 @@ def test_a_folder_of_data_files_and_a_hub_name_offline(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------ nesting depth
-_LOAD = ("import sys\nfrom agent_rl.tasks import TaskFileError, load_tasks\ntry:\n"
+_LOAD = ("import sys\nfrom agent_rl.task_files import TaskFileError, load_tasks\ntry:\n"
          "    load_tasks(sys.argv[1], cache_dir=sys.argv[2])\nexcept TaskFileError as exc:\n    print(exc)\n")
 
 

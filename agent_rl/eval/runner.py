@@ -49,7 +49,7 @@ from agent_rl.rollout.policies import ScriptedEngine, make_policy
 from agent_rl.rollout.prompts.base import has_prompt
 from agent_rl.runtime import (build_engine, build_orchestrator, close_engine, open_env_pool, resolve_device,
                               seed_everything, set_data_root)
-from agent_rl.tasks import load_tasks
+from agent_rl.task_files import load_tasks
 from agent_rl.types import Episode, Generation, Task
 from envs.families import BUILTIN, EnvFamily, describe, family_of
 
@@ -134,7 +134,7 @@ def file_panel(cfg: Any, num_tasks: int | None = None) -> Panel:
     spread evenly over the file (default ``eval.num_tasks``; 0 = all), each row a task's reset options.
 
     Raises:
-        agent_rl.tasks.TaskFileError, FileNotFoundError: the file (file, row and field named).
+        agent_rl.task_files.TaskFileError, FileNotFoundError: the file (file, row and field named).
     """
     ev = cfg.eval
     rows = load_tasks(ev.tasks, cfg.env.task_fields or None, split=ev.task_split or None)

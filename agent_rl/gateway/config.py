@@ -7,7 +7,7 @@ from pathlib import Path
 
 from agent_rl.gateway.command import command_argv
 
-from agent_rl.tasks import FILE_BUILDERS
+from agent_rl.task_files import FILE_BUILDERS
 
 
 @dataclass
@@ -30,7 +30,7 @@ class ExternalConfig:
     tasks: str = ""
     """The task source: a registered env id (the run's env server serves it; each task dict carries the reset
     observation, info and an ``env`` entry of a live session the program steps through the gateway), or a dataset
-    file or folder (``agent_rl.tasks.load_tasks``: JSONL, JSON, parquet, CSV, ``save_to_disk``): each row is the
+    file or folder (``agent_rl.task_files.load_tasks``: JSONL, JSON, parquet, CSV, ``save_to_disk``): each row is the
     task dict, rows taken in order (task p of the run is row p mod rows), no env session."""
     concurrency: int = 8
     """Programs running at once (threads or processes); G programs per task."""

@@ -58,8 +58,8 @@ from agent_rl.rollout.prompts import render_followup
 from agent_rl.rollout.replies import ReplyReader, eos_ids_of
 from agent_rl.rollout.results import GATEWAY_COUNTS
 from agent_rl.rollout.sessions import EnvCallFailed, EnvSessions, checked_reward
-from agent_rl.rollout.tools import TemplateTools, get_tool_call_format
-from agent_rl.tasks import load_tasks
+from agent_rl.rollout.tool_calls import TemplateTools, get_tool_call_format
+from agent_rl.task_files import load_tasks
 from agent_rl.types import Episode, Generation, Task
 from envs.numbers import RewardError
 from envs.numbers import checked_reward as _checked_reward

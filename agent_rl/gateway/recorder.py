@@ -29,7 +29,7 @@ from typing import Any, Sequence
 from agent_rl.rollout.replies import splice_followup
 from agent_rl.rollout.prompts import render
 from agent_rl.rollout.prompts.encoding import continuation_ids, encode_data
-from agent_rl.rollout.tools import TemplateTools, ToolCallFormat, tool_messages
+from agent_rl.rollout.tool_calls import TemplateTools, ToolCallFormat, tool_messages
 from agent_rl.types import Turn
 from envs.hosting.jsonable import lone_surrogate, scrub_text
 from envs.jsondepth import JSONTooDeep, loads_bounded

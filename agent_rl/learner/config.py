@@ -554,7 +554,7 @@ class ModelConfig:
     seed: int = 0
     """``model=tiny``: seed of the random weights."""
     tool_call_format: str = "hermes"
-    """How the model writes tool calls (``env.action_format=tools``; ``agent_rl.rollout.tools``): hermes
+    """How the model writes tool calls (``env.action_format=tools``; ``agent_rl.rollout.tool_calls``): hermes
     (``<tool_call>{json}</tool_call>``: Qwen2.5, Qwen3, SmolLM2) | llama3_json (Llama 3.1+) | a registered one. Set
     by each model preset; set it for any other model."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)

@@ -11,7 +11,7 @@ from agent_rl.rollout.prompts import PromptFormat, TurnContext, get_prompt, regi
 from agent_rl.rollout.results import (GroupSpec, RolloutResult, collect_groups, group_temperatures,
                                       merge_parallel_results, rollout_metrics)
 from agent_rl.rollout.sessions import EnvCallFailed
-from agent_rl.rollout.tasks import TaskSampler
+from agent_rl.rollout.samplers import TaskSampler
 
 RolloutOrchestrator = env_player  # the former name of the env episodes' group player
 

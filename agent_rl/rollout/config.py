@@ -17,7 +17,7 @@ SAMPLER_KINDS = ("index", "seed")
 
 @dataclass
 class ForkConfig:
-    """Forked groups (``rollout.fork.*``, issue 40; estimator: docs/algorithms_impl.md "Forked groups"): from each
+    """Forked groups (``rollout.fork.*``; estimator: docs/algorithms_impl.md "Forked groups"): from each
     base episode of a group, at ``points`` fork turns, ``siblings`` episodes replay the base's actions on fresh
     sessions (same reset seed and options; every replayed prompt and step checked equal to the base's) and sample
     onward with their own sampling-seed slots. Off by default (``points=0``)."""
@@ -176,7 +176,7 @@ class TaskSamplerConfig:
 
 CURRICULA = ("none", "pass_rate")
 """``trainer.curriculum`` values: none = uniform (epochs of seeded permutations); pass_rate =
-:class:`agent_rl.rollout.tasks.PassRateSampler`."""
+:class:`agent_rl.rollout.samplers.PassRateSampler`."""
 
 POOLS = ("too_easy", "learnable", "too_hard", "unseen")
 """The pass-rate curriculum's pools, in this order everywhere (metrics ``curriculum/pool_frac/<pool>``)."""
@@ -184,7 +184,7 @@ POOLS = ("too_easy", "learnable", "too_hard", "unseen")
 
 @dataclass
 class PassRateConfig:
-    """The pass-rate curriculum (``trainer.curriculum=pass_rate``, ``trainer.pass_rate.*``; issue 39; the idea of
+    """The pass-rate curriculum (``trainer.curriculum=pass_rate``, ``trainer.pass_rate.*``; the idea of
     prime-rl's difficulty pools and of SkyRL's/AReaL's online pass-rate filters).
 
     A task's pass rate is an exponential moving average over its groups of the group's fraction of won episodes

@@ -12,8 +12,8 @@
 A new kind of episode is a new runner beside these (docs/architecture.md, "Rollout").
 
 Tools (``action_format="tools"``, docs/tools.md): the env declares its tools at reset (``info["tools"]``); the
-prompt passes them to the chat template (:class:`agent_rl.rollout.prompts.tools.ToolPrompt`,
-:func:`agent_rl.rollout.tools.tool_messages`), the model's native call is parsed by its tool-call format
+prompt passes them to the chat template (:class:`agent_rl.rollout.prompts.tool_prompt.ToolPrompt`,
+:func:`agent_rl.rollout.tool_calls.tool_messages`), the model's native call is parsed by its tool-call format
 (``model.tool_call_format``) into the env action, and the env's answer comes back as a ``tool`` message (in
 trajectory mode: the template's render of that message, spliced after the sampled ids). Generation stops at the
 format's stop strings instead of ``rollout.stop``. A call that cannot be read, an unknown tool or wrong arguments is
@@ -35,10 +35,10 @@ from agent_rl.rollout.fork import EpisodeStart, ForkSource, SiblingStart, check_
 from agent_rl.rollout.generation import Generator
 from agent_rl.rollout.parsing import parse_action
 from agent_rl.rollout.prompts import PromptFormat, TurnContext, render, render_followup
-from agent_rl.rollout.prompts.tools import ToolPrompt
+from agent_rl.rollout.prompts.tool_prompt import ToolPrompt
 from agent_rl.rollout.replies import ReplyReader, eos_ids_of, splice_followup
 from agent_rl.rollout.sessions import EnvSessions, checked_reward
-from agent_rl.rollout.tools import TemplateTools, get_tool_call_format, tool_messages
+from agent_rl.rollout.tool_calls import TemplateTools, get_tool_call_format, tool_messages
 from agent_rl.types import Episode, ForkOrigin, Generation, Task, Turn
 
 _EPISODE_IDS = itertools.count()  # episode attempt ids, unique in the process (engines key caches by them)
@@ -170,8 +170,8 @@ class EnvEpisode(EpisodeRunner):
 
     def parse(self, text: str, ctx: TurnContext, reasoning_open_at_start: bool = False) -> tuple[str, bool]:
         """``(env action, well_formed)`` of a reply: in tools mode (the env declared tools) the tool-call format's
-        reading (:attr:`agent_rl.rollout.tools.ToolCallParse.action`; not well formed when a call cannot be read) of
-        the reply without its reasoning blocks (:func:`agent_rl.rollout.tools.strip_reasoning`: a call drafted while
+        reading (:attr:`agent_rl.rollout.tool_calls.ToolCallParse.action`; not well formed when a call cannot be read) of
+        the reply without its reasoning blocks (:func:`agent_rl.rollout.tool_calls.strip_reasoning`: a call drafted while
         thinking is never played; ``reasoning_open_at_start``: the prompt opened a block), else
         :func:`parse_action` (math/code: the whole answer, lines kept)."""
         raw = bool(getattr(self.prompt, "raw_actions", False))  # a prompt format may declare raw actions

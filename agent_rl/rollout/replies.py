@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from agent_rl.engines.base import EngineBase
 from agent_rl.rollout.generation import GenerationBatcher
-from agent_rl.rollout.tools import decode_for_parsing, prompt_opens_reasoning, reasoning_markers, reasoning_open, \
+from agent_rl.rollout.tool_calls import decode_for_parsing, prompt_opens_reasoning, reasoning_markers, reasoning_open, \
     strip_reasoning
 from agent_rl.types import Generation
 
@@ -43,7 +43,7 @@ class ReplyReader:
     """Reads and generates replies for ``tokenizer`` and ``tool_format`` (None: text actions, no markup).
 
     Attributes:
-        reasoning: the tokenizer's reasoning block markers (:func:`agent_rl.rollout.tools.reasoning_markers`).
+        reasoning: the tokenizer's reasoning block markers (:func:`agent_rl.rollout.tool_calls.reasoning_markers`).
         call_markup: the format's (open, close) call block markers, whose text is data (None: none).
         keep: the markup decoding keeps (call and reasoning markers).
         eos_ids: the ids that end a response (:func:`eos_ids_of`).
@@ -57,7 +57,7 @@ class ReplyReader:
         self.keep = markup + tuple(m for pair in self.reasoning for m in pair)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """The text of sampled ids with the markup kept (:func:`agent_rl.rollout.tools.decode_for_parsing`)."""
+        """The text of sampled ids with the markup kept (:func:`agent_rl.rollout.tool_calls.decode_for_parsing`)."""
         return decode_for_parsing(self.tokenizer, list(ids), self.keep)
 
     def parse_calls(self, text: str, opened: bool) -> Any:

@@ -55,7 +55,7 @@ class RolloutResult:
     batch: Any = None
     outcomes: list[tuple[Task, list[bool]]] = field(default_factory=list)
     """Every group played to its end in this collect, kept or DAPO-filtered: (its task, each episode's ``won``);
-    what the task sampler observes (``agent_rl.rollout.tasks.TaskSampler.observe``, the curriculum)."""
+    what the task sampler observes (``agent_rl.rollout.samplers.TaskSampler.observe``, the curriculum)."""
 
 
 def group_temperatures(algo: Any, step: int, t_high: float | None = None) -> list[tuple[float, bool]]:

@@ -4,7 +4,7 @@ Contract (``gymnasium.Env[str, str]``):
 
 - ``reset(seed=None, options=None)``: ``options`` may hold ``dataset`` (humaneval, humanevalplus, mbpp,
   mbpp_sanitized) and ``index``; otherwise drawn with ``self.np_random``. Or the task itself (a row of a user's task
-  file, issue 39: content, never a path; :func:`task_from_options`): ``prompt`` and either ``tests`` (assert
+  file: content, never a path; :func:`task_from_options`): ``prompt`` and either ``tests`` (assert
   statements: a list, or one string of lines; optional ``setup`` run first) or ``entry_point`` + ``test`` (a
   HumanEval ``check(candidate)`` function), optional ``context`` (prepended to the program), ``language``
   (``python``, the sandbox's one), ``uid``, ``task_type``; ``dataset`` is then ``"file"``. Returns ``(prompt, info)``; the prompt is

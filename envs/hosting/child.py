@@ -249,10 +249,10 @@ class EnvHost:
         """What an open session's env declares, without touching its episode: ``("tools", None)`` -> its tools
         (the ``tools`` attribute of the unwrapped env, OpenAI-style function schemas; ``[]`` when it declares none);
         ``("tasks", None)`` -> its splits and their sizes, ``("tasks", {"split", "start", "stop"})`` -> task specs
-        (:mod:`envs.hosting.tasks`); ``None`` for an env without a task listing; ``("worker_cache", None)`` ->
+        (:mod:`envs.hosting.task_listing`); ``None`` for an env without a task listing; ``("worker_cache", None)`` ->
         whether the env declares ``metadata["worker_cache"]`` (a per-process task cache). A bad split or range is
         ``"rejected"``."""
-        from envs.hosting import tasks
+        from envs.hosting import task_listing as tasks
 
         what, params = args
         env = self.sessions[session_id].unwrapped

@@ -434,7 +434,7 @@ class SessionManager:
         """What the env of an open session declares, its episode untouched: ``info(sid, "tools")`` -> its tools
         (OpenAI-style function schemas, ``[]`` when none); ``info(sid, "tasks")`` -> ``[{"name", "type",
         "num_tasks"}]`` per split, ``info(sid, "tasks", {"split", "start", "stop"})`` -> task specs; ``None`` when
-        the env has no task listing (:mod:`envs.hosting.tasks`).
+        the env has no task listing (:mod:`envs.hosting.task_listing`).
 
         Raises ``SessionNotFound`` (404), ``SessionBusy`` (409), ``EnvRejected`` (422: a bad split or range; the
         session stays open), ``EnvFailed`` (500/504: the env or its worker failed; the session is closed)."""

@@ -4,7 +4,7 @@ Contract (``gymnasium.Env[str, str]``):
 
 - ``reset(seed=None, options=None)``: ``options`` may hold ``dataset`` (one of :data:`envs.math.datasets.LOADERS`),
   ``split`` (gsm8k only) and ``index``; without ``index`` a problem is drawn with ``self.np_random``; without
-  ``dataset`` one of the env's datasets is drawn. Or the task itself (a row of a user's task file, issue 39:
+  ``dataset`` one of the env's datasets is drawn. Or the task itself (a row of a user's task file:
   content, never a path): ``problem`` and ``answer`` (a string or a number), optional ``solution``, ``uid`` and
   ``task_type`` (:func:`task_from_options`; ``dataset`` is then ``"file"``). Returns ``(prompt, info)``: the prompt is the problem followed by
   the instruction (default: Qwen-Math's "Please reason step by step, and put your final answer within \\boxed{}.").

@@ -20,8 +20,8 @@ from servers_helpers import serve_asgi  # noqa: E402
 
 from agent_rl.envclient import EnvClientError, HTTPEnvPool, LocalEnvPool  # noqa: E402
 from agent_rl.rollout.config import TaskSamplerConfig  # noqa: E402
-from agent_rl.rollout.tasks import TaskSampler  # noqa: E402
-from agent_rl.tasks import load_tasks  # noqa: E402
+from agent_rl.rollout.samplers import TaskSampler  # noqa: E402
+from agent_rl.task_files import load_tasks  # noqa: E402
 from envs.code.env import task_from_options as code_task  # noqa: E402
 from envs.math.env import MathEnv, task_from_options as math_task  # noqa: E402
 from servers.app import create_app  # noqa: E402

@@ -1,4 +1,4 @@
-"""trainer.curriculum=pass_rate (agent_rl.rollout.tasks.PassRateSampler): pools by running pass rate, hand-computed;
+"""trainer.curriculum=pass_rate (agent_rl.rollout.samplers.PassRateSampler): pools by running pass rate, hand-computed;
 weights, cooldown re-admission, a resume that draws the same tasks, and the outcomes it learns from (DAPO-filtered
 groups included, synchronous and asynchronous collection)."""
 
@@ -12,7 +12,7 @@ import pytest
 from agent_rl.rollout.config import PassRateConfig, TaskSamplerConfig
 from agent_rl.rollout.orchestrator import RolloutResult, collect_groups
 from agent_rl.rollout.producer import PlayedGroup, StepAdmission
-from agent_rl.rollout.tasks import PassRateSampler, TaskSampler
+from agent_rl.rollout.samplers import PassRateSampler, TaskSampler
 from agent_rl.types import Episode, Task
 
 ROWS = [{"problem": f"p{i}", "answer": str(i)} for i in range(6)]

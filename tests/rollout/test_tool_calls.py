@@ -25,7 +25,7 @@ from agent_rl.models import finish_tokenizer, find_smollm2_gguf, smollm2_tokeniz
 from agent_rl.rollout import GroupSpec, RolloutConfig, RolloutOrchestrator, TurnContext, get_prompt, rollout_metrics
 from agent_rl.rollout.prompts import render
 from agent_rl.rollout.prompts.encoding import ChatTemplateError, control_tokens
-from agent_rl.rollout.tools import (TemplateTools, assistant_message, get_tool_call_format, register_tool_call_format,
+from agent_rl.rollout.tool_calls import (TemplateTools, assistant_message, get_tool_call_format, register_tool_call_format,
                                     tool_messages)
 from agent_rl.types import Generation, Task
 from envs.examples.calculator import CALCULATOR_TOOLS

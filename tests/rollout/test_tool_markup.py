@@ -22,7 +22,7 @@ import envs  # noqa: F401  (registers the built-in ids)
 from agent_rl.engines.base import special_stop_ids
 from agent_rl.models import finish_tokenizer, find_smollm2_gguf, smollm2_tokenizer
 from agent_rl.rollout import GroupSpec, RolloutConfig, RolloutOrchestrator, get_prompt
-from agent_rl.rollout.tools import (decode_for_parsing, get_tool_call_format, prompt_opens_reasoning, reasoning_markers,
+from agent_rl.rollout.tool_calls import (decode_for_parsing, get_tool_call_format, prompt_opens_reasoning, reasoning_markers,
                                     reasoning_open, strip_reasoning, tool_call_format_names)
 from agent_rl.types import Generation, Task
 from envs.tools import encode_call

@@ -21,7 +21,7 @@ from test_tool_calls import PROBLEM, TokenEngine, script, with_template  # noqa:
 from agent_rl.envclient import HTTPEnvPool, LocalEnvPool  # noqa: E402
 from agent_rl.models import finish_tokenizer, smollm2_tokenizer  # noqa: E402
 from agent_rl.rollout import GroupSpec, RolloutConfig, RolloutOrchestrator, get_prompt  # noqa: E402
-from agent_rl.rollout.tools import get_tool_call_format  # noqa: E402
+from agent_rl.rollout.tool_calls import get_tool_call_format  # noqa: E402
 from agent_rl.types import Task  # noqa: E402
 from envs.examples.calculator import CALCULATOR_TOOLS  # noqa: E402
 from envs.tools import encode_call  # noqa: E402

@@ -106,7 +106,7 @@ def render(tokenizer: Any, messages: list[Message], *, add_generation_prompt: bo
         messages: ``[{"role": ..., "content": str}, ...]``.
         add_generation_prompt: end with the template's generation prompt (the start of the assistant turn).
         tools: OpenAI function schemas passed to the template as ``tools=`` (their text is data too); the template
-            must render them (:func:`agent_rl.rollout.tools.tool_messages` moves them into the system prompt for
+            must render them (:func:`agent_rl.rollout.tool_calls.tool_messages` moves them into the system prompt for
             templates that cannot).
 
     Returns:

@@ -233,7 +233,7 @@ def chat_segments(tokenizer: Any, messages: Sequence[dict[str, Any]], *, add_gen
     (``tools``, passed to the template as ``tools=``) or of an assistant message's ``tool_calls`` (data as well).
 
     Without a chat template the layout is ``"{role}: {content}\\n"`` per message, then ``"assistant:"`` (tools and
-    tool calls need a template: :mod:`agent_rl.rollout.tools` puts them in the messages' text otherwise).
+    tool calls need a template: :mod:`agent_rl.rollout.tool_calls` puts them in the messages' text otherwise).
 
     Raises:
         ChatTemplateError: a message's content is not a string; the template does not write each non-empty content

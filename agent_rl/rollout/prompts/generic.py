@@ -16,7 +16,7 @@ class GenericPrompt:
 
     system = "You are an agent acting in a text environment."
     instructions = ACTION_INSTRUCTIONS
-    """How to answer (tools mode replaces it, :mod:`agent_rl.rollout.prompts.tools`)."""
+    """How to answer (tools mode replaces it, :mod:`agent_rl.rollout.prompts.tool_prompt`)."""
 
     def task_text(self, observation: str, info: dict[str, Any]) -> str:
         if isinstance(info.get("task"), str):

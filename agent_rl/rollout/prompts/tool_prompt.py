@@ -6,7 +6,7 @@ tool-calling ones (``tool_instructions`` / ``tool_instruction`` / ``tool_system`
 the history window is the real conversation: each past turn is an assistant message with its ``tool_calls`` and a
 ``tool`` message with the env's answer (the family's ``followup`` text for the current turn: observation and
 admissible actions). How the tools, calls and tool messages are shown is the chat template's business
-(:func:`agent_rl.rollout.tools.tool_messages`). An episode without tools (math without ``env.tools``) is the family's
+(:func:`agent_rl.rollout.tool_calls.tool_messages`). An episode without tools (math without ``env.tools``) is the family's
 text prompt unchanged.
 """
 
@@ -16,7 +16,7 @@ import copy
 from typing import Any
 
 from agent_rl.rollout.prompts.base import Message, PromptFormat, TurnContext
-from agent_rl.rollout.tools import ToolCallFormat, assistant_message
+from agent_rl.rollout.tool_calls import ToolCallFormat, assistant_message
 
 TOOL_INSTRUCTIONS = "Think step by step if it helps, then act: call exactly one of the tools."
 

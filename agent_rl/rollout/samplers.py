@@ -1,8 +1,8 @@
 """Training-task samplers: a resumable stream of :class:`~agent_rl.types.Task` (one per group).
 
 :class:`TaskSampler` draws uniformly (epochs of seeded permutations, or a fresh seed per task); :class:`PassRateSampler`
-is the pass-rate curriculum beside it (``trainer.curriculum=pass_rate``, issue 39). :func:`make_task_sampler` builds
-the run's from the config (``env.sampler``, or the rows of ``env.tasks`` read by :func:`agent_rl.tasks.load_tasks`).
+is the pass-rate curriculum beside it (``trainer.curriculum=pass_rate``). :func:`make_task_sampler` builds
+the run's from the config (``env.sampler``, or the rows of ``env.tasks`` read by :func:`agent_rl.task_files.load_tasks`).
 The loop tells a sampler every finished group (:meth:`TaskSampler.observe`, DAPO-filtered groups included) before it
 draws the next step's tasks, and saves :meth:`TaskSampler.state_dict` in each checkpoint.
 """
@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from agent_rl.rollout.config import POOLS, PassRateConfig, TaskSamplerConfig
-from agent_rl.tasks import load_tasks
+from agent_rl.task_files import load_tasks
 from agent_rl.types import Task
 
 GroupOutcome = tuple[Task, Sequence[bool]]
@@ -210,7 +210,7 @@ def make_task_sampler(cfg: Any, *, announce: Any = None, curriculum: bool = True
     exists). ``announce(text)`` receives the task file's description (row count, columns, first row).
 
     Raises:
-        agent_rl.tasks.TaskFileError, FileNotFoundError: the task file (file, row and field named).
+        agent_rl.task_files.TaskFileError, FileNotFoundError: the task file (file, row and field named).
         ValueError: the curriculum without a task list.
     """
     rows = None
