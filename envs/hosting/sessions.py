@@ -235,6 +235,7 @@ class SessionManager:
         self.snapshots: dict[str, Snapshot] = {}
         self._background: set[asyncio.Future[None]] = set()  # drops of failed snapshots still running
         self._new_tasks: dict[str | None, collections.deque[float]] = {}  # owner -> when its resets generated one
+        self._new_tasks_in_flight: dict[str | None, int] = {}  # owner -> its resets in flight that may generate one
         self._reaper: asyncio.Task[None] | None = None
         self.expired = 0
 
@@ -359,14 +360,21 @@ class SessionManager:
         if env_id not in (gymnasium.registry if self.settings.env_ids is None else self.settings.env_ids):
             served = "any registered id" if self.settings.env_ids is None else self.settings.env_ids
             raise UnknownEnv(f"env id {env_id!r} is not served here; served: {served}")
-        may_generate = self._may_generate(owner)
-        opened = await self._open(Session(session_id or "", env_id, busy=True, owner=owner), lambda sid: self.pool.open(
-            sid, env_id, env_kwargs=env_kwargs, seed=seed, options=options, owner=owner, may_generate=may_generate))
+        may_generate = self._reserve_new_task(owner)
+        try:
+            opened = await self._open(Session(session_id or "", env_id, busy=True, owner=owner),
+                                      lambda sid: self.pool.open(sid, env_id, env_kwargs=env_kwargs, seed=seed,
+                                                                 options=options, owner=owner,
+                                                                 may_generate=may_generate))
+        finally:
+            self._settle_new_task(owner, may_generate)
         self._count_generated(owner, opened[2])
         return opened
 
-    def _may_generate(self, owner: str | None) -> bool:
-        """Whether ``owner``'s next reset may generate a new task (``client_max_new_tasks`` in the window)."""
+    def _reserve_new_task(self, owner: str | None) -> bool:
+        """Whether ``owner``'s next reset may generate a new task (``client_max_new_tasks`` in the window,
+        counting its resets in flight that may generate one): when it may, that reset holds one of the quota's
+        places until :meth:`_settle_new_task`, so concurrent resets never generate past the quota."""
         quota = self.settings.client_max_new_tasks
         if quota is None:
             return True
@@ -374,7 +382,18 @@ class SessionManager:
         horizon = time.monotonic() - self.settings.new_tasks_window_s
         while times and times[0] < horizon:
             times.popleft()
-        return not times or len(times) < quota
+        if len(times or ()) + self._new_tasks_in_flight.get(owner, 0) >= quota:
+            return False
+        self._new_tasks_in_flight[owner] = self._new_tasks_in_flight.get(owner, 0) + 1
+        return True
+
+    def _settle_new_task(self, owner: str | None, reserved: bool) -> None:
+        """The reset that reserved a place (:meth:`_reserve_new_task`) ended: free the place (a task it generated
+        is counted by :meth:`_count_generated`)."""
+        if reserved and self.settings.client_max_new_tasks is not None:
+            left = self._new_tasks_in_flight.pop(owner, 1) - 1
+            if left > 0:
+                self._new_tasks_in_flight[owner] = left
 
     def _count_generated(self, owner: str | None, info: Any) -> None:
         if isinstance(info, dict) and info.get("task_generated"):
@@ -409,8 +428,12 @@ class SessionManager:
         _refuse_host_paths("reset options", options, self.settings.refused_options,
                            "; select a game by task_id, split and index")
         async with self._exclusive(session_id) as session:
-            observation, info = await self.pool.reset(session_id, seed=seed, options=options,
-                                                      may_generate=self._may_generate(session.owner))
+            may_generate = self._reserve_new_task(session.owner)
+            try:
+                observation, info = await self.pool.reset(session_id, seed=seed, options=options,
+                                                          may_generate=may_generate)
+            finally:
+                self._settle_new_task(session.owner, may_generate)
             session.done = False
             session.episodes += 1
         self._count_generated(session.owner, info)

@@ -14,7 +14,7 @@ import httpx
 
 from served_envs import start_server
 from servers.serve import build_parser
-from servers_helpers import make_app, serve_asgi
+from servers_helpers import ECHO, make_app, serve_asgi
 
 pytestmark = pytest.mark.slow  # env worker processes
 
@@ -131,3 +131,42 @@ def test_the_served_flags_hold_each_client_to_its_quota(tmp_path: Path):
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_concurrent_resets_of_one_client_never_generate_past_its_new_task_quota(tmp_path: Path):
+    """Each reset was allowed to generate when the quota was not yet used, and counted only after it ended: two
+    resets in flight at once both generated with a quota of one. A reset that may generate now holds a place of the
+    quota while it runs: the second is refused (503 ``quota_exceeded``) while the first is in flight, the first
+    generates its task, and another client still generates its own."""
+    from waiting import wait_until_async
+
+    async def main():
+        app = make_app([ECHO], tokens=TOKENS, client_max_new_tasks=1)
+        gate = tmp_path / "go"
+        async with serve_asgi(app) as client:
+            first = asyncio.ensure_future(client.post(
+                "/sessions", headers=auth("alice"),
+                json={"env_id": ECHO, "options": {"generate": "a", "wait": str(gate)}}))
+            manager = app.state.manager
+
+            async def in_flight() -> bool:
+                return any(s.owner == "alice" for s in manager.sessions.values())
+
+            await wait_until_async(in_flight, what="alice's first reset in flight")
+            r = await client.post("/sessions", json={"env_id": ECHO, "options": {"generate": "b"}},
+                                  headers=auth("alice"))
+            assert (r.status_code, r.json()["code"]) == (503, "quota_exceeded"), r.text
+            r = await client.post("/sessions", json={"env_id": ECHO, "options": {"plain": True}},
+                                  headers=auth("alice"))
+            assert r.status_code == 201, r.text  # a reset that generates nothing is not bounded by the quota
+            gate.touch()
+            r = await first
+            assert r.status_code == 201 and r.json()["info"]["task_generated"] is True, r.text
+            r = await client.post("/sessions", json={"env_id": ECHO, "options": {"generate": "c"}},
+                                  headers=auth("alice"))
+            assert (r.status_code, r.json()["code"]) == (503, "quota_exceeded"), r.text  # the quota is used
+            r = await client.post("/sessions", json={"env_id": ECHO, "options": {"generate": "d"}},
+                                  headers=auth("bob"))
+            assert r.status_code == 201 and r.json()["info"]["task_generated"] is True, r.text
+
+    asyncio.run(main())

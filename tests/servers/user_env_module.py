@@ -35,7 +35,8 @@ class EchoEnv(gymnasium.Env):
     ``info["child"]``), ``"spawn:<path>"`` writes that pid to ``path`` and hangs, ``"reward:<x>"`` answers the reward
     ``float(x)`` (``nan``, ``inf``, ``1e308``: an env whose reward breaks the rule). ``reset(options={"sleep": s})``
     sleeps too (a slow reset), and ``reset(options={"wait": path})`` waits for the file;
-    ``reset(options={"raise": "IndexError"})`` raises that builtin exception; ``"infra"`` as an action or a
+    ``reset(options={"raise": "IndexError"})`` raises that builtin exception; ``reset(options={"generate": name})``
+    generates a task on demand (:mod:`envs.generation`: refused past the client's quota of new tasks); ``"infra"`` as an action or a
     ``raise`` option raises ``EnvInfraError`` (the env could not judge). Text that is not valid Unicode:
     ``reset(options={"surrogate": True})`` and the action ``"surrogate"`` answer with :data:`SURROGATE_TEXT` in the
     observation and in ``info`` (values and a key); the action ``"raise-surrogate"`` raises with it in the message.
@@ -54,6 +55,11 @@ class EchoEnv(gymnasium.Env):
         time.sleep(float(options.get("sleep", 0.0)))
         if "wait" in options:
             _wait_for_file(options["wait"])
+        if options.get("generate"):  # a task generated on demand, as TextWorld's games (envs.generation)
+            from envs.generation import check_new_task, note_new_task
+
+            check_new_task(f"echo task {options['generate']}")
+            note_new_task()
         if options.get("raise") == "infra":
             raise EnvInfraError("reset could not reach its backend on purpose", component="echo")
         if "raise" in options:  # {"raise": "IndexError"}: reset raises that builtin exception
