@@ -128,6 +128,20 @@ def server_command(python: str, model_path: str, port: int, *, host: str = "127.
     return cmd + [str(a) for a in extra_args]
 
 
+#: Secrets of the trainer's process that a vLLM server never needs: the env servers' bearer token, the trackers'
+#: and the OpenAI client's keys, and any name with TOKEN, SECRET, PASSWORD or API_KEY in it, except the ones vLLM
+#: reads itself (``HF_TOKEN``/``HUGGING_FACE_HUB_TOKEN`` for gated weights; ``VLLM_API_KEY`` is set to the run's key).
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "CREDENTIALS")
+_SERVER_SECRETS = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY"})
+
+
+def trainer_secret(name: str) -> bool:
+    """Whether the environment variable ``name`` is a secret of the trainer kept out of a vLLM server's environment
+    (``AGENT_RL_SERVER_TOKEN``, ``WANDB_API_KEY``, ``MLFLOW_TRACKING_PASSWORD``, ``OPENAI_API_KEY``, ...)."""
+    upper = name.upper()
+    return upper not in _SERVER_SECRETS and any(word in upper for word in _SECRET_WORDS)
+
+
 def server_environment(api_key: str, base: dict[str, str] | None = None, lora: bool = False,
                        unpickle: bool = False) -> dict[str, str]:
     """The server's environment: ``base`` (default ``os.environ``) with the dev endpoints on
@@ -136,8 +150,8 @@ def server_environment(api_key: str, base: dict[str, str] | None = None, lora: b
     shadow the server venv's packages); ``lora``: adapters loaded at run time (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``:
     ``/v1/load_lora_adapter``); ``unpickle``: ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, which CUDA IPC's handles over
     HTTP need (the server then unpickles what ``/update_weights`` receives, after the guard: only a keyed caller
-    reaches it)."""
-    env = dict(os.environ if base is None else base)
+    reaches it). The trainer's own secrets (:func:`trainer_secret`) are left out: a server needs none of them."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not trainer_secret(k)}
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env["VLLM_API_KEY"] = api_key
     if lora:

@@ -129,6 +129,18 @@ def test_server_environment_carries_the_key_and_dev_mode():
                    "PYTHONPATH": str(PLUGIN_DIR)}  # the guard's folder alone: the trainer's path is not the server's
 
 
+def test_server_environment_leaves_the_trainers_secrets_out():
+    """The servers inherited the trainer's whole environment: the env servers' token and the trackers' keys reached
+    a process that needs none of them. They are left out; what vLLM reads itself stays."""
+    base = {"PATH": "/bin", "AGENT_RL_SERVER_TOKEN": "t", "WANDB_API_KEY": "w", "MLFLOW_TRACKING_PASSWORD": "p",
+            "MLFLOW_TRACKING_TOKEN": "m", "OPENAI_API_KEY": "o", "AWS_SECRET_ACCESS_KEY": "a",
+            "GOOGLE_APPLICATION_CREDENTIALS": "/k.json", "HF_TOKEN": "h", "VLLM_API_KEY": "old",
+            "CUDA_VISIBLE_DEVICES": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = server_environment("k", base=base)
+    assert env == {"PATH": "/bin", "HF_TOKEN": "h", "VLLM_API_KEY": "k", "CUDA_VISIBLE_DEVICES": "0",
+                   "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": str(PLUGIN_DIR)}
+
+
 # vLLM 0.32's answer to POST /inference/v1/generate (output_mode=text, logprobs=0), recorded from the real server
 # (tiny model, top_logprobs trimmed to the sampled token as it sends them)
 RECORDED = {
