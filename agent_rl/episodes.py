@@ -166,6 +166,56 @@ def _row_positions(batch: Any, episode: int, turn: int, n_turns: int) -> int:
                      "full-trajectory (1) mode")
 
 
+def _group_slots(episodes: Sequence[Any]) -> tuple[dict[int, int], list[int]]:
+    """Each task group's position (0.., in order of first appearance) and each episode's slot within its group."""
+    group_pos: dict[int, int] = {}
+    slots: list[int] = []
+    seen: dict[int, int] = {}
+    for ep in episodes:
+        gid = int(ep.task.group_id)
+        group_pos.setdefault(gid, len(group_pos))
+        slots.append(seen.get(gid, 0))
+        seen[gid] = slots[-1] + 1
+    return group_pos, slots
+
+
+def _turn_record(t: Any, k: int, e: int, num_turns: int, *, tokenizer: Any, step: int, source: str, batch: Any,
+                 stats: dict[str, np.ndarray] | None, input_ids: np.ndarray | None) -> dict[str, Any]:
+    """The record of turn ``k`` (``t``) of episode ``e`` (of ``num_turns`` turns) for :func:`episode_records`;
+    ``stats``: the learner's per-token stats (:data:`STAT_KEYS` names, (B, L)) and ``input_ids`` (B, L) of
+    ``batch``, or None (the learner fields are null).
+
+    Raises:
+        ValueError: the batch row does not hold the turn's response ids.
+    """
+    ids = [int(x) for x in t.response_ids]
+    response, response_cut = _cut(tokenizer.decode(ids, skip_special_tokens=False))
+    observation, obs_cut = _cut(str(t.observation))
+    turn: dict[str, Any] = {
+        "index": k, "observation": observation, "response": response, "action": t.action,
+        "token_ids": ids, "token_text": token_texts(tokenizer, ids), "prompt_tokens": len(t.prompt_ids),
+        "reward": float(t.reward), "invalid": bool(t.invalid), "terminated": bool(t.terminated),
+        "truncated": bool(t.truncated), "response_truncated": bool(t.response_truncated),
+        "info": _scalar_info(t.info), "logprob": _floats(t.response_logprobs),
+        "policy_version": int(t.policy_version),  # the weights' version that sampled it (section 7)
+    }
+    if source == "train":  # its staleness at the step it trained (trainer.max_staleness)
+        turn["staleness"] = (step - 1) - int(t.policy_version)
+    if obs_cut or response_cut:
+        turn["observation_cut"], turn["response_cut"] = obs_cut, response_cut
+    if stats is not None:
+        row = _row_positions(batch, e, k, num_turns)
+        start, stop = len(t.prompt_ids), len(t.prompt_ids) + len(ids)
+        if input_ids[row, start:stop].tolist() != ids:
+            raise ValueError(f"batch row {row} does not hold the response of episode {e} turn {k}")
+        for name in STAT_KEYS:
+            vals = stats[name][row, start:stop]
+            turn[name] = [int(v > 0) for v in vals] if name == "trained" else _floats(vals)
+    else:
+        turn.update({name: None for name in STAT_KEYS})
+    return turn
+
+
 def episode_records(episodes: Sequence[Any], *, step: int, tokenizer: Any, batch: Any = None,
                     token_stats: dict[str, Any] | None = None, indices: Iterable[int] | None = None,
                     source: str = "train", first_index: int = 0) -> list[dict[str, Any]]:
@@ -189,19 +239,11 @@ def episode_records(episodes: Sequence[Any], *, step: int, tokenizer: Any, batch
     """
     if token_stats is not None and batch is None:
         raise ValueError("token_stats need the batch they are aligned with")
-    stats = None
+    stats, input_ids = None, None
     if token_stats is not None:
         stats = {name: np.asarray(token_stats[key].detach().cpu().float()) for name, key in STAT_KEYS.items()}
         input_ids = np.asarray(batch.input_ids.cpu())
-    # group position (0..) and slot within the group, in episode order
-    group_pos: dict[int, int] = {}
-    slots: list[int] = []
-    seen: dict[int, int] = {}
-    for ep in episodes:
-        gid = int(ep.task.group_id)
-        group_pos.setdefault(gid, len(group_pos))
-        slots.append(seen.get(gid, 0))
-        seen[gid] = slots[-1] + 1
+    group_pos, slots = _group_slots(episodes)
     records = []
     wanted = list(range(len(episodes)) if indices is None else indices)
     record_id = {e: f"{step}-{first_index + n}" for n, e in enumerate(wanted)}
@@ -210,32 +252,8 @@ def episode_records(episodes: Sequence[Any], *, step: int, tokenizer: Any, batch
         ep = episodes[e]
         turns = []
         for k, t in enumerate(ep.turns):
-            ids = [int(x) for x in t.response_ids]
-            response, response_cut = _cut(tokenizer.decode(ids, skip_special_tokens=False))
-            observation, obs_cut = _cut(str(t.observation))
-            turn: dict[str, Any] = {
-                "index": k, "observation": observation, "response": response, "action": t.action,
-                "token_ids": ids, "token_text": token_texts(tokenizer, ids), "prompt_tokens": len(t.prompt_ids),
-                "reward": float(t.reward), "invalid": bool(t.invalid), "terminated": bool(t.terminated),
-                "truncated": bool(t.truncated), "response_truncated": bool(t.response_truncated),
-                "info": _scalar_info(t.info), "logprob": _floats(t.response_logprobs),
-                "policy_version": int(t.policy_version),  # the weights' version that sampled it (section 7)
-            }
-            if source == "train":  # its staleness at the step it trained (trainer.max_staleness)
-                turn["staleness"] = (step - 1) - int(t.policy_version)
-            if obs_cut or response_cut:
-                turn["observation_cut"], turn["response_cut"] = obs_cut, response_cut
-            if stats is not None:
-                row = _row_positions(batch, e, k, len(ep.turns))
-                start, stop = len(t.prompt_ids), len(t.prompt_ids) + len(ids)
-                if input_ids[row, start:stop].tolist() != ids:
-                    raise ValueError(f"batch row {row} does not hold the response of episode {e} turn {k}")
-                for name in STAT_KEYS:
-                    vals = stats[name][row, start:stop]
-                    turn[name] = [int(v > 0) for v in vals] if name == "trained" else _floats(vals)
-            else:
-                turn.update({name: None for name in STAT_KEYS})
-            turns.append(turn)
+            turns.append(_turn_record(t, k, e, len(ep.turns), tokenizer=tokenizer, step=step, source=source,
+                                      batch=batch, stats=stats, input_ids=input_ids))
         prompt, prompt_cut = _cut(tokenizer.decode(list(ep.turns[0].prompt_ids), skip_special_tokens=False)
                                   if ep.turns else "")
         adv = [a for t in turns for a in (t["advantage"] or [])]

@@ -2,7 +2,10 @@
 through it (docs/gateway.md).
 
 - :mod:`agent_rl.gateway.app`: the HTTP surface (chat completions, completions, the Responses API, models, reward,
-  env steps) and its security model;
+  env steps) and its security model; its routes and errors in :mod:`agent_rl.gateway.routes`, the sessions and
+  their per-client scoping in :mod:`agent_rl.gateway.sessions`, request bounds in :mod:`agent_rl.gateway.limits`,
+  a reply's cuts and log-probs in :mod:`agent_rl.gateway.shaping`, server-sent events in
+  :mod:`agent_rl.gateway.streaming`;
 - :mod:`agent_rl.gateway.fields`: what each request field does (honoured, refused with a 400 naming it, or the
   trainer's sampling, said in the reply);
 - :mod:`agent_rl.gateway.responses`: the Responses API as chat calls;

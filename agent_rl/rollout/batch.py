@@ -90,6 +90,80 @@ def fork_extras(episodes: Sequence[Episode]) -> dict[str, torch.Tensor]:
             "episode_fork_turn": torch.tensor(turn, dtype=torch.long)}
 
 
+_Row = tuple[list[int], list[float], list[float], list[int], list[int]]
+"""One batch row before padding: ids, response mask, engine log-probs, policy versions, each token's turn."""
+
+
+def _episode_rows(episodes: Sequence[Episode], mode: str
+                  ) -> tuple[list[_Row], list[tuple[float, int, int, bool, int, int, float]], dict[int, int]]:
+    """The rows of ``episodes`` in ``mode`` (one per turn, or per trajectory segment), each row's metadata
+    ``(temperature, group, episode, is_high, turn or segment, turns or segments, reward)``, and ``{task group id:
+    group index}`` in order of first appearance (:func:`build_rollout_batch`; its errors)."""
+    group_ids: dict[int, int] = {}
+    rows: list[_Row] = []
+    meta: list[tuple[float, int, int, bool, int, int, float]] = []  # temp, group, episode, high, turn, K, reward
+    for e, ep in enumerate(episodes):
+        if ep.failure is not None or not ep.turns:
+            raise ValueError(f"episode {e} failed or has no turns ({ep.failure!r}); it must not be trained on")
+        checked_reward(ep.reward, f"episode {e}'s reward")  # the orchestrators fail such an episode before this
+        g = group_ids.setdefault(ep.task.group_id, len(group_ids))
+        k_turns = len(ep.turns)
+        if mode == "turn":
+            for k, turn in enumerate(ep.turns):
+                n_p, n_r = len(turn.prompt_ids), len(turn.response_ids)
+                rows.append((list(turn.prompt_ids) + list(turn.response_ids), [0.0] * n_p + [_trained(ep, k)] * n_r,
+                             [0.0] * n_p + [float(x) for x in turn.response_logprobs],
+                             [-1] * n_p + [int(turn.policy_version)] * n_r, [-1] * n_p + [k] * n_r))
+                meta.append((ep.temperature, g, e, ep.is_high, k, k_turns, ep.reward))
+        else:
+            parts = segments(ep)
+            for s, turns in enumerate(parts):
+                rows.append(_trajectory_row(ep, turns))
+                meta.append((ep.temperature, g, e, ep.is_high, s, len(parts), ep.reward))
+    return rows, meta, group_ids
+
+
+def _pad_rows(rows: list[_Row], pad_token_id: int) -> tuple[torch.Tensor, ...]:
+    """``rows`` right-padded to the longest (L): input_ids (B, L) long (``pad_token_id`` past a row), attention_mask
+    (B, L) long, response_mask and engine_logprobs (B, L) float, policy_versions and token_turn (B, L) long (-1
+    past a row)."""
+    n_rows, length = len(rows), max(len(r[0]) for r in rows)
+    input_ids = torch.full((n_rows, length), pad_token_id, dtype=torch.long)  # (B, L)
+    attention_mask = torch.zeros(n_rows, length, dtype=torch.long)
+    response_mask = torch.zeros(n_rows, length, dtype=torch.float32)
+    engine_logprobs = torch.zeros(n_rows, length, dtype=torch.float32)
+    policy_versions = torch.full((n_rows, length), -1, dtype=torch.long)
+    token_turn = torch.full((n_rows, length), -1, dtype=torch.long)
+    for i, (ids, mask, logp, version, turn_of) in enumerate(rows):
+        n = len(ids)
+        input_ids[i, :n] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[i, :n] = 1
+        response_mask[i, :n] = torch.tensor(mask)
+        engine_logprobs[i, :n] = torch.tensor(logp)
+        policy_versions[i, :n] = torch.tensor(version, dtype=torch.long)
+        token_turn[i, :n] = torch.tensor(turn_of, dtype=torch.long)
+    return input_ids, attention_mask, response_mask, engine_logprobs, policy_versions, token_turn
+
+
+def _batch_extras(episodes: Sequence[Episode], mode: str, token_turn: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The batch's ``extras`` (:func:`build_rollout_batch`'s Returns); ``token_turn`` (B, L) from :func:`_pad_rows`."""
+    extras = {
+        "episode_won": torch.tensor([ep.won for ep in episodes], dtype=torch.bool),
+        "response_lengths": torch.tensor([len(t.response_ids) for ep in episodes for t in ep.turns]),
+    }
+    if mode == "turn":
+        extras["obs_key"] = torch.tensor([k for ep in episodes for k in _obs_keys(ep)], dtype=torch.long)
+    else:  # GiGPO on trajectory rows (algos.gigpo_token_advantages): each turn's key, each token's turn
+        k_max = max(len(ep.turns) for ep in episodes)
+        extras["episode_turn_obs_key"] = torch.tensor([_obs_keys(ep) + [-1] * (k_max - len(ep.turns))
+                                                       for ep in episodes], dtype=torch.long)
+    if mode == "trajectory" or any(ep.fork is not None for ep in episodes):
+        extras["token_turn"] = token_turn
+    if any(ep.fork is not None for ep in episodes):
+        extras.update(fork_extras(episodes))
+    return extras
+
+
 def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode: str = "turn") -> RolloutBatch:
     """Pad the rows of finished episodes into a :class:`RolloutBatch`.
 
@@ -124,58 +198,11 @@ def build_rollout_batch(episodes: Sequence[Episode], *, pad_token_id: int, mode:
         raise ValueError(f"unknown rollout mode {mode!r}; valid: {list(MODES)}")
     if not episodes:
         raise ValueError("build_rollout_batch needs at least one episode")
-    group_ids: dict[int, int] = {}
-    rows: list[tuple[list[int], list[float], list[float], list[int], list[int]]] = []
-    meta: list[tuple[float, int, int, bool, int, int, float]] = []  # temp, group, episode, high, turn, K, reward
-    for e, ep in enumerate(episodes):
-        if ep.failure is not None or not ep.turns:
-            raise ValueError(f"episode {e} failed or has no turns ({ep.failure!r}); it must not be trained on")
-        checked_reward(ep.reward, f"episode {e}'s reward")  # the orchestrators fail such an episode before this
-        g = group_ids.setdefault(ep.task.group_id, len(group_ids))
-        k_turns = len(ep.turns)
-        if mode == "turn":
-            for k, turn in enumerate(ep.turns):
-                n_p, n_r = len(turn.prompt_ids), len(turn.response_ids)
-                rows.append((list(turn.prompt_ids) + list(turn.response_ids), [0.0] * n_p + [_trained(ep, k)] * n_r,
-                             [0.0] * n_p + [float(x) for x in turn.response_logprobs],
-                             [-1] * n_p + [int(turn.policy_version)] * n_r, [-1] * n_p + [k] * n_r))
-                meta.append((ep.temperature, g, e, ep.is_high, k, k_turns, ep.reward))
-        else:
-            parts = segments(ep)
-            for s, turns in enumerate(parts):
-                rows.append(_trajectory_row(ep, turns))
-                meta.append((ep.temperature, g, e, ep.is_high, s, len(parts), ep.reward))
-
-    n_rows, length = len(rows), max(len(r[0]) for r in rows)
-    input_ids = torch.full((n_rows, length), pad_token_id, dtype=torch.long)  # (B, L)
-    attention_mask = torch.zeros(n_rows, length, dtype=torch.long)
-    response_mask = torch.zeros(n_rows, length, dtype=torch.float32)
-    engine_logprobs = torch.zeros(n_rows, length, dtype=torch.float32)
-    policy_versions = torch.full((n_rows, length), -1, dtype=torch.long)
-    token_turn = torch.full((n_rows, length), -1, dtype=torch.long)
-    for i, (ids, mask, logp, version, turn_of) in enumerate(rows):
-        n = len(ids)
-        input_ids[i, :n] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[i, :n] = 1
-        response_mask[i, :n] = torch.tensor(mask)
-        engine_logprobs[i, :n] = torch.tensor(logp)
-        policy_versions[i, :n] = torch.tensor(version, dtype=torch.long)
-        token_turn[i, :n] = torch.tensor(turn_of, dtype=torch.long)
+    rows, meta, group_ids = _episode_rows(episodes, mode)
+    input_ids, attention_mask, response_mask, engine_logprobs, policy_versions, token_turn = \
+        _pad_rows(rows, pad_token_id)
     temp, grp, epi, high, turn, num, rew = zip(*meta)
-    extras = {
-        "episode_won": torch.tensor([ep.won for ep in episodes], dtype=torch.bool),
-        "response_lengths": torch.tensor([len(t.response_ids) for ep in episodes for t in ep.turns]),
-    }
-    if mode == "turn":
-        extras["obs_key"] = torch.tensor([k for ep in episodes for k in _obs_keys(ep)], dtype=torch.long)
-    else:  # GiGPO on trajectory rows (algos.gigpo_token_advantages): each turn's key, each token's turn
-        k_max = max(len(ep.turns) for ep in episodes)
-        extras["episode_turn_obs_key"] = torch.tensor([_obs_keys(ep) + [-1] * (k_max - len(ep.turns))
-                                                       for ep in episodes], dtype=torch.long)
-    if mode == "trajectory" or any(ep.fork is not None for ep in episodes):
-        extras["token_turn"] = token_turn
-    if any(ep.fork is not None for ep in episodes):
-        extras.update(fork_extras(episodes))
+    extras = _batch_extras(episodes, mode, token_turn)
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

@@ -76,38 +76,47 @@ def token_rows(record: dict[str, Any], quantity: str) -> list[dict[str, Any]]:
     return turns
 
 
-def create_app(run_dir: str | Path) -> FastAPI:
-    """The viewer app over ``run_dir`` (``FileNotFoundError`` if it is not a directory)."""
-    reader = RunReader(run_dir)
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.StrictUndefined)
-    env.filters["num"] = lambda v, d=3: "" if v is None else f"{v:.{d}g}" if isinstance(v, float) else str(v)
-    templates = Jinja2Templates(env=env)
-    app = FastAPI(title=f"agent_rl viewer: {reader.name}", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.reader = reader
+def step_groups(records: list[dict[str, Any]], filters: Filters) -> list[dict[str, Any]]:
+    """A step's stored episodes as groups (keyed by source and group), each with its episodes that match
+    ``filters`` (a group with none, or without an episode of ``filters.task_type``, is left out), its size, rewards,
+    their mean and its fork tree."""
+    task_type = filters.task_type
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for rec in records:
+        groups.setdefault((str(rec.get("source")), int(rec.get("group", 0))), []).append(rec)
+    shown = []
+    for (src, g), eps in groups.items():
+        if task_type and not any((e.get("task_type") or "") == task_type for e in eps):
+            continue
+        eps = sorted(eps, key=lambda e: (bool(e.get("is_high")), int(e.get("slot", 0))))
+        visible = [e for e in eps if filters.match(e)]
+        if not visible:
+            continue
+        rewards = [float(e.get("reward", 0.0)) for e in eps]
+        shown.append({"source": src, "group": g, "task_id": eps[0].get("task_id"),
+                      "task_type": eps[0].get("task_type"), "episodes": visible, "size": len(eps),
+                      "reward_mean": sum(rewards) / len(rewards), "rewards": rewards, "tree": fork_tree(eps)})
+    return shown
 
-    @app.middleware("http")
-    async def security_headers(request: Request, call_next: Any) -> Response:
-        response = await call_next(request)
-        response.headers["Content-Security-Policy"] = CSP
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        return response
+
+def _get_episode(reader: RunReader, episode_id: str) -> dict[str, Any]:
+    """The stored record of ``episode_id`` (an invalid id: 400; an unknown one: 404)."""
+    try:
+        rec = reader.episode(episode_id)
+    except ValueError as exc:
+        raise HTTPException(status_code=400, detail=str(exc)) from None
+    if rec is None:
+        raise HTTPException(status_code=404, detail=f"no episode {episode_id} in {reader.name}")
+    return rec
+
+
+def _add_html_routes(app: FastAPI, reader: RunReader, templates: Jinja2Templates) -> None:
+    """The pages: the run overview, its curves, a step's groups, the filtered episode list, one episode."""
 
     def page(request: Request, name: str, **context: Any) -> HTMLResponse:
         return templates.TemplateResponse(request, name, {"run_name": reader.name, "run_dir": str(reader.run_dir),
                                                           **context})
 
-    def get_episode(episode_id: str) -> dict[str, Any]:
-        try:
-            rec = reader.episode(episode_id)
-        except ValueError as exc:
-            raise HTTPException(status_code=400, detail=str(exc)) from None
-        if rec is None:
-            raise HTTPException(status_code=404, detail=f"no episode {episode_id} in {reader.name}")
-        return rec
-
-    # ------------------------------------------------------------------ HTML
     @app.get("/", response_class=HTMLResponse)
     def overview(request: Request, step_min: Annotated[int | None, Query(ge=0)] = None,
                  step_max: Annotated[int | None, Query(ge=0)] = None) -> HTMLResponse:
@@ -136,21 +145,7 @@ def create_app(run_dir: str | Path) -> FastAPI:
         if not records:
             raise HTTPException(status_code=404, detail=f"no stored episodes for step {step} in {reader.name}")
         filters = Filters(task_type=task_type, outcome=outcome, temp=temp, source=source)
-        groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-        for rec in records:
-            groups.setdefault((str(rec.get("source")), int(rec.get("group", 0))), []).append(rec)
-        shown = []
-        for (src, g), eps in groups.items():
-            if task_type and not any((e.get("task_type") or "") == task_type for e in eps):
-                continue
-            eps = sorted(eps, key=lambda e: (bool(e.get("is_high")), int(e.get("slot", 0))))
-            visible = [e for e in eps if filters.match(e)]
-            if not visible:
-                continue
-            rewards = [float(e.get("reward", 0.0)) for e in eps]
-            shown.append({"source": src, "group": g, "task_id": eps[0].get("task_id"),
-                          "task_type": eps[0].get("task_type"), "episodes": visible, "size": len(eps),
-                          "reward_mean": sum(rewards) / len(rewards), "rewards": rewards, "tree": fork_tree(eps)})
+        shown = step_groups(records, filters)
         steps = reader.steps()
         pos = steps.index(step) if step in steps else -1
         return page(request, "step.html", step=step, groups=shown, filters=filters, facets=reader.facets(),
@@ -169,12 +164,15 @@ def create_app(run_dir: str | Path) -> FastAPI:
 
     @app.get("/episodes/{episode_id}", response_class=HTMLResponse)
     def episode_page(request: Request, episode_id: str, color: Colour = "adv") -> HTMLResponse:
-        rec = get_episode(episode_id)
+        rec = _get_episode(reader, episode_id)
         scale = episode_scale(rec, color)
         return page(request, "episode.html", ep=rec, turns=token_rows(rec, color), color=color,
                     quantities=QUANTITIES, scale=scale, legend=legend(scale))
 
-    # ------------------------------------------------------------------ JSON
+
+def _add_json_routes(app: FastAPI, reader: RunReader) -> None:
+    """The JSON API: stored steps, episode summaries, one episode's record, metrics rows."""
+
     @app.get("/api/steps")
     def api_steps() -> list[int]:
         """Steps with stored episodes, ascending."""
@@ -192,7 +190,7 @@ def create_app(run_dir: str | Path) -> FastAPI:
     @app.get("/api/episodes/{episode_id}")
     def api_episode(episode_id: str) -> dict[str, Any]:
         """The full stored record."""
-        return get_episode(episode_id)
+        return _get_episode(reader, episode_id)
 
     @app.get("/api/metrics")
     def api_metrics(kind: str | None = None) -> list[dict[str, Any]]:
@@ -202,4 +200,25 @@ def create_app(run_dir: str | Path) -> FastAPI:
         except ValueError as exc:
             raise HTTPException(status_code=400, detail=str(exc)) from None
 
+
+def create_app(run_dir: str | Path) -> FastAPI:
+    """The viewer app over ``run_dir`` (``FileNotFoundError`` if it is not a directory)."""
+    reader = RunReader(run_dir)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters["num"] = lambda v, d=3: "" if v is None else f"{v:.{d}g}" if isinstance(v, float) else str(v)
+    templates = Jinja2Templates(env=env)
+    app = FastAPI(title=f"agent_rl viewer: {reader.name}", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.reader = reader
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Any) -> Response:
+        response = await call_next(request)
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        return response
+
+    _add_html_routes(app, reader, templates)
+    _add_json_routes(app, reader)
     return app
