@@ -20,7 +20,7 @@ single learner's gradient), the same ``global_max`` / ``global_min``. Two things
   callback reduce-scatters the root's gradients.
 - All-gathers and reduce-scatters are collective: every rank must run the same number of forward (and backward)
   passes. ``lockstep = True`` tells the learner to pad its micro-batch loops to the ranks' maximum with idle passes
-  (one row, a zero loss that touches every trainable parameter: ``Learner._idle_pass``). DDP needs none of this (it
+  (one row, a zero loss that touches every trainable parameter: ``PolicyForward.idle_pass``). DDP needs none of this (it
   accumulates locally and all-reduces once, :meth:`DataParallel.sync_gradients`).
 
 Gradient accumulation (``sync_every_micro_batch``): by default the reduce-scatter runs at every micro-batch's backward
