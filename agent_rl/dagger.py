@@ -91,7 +91,8 @@ def task_key(seed: int | None, options: dict[str, Any] | None) -> str:
 class ResetLabels(EnvPoolBase):
     """An env pool that records the expert's action for each reset state (``info["expert_action"]`` of the reset,
     by :func:`task_key`): the label of an episode's first turn, which no :class:`~agent_rl.types.Turn` holds (each
-    turn's ``info`` is the env's answer to it, the state of the next turn). Everything else is the pool's."""
+    turn's ``info`` is the env's answer to it, the state of the next turn). Every other call is the wrapped pool's
+    (the snapshot ones only where its ``caps`` declare them)."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
@@ -104,8 +105,23 @@ class ResetLabels(EnvPoolBase):
         self.first[task_key(seed, options)] = dict(result.info or {}).get("expert_action")
         return result
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.pool, name)
+    async def step(self, session_id: str, action: str) -> Any:
+        return await self.pool.step(session_id, action)
+
+    async def close(self, session_id: str) -> None:
+        await self.pool.close(session_id)
+
+    async def snapshot(self, session_id: str) -> str:
+        return await self.pool.snapshot(session_id)
+
+    async def restore(self, snapshot_id: str) -> Any:
+        return await self.pool.restore(snapshot_id)
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        await self.pool.drop_snapshot(snapshot_id)
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
 
 
 def label_turns(episodes: Sequence[Episode], first_labels: dict[str, str | None],
