@@ -36,7 +36,7 @@ async def _settle(engine) -> None:
     deadline = time.monotonic() + HANG_S  # the ceiling only catches a generation or a task that never ends
     while time.monotonic() < deadline:
         await asyncio.sleep(0.01)
-        if not engine._in_flight and asyncio.all_tasks() == {asyncio.current_task()}:
+        if not engine.store.in_flight and asyncio.all_tasks() == {asyncio.current_task()}:
             break
     for _ in range(5):
         await asyncio.sleep(0)
