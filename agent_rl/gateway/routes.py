@@ -5,7 +5,7 @@ A route checks the body's text, finds the request's session and hands the call t
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,8 +21,6 @@ from agent_rl.gateway.streaming import chat_chunks, completion_chunks
 from servers.access import AccessGate
 from servers.middleware import BodyGuardMiddleware
 
-if TYPE_CHECKING:
-    from agent_rl.gateway.app import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +76,10 @@ def add_error_handlers(app: FastAPI) -> None:
                                        kind="server_error"), status_code=500)
 
 
-def gateway_router(gateway: Gateway) -> APIRouter:
+def gateway_router(gateway: Any) -> APIRouter:
     """The gateway's routes: the ``/v1`` routes (also under ``/sessions/{sid}``), the reward, the env step and
-    ``/health``; each model call runs in its session (:meth:`SessionStore.call_session`) and streams when asked."""
+    ``/health``; each model call runs in its session (:meth:`SessionStore.call_session`) and streams when asked.
+    ``gateway``: the :class:`~agent_rl.gateway.app.Gateway` (typed ``Any``: ``app.py`` imports this module)."""
     router = APIRouter()
     store = gateway.store
 
@@ -137,7 +136,7 @@ def gateway_router(gateway: Gateway) -> APIRouter:
     return router
 
 
-def build_app(gateway: Gateway) -> Any:
+def build_app(gateway: Any) -> Any:
     """The gateway's ASGI app: :func:`gateway_router` with OpenAI-shaped errors, behind the body guard
     (``limits.max_body_bytes``, JSON depth) and the access gate (bearer tokens of ``gateway.settings``)."""
     app = FastAPI(title="agent_rl gateway", docs_url=None, redoc_url=None, openapi_url=None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -17,8 +17,6 @@ from agent_rl.learner.outputs import OldPolicyOutputs
 from agent_rl.lora import base_module
 from agent_rl.types import RolloutBatch
 
-if TYPE_CHECKING:
-    from agent_rl.learner.learner import Learner
 
 
 def response_positions(response_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -51,7 +49,7 @@ class PolicyForward:
         tampo_pass_s: seconds the last :meth:`no_grad_pass` spent on TAMPO's candidate log-probs (``time/tampo_s``).
     """
 
-    def __init__(self, learner: Learner) -> None:
+    def __init__(self, learner: Any) -> None:
         self.learner = learner
         self.tampo_pass_s = 0.0
 
