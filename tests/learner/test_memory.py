@@ -44,3 +44,31 @@ def test_release_free_heap_returns_what_free_kept():
     got = _child("trim")
     assert got["trimmed"] is True
     assert got["released_by_trim_mib"] > 180  # malloc_trim(0) gives them back
+
+
+FOLLOW = r"""
+import json
+import torch
+from agent_rl.memory import memory_metrics
+before = memory_metrics("cpu")
+block = torch.ones(64 * 2**20)  # 256 MiB of float32, written
+after = memory_metrics("cpu")
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/statm: Linux")
+def test_memory_metrics_follow_this_process():
+    """``perf/`` memory metrics: the resident set grows by what is allocated and touched and the peak is never below
+    it (docs/training.md, "Memory on a CPU"). In a fresh process: inside the test run, other threads free and
+    allocate between the two readings (a CI run saw the resident set grow by 168 of 256 MiB)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", FOLLOW], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    before, after = got["before"], got["after"]
+    assert after["perf/cpu_memory_used_gb"] - before["perf/cpu_memory_used_gb"] > 0.9 * 0.25
+    assert after["perf/max_rss_gb"] >= after["perf/cpu_memory_used_gb"] * 0.99
+    assert after["perf/max_rss_gb"] >= before["perf/max_rss_gb"]
+    assert "perf/max_memory_allocated_gb" not in after  # CUDA only
