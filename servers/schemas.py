@@ -130,19 +130,21 @@ class SessionsResponse(BaseModel):
 
 
 class HealthResponse(BaseModel):
-    """Liveness/readiness and load (200 only once the server is ready)."""
+    """Liveness/readiness (200 only once the server is ready). The load fields are sent only to a caller holding a
+    client's token (or to every caller of a server without tokens): an unauthenticated health check gets
+    ``{"status": "ok"}`` alone, so it learns no worker pid, env id or load."""
 
     status: str = "ok"
-    env_ids: list[str]
-    sessions: int
-    max_sessions: int
-    workers: int
-    idle_workers: int
-    started_workers: int
-    worker_rss_mb: float = Field(description="sum of the workers' last reported RSS, MiB")
-    worker_pids: list[int] = Field(description="process ids of the live workers")
-    server_rss_mb: float = Field(description="RSS of the server process itself, MiB")
-    expired_sessions: int
+    env_ids: list[str] | None = None
+    sessions: int | None = None
+    max_sessions: int | None = None
+    workers: int | None = None
+    idle_workers: int | None = None
+    started_workers: int | None = None
+    worker_rss_mb: float | None = Field(None, description="sum of the workers' last reported RSS, MiB")
+    worker_pids: list[int] | None = Field(None, description="process ids of the live workers")
+    server_rss_mb: float | None = Field(None, description="RSS of the server process itself, MiB")
+    expired_sessions: int | None = None
 
 
 class EnvEntry(BaseModel):

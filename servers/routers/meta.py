@@ -1,10 +1,11 @@
-"""``GET /health`` (no token: container health checks use it) and ``GET /envs``."""
+"""``GET /health`` (no token: container health checks use it; its load fields need one) and ``GET /envs``."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from envs.hosting.child import rss_bytes
+from servers.access import CLIENT_KEY
 from servers.dependencies import Manager
 from servers.openenv import openenv_path
 from servers.schemas import EnvEntry, EnvsResponse, HealthResponse
@@ -12,9 +13,12 @@ from servers.schemas import EnvEntry, EnvsResponse, HealthResponse
 router = APIRouter(tags=["meta"])
 
 
-@router.get("/health", response_model=HealthResponse)
-async def health(manager: Manager) -> HealthResponse:
-    """200 once the server is ready (workers started), with load and memory."""
+@router.get("/health", response_model=HealthResponse, response_model_exclude_none=True)
+async def health(request: Request, manager: Manager) -> HealthResponse:
+    """200 once the server is ready (workers started), with load and memory for a caller the gate named (a token,
+    or any caller of a server without tokens); ``{"status": "ok"}`` alone for an unauthenticated health check."""
+    if request.scope.get(CLIENT_KEY) is None:
+        return HealthResponse()
     stats = manager.pool.stats()
     return HealthResponse(
         env_ids=manager.settings.env_ids,

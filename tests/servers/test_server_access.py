@@ -169,7 +169,11 @@ def test_docs_and_schema_pages_need_the_token(two_clients):
         assert r.headers["www-authenticate"].startswith("Basic")  # a browser asks for it
         assert http.get(two_clients + path, headers={"Authorization": "Bearer"}).status_code == 401
         assert http.get(two_clients + path, headers=auth("bob")).status_code == 200, path
-    assert http.get(two_clients + "/health").status_code == 200  # the health checks stay open
+    # the health checks stay open but tell an unauthenticated caller nothing else: no pids, env ids or load
+    open_health = http.get(two_clients + "/health")
+    assert (open_health.status_code, open_health.json()) == (200, {"status": "ok"})
+    keyed = http.get(two_clients + "/health", headers=auth("bob")).json()
+    assert keyed["status"] == "ok" and keyed["worker_pids"] and keyed["env_ids"]
 
 
 def test_one_token_server_keeps_envs_apart_and_hides_pids_and_docs():
@@ -330,7 +334,7 @@ def test_a_launched_server_has_its_token_in_no_argv_and_no_worker_environment(tm
         assert http.get(url + "/sessions").status_code == 401
         r = http.post(url + "/sessions", json={"env_id": CALC}, headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 201
-        workers = http.get(url + "/health").json()["worker_pids"]
+        workers = http.get(url + "/health", headers={"Authorization": f"Bearer {token}"}).json()["worker_pids"]
         assert workers and all(token.encode() not in _environ(pid) for pid in workers)
         children = [int(p) for p in (Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split())]
         assert children and all(token.encode() not in Path(f"/proc/{p}/cmdline").read_bytes() for p in children)
