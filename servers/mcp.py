@@ -25,6 +25,11 @@ with the server's TTL, like any session. Token: as every route (``Authorization:
 (404) for a play or close, and a reset with it opens a new session, the other untouched; an MCP session itself
 answers only the client that opened it (the SDK's session ownership, from ``scope["user"]``). Without a token the
 SDK's DNS-rebinding protection is on (loopback ``Host`` only).
+
+Each client has a transport session manager of its own, whose ``max_sessions`` is the client's share of
+``max_mcp_sessions`` (at least 1): one client holding all of its MCP sessions leaves every other client its share,
+with the SDK's own admission lock deciding the race of two opening requests; the SDK's refusal is answered as 503
+``quota_exceeded`` naming the quota.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from envs.hosting import SessionManager, SessionNotFound
 from envs.hosting.errors import EnvFailed, EnvRejected, http_error
 from envs.hosting.jsonable import lone_surrogate
 from servers.access import CLIENT_KEY, ClientSessions, mcp_loopback_security, unscoped
+from servers.tokens import LOCAL_CLIENT
 from servers.errors import describe_error
 from servers.openenv import EnvFacts, close_quietly
 
@@ -107,30 +113,37 @@ class EnvMCP:
                          "observation, reward and done.",
             on_list_tools=self._list_tools, on_call_tool=self._call_tool)
         self.manager: SessionManager | None = None
-        self.transport: StreamableHTTPSessionManager | None = None
+        self.transports: dict[str, StreamableHTTPSessionManager] = {}  # client -> its transport session manager
         # MCP session id -> its env session's manager key (servers.access.scoped: the client's id, in its namespace)
         self.bound: dict[str, str] = {}
         self._made_with: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # manager key -> (kwargs, options)
         self._action_kwargs: dict[str, Any] | None = None
         self._tools: list[dict[str, Any]] | None = None
-        self._opening: dict[str, int] = {}  # client -> its requests opening an MCP session, in flight
+
+    def client_quota(self) -> int:
+        """MCP sessions one client may hold open on this env: its share of ``max_mcp_sessions`` (at least 1)."""
+        return self.settings.mcp_sessions_cap() // self.settings.client_count() or 1
 
     @contextlib.asynccontextmanager
     async def run(self, manager: SessionManager) -> AsyncIterator[None]:
-        """Serve while the context is open (a fresh transport session manager each time)."""
+        """Serve while the context is open (fresh transport session managers each time, one per client)."""
         self.manager = manager
-        self.transport = StreamableHTTPSessionManager(
-            app=self.server, json_response=True,
-            # no token: loopback Host and Origin only (the SDK's DNS-rebinding protection, behind servers.access's
-            # gate); with tokens the token guards it (a container's port has a Host header no allow-list can know)
-            security_settings=(TransportSecuritySettings(enable_dns_rebinding_protection=False)
-                               if self.settings.clients() else mcp_loopback_security()),
-            session_idle_timeout=self.settings.session_ttl_s, max_sessions=self.settings.mcp_sessions_cap(),
-            max_request_body_size=self.settings.max_body_bytes)
-        async with self.transport.run():
+        # no token: loopback Host and Origin only (the SDK's DNS-rebinding protection, behind servers.access's
+        # gate); with tokens the token guards it (a container's port has a Host header no allow-list can know)
+        security = (TransportSecuritySettings(enable_dns_rebinding_protection=False)
+                    if self.settings.clients() else mcp_loopback_security())
+        async with contextlib.AsyncExitStack() as stack:
+            for client in list(self.settings.clients()) or [LOCAL_CLIENT]:
+                transport = StreamableHTTPSessionManager(
+                    app=self.server, json_response=True, security_settings=security,
+                    session_idle_timeout=self.settings.session_ttl_s, max_sessions=self.client_quota(),
+                    max_request_body_size=self.settings.max_body_bytes)
+                await stack.enter_async_context(transport.run())
+                self.transports[client] = transport
             try:
                 yield
             finally:
+                self.transports = {}
                 for sid in list(self.bound.values()):
                     await close_quietly(manager, sid)
                 self.bound.clear()
@@ -141,32 +154,35 @@ class EnvMCP:
             await JSONResponse({"detail": "missing or wrong token", "code": "unauthorized"}, status_code=401,
                                headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
             return
-        if self.transport is None:
+        transport = self.transports.get(client)
+        if transport is None:
             await JSONResponse({"detail": "MCP is not running", "code": "not_ready"}, status_code=503)(
                 scope, receive, send)
             return
         # the SDK's own session ownership: an MCP session answers only the client that opened it (another
-        # client's request with its Mcp-Session-Id is a 404, as for an unknown one)
+        # client's request with its Mcp-Session-Id is a 404, as for an unknown one: it is in another manager)
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=client, scopes=[]))
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
         opening = scope.get("method") == "POST" and SESSION_HEADER not in headers
-        if opening:  # a request without Mcp-Session-Id opens one: the client's share of the SDK's max_sessions
-            quota = self.settings.mcp_sessions_cap() // self.settings.client_count() or 1
-            held = self._mcp_sessions_of(client) + self._opening.get(client, 0)
-            if held >= quota:
-                await JSONResponse({"detail": f"client quota: client {client!r} holds {held} MCP sessions of "
-                                              f"{self.env_id} (client_max_mcp_sessions={quota}); end one (DELETE) "
-                                              "or retry later", "code": "quota_exceeded"}, status_code=503,
-                                   headers={"Retry-After": str(self.settings.retry_after_s)})(scope, receive, send)
-                return
-            self._opening[client] = self._opening.get(client, 0) + 1
-        try:
-            await self.transport.handle_request(scope, receive, send)
-        finally:
-            if opening:
-                self._opening[client] -= 1
-                if not self._opening[client]:
-                    del self._opening[client]
+        refused = False
+
+        async def send_or_refuse(message: dict[str, Any]) -> None:
+            """Pass the SDK's answer on, but its 503 to a request that opens a session (the client's manager is
+            at its ``max_sessions``) is replaced by the quota's own answer."""
+            nonlocal refused
+            if opening and message["type"] == "http.response.start" and message["status"] == 503:
+                refused = True
+            if not refused:
+                await send(message)
+
+        await transport.handle_request(scope, receive, send_or_refuse)
+        if refused:
+            quota = self.client_quota()
+            await JSONResponse({"detail": f"client quota: client {client!r} holds {quota} MCP sessions of "
+                                          f"{self.env_id} (client_max_mcp_sessions={quota}); end one (DELETE) or "
+                                          "retry later", "code": "quota_exceeded"}, status_code=503,
+                               headers={"Retry-After": str(self.settings.retry_after_s)})(scope, receive, send)
+            return
         if scope.get("method") == "DELETE" and headers.get(SESSION_HEADER) in self.bound:  # the MCP session ended
             assert self.manager is not None
             sessions = ClientSessions(self.manager, client, self.env_id)
@@ -174,11 +190,6 @@ class EnvMCP:
             if sessions.key(sid) == self.bound[headers[SESSION_HEADER]] and sessions.owns(sid):
                 del self.bound[headers[SESSION_HEADER]]
                 await close_quietly(sessions, sid)
-
-    def _mcp_sessions_of(self, client: str) -> int:
-        """Open MCP sessions of ``client`` (the SDK's record of who opened each)."""
-        owners = getattr(self.transport, "_session_owners", {})  # session id -> AuthorizationContext (a TypedDict)
-        return sum(1 for owner in owners.values() if dict(owner).get("client_id") == client)
 
     def sessions(self, ctx: Any) -> ClientSessions:
         """The calling client's sessions of this env (``servers.access.ClientSessions``)."""

@@ -268,7 +268,8 @@ def test_a_server_without_a_token_refuses_foreign_hosts_and_origins():
             assert r.status_code == 200  # the server's own pages (/docs) are same-origin
             assert (await c.get("/sessions")).json()["sessions"] == []
             # MCP's own DNS-rebinding protection is on (the mcp SDK's transport security, behind the gate)
-            security = app.state.mcp[CALC].transport.security_settings
+            (transport,) = app.state.mcp[CALC].transports.values()  # one client: servers.tokens.LOCAL_CLIENT
+            security = transport.security_settings
             assert security.enable_dns_rebinding_protection and "localhost:*" in security.allowed_hosts
 
     asyncio.run(main())
