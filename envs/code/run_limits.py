@@ -195,9 +195,8 @@ class RunAccount:
     """The accounted per-run caps: the run's processes, read from ``/proc`` (:meth:`over` once per poll).
     ``uid``: the run's own uid (level ``full``), else ``root_pid``: the run's first process (its tree is the run).
     ``others``: more parts of the same run, each a ``(uid or None, root pid)`` (the checker, which runs the task's
-    test code): their memory and processes count against the same caps (``nproc`` plus one for each part's own
-    first process); CPU time is the first part's only (the program's; the checker's own CPU is bounded by its
-    rlimit and the wall time).
+    test code): their memory, processes and CPU time count against the same caps (``nproc`` plus one for each
+    part's own first process): a task whose test code spins is held to ``cpu_s`` as a program that spins is.
     """
 
     def __init__(self, memory_bytes: int, nproc: int, cpu_s: float, uid: int | None, root_pid: int,
@@ -246,9 +245,8 @@ class RunAccount:
         procs = self._processes()
         rss = 0
         cpu_ticks = 0
-        for pid, fields, part in procs:
-            if part == 0:
-                cpu_ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        for pid, fields, _part in procs:
+            cpu_ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
             if self.count_memory:
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE

@@ -670,13 +670,12 @@ def _wait_accounted(checker: subprocess.Popen, worker: subprocess.Popen, level: 
             return checker.poll() is not None
         if _wait(checker, min(poll_s, left)):
             return True
-        if result.limit_hit is None and worker.poll() is None:
+        if result.limit_hit is None:  # the checker may go on past the worker (the task's test code)
             hit = account.over()
-            if hit is not None:  # memory and processes are the checker's too (the task's test code): end both
+            if hit is not None:  # memory, processes and CPU are the checker's too (the task's test code): end both
                 result.limit_hit = hit
                 _kill(worker, level)
-                if hit != "cpu":
-                    _kill(checker, level)
+                _kill(checker, level)
 
 
 def raise_if_infra(result: RunResult) -> None:

@@ -189,3 +189,16 @@ def test_a_plain_task_still_passes_with_the_checker_in_the_account(run_mode):
     spec = {"mode": "asserts", "setup": "x = [0] * 1000", "asserts": ["assert f() == 1", "assert len(x) == 1000"]}
     info = summarize(run_tests("def f():\n    return 1\n", spec))
     assert (info["reward"], info["reason"], info["limit_hit"]) == (1.0, "passed", None), info
+
+
+@pytest.mark.sandbox("full")
+def test_the_checkers_busy_loop_is_held_to_the_run_cpu(run_mode):
+    """The task's test code spinning in the checker counted against no CPU cap (only the program's CPU did): it ran
+    to the wall clock (``wall_s``) and the run was a timeout, not the run's ``cpu`` cap."""
+    from envs.code.env import summarize
+
+    spec = {"mode": "asserts", "setup": "while True:\n    pass\n", "asserts": ["assert f() == 1"]}
+    result = run_tests("def f():\n    return 1\n", spec, SandboxLimits(cpu_s=2, wall_s=120.0))
+    assert (result.limit_hit, result.timed_out) == ("cpu", False), result
+    info = summarize(result)
+    assert (info["reward"], info["reason"], info["limit_hit"]) == (0.0, "timeout", "cpu"), info
