@@ -184,7 +184,7 @@ class Calibration:
         ``sampler`` itself. A resumed run rebuilds the kept tasks from a fresh copy of the sampler (the same draws).
 
         Raises:
-            agent_rl.config.ConfigError: the filter with ``trainer.curriculum=pass_rate`` (two task selections).
+            agent_rl.config.schema.ConfigError: the filter with ``trainer.curriculum=pass_rate`` (two task selections).
         """
         assert self.result is not None
         kept = self.result.get("kept_tasks")

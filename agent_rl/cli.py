@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from agent_rl.config import ConfigError
+from agent_rl.config.schema import ConfigError
 
 
 def one_line(exc: BaseException) -> str:

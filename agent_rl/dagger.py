@@ -43,7 +43,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from agent_rl.config import Config, ConfigError
+from agent_rl.config.schema import Config, ConfigError
 from agent_rl.envclient import EnvPoolBase, pool_caps
 from agent_rl.learner.checkpoint import IncompleteCheckpoint, load_checkpoint
 from agent_rl.lora import base_module

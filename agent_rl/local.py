@@ -20,7 +20,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from agent_rl.config import Config
+from agent_rl.config.schema import Config
 from agent_rl.engines import VersionedEngine, caps_of, engine_caps, set_torch_threads
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner import Learner

@@ -17,8 +17,8 @@ updates). The loop decides the order, the cadence (``trainer.eval_every``, ``tra
 ``trainer.keep_checkpoints``), what is logged and what a checkpoint holds; it never branches on the backend's kind.
 *When* episodes are played is the run's schedule (:mod:`agent_rl.rollout.schedule`, chosen once from the config:
 synchronous rounds, a staleness-bounded stream, fixed expert rows); *where* is the backend's player (what
-``Backend.open`` returns). What a backend cannot do is declared in :data:`agent_rl.config.BACKENDS` and refused when
-the config is loaded, never a silent difference.
+``Backend.open`` returns). What a backend cannot do is declared in :data:`agent_rl.config.schema.BACKENDS` and refused
+when the config is loaded, never a silent difference.
 
 ``collect`` returns complete groups, each with the policy version that sampled it (``RolloutResult.versions``;
 every turn carries its own, ``Turn.policy_version``), and the tasks drawn but not trained yet (the schedule's
@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent_rl.config import Config, ConfigError
+from agent_rl.config.schema import Config, ConfigError
 from agent_rl.episodes import parse_save_episodes, save_step_episodes
 from agent_rl.eval.training import TrainingEval
 from agent_rl.logging import KIND_PHASE, NO_SIGNAL, SKIPPED_NONFINITE, MetricsLogger

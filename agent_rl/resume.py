@@ -9,8 +9,8 @@ from dataclasses import fields, is_dataclass
 from functools import cache
 from typing import Any
 
-from agent_rl.compose import config_dict
-from agent_rl.config import Config, ConfigError, field_types
+from agent_rl.config.compose import config_dict
+from agent_rl.config.schema import Config, ConfigError, field_types
 from agent_rl.resume_rules import rule_of
 
 

@@ -26,11 +26,11 @@ import numpy as np
 import torch
 import yaml
 
-from agent_rl.compose import config_dict, to_yaml
+from agent_rl.config.compose import config_dict, to_yaml
 
-from agent_rl.config import CONFIG_DIR, Config, ConfigError
+from agent_rl.config.schema import CONFIG_DIR, Config, ConfigError
 
-from agent_rl.trainable import fit_prompt_budget
+from agent_rl.config.trainable import fit_prompt_budget
 from agent_rl.engines import EngineBase, engine_kwargs, get_engine
 from agent_rl.gateway import external_player
 from agent_rl.envclient import HTTPEnvPool, LocalEnvPool
@@ -80,7 +80,7 @@ def config_groups_help() -> str:
     groups = sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir())
     lines = ["Config groups (group=option):"]
     lines += [f"  {g.name}: {', '.join(sorted(f.stem for f in g.glob('*.yaml')))}" for g in groups]
-    lines.append("Any other key: dotted key=value (e.g. trainer.total_steps=2); see agent_rl/config.py (the schema).")
+    lines.append("Any other key: dotted key=value (e.g. trainer.total_steps=2); see agent_rl/config/schema.py.")
     return "\n".join(lines)
 
 

@@ -34,7 +34,7 @@ Outputs (``trainer.output_dir``): ``config.yaml`` (named in one line, not printe
 (collection success, loss before/after). ``trainer.resume=auto`` continues from the latest checkpoint (model,
 optimizer, RNG, step).
 
-``sft.*`` keys (:class:`agent_rl.config.SFTConfig`) are validated with the rest of the config at load time.
+``sft.*`` keys (:class:`agent_rl.config.schema.SFTConfig`) are validated with the rest of the config at load time.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ import torch
 
 from agent_rl import algos
 from agent_rl.cli import run_cli
-from agent_rl.compose import load_config, to_yaml
-from agent_rl.config import Config, ConfigError, SFTConfig
+from agent_rl.config.compose import load_config, to_yaml
+from agent_rl.config.schema import Config, ConfigError, SFTConfig
 from agent_rl.engines import set_torch_threads
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner.checkpoint import (IncompleteCheckpoint, latest_checkpoint, load_checkpoint,

@@ -23,7 +23,7 @@ from typing import Any
 from agent_rl import algos
 from agent_rl.algos import TAMPO_SUM_PREFIX as SUM_PREFIX
 from agent_rl.calibration import STATE_KEY as CALIBRATION_STATE_KEY, Calibration
-from agent_rl.config import ConfigError
+from agent_rl.config.schema import ConfigError
 from agent_rl.learner.config import t_high_value
 from agent_rl.rollout.samplers import make_task_sampler
 from agent_rl.runtime import t_high_state
@@ -150,7 +150,8 @@ class TemperatureHooks:
         medium-filtered one.
 
         Raises:
-            agent_rl.config.ConfigError: a checkpoint without the state a rule restores; a rule the config refuses.
+            ConfigError: a checkpoint without the state a rule restores; a rule the config refuses
+                (:class:`agent_rl.config.schema.ConfigError`).
         """
         cfg = self.cfg
         self.calibration = Calibration.from_config(cfg) if self.plays_episodes else None

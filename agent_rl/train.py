@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from agent_rl.cli import run_cli
-from agent_rl.compose import config_dict, load_config, to_yaml
+from agent_rl.config.compose import config_dict, load_config, to_yaml
 
-from agent_rl.config import Config, ConfigError
+from agent_rl.config.schema import Config, ConfigError
 
 from agent_rl.resume import compare_for_resume
 from agent_rl.trackers import Trackers
@@ -41,7 +41,7 @@ from agent_rl.warm_start import plan_line, run_warm_start, warm_start_dir, warm_
 
 
 def make_backend(cfg: Config, out: Path, progress: Progress, config_file: Path | None = None) -> Any:
-    """The backend ``trainer.backend`` names (``agent_rl.config.BACKENDS``), its policy loaded."""
+    """The backend ``trainer.backend`` names (``agent_rl.config.schema.BACKENDS``), its policy loaded."""
     if cfg.trainer.backend == "ray":  # learners, rollout workers, env servers as Ray actors (docs/scaling.md)
         from agent_rl.distributed.backend import RayBackend  # deferred: imports ray (optional, heavy)
 
@@ -169,7 +169,7 @@ def with_device_preset(overrides: list[str]) -> tuple[list[str], str]:
 def cli() -> None:
     """``python -m agent_rl.train``: :func:`main`, a config error printed as one line ``config error: what, where,
     the valid choices`` (exit code 2, no traceback; :func:`agent_rl.cli.run_cli`). Every check that can run before
-    training raises ConfigError (:func:`agent_rl.compose.load_config`, the output dir, the resume path and
+    training raises ConfigError (:func:`agent_rl.config.compose.load_config`, the output dir, the resume path and
     config)."""
 
     def run() -> None:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent_rl.config import Config
+from agent_rl.config.schema import Config
 from agent_rl.learner.checkpoint import latest_checkpoint
 from agent_rl.loop import run
 from agent_rl.progress import Progress

@@ -365,7 +365,7 @@ async def run_training(args: argparse.Namespace, fault: str, url: str | None, in
                        extra: list[str] | None = None) -> tuple[Outcome, Path]:
     """Train ``--steps`` steps against ``url`` (None: the trainer's auto-started server) while ``inject(observer,
     outcome)`` runs; fills the outcome's counters."""
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
     from agent_rl.local import LocalBackend
     from agent_rl.loop import run
     from agent_rl.progress import Progress

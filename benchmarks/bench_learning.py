@@ -131,7 +131,7 @@ def cached_evaluate(cfg: Any, checkpoint: Path | None, args: argparse.Namespace,
 
 
 def run_one(env: str, algo: str, seed: int, args: argparse.Namespace, out: Path) -> dict[str, list]:
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
     from agent_rl.learner.checkpoint import latest_checkpoint
     from agent_rl.logging import read_metrics
     from agent_rl.train import main as train_main
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.eval_checkpoints:
-        from agent_rl.compose import load_config
+        from agent_rl.config.compose import load_config
 
         cfg = load_config([f"env={args.env}", f"model={args.model}", *args.train,
                            *[f"env.kwargs.{k}={v}" for k, v in args.env_kwargs.items()]])

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 async def bench(args: argparse.Namespace) -> dict[str, float]:
     import torch
 
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
     from agent_rl.engines import get_engine
     from agent_rl.learner.config import AlgoConfig
     from agent_rl.models import load_policy
@@ -88,7 +88,7 @@ async def bench_kv_reuse(args: argparse.Namespace) -> list[dict[str, object]]:
     """Rows of the KV reuse table (module docstring): per env and model, reuse off then on."""
     import torch
 
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
     from agent_rl.engines import engine_kwargs, get_engine
     from agent_rl.learner.config import AlgoConfig
     from agent_rl.models import load_policy

@@ -31,7 +31,7 @@ SPLITS = {"alfworld": ("valid_unseen", 134), "webshop": ("val", 500)}
 
 
 def measure(env: str, action_format: str, args: argparse.Namespace, model, tokenizer) -> dict:
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
     from agent_rl.engines import get_engine
     from agent_rl.envclient import LocalEnvPool
     from agent_rl.rollout import GroupSpec, RolloutOrchestrator, get_prompt, parse_action

@@ -10,7 +10,7 @@ import pytest
 
 from agent_rl import sft, train
 from agent_rl.cli import run_cli
-from agent_rl.config import ConfigError
+from agent_rl.config.schema import ConfigError
 from agent_rl.eval import runner
 
 

@@ -8,13 +8,13 @@ import re
 import pytest
 import torch
 
-from agent_rl.compose import config_dict, load_config
+from agent_rl.config.compose import config_dict, load_config
 
-from agent_rl.config import ConfigError
+from agent_rl.config.schema import ConfigError
 
 from agent_rl.resume import RESUME_APPLIED, compare_for_resume
 
-from agent_rl.trainable import fit_prompt_budget
+from agent_rl.config.trainable import fit_prompt_budget
 from agent_rl.engines.vllm import vllm_build
 from agent_rl.models import TINY_MAX_POSITIONS
 
@@ -283,7 +283,7 @@ def test_one_default_per_concept():
 
     import yaml
 
-    from agent_rl.config import CONFIG_DIR, Config
+    from agent_rl.config.schema import CONFIG_DIR, Config
     from agent_rl.learner import AlgoConfig, Learner, OptimConfig
     from agent_rl.models import load_policy
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from agent_rl import algos
-from agent_rl.compose import load_config
-from agent_rl.config import ConfigError
+from agent_rl.config.compose import load_config
+from agent_rl.config.schema import ConfigError
 from agent_rl.learner.config import AlgoConfig
 from agent_rl.temperature import STATE_KEY, StepTemperature
 

@@ -190,7 +190,7 @@ class RolloutWorker:
     """One rollout worker (a Ray actor): a policy copy, an engine replica, an env client and an orchestrator.
 
     Args:
-        cfg: the run's :class:`agent_rl.config.Config`.
+        cfg: the run's :class:`agent_rl.config.schema.Config`.
         index: worker index (0..M-1). Every worker samples with the local backend's seed (``engine.seed``): the
             randomness of a turn is keyed by its step, group id, slot and turn (``agent_rl.rollout.orchestrator``),
             so a group samples the same episodes on any worker, with any M, and as the local backend does.

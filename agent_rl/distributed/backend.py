@@ -41,7 +41,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agent_rl import algos
-from agent_rl.config import Config
+from agent_rl.config.schema import Config
 from agent_rl.distributed.actors import EnvServerReplica, LearnerRank, LearnerSpec, RolloutWorker
 from agent_rl.distributed.data_parallel import shard_indices, take_shard, unshard_rows
 from agent_rl.engines import merge_engine_metrics

@@ -44,7 +44,7 @@ shard all-gathered (``DTensor.full_tensor``), rank 0 keeps a CPU copy, every oth
 transient device memory is one parameter's full tensor, never a full copy of the model per rank.
 
 Not sharded: the reference model of ``algo.kl_coef > 0`` (a full frozen copy per rank) and the value head of
-``algo=ppo`` (refused at load time, ``agent_rl.config``).
+``algo=ppo`` (refused at load time, ``agent_rl.config.trainable``).
 """
 
 from __future__ import annotations

@@ -157,8 +157,8 @@ def model_head_size(model_cfg: Any) -> int | None:
 
 
 def check_config(cfg: Any, context: int | None) -> list[str]:
-    """Refuse at load time an ``engine=vllm`` config that cannot run here (``agent_rl.trainable.check_trainable`` calls
-    it). ``context`` is the model's context length when known.
+    """Refuse at load time an ``engine=vllm`` config that cannot run here (``agent_rl.config.trainable.check_trainable``
+    calls it). ``context`` is the model's context length when known.
 
     Returns:
         notes (none today).

@@ -164,7 +164,7 @@ def server_environment(api_key: str, base: dict[str, str] | None = None, lora: b
 
 def check_config(cfg: Any, context: int | None = None) -> list[str]:
     """Refuse at load time an ``engine=vllm_server`` config that cannot run (its registered config check, run by
-    ``agent_rl.trainable.check_trainable``; nothing is started or imported). ``context`` is not used.
+    ``agent_rl.config.trainable.check_trainable``; nothing is started or imported). ``context`` is not used.
 
     Returns:
         notes: where the servers come from.

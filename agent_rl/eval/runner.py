@@ -37,8 +37,8 @@ from rich.table import Table
 from transformers import AutoTokenizer
 
 from agent_rl.cli import run_cli
-from agent_rl.compose import load_config
-from agent_rl.config import ConfigError
+from agent_rl.config.compose import load_config
+from agent_rl.config.schema import ConfigError
 from agent_rl.engines import set_torch_threads
 from agent_rl.eval import pass_at_k
 from agent_rl.models import finish_tokenizer, load_policy, smollm2_tokenizer

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from agent_rl.config import ConfigError
+from agent_rl.config.schema import ConfigError
 from agent_rl.eval.runner import build_panels, env_family, evaluate, scalar_metrics
 from agent_rl.task_files import TaskFileError
 from envs.data import cache_dir

@@ -1,6 +1,6 @@
 """Config dataclasses of the learner side: algorithm, credit, schedule, optimiser, model.
 
-The root Hydra config (``agent_rl/config.py``) composes them; ``configs/algo/*.yaml`` holds one preset per algorithm.
+The root Hydra config (``agent_rl.config.schema``) composes them; ``configs/algo/*.yaml`` holds one preset per algorithm.
 Every field has a default; ``__post_init__`` checks fields against each other and raises ``ValueError`` naming the
 allowed values. Names that are registry entries (estimators, losses, credit rules, schedules) are checked against the
 ``agent_rl.algos`` registries by the ``Learner``, whose errors list the valid names.
@@ -75,7 +75,7 @@ class CalibrationConfig:
     run plays ``samples`` episodes of ``tasks`` train tasks at every candidate temperature with the policy it is
     about to train, scores every pair (T_low, T_high > T_low) by ``agent_rl.algos.calibration_scores`` and trains
     with the best pair (``agent_rl.calibration``). ``algo.calibration=probe`` / ``=off`` is the short form of
-    ``algo.calibration.mode=...`` (``agent_rl.compose``)."""
+    ``algo.calibration.mode=...`` (``agent_rl.config.compose``)."""
 
     mode: str = "off"
     """off | probe | auto (probe for ``algo=tgrl`` with a numeric ``t_high``, off for every other algo: what a preset

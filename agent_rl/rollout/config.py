@@ -1,4 +1,4 @@
-"""Config dataclasses of the rollout side (composed into the root config by ``agent_rl/config.py``)."""
+"""Config dataclasses of the rollout side (composed into the root config by ``agent_rl/config/schema.py``)."""
 
 from __future__ import annotations
 

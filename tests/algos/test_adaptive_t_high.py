@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from agent_rl.algos import AdaptiveHighTemperature
-from agent_rl.compose import load_config
-from agent_rl.config import ConfigError
+from agent_rl.config.compose import load_config
+from agent_rl.config.schema import ConfigError
 from agent_rl.learner.config import AlgoConfig, t_high_value
 from agent_rl.rollout import group_temperatures
 

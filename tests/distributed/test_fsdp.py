@@ -13,9 +13,9 @@ import torch
 
 import ray  # installed by scripts/setup.sh's .[all]: absent is a broken install, not a skip
 
-from agent_rl.compose import load_config
+from agent_rl.config.compose import load_config
 
-from agent_rl.config import ConfigError
+from agent_rl.config.schema import ConfigError
 from agent_rl.distributed.actors import LearnerSpec
 from agent_rl.distributed.data_parallel import shard_batch
 from agent_rl.learner import AlgoConfig, Learner, OptimConfig

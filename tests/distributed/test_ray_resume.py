@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import ray  # noqa: F401  (the module needs Ray; its cluster fixture is in conftest.py)
 
-from agent_rl.config import ConfigError
+from agent_rl.config.schema import ConfigError
 
 from agent_rl.resume import RESUME_APPLIED
 from agent_rl.train import main

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agent_rl.config import Config
+from agent_rl.config.schema import Config
 from agent_rl.engines import (EngineBase, EngineCaps, HFEngine, VersionedEngine, caps_of, check_engine_config,
                               engine_caps, engine_names, register_engine)
 from agent_rl.engines import base as engine_registry
@@ -184,7 +184,7 @@ def test_js_fork_is_refused_for_an_engine_without_token_js(registered):
 def test_model_len_limit_caps_the_prompt_budget_at_load(registered):
     """An engine that declares ``model_len_limit`` has its ``engine.max_model_len`` cap the prompt budget (the tiny
     model's own context, 2048, is larger): 300 - 64 = 236 prompt tokens; one that does not keeps the budget."""
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
 
     registered("test_limited", EngineCaps(model_len_limit=True), lambda cfg, context: ["test_limited: checked"])
     registered("test_unlimited", EngineCaps())

@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from agent_rl.config import Config
+from agent_rl.config.schema import Config
 from agent_rl.engines.config import EngineConfig
 from agent_rl.engines import merge_engine_metrics
 from agent_rl.engines.vllm_server import (GUARD_MIDDLEWARE, PLUGIN_DIR, SERVER_MODULE, HashRing, Router, VLLMServerEngine, check_config,
@@ -270,8 +270,8 @@ def test_ipc_servers_get_unpickling_and_nothing_else_does():
 
 
 def test_load_config_of_engine_vllm_server():
-    from agent_rl.compose import load_config
-    from agent_rl.config import ConfigError
+    from agent_rl.config.compose import load_config
+    from agent_rl.config.schema import ConfigError
 
     cheap = ["env=choose_item", "model=tiny", "env_server.mode=local"]
     cfg = load_config([*cheap, "engine=vllm_server", "engine.urls=[http://127.0.0.1:8000,http://10.0.0.2:8000]"])
@@ -286,8 +286,8 @@ def test_load_config_of_engine_vllm_server():
 def test_lora_adapter_sync_args_environment_and_refusals():
     """``engine.lora_sync=adapter``: the server's LoRA arguments (the smallest rank vLLM accepts that holds the
     adapter), runtime adapter loading in its environment, and the configs refused at load with the reason."""
-    from agent_rl.compose import load_config
-    from agent_rl.config import ConfigError
+    from agent_rl.config.compose import load_config
+    from agent_rl.config.schema import ConfigError
     from agent_rl.engines.vllm_server import lora_server_args
 
     assert lora_server_args(8) == ["--enable-lora", "--max-loras", "1", "--max-lora-rank", "8"]

@@ -16,8 +16,8 @@ import gymnasium
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
-from agent_rl.compose import load_config
-from agent_rl.config import ConfigError
+from agent_rl.config.compose import load_config
+from agent_rl.config.schema import ConfigError
 from envs.tools import decode_action, encode_call, encode_invalid
 
 # id, kwargs, reset options, (text command, the same as a call), a second command (to check nothing moved)

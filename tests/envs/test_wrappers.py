@@ -46,7 +46,7 @@ def test_penalty_falls_back_on_the_admissible_list():
 def test_training_applies_the_penalty_through_the_env(tmp_path):
     """rollout.invalid_penalty reaches the env as invalid_action_penalty (LocalEnvPool -> make_env): a tiny random
     model on ChooseItem plays mostly invalid actions, so the mean reward goes below 0 by the penalty."""
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
     from agent_rl.logging import read_metrics
     from agent_rl.train import main
 

@@ -9,9 +9,9 @@ import json
 import gymnasium
 import pytest
 
-from agent_rl.compose import load_config
+from agent_rl.config.compose import load_config
 
-from agent_rl.config import ConfigError
+from agent_rl.config.schema import ConfigError
 from agent_rl.eval.runner import build_panels
 from agent_rl.eval.runner import main as eval_main
 from agent_rl.eval.training import TrainingEval

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("datasets")
 
-from agent_rl.compose import load_config  # noqa: E402
-from agent_rl.config import ConfigError  # noqa: E402
+from agent_rl.config.compose import load_config  # noqa: E402
+from agent_rl.config.schema import ConfigError  # noqa: E402
 from agent_rl.eval.runner import build_panels  # noqa: E402
 from agent_rl.eval.training import TrainingEval  # noqa: E402
 from agent_rl.progress import Progress  # noqa: E402

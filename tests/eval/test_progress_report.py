@@ -68,7 +68,7 @@ def test_training_eval_panel_logged(tmp_path):
 def test_cpu_preset_selected_without_gpu(monkeypatch):
     import torch
 
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
     from agent_rl.train import with_device_preset
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

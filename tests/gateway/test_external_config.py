@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent_rl.compose import load_config
-from agent_rl.config import ConfigError
+from agent_rl.config.compose import load_config
+from agent_rl.config.schema import ConfigError
 
 BASE = ["env=external", "model=tiny", "env.external.program=tests.gateway.programs:calculator_tools"]
 

@@ -197,8 +197,8 @@ def test_ray_merge_takes_the_max_staleness_and_trained_token_means(batch):
 
 
 def test_config_refuses_a_bad_cap_or_correction_at_load():
-    from agent_rl.compose import load_config
-    from agent_rl.config import ConfigError
+    from agent_rl.config.compose import load_config
+    from agent_rl.config.schema import ConfigError
 
     cheap = ["env=choose_item", "model=tiny", "env_server.mode=local"]
     with pytest.raises(ConfigError, match=r"algo.behaviour_weight_cap=0.5 must be > 1"):

@@ -10,8 +10,8 @@ import copy
 import pytest
 import torch
 
-from agent_rl.compose import load_config
-from agent_rl.config import ConfigError
+from agent_rl.config.compose import load_config
+from agent_rl.config.schema import ConfigError
 from agent_rl.learner import AlgoConfig, CreditConfig, Learner, OptimConfig
 from agent_rl.rollout import build_rollout_batch
 from agent_rl.types import Episode, Task, Turn

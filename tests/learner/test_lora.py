@@ -17,9 +17,9 @@ import torch
 
 peft = pytest.importorskip("peft")
 
-from agent_rl.compose import load_config  # noqa: E402
+from agent_rl.config.compose import load_config  # noqa: E402
 
-from agent_rl.config import ConfigError  # noqa: E402
+from agent_rl.config.schema import ConfigError  # noqa: E402
 from agent_rl.learner import AlgoConfig, Learner, OptimConfig  # noqa: E402
 from agent_rl.learner.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from agent_rl.learner.config import LORA_DEFAULT_TARGETS, LoRAConfig, ModelConfig  # noqa: E402

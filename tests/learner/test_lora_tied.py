@@ -17,8 +17,8 @@ import torch
 
 peft = pytest.importorskip("peft")
 
-from agent_rl.compose import load_config  # noqa: E402
-from agent_rl.config import ConfigError  # noqa: E402
+from agent_rl.config.compose import load_config  # noqa: E402
+from agent_rl.config.schema import ConfigError  # noqa: E402
 from agent_rl.learner.config import LORA_DEFAULT_TARGETS, LoRAConfig, ModelConfig  # noqa: E402
 from agent_rl.lora import apply_lora, check_targets, merge_lora_state_dict, merged_state_dict, save_policy  # noqa: E402
 

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from agent_rl.compose import load_config
+from agent_rl.config.compose import load_config
 from agent_rl.learner import AlgoConfig, CreditConfig, Learner, OptimConfig
 from agent_rl.rollout import group_temperatures
 from learner_helpers import sample_batch

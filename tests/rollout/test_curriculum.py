@@ -136,8 +136,8 @@ def test_config_refuses_bad_settings():
 
 
 def test_the_config_refuses_the_curriculum_without_a_task_list():
-    from agent_rl.compose import load_config
-    from agent_rl.config import ConfigError
+    from agent_rl.config.compose import load_config
+    from agent_rl.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="needs a task list: env.tasks=PATH"):
         load_config(["env=math", "model=tiny", "trainer.curriculum=pass_rate"], check=False)

@@ -283,7 +283,7 @@ def test_behaviour_cloning_rows_encode_env_and_expert_text_as_text(mode):
     """``agent_rl.sft``'s collection on the hostile env: prompts hold only the template's markers, and the target
     response is the template around the expert action spelled out, then one EOS (the only special id)."""
     from agent_rl import sft as sft_mod
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
 
     cfg = load_config(["env=choose_item", f"env.id={ENV_ID}", "model=tiny", f"rollout.mode={mode}",
                        "rollout.max_turns=3", "sft.num_episodes=1", "sft.concurrency=1"])

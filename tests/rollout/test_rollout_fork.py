@@ -250,7 +250,7 @@ def test_stream_play_group_holds_its_forks_and_budget_episodes(games):
 
 def test_an_env_declared_nondeterministic_is_refused_up_front(games):
     """``EnvFamily.deterministic`` False (math with the python tool): no sibling is started, the reason is kept."""
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
     from agent_rl.runtime import env_deterministic
 
     orch, engine, res = play(SimplePool(), deterministic=False, groups=1)
@@ -312,7 +312,7 @@ def test_js_fork_turns_are_the_learners_tgrl_js(games, mode):
 
 def test_js_fork_needs_the_hf_engines_logits():
     """select=js is refused, with the reason, for an engine without token JS and for engine=vllm / vllm_server."""
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
 
     cfg = RolloutConfig(mode="trajectory", max_turns=3, fork=ForkConfig(points=1, select="js"))
     with pytest.raises(ValueError, match="needs the engine's token JS"):

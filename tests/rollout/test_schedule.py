@@ -22,7 +22,7 @@ class _Cfg:
     """The keys a schedule reads (``trainer``, ``algo``, ``rollout``), as the root config holds them."""
 
     def __init__(self, k: int, tasks_per_step: int = 2, group_size: int = 2) -> None:
-        from agent_rl.config import TrainerConfig
+        from agent_rl.config.schema import TrainerConfig
         from agent_rl.rollout.config import RolloutConfig
 
         self.trainer = TrainerConfig(max_staleness=k, tasks_per_step=tasks_per_step, total_steps=3)

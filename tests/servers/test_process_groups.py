@@ -80,7 +80,7 @@ def test_closing_the_pool_takes_the_helpers_of_its_envs():
 def test_the_run_env_server_is_ended_with_its_group(tmp_path, crash):
     """The run's env server (EnvServerProcess) serving the Echo env: a session's env leaves a helper running; the
     server's stop (the end of the run), or its crash (SIGKILL) then stop, leaves none of its processes behind."""
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
     from agent_rl.runtime import EnvServerProcess
     from servers.launch import ServerLaunch
 

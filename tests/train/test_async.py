@@ -387,8 +387,8 @@ def test_an_error_while_starting_groups_reaches_collect_instead_of_hanging():
 
 
 def test_config_refuses_what_cannot_work_and_resume_may_change_the_bound(capsys):
-    from agent_rl.compose import load_config
-    from agent_rl.config import ConfigError
+    from agent_rl.config.compose import load_config
+    from agent_rl.config.schema import ConfigError
     from agent_rl.resume import may_change_on_resume
 
     base = ["env=choose_item", "model=tiny", "env_server.mode=local"]

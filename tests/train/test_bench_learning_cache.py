@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.compose import load_config
+from agent_rl.config.compose import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_rl.compose import load_config
-from agent_rl.config import ConfigError
+from agent_rl.config.compose import load_config
+from agent_rl.config.schema import ConfigError
 from agent_rl.dagger import beta, expert_episode_count, label_turns, stack_rows, task_key
 from agent_rl.logging import read_metrics
 from agent_rl.progress import Progress, step_phase

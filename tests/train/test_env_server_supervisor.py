@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from agent_rl import runtime
-from agent_rl.compose import load_config
+from agent_rl.config.compose import load_config
 from agent_rl.runtime import EnvServerProcess, env_server, open_env_pool, supervise_env_server
 from waiting import HANG_S
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_rl.compose import config_dict
+from agent_rl.config.compose import config_dict
 
-from agent_rl.config import Config, ConfigError
+from agent_rl.config.schema import Config, ConfigError
 
 from agent_rl.resume import RESUME_APPLIED, may_change_on_resume
 from agent_rl.learner.config import OptimConfig

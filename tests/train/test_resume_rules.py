@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.compose import config_dict, load_config
+from agent_rl.config.compose import config_dict, load_config
 from agent_rl.logging import read_metrics
 from agent_rl.resume import RESUME_APPLIED, compare_for_resume, may_change_on_resume, resume_rule, resume_rules, rules_of
 from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH, applied

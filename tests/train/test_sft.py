@@ -13,7 +13,7 @@ import torch
 import textworld  # noqa: F401  (installed by scripts/setup.sh's .[all]: absent is a broken install, not a skip)
 
 from agent_rl import sft as sft_mod  # noqa: E402
-from agent_rl.config import ConfigError  # noqa: E402
+from agent_rl.config.schema import ConfigError  # noqa: E402
 from agent_rl.logging import read_metrics  # noqa: E402
 from envs.textworld import games as tw_games  # noqa: E402
 
@@ -65,7 +65,7 @@ def test_rows_are_the_rl_rows_with_the_expert_action(sft_run) -> None:
     """Row = RL prompt (the textworld prompt, rendered by the chat template) + "<action>take coin</action><eos>";
     only the response tokens are in the loss."""
     from agent_rl.models import load_policy
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
 
     out, _ = sft_run
     batch = torch.load(out / "sft_rows.pt", weights_only=False)["batch"]
@@ -81,7 +81,7 @@ def test_rows_are_the_rl_rows_with_the_expert_action(sft_run) -> None:
 
 def test_loss_is_the_masked_token_cross_entropy(sft_run) -> None:
     """BehaviourCloner.evaluate equals F.cross_entropy of the full model's logits on response tokens only."""
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
     from agent_rl.models import load_policy
 
     out, summary = sft_run

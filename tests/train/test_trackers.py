@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.compose import load_config
-from agent_rl.config import ConfigError
+from agent_rl.config.compose import load_config
+from agent_rl.config.schema import ConfigError
 from agent_rl.trackers import Trackers, TrackingConfig
 
 wandb = pytest.importorskip("wandb")

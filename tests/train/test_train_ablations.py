@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent_rl import algos
-from agent_rl.compose import load_config
+from agent_rl.config.compose import load_config
 from agent_rl.logging import read_metrics
 from agent_rl.rollout.orchestrator import group_temperatures
 from agent_rl.train import main
@@ -77,7 +77,7 @@ def test_turn_budget_has_one_knob():
     import gymnasium
 
     import envs  # noqa: F401
-    from agent_rl.config import ConfigError
+    from agent_rl.config.schema import ConfigError
 
     cfg = load_config(["env=choose_item", "rollout.max_turns=2"])
     assert cfg.env_kwargs["max_episode_steps"] == 2

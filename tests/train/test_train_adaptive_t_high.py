@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.config import ConfigError
+from agent_rl.config.schema import ConfigError
 from agent_rl.episodes import load_episodes
 from agent_rl.logging import read_metrics
 from agent_rl.train import main

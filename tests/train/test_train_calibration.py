@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent_rl.calibration import GROUP_ID_BASE, STATE_KEY
-from agent_rl.compose import load_config
-from agent_rl.config import ConfigError
+from agent_rl.config.compose import load_config
+from agent_rl.config.schema import ConfigError
 from agent_rl.episodes import load_episodes
 from agent_rl.logging import read_metrics
 from agent_rl.train import main

@@ -43,6 +43,6 @@ def test_env_family_one_tgrl_step(tmp_path: Path, env: str, extra: list[str]) ->
 ])
 def test_env_sampler_options_are_the_env_presets_own(env: str, options: dict) -> None:
     """Each env preset's reset options are exactly its own (no option of another env merged in)."""
-    from agent_rl.compose import load_config
+    from agent_rl.config.compose import load_config
 
     assert load_config([f"env={env}"]).env.sampler.options == options

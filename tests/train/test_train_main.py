@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.compose import load_config
+from agent_rl.config.compose import load_config
 
-from agent_rl.config import ConfigError
+from agent_rl.config.schema import ConfigError
 from agent_rl.logging import SECTION6_METRICS, read_metrics
 from agent_rl.train import main
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent_rl.config import ConfigError
+from agent_rl.config.schema import ConfigError
 from agent_rl.logging import read_metrics
 from agent_rl.runtime import saved_run_config
 from agent_rl.train import main

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.compose import load_config
-from agent_rl.config import ConfigError
+from agent_rl.config.compose import load_config
+from agent_rl.config.schema import ConfigError
 from agent_rl.logging import MetricsLogger, drop_records_from, read_metrics
 from agent_rl.report import learning_signal, signal_line, summarize_run, write_summary
 

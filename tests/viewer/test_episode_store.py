@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from agent_rl.compose import config_dict, load_config
+from agent_rl.config.compose import config_dict, load_config
 
-from agent_rl.config import ConfigError
+from agent_rl.config.schema import ConfigError
 
 from agent_rl.resume import compare_for_resume
 from agent_rl.episodes import (load_episodes, list_steps, parse_episode_id, parse_save_episodes, read_step_file,

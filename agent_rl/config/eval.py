@@ -1,5 +1,5 @@
-"""``eval.*`` config (composed into the root config by ``agent_rl/config.py``): a leaf module below the config, so
-the config never imports the evaluation package (:mod:`agent_rl.eval`, which reads the config)."""
+"""``eval.*`` config (composed into the root config, :mod:`agent_rl.config`): a leaf module, so the config never
+imports the evaluation package (:mod:`agent_rl.eval`, which reads the config)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Loading a run's config: Hydra composes ``configs/config.yaml`` with dotted ``key=value`` overrides onto the
-:class:`agent_rl.config.Config` schema (its compose API, so ``train.main`` can be called from tests exactly like the
-CLI); unknown keys are rejected naming the valid ones, Hydra/OmegaConf errors are explained in one line, and
-:func:`load_config` returns the typed config after :func:`agent_rl.trainable.check_trainable`.
+:class:`agent_rl.config.schema.Config` schema (its compose API, so ``train.main`` can be called from tests exactly
+like the CLI); unknown keys are rejected naming the valid ones, Hydra/OmegaConf errors are explained in one line, and
+:func:`load_config` returns the typed config after :func:`agent_rl.config.trainable.check_trainable`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
-from agent_rl.config import CONFIG_DIR, SCHEMA_NAME, Config, ConfigError, field_types
-from agent_rl.trainable import check_trainable
+from agent_rl.config.schema import CONFIG_DIR, SCHEMA_NAME, Config, ConfigError, field_types
+from agent_rl.config.trainable import check_trainable
 
 def register_configs() -> None:
     """Register the schema in Hydra's ConfigStore (``configs/config.yaml`` lists it first in its defaults)."""

@@ -1,8 +1,8 @@
 """Configs that cannot train are refused when they load (docs/training.md, "Refused configs"):
 :func:`check_trainable` checks registry names, the env id and its kwargs, the device, the model's context, and the
-combinations of keys that cannot work together (the backend's capabilities, :data:`agent_rl.config.BACKENDS`;
+combinations of keys that cannot work together (the backend's capabilities, :data:`agent_rl.config.schema.BACKENDS`;
 asynchronous rollouts), and resolves ``trainer.warm_start`` (:func:`resolve_warm_start`). Called by
-:func:`agent_rl.compose.load_config`.
+:func:`agent_rl.config.compose.load_config`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 import envs  # noqa: F401 (registers the built-in ids)
 from agent_rl import algos
-from agent_rl.config import BACKENDS, Config, ConfigError
+from agent_rl.config.schema import BACKENDS, Config, ConfigError
 from agent_rl.engines import check_engine_config, engine_caps, engine_names
 from agent_rl.models import model_context_length
 from agent_rl.rollout import get_prompt

@@ -1,11 +1,11 @@
-"""Root config: one dataclass tree composed by Hydra from ``configs/`` (groups env, algo, credit, schedule, model,
+"""The root config: one dataclass tree composed by Hydra from ``configs/`` (groups env, algo, credit, schedule, model,
 engine, trainer) and validated by OmegaConf's structured configs. This module is the schema; its other jobs each
-have a module of their own:
+have a module of their own in this package:
 
-- :mod:`agent_rl.compose`: ``load_config(overrides)`` composes ``configs/config.yaml`` with dotted ``key=value``
+- :mod:`agent_rl.config.compose`: ``load_config(overrides)`` composes ``configs/config.yaml`` with dotted ``key=value``
   overrides (Hydra's compose API), rejects unknown keys naming the valid ones, and returns the typed :class:`Config`
   (each dataclass's ``__post_init__`` checks its fields); ``to_yaml``, ``config_dict``;
-- :mod:`agent_rl.trainable`: ``check_trainable(cfg)``, what cannot train refused at load time;
+- :mod:`agent_rl.config.trainable`: ``check_trainable(cfg)``, what cannot train refused at load time;
 - :mod:`agent_rl.resume`: ``compare_for_resume``, reading the resume rule each field declares in its metadata
   (:mod:`agent_rl.resume_rules`: may change, applied, must match).
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from agent_rl.algos.fork import FORK_ESTIMATORS
+from agent_rl.config.eval import EvalConfig
 from agent_rl.engines import engine_caps, engine_names
 from agent_rl.engines.config import EngineConfig
 from agent_rl.episodes import parse_save_episodes
-from agent_rl.eval_config import EvalConfig
 from agent_rl.gateway.config import ExternalConfig
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
 from agent_rl.resume_rules import MAY_CHANGE, MUST_MATCH, applied
@@ -29,7 +29,7 @@ from agent_rl.trackers import LOGGERS, TrackingConfig
 from agent_rl.rollout.config import CURRICULA, PassRateConfig, RolloutConfig, TaskSamplerConfig
 from envs.families import describe
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 SCHEMA_NAME = "agent_rl_schema"
 SERVER_MODES = ("http", "local")
 LOCAL_KINDS = ("thread", "process")
@@ -137,7 +137,7 @@ class DataConfig:
     is passed to envs as ``data_root`` and to an auto-started server as ``$AGENT_RL_DATA``."""
 
 
-#: ``trainer.warm_start`` values (:func:`agent_rl.trainable.resolve_warm_start`)
+#: ``trainer.warm_start`` values (:func:`agent_rl.config.trainable.resolve_warm_start`)
 WARM_STARTS = ("auto", "bc", "dagger", "none")
 
 
@@ -226,7 +226,7 @@ class TrainerConfig:
     labels any state: ALFWorld); none = RL from ``model.*``; auto = for the embedded default model
     (``model=smollm2`` without ``model.path``) dagger on an env with a state expert (ALFWorld), bc on an env with
     an expert (TextWorld, WebShop), none otherwise. Resolved to bc | none when the config is loaded
-    (:func:`agent_rl.trainable.resolve_warm_start`)."""
+    (:func:`agent_rl.config.trainable.resolve_warm_start`)."""
 
     curriculum: str = field(default="none", metadata=MUST_MATCH)
     """Which training tasks are drawn: none = uniformly (``env.sampler`` / ``env.tasks``: epochs of seeded
@@ -321,7 +321,7 @@ class SFTConfig:
 @dataclass(frozen=True)
 class BackendCapabilities:
     """What a training backend can do (``trainer.backend``); a config asking for more is refused at load time
-    (:func:`agent_rl.trainable.check_trainable`), never run with a silent difference."""
+    (:func:`agent_rl.config.trainable.check_trainable`), never run with a silent difference."""
 
     data_parallel: bool
     """Several learner ranks (``trainer.num_learners > 1``)."""
