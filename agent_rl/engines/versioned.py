@@ -14,7 +14,8 @@ class VersionedEngine(EngineBase):
     generations with the version the call started under (``Generation.policy_version``), and :meth:`sync` swaps
     the weights between two calls (a lock), so no call ever samples with half-loaded weights. Its capabilities are
     the wrapped engine's plus ``carries_versions``; its optional methods run the wrapped engine's (the ones that
-    read or change the weights' state under the lock).
+    read or change the weights' state under the lock). Nothing else of the wrapped engine is forwarded: what a caller
+    needs of it is a declared capability or an :class:`EngineBase` method (``engine`` is the wrapped one).
 
     Args:
         engine: the engine (hf with its own copy of the policy, or vllm: its own process).
@@ -76,6 +77,3 @@ class VersionedEngine(EngineBase):
     def close(self) -> None:
         if isinstance(self.engine, EngineBase):
             self.engine.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
