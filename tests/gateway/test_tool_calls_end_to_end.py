@@ -102,7 +102,7 @@ def run_smolagents(live: Live, session: GatewaySession, calls: list[dict[str, An
 
 def _tuned(policy, drive, script: list[str]) -> Tuned:  # noqa: F811
     tuned = tune(policy, drive, script, live_factory=_live)
-    log.warning("tool policy for %s: %.1f s, %d library runs, %d steps, %d examples", drive.__name__, tuned.seconds,
+    log.info("tool policy for %s: %.1f s, %d library runs, %d steps, %d examples", drive.__name__, tuned.seconds,
                 tuned.rounds, tuned.steps, len(tuned.examples))
     return tuned
 

@@ -11,8 +11,8 @@ target ids only) until every target token has probability over :data:`MIN_PROB` 
 targets exactly, with a margin against the engine's cached decode rounding differently), and the next round reads
 the prompts the library sends to the improved policy. Round 0 (the random model) gives the first prompt, round 1 the
 prompt after the tool's result, round 2 finds every call answered: tuned. A library that writes the gateway's
-random call ids into its prompts (smolagents) is trained on copies of those prompts with other ids too
-(:func:`id_variants`), and the next round checks a fresh run's ids are answered alike. Learning the exact prompt ids (not a rendering
+random call ids into its prompts (smolagents) is trained with fresh ids at every step (:meth:`Example.draw`), and
+the next round checks a fresh run's ids are answered alike. Learning the exact prompt ids (not a rendering
 of them written here) keeps every library's own system prompt, tool schema and history form in the examples.
 
 The call texts come from the gateway's own tool-call format (``fmt.render_call``: what its parser reads back); a
@@ -24,6 +24,7 @@ format's stop string before it.
 from __future__ import annotations
 
 import copy
+import math
 import random
 import re
 import time
@@ -52,8 +53,7 @@ def calc_value(expression: str) -> str:
 @dataclass
 class Tuned:
     """A fine-tuned copy of the tiny model and how it was made: ``seconds`` (wall time of all rounds, the library
-    runs included), ``rounds`` (library runs), ``steps`` (optimizer steps), ``examples`` ``(prompt ids, target
-    ids)`` it was trained on."""
+    runs included), ``rounds`` (library runs), ``steps`` (optimizer steps), ``examples`` it was trained on."""
 
     model: torch.nn.Module
     tokenizer: Any
@@ -61,7 +61,7 @@ class Tuned:
     seconds: float = 0.0
     rounds: int = 0
     steps: int = 0
-    examples: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    examples: list[Example] = field(default_factory=list)
 
 
 def target_ids(tok: Any, fmt: Any, prompt_ids: list[int], text: str, eos_id: int) -> list[int]:
@@ -78,29 +78,40 @@ CALL_ID = re.compile(r"call_[0-9a-f]{24}")
 (smolagents) sends a prompt that differs in them on every run."""
 
 
-def id_variants(tok: Any, prompt_ids: list[int], n: int, rng: random.Random) -> list[list[int]]:
-    """``n`` copies of ``prompt_ids`` with every gateway call id (:data:`CALL_ID`) replaced by a fresh random one
-    (the same new id for each occurrence of an old one): the tokens spanning each occurrence re-encoded with the new
-    id. Empty when the prompt holds no call id."""
-    pieces = [tok.decode([t]) for t in prompt_ids]  # each token's text (the ids are ASCII: pieces join to the text)
-    text = "".join(pieces)
-    starts, at = [], 0
-    for piece in pieces:
-        starts.append(at)
-        at += len(piece)
-    spans = []  # (first token, end token, old id) of each occurrence
-    for m in CALL_ID.finditer(text):
-        i = max(k for k, st in enumerate(starts) if st <= m.start())
-        j = min((k for k, st in enumerate(starts) if st >= m.end()), default=len(pieces))
-        spans.append((i, j, m.group()))
-    out = []
-    for _ in range(n if spans else 0):
-        fresh = {old: f"call_{rng.getrandbits(96):024x}" for _, _, old in spans}
-        ids = list(prompt_ids)
-        for i, j, old in reversed(spans):  # from the end: earlier spans keep their token positions
-            ids[i:j] = tok.encode("".join(pieces[i:j]).replace(old, fresh[old]), add_special_tokens=False)
-        out.append(ids)
-    return out
+@dataclass
+class Example:
+    """One training example: ``prompt_ids`` as the gateway recorded them, ``target`` the ids to answer with, and
+    where the gateway's call ids lie in the prompt (:meth:`draw` writes fresh ones)."""
+
+    prompt_ids: list[int]
+    target: list[int]
+    pieces: list[str] = field(default_factory=list)
+    spans: list[tuple[int, int, str]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, tok: Any, prompt_ids: list[int], target: list[int]) -> "Example":
+        """The example with the token spans of each call id (:data:`CALL_ID`) in the prompt: ``(first token, end
+        token, id)``."""
+        pieces = [tok.decode([t]) for t in prompt_ids]  # each token's text (the ids are ASCII: pieces join to text)
+        text, starts, at = "".join(pieces), [], 0
+        for piece in pieces:
+            starts.append(at)
+            at += len(piece)
+        spans = []
+        for m in CALL_ID.finditer(text):
+            i = max(k for k, st in enumerate(starts) if st <= m.start())
+            j = min((k for k, st in enumerate(starts) if st >= m.end()), default=len(pieces))
+            spans.append((i, j, m.group()))
+        return cls(list(prompt_ids), list(target), pieces if spans else [], spans)
+
+    def draw(self, tok: Any, rng: random.Random) -> list[int]:
+        """The prompt with every call id replaced by a fresh random one (the same new id for each occurrence of an
+        old one; the tokens spanning it re-encoded); the prompt itself when it holds none."""
+        fresh = {old: f"call_{rng.getrandbits(96):024x}" for _, _, old in self.spans}
+        ids = list(self.prompt_ids)
+        for i, j, old in reversed(self.spans):  # from the end: earlier spans keep their token positions
+            ids[i:j] = tok.encode("".join(self.pieces[i:j]).replace(old, fresh[old]), add_special_tokens=False)
+        return ids
 
 
 def _answered(response_ids: list[int], target: list[int]) -> bool:
@@ -117,20 +128,24 @@ def _target_probs(model: torch.nn.Module, prompt: list[int], target: list[int]) 
     return torch.log_softmax(logits.float(), dim=-1).gather(1, torch.tensor(target)[:, None])[:, 0]  # (T,)
 
 
-def fit(model: torch.nn.Module, examples: list[tuple[list[int], list[int]]], *, max_steps: int = 300,
-        lr: float = 3e-3) -> int:
-    """Train ``model`` in place on ``examples`` (full batch, AdamW, mean token cross-entropy) until every target
-    token has probability over :data:`MIN_PROB` (checked each step); returns the steps taken.
+def fit(model: torch.nn.Module, tok: Any, examples: list[Example], rng: random.Random, *, max_steps: int = 600,
+        lr: float = 3e-3, settle: int = 40) -> int:
+    """Train ``model`` in place on ``examples`` (full batch, AdamW, mean token cross-entropy), each step on prompts
+    with fresh call ids (:meth:`Example.draw`), until every target token has probability over :data:`MIN_PROB` for
+    ``settle`` steps in a row (on ids the model had not seen before that step); returns the steps taken.
 
     Raises:
         AssertionError: not reached in ``max_steps``.
     """
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
+    good = 0
     try:
         for step in range(max_steps + 1):
-            logps = [_target_probs(model, p, t) for p, t in examples]
-            if min(float(lp.detach().min()) for lp in logps) > torch.log(torch.tensor(MIN_PROB)).item():
+            logps = [_target_probs(model, ex.draw(tok, rng), ex.target) for ex in examples]
+            ok = min(float(lp.detach().min()) for lp in logps) > math.log(MIN_PROB)
+            good = good + 1 if ok else 0
+            if good >= settle or (ok and not any(ex.spans for ex in examples)):
                 return step
             if step == max_steps:
                 break
@@ -144,8 +159,7 @@ def fit(model: torch.nn.Module, examples: list[tuple[list[int], list[int]]], *, 
 
 
 def tune(policy: tuple[torch.nn.Module, Any], drive: Callable[[Any, GatewaySession], Any], script: list[str], *,
-         live_factory: Callable[[tuple[torch.nn.Module, Any]], Any], max_rounds: int = 5, id_copies: int = 6,
-         seed: int = 0) -> Tuned:
+         live_factory: Callable[[tuple[torch.nn.Module, Any]], Any], max_rounds: int = 5, seed: int = 0) -> Tuned:
     """A copy of ``policy``'s model tuned to answer the k-th call of a session run by ``drive(live, session)`` with
     ``script[k]`` (module docstring). ``live_factory(policy)`` opens a live gateway (``tests.gateway.test_gateway
     .Live``) over a policy; ``drive`` runs the library once in a greedy session of it.
@@ -171,20 +185,20 @@ def tune(policy: tuple[torch.nn.Module, Any], drive: Callable[[Any, GatewaySessi
         finally:
             live.close()
         tuned.rounds += 1
-        new: list[tuple[list[int], list[int]]] = []
+        new: list[Example] = []
         for k, turn in enumerate(session.turns[:len(script)]):
             target = target_ids(tok, fmt, turn.prompt_ids, script[k], eos_id)
             if _answered(list(turn.response_ids), target):
                 continue
             # the first reply off the script: its prompt is learned (later prompts follow the wrong reply)
-            assert (turn.prompt_ids, target) not in tuned.examples, "a trained prompt was answered off the script"
-            new.append((list(turn.prompt_ids), target))
-            new += [(ids, target) for ids in id_variants(tok, list(turn.prompt_ids), id_copies, rng)]
+            assert all((ex.prompt_ids, ex.target) != (turn.prompt_ids, target) for ex in tuned.examples), \
+                "a trained prompt was answered off the script"
+            new.append(Example.of(tok, list(turn.prompt_ids), target))
             break
         if not new and len(session.turns) >= len(script):  # every call of the script answered
             tuned.seconds = time.perf_counter() - start
             return tuned
         assert new, f"the library made {len(session.turns)} calls, fewer than the script's {len(script)}"
         tuned.examples += new
-        tuned.steps += fit(tuned.model, tuned.examples)
+        tuned.steps += fit(tuned.model, tok, tuned.examples, rng)
     raise AssertionError(f"the script {script} is still not followed after {max_rounds} library runs")
