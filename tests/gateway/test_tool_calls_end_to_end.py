@@ -103,7 +103,7 @@ def run_smolagents(live: Live, session: GatewaySession, calls: list[dict[str, An
 def _tuned(policy, drive, script: list[str]) -> Tuned:  # noqa: F811
     tuned = tune(policy, drive, script, live_factory=_live)
     log.info("tool policy for %s: %.1f s, %d library runs, %d steps, %d examples", drive.__name__, tuned.seconds,
-                tuned.rounds, tuned.steps, len(tuned.examples))
+             tuned.rounds, tuned.steps, len(tuned.examples))
     return tuned
 
 
@@ -152,16 +152,22 @@ def _check_sampled(session: GatewaySession, engine: RecordingEngine) -> None:
         assert (turn.prompt_ids, turn.response_ids, turn.response_logprobs) == (prompt, response, logprobs)
 
 
-def _check_turns(session: GatewaySession, engine: RecordingEngine, tok, first_call: str, tool_result: str) -> None:
-    """Both turns recorded as sampled (:func:`_check_sampled`), the first decodes to the call text and is valid, the
-    second extends the first in its segment and holds the tool result after it."""
+TOOL_TURN = "<|im_end|>\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>assistant\n"
+"""What SmolLM2's template writes after a call cut at ``</tool_call>``: the turn's end, calc's result as a ``tool``
+message, the next assistant header."""
+
+
+def _check_turns(session: GatewaySession, engine: RecordingEngine, tok, first_call: str) -> None:
+    """Both turns recorded as sampled (:func:`_check_sampled`): the first decodes to the call text and is valid, the
+    second's prompt is the first's prompt and response, then only the tool result (one segment), and it answers
+    the text ``4`` then the end of turn."""
     _check_sampled(session, engine)
     a, b = session.turns
-    assert tok.decode(a.response_ids, skip_special_tokens=True) == first_call and not a.invalid
+    assert tok.decode(a.response_ids) == first_call and not a.invalid
     assert a.segment == b.segment == 0 and session.prefix_breaks == 0
     head = a.prompt_ids + a.response_ids
-    assert b.prompt_ids[:len(head)] == head
-    assert tool_result in tok.decode(b.prompt_ids[len(head):])
+    assert b.prompt_ids[:len(head)] == head and tok.decode(b.prompt_ids[len(head):]) == TOOL_TURN
+    assert tok.decode(b.response_ids) == ANSWER + "<|im_end|>" and not b.invalid
 
 
 def test_openai_client_tool_call_round_trip(openai_policy):
@@ -177,8 +183,7 @@ def test_openai_client_tool_call_round_trip(openai_policy):
     assert calls == [CALC_ARGS] and out["messages"][-1] == {"role": "tool", "tool_call_id": call.id, "content": "4"}
     assert second is not None and second.choices[0].message.content == ANSWER and not second.choices[0].message.tool_calls
     assert second.choices[0].finish_reason == "stop"
-    _check_turns(s, engine, tok, fmt.render_call("calc", CALC_ARGS), "4")
-    assert tok.decode(s.turns[1].response_ids, skip_special_tokens=True) == ANSWER
+    _check_turns(s, engine, tok, fmt.render_call("calc", CALC_ARGS))
 
 
 def test_langgraph_react_agent_tool_call_round_trip(langgraph_policy):
@@ -194,7 +199,7 @@ def test_langgraph_react_agent_tool_call_round_trip(langgraph_policy):
     assert calls == [CALC_ARGS] and tool_msg.tool_call_id == call["id"] and tool_msg.content == "4"
     assert final.content == ANSWER and not final.tool_calls
     assert final.response_metadata["finish_reason"] == "stop"
-    _check_turns(s, engine, tok, fmt.render_call("calc", CALC_ARGS), "4")
+    _check_turns(s, engine, tok, fmt.render_call("calc", CALC_ARGS))
 
 
 def test_smolagents_tool_calling_agent_round_trip(smolagents_policy):
@@ -217,9 +222,8 @@ def test_smolagents_tool_calling_agent_round_trip(smolagents_policy):
     opening = call_opening(fmt, None)
     n_opening = len(tok.encode(opening, add_special_tokens=False))
     assert tok.decode(a.prompt_ids[-n_opening:]) == tok.decode(b.prompt_ids[-n_opening:]) == opening  # forced calls
-    assert opening + tok.decode(a.response_ids, skip_special_tokens=True) == fmt.render_call("calc", CALC_ARGS)
-    assert opening + tok.decode(b.response_ids, skip_special_tokens=True) == \
-        fmt.render_call("final_answer", {"answer": ANSWER})
+    assert opening + tok.decode(a.response_ids) == fmt.render_call("calc", CALC_ARGS)
+    assert opening + tok.decode(b.response_ids) == fmt.render_call("final_answer", {"answer": ANSWER})
     assert not a.invalid and not b.invalid
     assert (a.segment, b.segment) == (0, 1) and s.breaks == {"reply_rewritten": 1}
     n = len(a.prompt_ids) - n_opening
