@@ -61,8 +61,31 @@ def run_openai(live: Live, session: GatewaySession, calls: list[dict[str, Any]] 
     return {"first": first, "second": second, "messages": messages}
 
 
-def run_langgraph(live: Live, session: GatewaySession, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """LangGraph's ``create_react_agent`` with a ``@tool`` calc over ``ChatOpenAI``; returns the graph's output."""
+def run_openai_responses(live: Live, session: GatewaySession,
+                         calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The plain client's tool loop on the Responses API: a ``function_call`` item, run, its ``function_call_output``
+    (the item's ``call_id``) sent after ``previous_response_id``. Returns both responses."""
+    client = live.client(session)
+    fn = CALC_SCHEMA["function"]
+    tools: list[Any] = [{"type": "function", "name": fn["name"], "description": fn["description"],
+                         "parameters": fn["parameters"]}]
+    first = client.responses.create(model="policy", input=QUESTION, tools=tools, max_output_tokens=MAX_NEW_TOKENS)
+    outputs = []
+    for item in first.output:
+        if item.type == "function_call":
+            args = json.loads(item.arguments)
+            if calls is not None:
+                calls.append(args)
+            outputs.append({"type": "function_call_output", "call_id": item.call_id, "output": calc_value(**args)})
+    second = client.responses.create(model="policy", previous_response_id=first.id, input=outputs, tools=tools,
+                                     max_output_tokens=MAX_NEW_TOKENS) if outputs else None
+    return {"first": first, "second": second}
+
+
+def run_langgraph(live: Live, session: GatewaySession, calls: list[dict[str, Any]] | None = None, *,
+                  streaming: bool = False) -> dict[str, Any]:
+    """LangGraph's ``create_react_agent`` with a ``@tool`` calc over ``ChatOpenAI`` (``streaming``: its calls
+    streamed); returns the graph's output."""
     import langchain_openai
     from langchain_core.tools import tool
     from langgraph.prebuilt import create_react_agent
@@ -75,7 +98,8 @@ def run_langgraph(live: Live, session: GatewaySession, calls: list[dict[str, Any
         return calc_value(expression)
 
     llm = langchain_openai.ChatOpenAI(model="policy", base_url=f"{live.url}/v1", api_key=session.api_key,
-                                      max_retries=0, timeout=HANG_S, temperature=0.0, max_tokens=MAX_NEW_TOKENS)
+                                      max_retries=0, timeout=HANG_S, temperature=0.0, max_tokens=MAX_NEW_TOKENS,
+                                      streaming=streaming)
     return create_react_agent(llm, [calc]).invoke({"messages": [("user", QUESTION)]}, {"recursion_limit": 6})
 
 
@@ -181,15 +205,31 @@ def test_openai_client_tool_call_round_trip(openai_policy):
     assert call.id.startswith("call_") and call.function.name == "calc" and json.loads(call.function.arguments) == \
         CALC_ARGS
     assert calls == [CALC_ARGS] and out["messages"][-1] == {"role": "tool", "tool_call_id": call.id, "content": "4"}
-    assert second is not None and second.choices[0].message.content == ANSWER and not second.choices[0].message.tool_calls
-    assert second.choices[0].finish_reason == "stop"
+    assert second is not None and second.choices[0].message.content == ANSWER
+    assert not second.choices[0].message.tool_calls and second.choices[0].finish_reason == "stop"
     _check_turns(s, engine, tok, fmt.render_call("calc", CALC_ARGS))
+
+
+def test_openai_responses_api_function_call_round_trip(openai_policy):
+    """The same policy through the Responses API: a ``function_call`` item, its ``function_call_output`` sent after
+    ``previous_response_id``, the answer as ``output_text``. The gateway renders the same prompts as for chat
+    completions (the turns' ids are the chat test's: the policy was tuned on those), 2 turns, one segment."""
+    tok = openai_policy.tokenizer
+    out, s, engine, calls, fmt = _played(openai_policy, run_openai_responses)
+    (item,) = out["first"].output
+    assert item.type == "function_call" and item.name == "calc" and json.loads(item.arguments) == CALC_ARGS
+    assert item.call_id.startswith("call_") and calls == [CALC_ARGS]
+    assert out["second"] is not None and out["second"].output_text == ANSWER
+    assert [o.type for o in out["second"].output] == ["message"]
+    _check_turns(s, engine, tok, fmt.render_call("calc", CALC_ARGS))
+    _, chat, _, _, _ = _played(openai_policy, run_openai)
+    assert [(t.prompt_ids, t.response_ids) for t in s.turns] == [(t.prompt_ids, t.response_ids) for t in chat.turns]
 
 
 def test_langgraph_react_agent_tool_call_round_trip(langgraph_policy):
     """LangGraph's ReAct agent: the model node gets a ``tool_calls`` AIMessage, the tool node runs calc and answers
     with a ``ToolMessage`` carrying the call's id, the model node's second call gives the final text; 2 turns, one
-    segment (langchain-openai sends the reply back as returned)."""
+    segment (langchain-openai sends the reply back as returned). Streamed, the same."""
     tok = langgraph_policy.tokenizer
     out, s, engine, calls, fmt = _played(langgraph_policy, run_langgraph)
     human, ai_call, tool_msg, final = out["messages"]
@@ -200,6 +240,12 @@ def test_langgraph_react_agent_tool_call_round_trip(langgraph_policy):
     assert final.content == ANSWER and not final.tool_calls
     assert final.response_metadata["finish_reason"] == "stop"
     _check_turns(s, engine, tok, fmt.render_call("calc", CALC_ARGS))
+    # streamed (server-sent events): the same round trip, the same recorded ids
+    out, streamed, _, calls, _ = _played(langgraph_policy, lambda *a: run_langgraph(*a, streaming=True))
+    assert calls == [CALC_ARGS] and out["messages"][-1].content == ANSWER
+    assert out["messages"][1].tool_calls[0]["args"] == CALC_ARGS
+    assert [(t.prompt_ids, t.response_ids) for t in streamed.turns] == \
+        [(t.prompt_ids, t.response_ids) for t in s.turns]
 
 
 def test_smolagents_tool_calling_agent_round_trip(smolagents_policy):
