@@ -1,0 +1,281 @@
+"""Tool calls end to end through the gateway with each agent library (the plain ``openai`` client, LangGraph's
+prebuilt ReAct agent over langchain-openai's ``ChatOpenAI``, smolagents' ``ToolCallingAgent``): a policy that writes
+well-formed calls (the tiny model fine-tuned on the library's own prompts, :mod:`tests.gateway.tool_policy`) behind the
+real HF engine, so the library gets ``tool_calls``, runs its tool, sends the result back and gets the final answer,
+and the session's recorded turns hold both calls with the ids the engine sampled. Each library's test is skipped
+when it is not installed."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+
+from agent_rl.engines import get_engine
+from agent_rl.gateway.app import call_opening
+from agent_rl.gateway.recorder import GatewaySession
+from tests.gateway.test_gateway import Live, RecordingEngine, policy  # noqa: F401 (the module's policy fixture)
+from tests.gateway.tool_policy import ANSWER, CALC_ARGS, QUESTION, Tuned, calc_value, tune
+from waiting import HANG_S
+
+log = logging.getLogger(__name__)
+MAX_NEW_TOKENS = 48
+CALC_SCHEMA = {"type": "function", "function": {
+    "name": "calc", "description": "Evaluate an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+
+
+def _live(policy, engine=None) -> Live:  # noqa: F811
+    return Live(policy, max_new_tokens=MAX_NEW_TOKENS, max_prompt_tokens=8000, engine=engine)
+
+
+def _fmt(policy):  # noqa: F811
+    live = _live(policy)
+    try:
+        return live.orch.runner.builder.tool_format
+    finally:
+        live.close()
+
+
+# ------------------------------------------------------------------------------------------------ the libraries
+def run_openai(live: Live, session: GatewaySession, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The plain client's tool loop: ask with ``tools=``, run each returned call, send its ``tool`` message (the
+    call's id as ``tool_call_id``), ask again. Returns both responses and the messages sent."""
+    client = live.client(session)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    first = client.chat.completions.create(model="policy", messages=messages, tools=[CALC_SCHEMA],
+                                           max_tokens=MAX_NEW_TOKENS)
+    msg = first.choices[0].message
+    if not msg.tool_calls:
+        return {"first": first, "second": None, "messages": messages}
+    messages.append(msg.model_dump(exclude_none=True))
+    for call in msg.tool_calls:
+        args = json.loads(call.function.arguments)
+        if calls is not None:
+            calls.append(args)
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": calc_value(**args)})
+    second = client.chat.completions.create(model="policy", messages=messages, tools=[CALC_SCHEMA],
+                                            max_tokens=MAX_NEW_TOKENS)
+    return {"first": first, "second": second, "messages": messages}
+
+
+def run_openai_responses(live: Live, session: GatewaySession,
+                         calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The plain client's tool loop on the Responses API: a ``function_call`` item, run, its ``function_call_output``
+    (the item's ``call_id``) sent after ``previous_response_id``. Returns both responses."""
+    client = live.client(session)
+    fn = CALC_SCHEMA["function"]
+    tools: list[Any] = [{"type": "function", "name": fn["name"], "description": fn["description"],
+                         "parameters": fn["parameters"]}]
+    first = client.responses.create(model="policy", input=QUESTION, tools=tools, max_output_tokens=MAX_NEW_TOKENS)
+    outputs = []
+    for item in first.output:
+        if item.type == "function_call":
+            args = json.loads(item.arguments)
+            if calls is not None:
+                calls.append(args)
+            outputs.append({"type": "function_call_output", "call_id": item.call_id, "output": calc_value(**args)})
+    second = client.responses.create(model="policy", previous_response_id=first.id, input=outputs, tools=tools,
+                                     max_output_tokens=MAX_NEW_TOKENS) if outputs else None
+    return {"first": first, "second": second}
+
+
+def run_langgraph(live: Live, session: GatewaySession, calls: list[dict[str, Any]] | None = None, *,
+                  streaming: bool = False) -> dict[str, Any]:
+    """LangGraph's ``create_react_agent`` with a ``@tool`` calc over ``ChatOpenAI`` (``streaming``: its calls
+    streamed); returns the graph's output."""
+    import langchain_openai
+    from langchain_core.tools import tool
+    from langgraph.prebuilt import create_react_agent
+
+    @tool
+    def calc(expression: str) -> str:
+        """Evaluate an arithmetic expression."""
+        if calls is not None:
+            calls.append({"expression": expression})
+        return calc_value(expression)
+
+    llm = langchain_openai.ChatOpenAI(model="policy", base_url=f"{live.url}/v1", api_key=session.api_key,
+                                      max_retries=0, timeout=HANG_S, temperature=0.0, max_tokens=MAX_NEW_TOKENS,
+                                      streaming=streaming)
+    return create_react_agent(llm, [calc]).invoke({"messages": [("user", QUESTION)]}, {"recursion_limit": 6})
+
+
+def run_smolagents(live: Live, session: GatewaySession, calls: list[dict[str, Any]] | None = None) -> Any:
+    """smolagents' ``ToolCallingAgent`` with a ``@smolagents.tool`` calc (2 steps at most); returns the agent."""
+    import smolagents
+
+    @smolagents.tool
+    def calc(expression: str) -> str:
+        """Evaluate an arithmetic expression.
+
+        Args:
+            expression: digits and + - * /.
+        """
+        if calls is not None:
+            calls.append({"expression": expression})
+        return calc_value(expression)
+
+    model = smolagents.OpenAIServerModel(model_id="policy", api_base=f"{live.url}/v1", api_key=session.api_key)
+    agent = smolagents.ToolCallingAgent(tools=[calc], model=model, max_steps=2, verbosity_level=0)
+    agent.result = agent.run(QUESTION)
+    return agent
+
+
+def _tuned(policy, drive, script: list[str]) -> Tuned:  # noqa: F811
+    tuned = tune(policy, drive, script, live_factory=_live)
+    log.info("tool policy for %s: %.1f s, %d library runs, %d steps, %d examples", drive.__name__, tuned.seconds,
+             tuned.rounds, tuned.steps, len(tuned.examples))
+    return tuned
+
+
+@pytest.fixture(scope="module")
+def openai_policy(policy):  # noqa: F811
+    fmt = _fmt(policy)
+    return _tuned(policy, run_openai, [fmt.render_call("calc", CALC_ARGS), ANSWER])
+
+
+@pytest.fixture(scope="module")
+def langgraph_policy(policy):  # noqa: F811
+    pytest.importorskip("langgraph")
+    pytest.importorskip("langchain_openai")
+    fmt = _fmt(policy)
+    return _tuned(policy, run_langgraph, [fmt.render_call("calc", CALC_ARGS), ANSWER])
+
+
+@pytest.fixture(scope="module")
+def smolagents_policy(policy):  # noqa: F811
+    pytest.importorskip("smolagents")
+    fmt = _fmt(policy)
+    return _tuned(policy, run_smolagents, [fmt.render_call("calc", CALC_ARGS),
+                                           fmt.render_call("final_answer", {"answer": ANSWER})])
+
+
+# ------------------------------------------------------------------------------------------------ the checks
+def _played(tuned: Tuned, drive) -> tuple[Any, GatewaySession, RecordingEngine, list[dict[str, Any]], Any]:
+    """``drive`` once more over the tuned policy behind a recording engine: ``(library output, session, engine,
+    the tool's calls, the tool-call format)``."""
+    engine = RecordingEngine(get_engine("hf", tuned.model, tuned.tokenizer, seed=0))
+    live = _live((tuned.model, tuned.tokenizer), engine=engine)
+    calls: list[dict[str, Any]] = []
+    try:
+        session = live.session(temperature=0.0)
+        out = drive(live, session, calls)
+        fmt = live.orch.runner.builder.tool_format
+    finally:
+        live.close()
+    return out, session, engine, calls, fmt
+
+
+def _check_sampled(session: GatewaySession, engine: RecordingEngine) -> None:
+    """Each recorded turn is one engine output, in order: prompt in, ids and log-probs out."""
+    assert len(engine.outputs) == len(session.turns)
+    for turn, (prompt, response, logprobs) in zip(session.turns, engine.outputs):
+        assert (turn.prompt_ids, turn.response_ids, turn.response_logprobs) == (prompt, response, logprobs)
+
+
+TOOL_TURN = "<|im_end|>\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>assistant\n"
+"""What SmolLM2's template writes after a call cut at ``</tool_call>``: the turn's end, calc's result as a ``tool``
+message, the next assistant header."""
+
+
+def _check_turns(session: GatewaySession, engine: RecordingEngine, tok, first_call: str) -> None:
+    """Both turns recorded as sampled (:func:`_check_sampled`): the first decodes to the call text and is valid, the
+    second's prompt is the first's prompt and response, then only the tool result (one segment), and it answers
+    the text ``4`` then the end of turn."""
+    _check_sampled(session, engine)
+    a, b = session.turns
+    assert tok.decode(a.response_ids) == first_call and not a.invalid
+    assert a.segment == b.segment == 0 and session.prefix_breaks == 0
+    head = a.prompt_ids + a.response_ids
+    assert b.prompt_ids[:len(head)] == head and tok.decode(b.prompt_ids[len(head):]) == TOOL_TURN
+    assert tok.decode(b.response_ids) == ANSWER + "<|im_end|>" and not b.invalid
+
+
+def test_openai_client_tool_call_round_trip(openai_policy):
+    """The plain client gets ``tool_calls`` (finish_reason ``tool_calls``), runs calc, sends the ``tool`` message
+    and gets the text answer; 2 turns, one segment."""
+    tok = openai_policy.tokenizer
+    out, s, engine, calls, fmt = _played(openai_policy, run_openai)
+    first, second = out["first"], out["second"]
+    assert first.choices[0].finish_reason == "tool_calls"
+    (call,) = first.choices[0].message.tool_calls
+    assert call.id.startswith("call_") and call.function.name == "calc" and json.loads(call.function.arguments) == \
+        CALC_ARGS
+    assert calls == [CALC_ARGS] and out["messages"][-1] == {"role": "tool", "tool_call_id": call.id, "content": "4"}
+    assert second is not None and second.choices[0].message.content == ANSWER
+    assert not second.choices[0].message.tool_calls and second.choices[0].finish_reason == "stop"
+    _check_turns(s, engine, tok, fmt.render_call("calc", CALC_ARGS))
+
+
+def test_openai_responses_api_function_call_round_trip(openai_policy):
+    """The same policy through the Responses API: a ``function_call`` item, its ``function_call_output`` sent after
+    ``previous_response_id``, the answer as ``output_text``. The gateway renders the same prompts as for chat
+    completions (the turns' ids are the chat test's: the policy was tuned on those), 2 turns, one segment."""
+    tok = openai_policy.tokenizer
+    out, s, engine, calls, fmt = _played(openai_policy, run_openai_responses)
+    (item,) = out["first"].output
+    assert item.type == "function_call" and item.name == "calc" and json.loads(item.arguments) == CALC_ARGS
+    assert item.call_id.startswith("call_") and calls == [CALC_ARGS]
+    assert out["second"] is not None and out["second"].output_text == ANSWER
+    assert [o.type for o in out["second"].output] == ["message"]
+    _check_turns(s, engine, tok, fmt.render_call("calc", CALC_ARGS))
+    _, chat, _, _, _ = _played(openai_policy, run_openai)
+    assert [(t.prompt_ids, t.response_ids) for t in s.turns] == [(t.prompt_ids, t.response_ids) for t in chat.turns]
+
+
+def test_langgraph_react_agent_tool_call_round_trip(langgraph_policy):
+    """LangGraph's ReAct agent: the model node gets a ``tool_calls`` AIMessage, the tool node runs calc and answers
+    with a ``ToolMessage`` carrying the call's id, the model node's second call gives the final text; 2 turns, one
+    segment (langchain-openai sends the reply back as returned). Streamed, the same."""
+    tok = langgraph_policy.tokenizer
+    out, s, engine, calls, fmt = _played(langgraph_policy, run_langgraph)
+    human, ai_call, tool_msg, final = out["messages"]
+    assert human.type == "human" and ai_call.type == "ai" and tool_msg.type == "tool" and final.type == "ai"
+    (call,) = ai_call.tool_calls
+    assert call["name"] == "calc" and call["args"] == CALC_ARGS and call["id"].startswith("call_")
+    assert calls == [CALC_ARGS] and tool_msg.tool_call_id == call["id"] and tool_msg.content == "4"
+    assert final.content == ANSWER and not final.tool_calls
+    assert final.response_metadata["finish_reason"] == "stop"
+    _check_turns(s, engine, tok, fmt.render_call("calc", CALC_ARGS))
+    # streamed (server-sent events): the same round trip, the same recorded ids
+    out, streamed, _, calls, _ = _played(langgraph_policy, lambda *a: run_langgraph(*a, streaming=True))
+    assert calls == [CALC_ARGS] and out["messages"][-1].content == ANSWER
+    assert out["messages"][1].tool_calls[0]["args"] == CALC_ARGS
+    assert [(t.prompt_ids, t.response_ids) for t in streamed.turns] == \
+        [(t.prompt_ids, t.response_ids) for t in s.turns]
+
+
+def test_smolagents_tool_calling_agent_round_trip(smolagents_policy):
+    """smolagents' ``ToolCallingAgent`` sends ``tool_choice="required"``: every reply is a call, the gateway writes
+    the call's opening after the prompt, and the final answer is a call of its ``final_answer`` tool. It gets the calc
+    call, runs it with the call's arguments and ends on ``final_answer("4")``: 2 turns, both valid calls. It does not
+    send the reply back as returned: its history holds the call as assistant text (``Calling tools:`` and the call
+    with the id the gateway gave it, no ``tool_calls``) and the result as a user ``Observation:`` message, so its
+    second call is a prefix break (``reply_rewritten``) and starts segment 1, rendered whole: the same system and task
+    ids as the first prompt, then the rewritten call and the result."""
+    tok = smolagents_policy.tokenizer
+    out, s, engine, calls, fmt = _played(smolagents_policy, run_smolagents)
+    assert calls == [CALC_ARGS] and str(out.result) == ANSWER
+    steps = [m for m in out.memory.steps if type(m).__name__ == "ActionStep"]
+    assert [[(c.name, c.arguments) for c in st.tool_calls] for st in steps] == \
+        [[("calc", CALC_ARGS)], [("final_answer", {"answer": ANSWER})]]
+    assert [st.observations for st in steps] == ["4", "4"]
+    _check_sampled(s, engine)
+    a, b = s.turns
+    opening = call_opening(fmt, None)
+    n_opening = len(tok.encode(opening, add_special_tokens=False))
+    assert tok.decode(a.prompt_ids[-n_opening:]) == tok.decode(b.prompt_ids[-n_opening:]) == opening  # forced calls
+    assert opening + tok.decode(a.response_ids) == fmt.render_call("calc", CALC_ARGS)
+    assert opening + tok.decode(b.response_ids) == fmt.render_call("final_answer", {"answer": ANSWER})
+    assert not a.invalid and not b.invalid
+    assert (a.segment, b.segment) == (0, 1) and s.breaks == {"reply_rewritten": 1}
+    n = len(a.prompt_ids) - n_opening
+    assert b.prompt_ids[:n] == a.prompt_ids[:n]  # system prompt and task, rendered alike
+    call_id = steps[0].tool_calls[0].id
+    assert call_id.startswith("call_") and tok.decode(b.prompt_ids[n:]) == (
+        f"Calling tools:\n[{{'id': '{call_id}', 'type': 'function', 'function': {{'name': 'calc', 'arguments': "
+        f"{{'expression': '2+2'}}}}}}]<|im_end|>\n<|im_start|>user\nObservation:\n4<|im_end|>\n"
+        f"<|im_start|>assistant\n{opening}")
