@@ -9,7 +9,7 @@ so a call is served and recorded exactly as a chat completion (:meth:`agent_rl.g
   400 ``unsupported_content``.
 - ``previous_response_id``: a response of the same session; its conversation (input and output) comes first.
   ``instructions`` are not carried over (as OpenAI's): each request's own instructions are its system message.
-- ``tools``: ``{"type": "function", "name", "description", "parameters"}`` only.
+- ``tools``: ``{"type": "function", "name", "description", "parameters", "strict"}`` only.
 - Streaming (``stream=true``): the reply is generated whole, then sent as the Responses events (``response.created``,
   ``response.output_item.added``, ``response.output_text.delta``, ..., ``response.completed``).
 """
@@ -90,7 +90,9 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
 
 
 def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Chat tools of the Responses ``tools`` (function tools only; 400 ``unsupported_parameter`` otherwise)."""
+    """Chat tools of the Responses ``tools`` (function tools only; 400 ``unsupported_parameter`` otherwise): a
+    tool's ``description``, ``parameters`` and ``strict`` become its chat ``function``'s, so the same tools render
+    the same prompt over either API (``strict`` is rendered with the tool, not enforced: no constrained decoding)."""
     if tools is None or tools == []:
         return None
     if not isinstance(tools, list):
@@ -101,8 +103,10 @@ def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
             raise RequestError(f"tools[{i}]: only function tools are served, got {str(kind)[:64]!r}",
                                "unsupported_parameter", param="tools")
+        if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
+            raise RequestError(f"tools[{i}].strict: true or false", param="tools")
         fn = {"name": tool["name"]}
-        for key in ("description", "parameters"):
+        for key in ("description", "parameters", "strict"):  # chat's function fields, in chat's order
             if tool.get(key) is not None:
                 fn[key] = tool[key]
         out.append({"type": "function", "function": fn})

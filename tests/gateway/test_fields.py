@@ -213,6 +213,26 @@ def test_responses_function_call_items_extend_the_segment(gw):
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
 
 
+def test_responses_function_tool_renders_as_its_chat_tool(gw, policy):  # noqa: F811
+    """A Responses function tool (``strict`` included, as the OpenAI Agents SDK sends it) is the chat tool with the
+    same ``function`` fields: the same prompt ids, ``"strict": true`` rendered with the tool; a ``strict`` that is
+    not a boolean is 400 naming ``tools`` and records nothing."""
+    fn = {"name": "calc", "description": "Evaluate an arithmetic expression.", "strict": True,
+          "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                         "required": ["expression"], "additionalProperties": False}}
+    s, c = gw.session(temperature=0.0), gw.session(temperature=0.0)
+    gw.client(s).responses.create(model="x", input="What is 2+2?", tools=[{"type": "function", **fn}],
+                                  max_output_tokens=2)
+    gw.client(c).chat.completions.create(model="x", messages=[{"role": "user", "content": "What is 2+2?"}],
+                                         tools=[{"type": "function", "function": fn}], max_tokens=2)
+    assert s.turns[0].prompt_ids == c.turns[0].prompt_ids
+    assert '"strict": true}}' in policy[1].decode(s.turns[0].prompt_ids)
+    r = httpx.post(f"{gw.url}/v1/responses", json={"input": "x", "tools": [{"type": "function", **fn,
+                                                                            "strict": "yes"}]},
+                   headers={"Authorization": f"Bearer {s.api_key}"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools" and len(s.turns) == 1
+
+
 # ------------------------------------------------------------------------------------------------ history rewrites
 def test_history_normalisations_extend_and_breaks_are_counted_by_cause(gw, policy, caplog):  # noqa: F811
     tok = policy[1]
