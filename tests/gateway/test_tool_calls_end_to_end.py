@@ -1,5 +1,6 @@
 """Tool calls end to end through the gateway with each agent library (the plain ``openai`` client, LangGraph's
-prebuilt ReAct agent over langchain-openai's ``ChatOpenAI``, smolagents' ``ToolCallingAgent``): a policy that writes
+prebuilt ReAct agent over langchain-openai's ``ChatOpenAI``, smolagents' ``ToolCallingAgent``, the OpenAI Agents
+SDK's ``Agent`` over its Responses and chat-completions models): a policy that writes
 well-formed calls (the tiny model fine-tuned on the library's own prompts, :mod:`tests.gateway.tool_policy`) behind the
 real HF engine, so the library gets ``tool_calls``, runs its tool, sends the result back and gets the final answer,
 and the session's recorded turns hold both calls with the ids the engine sampled. Each library's test is skipped
@@ -7,9 +8,14 @@ when it is not installed."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
-from typing import Any
+import socket
+from typing import Any, Iterator
+
+import httpx
 
 import pytest
 
@@ -124,6 +130,80 @@ def run_smolagents(live: Live, session: GatewaySession, calls: list[dict[str, An
     return agent
 
 
+@contextlib.contextmanager
+def _loopback_only(hosts: list[str]) -> Iterator[None]:
+    """Every host name looked up while inside is appended to ``hosts``; one that is not the loopback is refused
+    (``OSError``), so nothing of the program reaches the network (the Agents SDK's trace export included)."""
+    real = socket.getaddrinfo
+
+    def guarded(host: Any, *args: Any, **kwargs: Any) -> Any:
+        hosts.append(host.decode() if isinstance(host, bytes) else str(host))
+        if hosts[-1] not in ("127.0.0.1", "localhost"):
+            raise OSError(f"no network here: {hosts[-1]!r}")
+        return real(host, *args, **kwargs)
+
+    socket.getaddrinfo = guarded
+    try:
+        yield
+    finally:
+        socket.getaddrinfo = real
+
+
+def run_agents_sdk(live: Live, session: GatewaySession, calls: list[dict[str, Any]] | None = None, *,
+                   api: str = "responses", streamed: bool = False, chained: bool = False,
+                   follow_up: str | None = None) -> dict[str, Any]:
+    """The OpenAI Agents SDK as its users write it: an ``Agent`` with instructions and a ``@function_tool`` calc over
+    ``OpenAIResponsesModel`` (``api="chat"``: ``OpenAIChatCompletionsModel``) with an ``AsyncOpenAI`` client of the
+    gateway, run by ``Runner.run_sync`` (``streamed``: ``Runner.run_streamed``, its events drained; ``chained``:
+    ``auto_previous_response_id=True``; ``follow_up``: then a second run on ``result.to_input_list()`` and that
+    user message, as the SDK continues a conversation, its own failure kept in ``"follow_up_error"``), its tracing off (``RunConfig(tracing_disabled=True)``) and host lookups
+    limited to the loopback (:func:`_loopback_only`). Returns ``{"result": the run's result, "requests": [(path,
+    JSON body) sent], "hosts": [host names looked up]}``."""
+    from agents import (Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, RunConfig, Runner,
+                        function_tool)
+    from openai import AsyncOpenAI
+
+    @function_tool
+    def calc(expression: str) -> str:
+        """Evaluate an arithmetic expression."""
+        if calls is not None:
+            calls.append({"expression": expression})
+        return calc_value(expression)
+
+    requests: list[tuple[str, dict[str, Any]]] = []
+
+    async def keep(request: httpx.Request) -> None:
+        requests.append((request.url.path, json.loads(request.content or b"{}")))
+
+    client = AsyncOpenAI(base_url=f"{live.url}/v1", api_key=session.api_key, max_retries=0, timeout=HANG_S,
+                         http_client=httpx.AsyncClient(event_hooks={"request": [keep]}, timeout=HANG_S))
+    model = OpenAIChatCompletionsModel(model="policy", openai_client=client) if api == "chat" else \
+        OpenAIResponsesModel(model="policy", openai_client=client)
+    agent = Agent(name="calculator", instructions="Use the calc tool for arithmetic.", tools=[calc], model=model)
+    kw: dict[str, Any] = {"max_turns": 3, "run_config": RunConfig(tracing_disabled=True),
+                          "auto_previous_response_id": chained}
+    out: dict[str, Any] = {"requests": requests, "hosts": []}
+    with _loopback_only(out["hosts"]):
+        if streamed:
+            async def drained() -> Any:
+                run = Runner.run_streamed(agent, QUESTION, **kw)
+                async for _ in run.stream_events():
+                    pass
+                return run
+
+            out["result"] = asyncio.run(drained())
+        else:
+            out["result"] = Runner.run_sync(agent, QUESTION, **kw)
+        if follow_up is not None:
+            from agents.exceptions import AgentsException
+            try:
+                Runner.run_sync(agent, out["result"].to_input_list() + [{"role": "user", "content": follow_up}],
+                                **kw)
+            except AgentsException as exc:  # the tuned policy's reply to an untrained prompt: any is fine here
+                out["follow_up_error"] = exc
+    return out
+
+
 def _tuned(policy, drive, script: list[str]) -> Tuned:  # noqa: F811
     tuned = tune(policy, drive, script, live_factory=_live)
     log.info("tool policy for %s: %.1f s, %d library runs, %d steps, %d examples", drive.__name__, tuned.seconds,
@@ -151,6 +231,13 @@ def smolagents_policy(policy):  # noqa: F811
     fmt = _fmt(policy)
     return _tuned(policy, run_smolagents, [fmt.render_call("calc", CALC_ARGS),
                                            fmt.render_call("final_answer", {"answer": ANSWER})])
+
+
+@pytest.fixture(scope="module")
+def agents_sdk_policy(policy):  # noqa: F811
+    pytest.importorskip("agents")
+    fmt = _fmt(policy)
+    return _tuned(policy, run_agents_sdk, [fmt.render_call("calc", CALC_ARGS), ANSWER])
 
 
 # ------------------------------------------------------------------------------------------------ the checks
@@ -279,3 +366,115 @@ def test_smolagents_tool_calling_agent_round_trip(smolagents_policy):
         f"Calling tools:\n[{{'id': '{call_id}', 'type': 'function', 'function': {{'name': 'calc', 'arguments': "
         f"{{'expression': '2+2'}}}}}}]<|im_end|>\n<|im_start|>user\nObservation:\n4<|im_end|>\n"
         f"<|im_start|>assistant\n{opening}")
+
+
+def _sdk_round_trip(out: dict[str, Any], calls: list[dict[str, Any]]) -> None:
+    """The SDK's run: a calc call item, its output ``4``, the final message ``4``; calc ran once with the call's
+    arguments; only the loopback was looked up."""
+    result = out["result"]
+    assert calls == [CALC_ARGS] and result.final_output == ANSWER
+    assert [item.type for item in result.new_items] == ["tool_call_item", "tool_call_output_item",
+                                                        "message_output_item"]
+    call, output, _ = result.new_items
+    assert call.raw_item.name == "calc" and json.loads(call.raw_item.arguments) == CALC_ARGS
+    assert call.raw_item.call_id.startswith("call_") and output.output == ANSWER
+    assert output.raw_item["call_id"] == call.raw_item.call_id
+    assert set(out["hosts"]) <= {"127.0.0.1"}
+
+
+def test_agents_sdk_responses_model_tool_call_round_trip(agents_sdk_policy):
+    """The OpenAI Agents SDK's ``Agent`` over ``OpenAIResponsesModel`` (its default API): it gets a
+    ``function_call`` item, runs calc, and its second request sends the whole history as input items (the user
+    message, the ``function_call`` item as returned, its ``function_call_output``; no ``previous_response_id``),
+    which the gateway turns back into the conversation it recorded: 2 turns, one segment, no prefix break. It sends
+    ``include: []`` and no sampling fields; the function tool's ``strict: true`` is rendered with the tool (the same
+    prompt as over chat completions, below). Streamed (``Runner.run_streamed``), the same recorded ids."""
+    tok = agents_sdk_policy.tokenizer
+    out, s, engine, calls, fmt = _played(agents_sdk_policy, run_agents_sdk)
+    _sdk_round_trip(out, calls)
+    (path1, first), (path2, second) = out["requests"]
+    assert path1 == path2 == "/v1/responses"
+    assert set(first) == set(second) == {"model", "include", "input", "instructions", "tools"}
+    assert first["include"] == [] and first["instructions"] == "Use the calc tool for arithmetic."
+    (tool,) = first["tools"]
+    assert (tool["type"], tool["name"], tool["strict"]) == ("function", "calc", True)
+    assert first["input"] == [{"role": "user", "content": QUESTION}]
+    user, call, output = second["input"]
+    assert user == first["input"][0] and call["type"] == "function_call" and call["name"] == "calc"
+    assert json.loads(call["arguments"]) == CALC_ARGS and call["id"].startswith("fc_")
+    assert output == {"type": "function_call_output", "call_id": call["call_id"], "output": ANSWER}
+    ids = [r.response_id for r in out["result"].raw_responses]
+    assert len(ids) == len(set(ids)) == 2 and all(i.startswith("resp_") for i in ids)
+    _check_turns(s, engine, tok, fmt.render_call("calc", CALC_ARGS))
+    # streamed (server-sent events): the same round trip, the same recorded ids
+    out, streamed, _, calls, _ = _played(agents_sdk_policy, lambda *a: run_agents_sdk(*a, streamed=True))
+    _sdk_round_trip(out, calls)
+    assert [body.get("stream") for _, body in out["requests"]] == [True, True]
+    assert [(t.prompt_ids, t.response_ids) for t in streamed.turns] == \
+        [(t.prompt_ids, t.response_ids) for t in s.turns]
+
+
+def test_agents_sdk_auto_previous_response_id_round_trip(agents_sdk_policy):
+    """The SDK with ``auto_previous_response_id=True``: its second request names the first response
+    (``previous_response_id``) and sends only the ``function_call_output``; the gateway's stored conversation gives
+    the same prompt, so the same recorded ids as the whole-history run, one segment."""
+    tok = agents_sdk_policy.tokenizer
+    out, s, engine, calls, fmt = _played(agents_sdk_policy, lambda *a: run_agents_sdk(*a, chained=True))
+    _sdk_round_trip(out, calls)
+    (_, first), (_, second) = out["requests"]
+    assert "previous_response_id" not in first
+    assert second["previous_response_id"] == out["result"].raw_responses[0].response_id
+    (output,) = second["input"]
+    assert output["type"] == "function_call_output" and output["output"] == ANSWER
+    _check_turns(s, engine, tok, fmt.render_call("calc", CALC_ARGS))
+    _, whole, _, _, _ = _played(agents_sdk_policy, run_agents_sdk)
+    assert [(t.prompt_ids, t.response_ids) for t in s.turns] == [(t.prompt_ids, t.response_ids) for t in whole.turns]
+
+
+def test_agents_sdk_chat_completions_model_tool_call_round_trip(agents_sdk_policy):
+    """The same agent over ``OpenAIChatCompletionsModel``: ``tool_calls`` back, the tool message sent, the answer
+    ``4``; its instructions become the system message and its tool (``strict`` inside ``function``) renders as over
+    the Responses API, so the recorded ids are the Responses run's (the policy was tuned on those), one segment."""
+    tok = agents_sdk_policy.tokenizer
+    out, s, engine, calls, fmt = _played(agents_sdk_policy, lambda *a: run_agents_sdk(*a, api="chat"))
+    _sdk_round_trip(out, calls)
+    (path1, first), (path2, second) = out["requests"]
+    assert path1 == path2 == "/v1/chat/completions"
+    assert set(first) == set(second) == {"model", "messages", "tools"}
+    assert first["messages"] == [{"role": "system", "content": "Use the calc tool for arithmetic."},
+                                 {"role": "user", "content": QUESTION}]
+    assert first["tools"][0]["function"]["strict"] is True
+    system, user, assistant, tool = second["messages"]
+    assert (system, user) == tuple(first["messages"]) and assistant["role"] == "assistant"
+    (call,) = assistant["tool_calls"]
+    assert call["function"]["name"] == "calc" and json.loads(call["function"]["arguments"]) == CALC_ARGS
+    assert tool == {"role": "tool", "tool_call_id": call["id"], "content": ANSWER}
+    _check_turns(s, engine, tok, fmt.render_call("calc", CALC_ARGS))
+    _, responses, _, _, _ = _played(agents_sdk_policy, run_agents_sdk)
+    assert [(t.prompt_ids, t.response_ids) for t in s.turns] == \
+        [(t.prompt_ids, t.response_ids) for t in responses.turns]
+
+
+def test_agents_sdk_follow_up_run_extends_the_segment(agents_sdk_policy):
+    """A second ``Runner.run_sync`` on ``result.to_input_list()`` and a new user message (how the SDK continues a
+    conversation): its request sends the whole history back as items, the final answer as an assistant ``message``
+    item (an ``output_text`` part with its ``annotations``, the item's ``id`` and ``status``), which the gateway
+    reads as the reply it returned: the third call extends the same segment (its prompt is the second call's prompt
+    and sampled answer, then only the new user turn)."""
+    tok = agents_sdk_policy.tokenizer
+    out, s, engine, calls, _ = _played(agents_sdk_policy,
+                                       lambda *a: run_agents_sdk(*a, follow_up="And 3+3?"))
+    assert calls[:1] == [CALC_ARGS] and out["result"].final_output == ANSWER and set(out["hosts"]) <= {"127.0.0.1"}
+    _, _, (_, third) = out["requests"][:3]
+    kinds = [item.get("type", "message") for item in third["input"]]
+    assert kinds == ["message", "function_call", "function_call_output", "message", "message"]
+    answer, follow = third["input"][3:]
+    assert answer["role"] == "assistant" and answer["id"].startswith("msg_") and answer["status"] == "completed"
+    assert answer["content"] == [{"type": "output_text", "text": ANSWER, "annotations": []}]
+    assert follow == {"role": "user", "content": "And 3+3?"}
+    _check_sampled(s, engine)
+    assert len(s.turns) >= 3 and s.prefix_breaks == 0 and {t.segment for t in s.turns} == {0}
+    b, c = s.turns[1:3]
+    head = b.prompt_ids + b.response_ids
+    assert c.prompt_ids[:len(head)] == head
+    assert tok.decode(c.prompt_ids[len(head):]) == "\n<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n"
