@@ -1,7 +1,7 @@
 """Agent libraries from PyPI driving a real gateway (the tiny model behind the real HF engine): every field each
 library sends is served (none refused), and the history each library rewrites still extends its segment. Each test
 is skipped when its library is not installed (optional test dependencies: ``smolagents``, ``langgraph`` with
-``langchain-openai``)."""
+``langchain-openai``, ``openai-agents``)."""
 
 from __future__ import annotations
 
@@ -87,3 +87,35 @@ def test_smolagents_tool_calling_agent_tool_choice_required(gw, policy):  # noqa
     opening = tok.encode(call_opening(gw.orch.runner.builder.tool_format, None), add_special_tokens=False)
     forced = [t for t in s.turns if t.prompt_ids[-len(opening):] == opening]
     assert forced and all(t.invalid for t in forced)
+
+
+def test_openai_agents_sdk_reply_cut_at_the_cap(gw, policy):  # noqa: F811
+    """The OpenAI Agents SDK's default request (``OpenAIResponsesModel``: ``model``, ``include: []``, ``input``,
+    ``instructions``, ``tools``) is served, none of it refused or replaced. The untrained tiny model's reply runs to the
+    gateway's cap (24 tokens): the response is ``incomplete`` (``max_output_tokens``), as OpenAI's, and the SDK raises
+    ``ModelBehaviorError`` for it (the turn is recorded all the same); over ``OpenAIChatCompletionsModel`` the same
+    reply (``finish_reason: "length"``) is the run's final output."""
+    pytest.importorskip("agents")
+    from agents import (Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, RunConfig, Runner,
+                        function_tool)
+    from agents.exceptions import ModelBehaviorError
+    from openai import AsyncOpenAI
+
+    @function_tool
+    def calc(expression: str) -> str:
+        """Evaluate an arithmetic expression."""
+        return str(eval(expression, {"__builtins__": {}}))  # noqa: S307 (test tool)
+
+    def run(model_class, session):
+        client = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=session.api_key, max_retries=0)
+        agent = Agent(name="calculator", instructions="Use calc.", tools=[calc],
+                      model=model_class(model="policy", openai_client=client))
+        return Runner.run_sync(agent, "What is 2+2?", max_turns=2, run_config=RunConfig(tracing_disabled=True))
+
+    s, c = gw.session(temperature=0.0), gw.session(temperature=0.0)
+    with pytest.raises(ModelBehaviorError, match="incomplete.*max_output_tokens"):
+        run(OpenAIResponsesModel, s)
+    out = run(OpenAIChatCompletionsModel, c)
+    assert len(s.turns) == len(c.turns) == 1 and s.ignored == c.ignored == [{}]
+    assert len(s.turns[0].response_ids) == 24 and s.turns[0].response_ids == c.turns[0].response_ids
+    assert out.final_output == policy[1].decode(c.turns[0].response_ids)
