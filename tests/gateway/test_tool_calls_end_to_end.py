@@ -16,7 +16,6 @@ import socket
 from typing import Any, Iterator
 
 import httpx
-
 import pytest
 
 from agent_rl.engines import get_engine
@@ -156,8 +155,9 @@ def run_agents_sdk(live: Live, session: GatewaySession, calls: list[dict[str, An
     ``OpenAIResponsesModel`` (``api="chat"``: ``OpenAIChatCompletionsModel``) with an ``AsyncOpenAI`` client of the
     gateway, run by ``Runner.run_sync`` (``streamed``: ``Runner.run_streamed``, its events drained; ``chained``:
     ``auto_previous_response_id=True``; ``follow_up``: then a second run on ``result.to_input_list()`` and that
-    user message, as the SDK continues a conversation, its own failure kept in ``"follow_up_error"``), its tracing off (``RunConfig(tracing_disabled=True)``) and host lookups
-    limited to the loopback (:func:`_loopback_only`). Returns ``{"result": the run's result, "requests": [(path,
+    user message, as the SDK continues a conversation, its own failure kept in ``"follow_up_error"``), its tracing
+    off (``RunConfig(tracing_disabled=True)``) and host lookups limited to the loopback (:func:`_loopback_only`).
+    Returns ``{"result": the run's result, "requests": [(path,
     JSON body) sent], "hosts": [host names looked up]}``."""
     from agents import (Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, RunConfig, Runner,
                         function_tool)
