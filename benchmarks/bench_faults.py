@@ -66,9 +66,13 @@ def free_port() -> int:
 
 
 async def get_json(url: str, timeout_s: float = 5.0) -> Any:
+    """GET ``url`` as JSON, with ``$AGENT_RL_SERVER_TOKEN`` as the bearer token when it is set (the compose target's
+    servers want it on every route, and on ``/health`` for its load fields)."""
     import httpx
 
-    async with httpx.AsyncClient(timeout=timeout_s) as client:
+    token = os.environ.get("AGENT_RL_SERVER_TOKEN")
+    async with httpx.AsyncClient(timeout=timeout_s,
+                                 headers={"Authorization": f"Bearer {token}"} if token else None) as client:
         response = await client.get(url)
         response.raise_for_status()
         return response.json()

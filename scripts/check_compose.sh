@@ -189,9 +189,10 @@ step "sessions left on the servers"
 "$PY" - <<'EOF' || die "sessions left open on a server"
 import os
 import httpx
+key = {"Authorization": f"Bearer {os.environ['AGENT_RL_SERVER_TOKEN']}"}  # /health's load fields need the token
 for name in ("AGENT_RL_ALFWORLD_PORT", "AGENT_RL_WEBSHOP_PORT"):
     port = os.environ[name]
-    h = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()
+    h = httpx.get(f"http://127.0.0.1:{port}/health", headers=key, timeout=10).json()
     print(f":{port} sessions={h['sessions']} workers={h['workers']}")
     assert h["sessions"] == 0, h
 EOF
