@@ -89,22 +89,22 @@ def per_call(args: argparse.Namespace, engine) -> dict:
 
     orch = ExternalRollout(None, engine, RolloutConfig(max_prompt_tokens=4096),
                            ExternalConfig(program="tests.gateway.programs:no_reward"), max_new_tokens=1, seed=0)
-    run(orch.start())
+    runner = orch.runner  # the gateway's episode runner (agent_rl.gateway.external.ProgramEpisode)
+    run(runner.start())
     run(orch.open_stream(seed_key=0))
     try:
-        warm = orch.gateway.open_session(temperature=0.0)
-        openai.OpenAI(base_url=f"{orch.base_url}/v1", api_key=warm.api_key, max_retries=0).chat.completions.create(
+        warm = runner.gateway.open_session(temperature=0.0)
+        openai.OpenAI(base_url=f"{runner.base_url}/v1", api_key=warm.api_key, max_retries=0).chat.completions.create(
             model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=1)  # warm-up, not timed
-        session = orch.gateway.open_session(temperature=0.0)
-        client = openai.OpenAI(base_url=f"{orch.base_url}/v1", api_key=session.api_key, max_retries=0, timeout=120)
+        session = runner.gateway.open_session(temperature=0.0)
+        client = openai.OpenAI(base_url=f"{runner.base_url}/v1", api_key=session.api_key, max_retries=0, timeout=120)
         messages = [{"role": "user", "content": "Count with me: one."}]
-        batcher = orch._batcher
-        busy0, t0 = batcher.busy_s, time.perf_counter()
+        busy0, t0 = orch.stream_counters()["generate_s"], time.perf_counter()
         for i in range(args.per_call):
             reply = client.chat.completions.create(model="x", messages=messages, max_tokens=1)
             messages += [{"role": "assistant", "content": reply.choices[0].message.content},
                          {"role": "user", "content": f"and {i + 2}."}]
-        wall, busy = time.perf_counter() - t0, batcher.busy_s - busy0
+        wall, busy = time.perf_counter() - t0, orch.stream_counters()["generate_s"] - busy0
         return {"calls": args.per_call, "wall_per_call_ms": round(1000 * wall / args.per_call, 1),
                 "engine_per_call_ms": round(1000 * busy / args.per_call, 1),
                 "gateway_per_call_ms": round(1000 * (wall - busy) / args.per_call, 1),
