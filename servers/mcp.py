@@ -53,9 +53,9 @@ from envs.hosting import SessionManager, SessionNotFound
 from envs.hosting.errors import EnvFailed, EnvRejected, http_error
 from envs.hosting.jsonable import lone_surrogate
 from servers.access import CLIENT_KEY, ClientSessions, mcp_loopback_security, unscoped
-from servers.tokens import LOCAL_CLIENT
 from servers.errors import describe_error
 from servers.openenv import EnvFacts, close_quietly
+from servers.tokens import LOCAL_CLIENT
 
 __all__ = ["EnvMCP"]
 

@@ -207,8 +207,8 @@ class RunAccount:
         self.peak_memory_bytes = 0
         self.peak_processes = 0
 
-    def _processes(self) -> list[tuple[int, list[str], int]]:
-        """``(pid, stat fields after the command name, part index)`` of every process of the run."""
+    def _processes(self) -> dict[int, list[str]]:
+        """``{pid: stat fields after the command name}`` of every process of the run (all its parts)."""
         stats: dict[int, list[str]] = {}
         uids: dict[int, int] = {}
         by_uid = any(uid is not None for uid, _ in self.parts)
@@ -225,27 +225,25 @@ class RunAccount:
         children: dict[int, list[int]] = {}
         for pid, fields in stats.items():
             children.setdefault(int(fields[1]), []).append(pid)
-        found: dict[int, tuple[list[str], int]] = {}
-        for part, (uid, root_pid) in enumerate(self.parts):
+        found: dict[int, list[str]] = {}
+        for uid, root_pid in self.parts:
             if uid is not None:
-                for pid, fields in stats.items():
-                    if uids.get(pid) == uid:
-                        found.setdefault(pid, (fields, part))
+                found.update((pid, fields) for pid, fields in stats.items() if uids.get(pid) == uid)
                 continue
             stack = [root_pid]
             while stack:
                 pid = stack.pop()
                 if pid in stats:
-                    found.setdefault(pid, (stats[pid], part))
+                    found[pid] = stats[pid]
                 stack.extend(children.get(pid, []))
-        return [(pid, fields, part) for pid, (fields, part) in found.items()]
+        return found
 
     def over(self) -> str | None:
         """``"memory"``, ``"processes"`` or ``"cpu"`` when the run is past that cap (the caller kills it)."""
         procs = self._processes()
         rss = 0
         cpu_ticks = 0
-        for pid, fields, _part in procs:
+        for pid, fields in procs.items():
             cpu_ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
             if self.count_memory:
                 with contextlib.suppress(OSError, ValueError, IndexError):

@@ -660,9 +660,8 @@ def run_tests(program: str, spec: dict[str, Any], limits: SandboxLimits | None =
 
 def _wait_accounted(checker: subprocess.Popen, worker: subprocess.Popen, level: str, wall_s: float,
                     account: RunAccount, result: RunResult, poll_s: float) -> bool:
-    """Wait up to ``wall_s`` for the checker; every ``poll_s`` read the worker's run (``account``) and kill the
-    worker's sandbox past a per-run cap (``result.limit_hit``; the checker then reports the program gone). False
-    on timeout."""
+    """Wait up to ``wall_s`` for the checker; every ``poll_s`` read the run (``account``: the program's processes
+    and the checker's) and kill both past a per-run cap (``result.limit_hit``). False on timeout."""
     deadline = time.monotonic() + wall_s
     while True:
         left = deadline - time.monotonic()

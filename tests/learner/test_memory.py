@@ -29,9 +29,10 @@ print(json.dumps({"kept_after_free_mib": freed - before + 200, "released_by_trim
 """
 
 
-def _child(mode: str) -> dict:
+def _child(mode: str, source: str = CHILD) -> dict:
+    """Run ``source`` in a fresh Python (no ``MALLOC_*`` tuning, one thread) and return the JSON of its last line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, timeout=120, cwd=ROOT,
+    out = subprocess.run([sys.executable, "-c", source, mode], capture_output=True, text=True, timeout=120, cwd=ROOT,
                          env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -62,11 +63,7 @@ def test_memory_metrics_follow_this_process():
     """``perf/`` memory metrics: the resident set grows by what is allocated and touched and the peak is never below
     it (docs/training.md, "Memory on a CPU"). In a fresh process: inside the test run, other threads free and
     allocate between the two readings (a CI run saw the resident set grow by 168 of 256 MiB)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", FOLLOW], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                         env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = _child("follow", FOLLOW)
     before, after = got["before"], got["after"]
     assert after["perf/cpu_memory_used_gb"] - before["perf/cpu_memory_used_gb"] > 0.9 * 0.25
     assert after["perf/max_rss_gb"] >= after["perf/cpu_memory_used_gb"] * 0.99
