@@ -270,10 +270,7 @@ class DAggerBackend(BehaviourCloningBackend):
 
     async def start(self, ckpt: Path | None) -> dict[str, Any] | None:
         if self._round0 is None:  # round 0's rows (collected once, rows.pt) fix K0, the steps of round 0
-            if not self.rows_file.is_file():
-                self.progress.phase(f"warm start 1/{self.rounds}: expert episodes", total=self.sft.num_episodes)
             extra = await super().start(ckpt if self.round == 0 else None)
-            self.progress.end()
             self._round0, self.round0_steps = self.batch, self.total_steps
             if self.round == 0:
                 return extra

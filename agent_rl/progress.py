@@ -123,6 +123,9 @@ class Progress:
         now = time.monotonic()
         if force or now - self._last_line >= self.interval_s:
             self._last_line = now
+            if self._total is None and not self._done and not self._turns:  # a phase that plays nothing: update
+                self.note(f"{self._name}: {time.monotonic() - self._t_phase:.0f} s")
+                return
             total = f"/{self._total}" if self._total is not None else ""
             self.note(f"{self._name}: {self._done}{total} episodes, {self._fields()}")
 

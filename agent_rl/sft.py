@@ -302,9 +302,11 @@ class BehaviourCloningBackend:
             sampler = make_task_sampler(cfg, announce=lambda text: print(text, file=sys.stderr), curriculum=False)
             tasks = sampler.sample(sft.num_episodes)
             t0 = time.perf_counter()
+            self.progress.phase(f"{self.progress.stage or 'cloning'}: expert episodes", total=len(tasks))
             async with open_env_pool(cfg, self.out) as pool:
                 episodes, self.collect_metrics = await collect_expert_episodes(cfg, self.tokenizer, pool, tasks,
                                                                                self.progress)
+            self.progress.end()
             self.collect_metrics["time/collect_s"] = time.perf_counter() - t0
             self.batch = build_rollout_batch(episodes, pad_token_id=pad_token_id(self.tokenizer),
                                              mode=cfg.rollout.mode)
@@ -415,6 +417,7 @@ def main(overrides: list[str] | None = None) -> dict[str, Any]:
             print(f"checkpoints: {line}", file=sys.stderr)
     (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     progress = Progress(enabled=cfg.trainer.progress)
+    progress.stage = "cloning"  # its phases read "cloning: expert episodes", "cloning: update 3/8", never "RL step"
     progress.note(f"config: {out / 'config.yaml'} (the resolved config)")
     backend = BehaviourCloningBackend(cfg, out, progress, out / "config.yaml")
     asyncio.run(run(cfg, out, backend, progress))

@@ -365,4 +365,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    from agent_rl.progress import quiet_library_progress
+
+    quiet_library_progress()  # a log (not a terminal) gets no carriage-return lines from library bars
     main()
