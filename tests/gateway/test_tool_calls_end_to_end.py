@@ -3,8 +3,9 @@ prebuilt ReAct agent over langchain-openai's ``ChatOpenAI``, smolagents' ``ToolC
 SDK's ``Agent`` over its Responses and chat-completions models): a policy that writes
 well-formed calls (the tiny model fine-tuned on the library's own prompts, :mod:`tests.gateway.tool_policy`) behind the
 real HF engine, so the library gets ``tool_calls``, runs its tool, sends the result back and gets the final answer,
-and the session's recorded turns hold both calls with the ids the engine sampled. Each library's test is skipped
-when it is not installed."""
+and the session's recorded turns hold both calls with the ids the engine sampled. Two Agents SDK agents in one run (a
+handoff, an agent used as a tool) show what a switch of agent does to the recorded segments. Each library's test is
+skipped when it is not installed."""
 
 from __future__ import annotations
 
@@ -204,8 +205,55 @@ def run_agents_sdk(live: Live, session: GatewaySession, calls: list[dict[str, An
     return out
 
 
-def _tuned(policy, drive, script: list[str]) -> Tuned:  # noqa: F811
-    tuned = tune(policy, drive, script, live_factory=_live)
+TRIAGE = "Hand arithmetic to the specialist."
+SPECIALIST = "Use the calc tool for arithmetic."
+ASK_ARGS = {"input": "2+2"}
+"""What the orchestrator of :func:`run_agents_sdk_team` asks its agent tool (``as_tool``'s one ``input`` string)."""
+
+
+def run_agents_sdk_team(live: Live, session: GatewaySession, calls: list[dict[str, Any]] | None = None, *,
+                        as_tool: bool = False) -> dict[str, Any]:
+    """Two Agents SDK agents in one run over ``OpenAIResponsesModel`` (one ``AsyncOpenAI`` client of the gateway):
+    a ``specialist`` with instructions :data:`SPECIALIST` and a ``@function_tool`` calc, and a ``triage`` agent with
+    instructions :data:`TRIAGE` and ``handoffs=[specialist]`` (the SDK's ``transfer_to_specialist`` tool; the run
+    goes on as the specialist after the call). ``as_tool``: the triage agent has ``specialist.as_tool("ask_specialist",
+    ...)`` as its one tool instead (a nested run of the specialist per call, its final output the tool's result)
+    and answers itself. Run by ``Runner.run_sync`` from the triage agent, tracing off and host lookups limited to the
+    loopback as :func:`run_agents_sdk`. Returns ``{"result", "requests": [(path, JSON body) sent], "hosts",
+    "agents": {name: Agent}}``."""
+    from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool
+    from openai import AsyncOpenAI
+
+    @function_tool
+    def calc(expression: str) -> str:
+        """Evaluate an arithmetic expression."""
+        if calls is not None:
+            calls.append({"expression": expression})
+        return calc_value(expression)
+
+    requests: list[tuple[str, dict[str, Any]]] = []
+
+    async def keep(request: httpx.Request) -> None:
+        requests.append((request.url.path, json.loads(request.content or b"{}")))
+
+    client = AsyncOpenAI(base_url=f"{live.url}/v1", api_key=session.api_key, max_retries=0, timeout=HANG_S,
+                         http_client=httpx.AsyncClient(event_hooks={"request": [keep]}, timeout=HANG_S))
+    model = OpenAIResponsesModel(model="policy", openai_client=client)
+    config = RunConfig(tracing_disabled=True)
+    specialist = Agent(name="specialist", instructions=SPECIALIST, tools=[calc], model=model)
+    if as_tool:
+        triage = Agent(name="triage", instructions=TRIAGE, model=model, tools=[specialist.as_tool(
+            "ask_specialist", "Ask the arithmetic specialist.", run_config=config, max_turns=3)])
+    else:
+        triage = Agent(name="triage", instructions=TRIAGE, handoffs=[specialist], model=model)
+    out: dict[str, Any] = {"requests": requests, "hosts": [], "agents": {"triage": triage, "specialist": specialist}}
+    with _loopback_only(out["hosts"]):
+        out["result"] = Runner.run_sync(triage, QUESTION, max_turns=4, run_config=config)
+    return out
+
+
+def _tuned(policy, drive, script: list[str], max_rounds: int = 5) -> Tuned:  # noqa: F811
+    tuned = tune(policy, drive, script, live_factory=_live, max_rounds=max_rounds)
     log.info("tool policy for %s: %.1f s, %d library runs, %d steps, %d examples", drive.__name__, tuned.seconds,
              tuned.rounds, tuned.steps, len(tuned.examples))
     return tuned
@@ -238,6 +286,27 @@ def agents_sdk_policy(policy):  # noqa: F811
     pytest.importorskip("agents")
     fmt = _fmt(policy)
     return _tuned(policy, run_agents_sdk, [fmt.render_call("calc", CALC_ARGS), ANSWER])
+
+
+def run_agents_sdk_as_tool(live: Live, session: GatewaySession, calls: list[dict[str, Any]] | None = None) -> Any:
+    """:func:`run_agents_sdk_team` with the specialist as the triage agent's tool (``as_tool=True``)."""
+    return run_agents_sdk_team(live, session, calls, as_tool=True)
+
+
+@pytest.fixture(scope="module")
+def agents_sdk_handoff_policy(policy):  # noqa: F811
+    pytest.importorskip("agents")
+    fmt = _fmt(policy)
+    return _tuned(policy, run_agents_sdk_team, [fmt.render_call("transfer_to_specialist", {}),
+                                                fmt.render_call("calc", CALC_ARGS), ANSWER])
+
+
+@pytest.fixture(scope="module")
+def agents_sdk_as_tool_policy(policy):  # noqa: F811
+    pytest.importorskip("agents")
+    fmt = _fmt(policy)
+    return _tuned(policy, run_agents_sdk_as_tool, [fmt.render_call("ask_specialist", ASK_ARGS),
+                                                   fmt.render_call("calc", CALC_ARGS), ANSWER, ANSWER], max_rounds=6)
 
 
 # ------------------------------------------------------------------------------------------------ the checks
@@ -478,3 +547,107 @@ def test_agents_sdk_follow_up_run_extends_the_segment(agents_sdk_policy):
     head = b.prompt_ids + b.response_ids
     assert c.prompt_ids[:len(head)] == head
     assert tok.decode(c.prompt_ids[len(head):]) == "\n<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _system_turn(tok, turn) -> tuple[str, str]:
+    """A turn's prompt text split before its first user message: ``(system turn with the tools, the rest)``."""
+    text = tok.decode(turn.prompt_ids)
+    at = text.index("<|im_start|>user\n")
+    return text[:at], text[at:]
+
+
+USER_TURN = f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_agents_sdk_handoff_is_a_tools_changed_break(agents_sdk_handoff_policy):
+    """A triage ``Agent`` with ``handoffs=[specialist]``: the policy calls ``transfer_to_specialist`` (arguments
+    ``{}``), the SDK switches agents, the specialist calls calc and answers ``4``; ``result.last_agent`` is the
+    specialist. The specialist's requests send its own instructions and tools (calc; the transfer tool is gone) and
+    the whole history: the user message, the transfer call as returned and its output ``{"assistant":
+    "specialist"}``. So the second call is one prefix break, ``tools_changed`` (the tools are compared before the
+    messages; its system message differs too), and starts segment 1, rendered whole: the specialist's system turn,
+    then the same user turn, the transfer call (the ids the policy sampled) and its output. The third call extends
+    segment 1: 3 turns, segments 0, 1, 1, each as sampled."""
+    tok = agents_sdk_handoff_policy.tokenizer
+    out, s, engine, calls, fmt = _played(agents_sdk_handoff_policy, run_agents_sdk_team)
+    result = out["result"]
+    assert calls == [CALC_ARGS] and result.final_output == ANSWER
+    assert result.last_agent is out["agents"]["specialist"] and set(out["hosts"]) <= {"127.0.0.1"}
+    assert [item.type for item in result.new_items] == ["handoff_call_item", "handoff_output_item", "tool_call_item",
+                                                        "tool_call_output_item", "message_output_item"]
+    handoff, handed, call, output, _ = result.new_items
+    assert handoff.raw_item.name == "transfer_to_specialist" and json.loads(handoff.raw_item.arguments) == {}
+    assert (handed.source_agent.name, handed.target_agent.name) == ("triage", "specialist")
+    assert handed.raw_item["output"] == '{"assistant": "specialist"}'
+    assert handed.raw_item["call_id"] == handoff.raw_item.call_id
+    assert call.agent.name == "specialist" and json.loads(call.raw_item.arguments) == CALC_ARGS
+    assert output.output == ANSWER
+    # what the SDK sent: the triage agent's request, then the specialist's two
+    bodies = [body for _, body in out["requests"]]
+    assert [path for path, _ in out["requests"]] == ["/v1/responses"] * 3
+    assert [b["instructions"] for b in bodies] == [TRIAGE, SPECIALIST, SPECIALIST]
+    assert [[t["name"] for t in b["tools"]] for b in bodies] == [["transfer_to_specialist"], ["calc"], ["calc"]]
+    user, transfer, handed_out = bodies[1]["input"]
+    assert user == {"role": "user", "content": QUESTION} and transfer["name"] == "transfer_to_specialist"
+    assert handed_out == {"type": "function_call_output", "call_id": transfer["call_id"],
+                          "output": '{"assistant": "specialist"}'}
+    assert bodies[2]["input"][:3] == bodies[1]["input"]
+    # what the gateway recorded
+    _check_sampled(s, engine)
+    a, b, c = s.turns
+    assert [t.segment for t in s.turns] == [0, 1, 1] and s.prefix_breaks == 1 and s.breaks == {"tools_changed": 1}
+    assert not (a.invalid or b.invalid or c.invalid)
+    transfer_call = fmt.render_call("transfer_to_specialist", {})
+    assert tok.decode(a.response_ids) == transfer_call and tok.decode(b.response_ids) == fmt.render_call(
+        "calc", CALC_ARGS) and tok.decode(c.response_ids) == ANSWER + "<|im_end|>"
+    system_a, rest_a = _system_turn(tok, a)
+    system_b, rest_b = _system_turn(tok, b)
+    assert TRIAGE in system_a and '"name": "transfer_to_specialist"' in system_a and '"name": "calc"' not in system_a
+    assert SPECIALIST in system_b and '"name": "calc"' in system_b and "transfer_to_specialist" not in system_b
+    assert rest_a == USER_TURN and rest_b == USER_TURN + transfer_call + \
+        '<|im_end|>\n<|im_start|>tool\n{"assistant": "specialist"}<|im_end|>\n<|im_start|>assistant\n'
+    n = len(a.response_ids)
+    assert any(b.prompt_ids[i:i + n] == a.response_ids for i in range(len(b.prompt_ids)))  # the call as sampled
+    head = b.prompt_ids + b.response_ids
+    assert c.prompt_ids[:len(head)] == head and tok.decode(c.prompt_ids[len(head):]) == TOOL_TURN
+
+
+def test_agents_sdk_agent_as_tool_calls_are_three_segments(agents_sdk_as_tool_policy):
+    """The specialist as the triage agent's tool (``specialist.as_tool("ask_specialist", ...)``): the policy calls
+    ``ask_specialist({"input": "2+2"})``, the SDK runs the specialist on ``2+2`` (its own instructions, calc, a fresh
+    history: one user message), which calls calc and answers ``4``, the tool's output; the triage agent then answers
+    ``4`` and is ``result.last_agent``. One episode of 4 turns: the nested run's first call changes the tools
+    (segment 1, rendered whole), its second extends it, and the triage agent's second call changes them back: a
+    second ``tools_changed`` break, segment 2, although its ids are exactly segment 0's prompt and call then the
+    tool turn (a request is compared with the current segment only): segments 0, 1, 1, 2, each turn as sampled."""
+    tok = agents_sdk_as_tool_policy.tokenizer
+    out, s, engine, calls, fmt = _played(agents_sdk_as_tool_policy, run_agents_sdk_as_tool)
+    result = out["result"]
+    assert calls == [CALC_ARGS] and result.final_output == ANSWER
+    assert result.last_agent is out["agents"]["triage"] and set(out["hosts"]) <= {"127.0.0.1"}
+    assert [item.type for item in result.new_items] == ["tool_call_item", "tool_call_output_item",
+                                                        "message_output_item"]
+    call, output, _ = result.new_items
+    assert call.raw_item.name == "ask_specialist" and json.loads(call.raw_item.arguments) == ASK_ARGS
+    assert output.output == ANSWER
+    bodies = [body for _, body in out["requests"]]
+    assert [b["instructions"] for b in bodies] == [TRIAGE, SPECIALIST, SPECIALIST, TRIAGE]
+    assert [[t["name"] for t in b["tools"]] for b in bodies] == [["ask_specialist"], ["calc"], ["calc"],
+                                                                 ["ask_specialist"]]
+    assert bodies[1]["input"] == [{"role": "user", "content": ASK_ARGS["input"]}]
+    user, ask, answered = bodies[3]["input"]
+    assert user == {"role": "user", "content": QUESTION} and ask["name"] == "ask_specialist"
+    assert answered == {"type": "function_call_output", "call_id": ask["call_id"], "output": ANSWER}
+    _check_sampled(s, engine)
+    a, b, c, d = s.turns
+    assert [t.segment for t in s.turns] == [0, 1, 1, 2] and s.prefix_breaks == 2 and s.breaks == {"tools_changed": 2}
+    assert not any(t.invalid for t in s.turns)
+    assert tok.decode(a.response_ids) == fmt.render_call("ask_specialist", ASK_ARGS)
+    assert tok.decode(b.response_ids) == fmt.render_call("calc", CALC_ARGS)
+    assert tok.decode(c.response_ids) == tok.decode(d.response_ids) == ANSWER + "<|im_end|>"
+    system_b, rest_b = _system_turn(tok, b)
+    assert SPECIALIST in system_b and rest_b == "<|im_start|>user\n2+2<|im_end|>\n<|im_start|>assistant\n"
+    head = b.prompt_ids + b.response_ids
+    assert c.prompt_ids[:len(head)] == head and tok.decode(c.prompt_ids[len(head):]) == TOOL_TURN
+    head = a.prompt_ids + a.response_ids  # the triage agent's own conversation, rendered whole: the same ids
+    assert d.prompt_ids[:len(head)] == head and tok.decode(d.prompt_ids[len(head):]) == TOOL_TURN
