@@ -27,6 +27,17 @@ def test_alfworld_prompt_holds_task_history_observation_admissible():
     assert "Admissible actions: [open cabinet 1, look]." in text and "<action>" in text
 
 
+def test_alfworld_goal_prompt_restates_the_goal_last_in_every_followup():
+    plain, goal = get_prompt("alfworld"), get_prompt("alfworld_goal")
+    task = goal.task_text(ALF_OBS, {})
+    ctx = TurnContext(task=task, observation="You arrive at cabinet 1. ", admissible=["open cabinet 1", "look"],
+                      history=[("obs A", "go to cabinet 1")], step=1)
+    assert plain.followup(ctx) == "You arrive at cabinet 1.\nAdmissible actions: [open cabinet 1, look]."
+    assert goal.followup(ctx) == ("You arrive at cabinet 1.\nAdmissible actions: [open cabinet 1, look].\n"
+                                  "Your task is to: put a clean mug in coffeemachine.")
+    assert goal.messages(ctx) == plain.messages(ctx)  # the first (per-turn) message already starts with the goal
+
+
 def test_generic_first_turn_has_no_history_and_plain_layout():
     p = get_prompt("generic")
     ctx = TurnContext(task="pick the sock.", observation="You see: sock, cup.", admissible=["pick sock"])

@@ -33,6 +33,21 @@ class ALFWorldPrompt(GenericPrompt):
         return [{"role": "system", "content": self.system}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
+class ALFWorldGoalPrompt(ALFWorldPrompt):
+    """:class:`ALFWorldPrompt` whose full-trajectory follow-ups end with the goal again (``env.prompt=alfworld_goal``):
+    each new user turn is the observation, the admissible actions, then ``Your task is to: <goal>``, so the goal
+    sits next to the answer being written at every turn, not only in the first message of a row that grows by
+    ~100-150 tokens a turn. Per-turn mode is unchanged (its every prompt starts with the goal)."""
+
+    def followup(self, ctx: TurnContext) -> str:
+        return f"{super().followup(ctx)}\nYour task is to: {ctx.task}"
+
+
 @register_prompt("alfworld")
 def _alfworld() -> ALFWorldPrompt:
     return ALFWorldPrompt()
+
+
+@register_prompt("alfworld_goal")
+def _alfworld_goal() -> ALFWorldGoalPrompt:
+    return ALFWorldGoalPrompt()
