@@ -14,6 +14,8 @@ worker), sampled every 50 ms. Per engine:
 - ``tokens_per_s_b<B>``: generated tokens / wall time of a ``generate`` call over B prompts (each size of
   ``--batch``, one engine start for all), rows alternating T = 0.3 and 1.2, ``--max-new-tokens`` each (EOS ends a
   row early; the count is of tokens actually generated), mean over ``--rounds`` calls after one warm-up call;
+- ``tokens_per_cpu_s_b<B>``: the same tokens / the CPU seconds the call cost this process and its children (vLLM's
+  engine core), which a loaded machine moves less than the wall time (spinning OpenMP threads still count);
 - ``sync_s``: ``sync_weights`` after a change of every weight, mean over ``--syncs`` (hf: shares the module);
 - ``logprob_diff``: max |engine - learner| log-prob of the sampled tokens at each row's temperature (sanity);
 - ``peak_rss_gb``.
@@ -72,6 +74,22 @@ class PeakRSS:
         self._stop.set()
         self._thread.join()
         return self.peak / 2**30
+
+
+def _cpu_s() -> float:
+    """CPU seconds (user + system, all threads) of this process and its live descendants (vLLM's engine core and
+    worker): the difference over a call is the call's CPU time when no descendant starts or ends during it."""
+    import psutil
+
+    total = 0.0
+    me = psutil.Process()
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 def _prompts(tok, n: int) -> list[list[int]]:
@@ -181,15 +199,18 @@ def run_engine(args: argparse.Namespace) -> dict[str, float]:
     try:
         for b in batches:  # smallest first; each after a warm-up call of its own size
             engine.generate(prompts[:b], temps[:b], max_new_tokens=args.max_new_tokens, seed=0)
-            rates = []
+            rates, cpu_rates = [], []
             for r in range(args.rounds):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), _cpu_s()
                 gens = engine.generate(prompts[:b], temps[:b], max_new_tokens=args.max_new_tokens, seed=r + 1)
-                dt = time.perf_counter() - t0
-                rates.append(sum(len(g.token_ids) for g in gens) / dt)
-                print(f"  {args.engine}: batch {b}, round {r + 1}: {sum(len(g.token_ids) for g in gens)} tokens in "
-                      f"{dt:.2f} s", flush=True)
+                dt, dc = time.perf_counter() - t0, _cpu_s() - c0
+                n = sum(len(g.token_ids) for g in gens)
+                rates.append(n / dt)
+                cpu_rates.append(n / max(dc, 1e-9))
+                print(f"  {args.engine}: batch {b}, round {r + 1}: {n} tokens in {dt:.2f} s, {dc:.2f} CPU-s",
+                      flush=True)
             result[f"tokens_per_s_b{b}"] = sum(rates) / len(rates)
+            result[f"tokens_per_cpu_s_b{b}"] = sum(cpu_rates) / len(cpu_rates)
         diff = _logprob_diff(model, prompts[:b], gens, temps[:b])
         syncs = []
         for _ in range(args.syncs):
