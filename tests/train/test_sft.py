@@ -163,8 +163,11 @@ def test_sft_plays_the_task_file_rows(sft_run, tmp_path: Path, capsys: pytest.Ca
     tasks.write_text('{"split": "train", "index": 1}\n')
     out = tmp_path / "file"
     summary = sft_mod.main([*BASE, f"env.tasks={tasks}", "sft.num_episodes=3", "sft.epochs=1", "sft.batch_size=3",
-                            "trainer.curriculum=pass_rate", f"trainer.output_dir={out}"])
+                            "trainer.curriculum=pass_rate", f"trainer.output_dir={out}", "trainer.progress=true"])
     assert summary["rows"] == 3 and summary["collect/success_rate"] == 1.0
     prompts = _prompts(out)
     assert len(set(prompts)) == 1 and prompts[0] in set(_prompts(sft_run[0]))
-    assert "tasks: 1 rows from" in capsys.readouterr().err  # the task file's description (rows, columns, first row)
+    err = capsys.readouterr().err
+    assert "tasks: 1 rows from" in err  # the task file's description (rows, columns, first row)
+    # the command's phases are named as cloning, never as RL's steps
+    assert "cloning: expert episodes" in err and "cloning: update 1/1" in err and "RL step" not in err
