@@ -162,8 +162,8 @@ BAD = [
                             "'power', 'sigmoid']. Did you mean 'linear'?"),
     ("engine.name=vlm", "unknown engine 'vlm' (engine.name); valid names: ['hf', 'vllm', 'vllm_server']. "
                         "Did you mean 'vllm'?"),
-    ("env.prompt=mathh", "unknown prompt format 'mathh'; valid: ['alfworld', 'code', 'generic', 'math', 'react', "
-                         "'react_webshop', 'textworld', 'webshop']"),
+    ("env.prompt=mathh", "unknown prompt format 'mathh'; valid: ['alfworld', 'alfworld_goal', 'code', 'generic', "
+                         "'math', 'react', 'react_webshop', 'textworld', 'webshop']"),
     ("credit=forking credit.level=turn", "credit=forking is not defined at credit.level=turn; it supports ['token']"),
     ("credit=uniform credit.kwargs.alpha=1", "credit.kwargs alpha not accepted by credit=uniform; valid keys: (none)"),
     ("credit=entropy_adv credit.kwargs.alpah=1", "credit.kwargs alpah not accepted by credit=entropy_adv; valid "
