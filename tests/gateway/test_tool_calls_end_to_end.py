@@ -149,19 +149,12 @@ def _loopback_only(hosts: list[str]) -> Iterator[None]:
         socket.getaddrinfo = real
 
 
-def run_agents_sdk(live: Live, session: GatewaySession, calls: list[dict[str, Any]] | None = None, *,
-                   api: str = "responses", streamed: bool = False, chained: bool = False,
-                   follow_up: str | None = None) -> dict[str, Any]:
-    """The OpenAI Agents SDK as its users write it: an ``Agent`` with instructions and a ``@function_tool`` calc over
-    ``OpenAIResponsesModel`` (``api="chat"``: ``OpenAIChatCompletionsModel``) with an ``AsyncOpenAI`` client of the
-    gateway, run by ``Runner.run_sync`` (``streamed``: ``Runner.run_streamed``, its events drained; ``chained``:
-    ``auto_previous_response_id=True``; ``follow_up``: then a second run on ``result.to_input_list()`` and that
-    user message, as the SDK continues a conversation, its own failure kept in ``"follow_up_error"``), its tracing
-    off (``RunConfig(tracing_disabled=True)``) and host lookups limited to the loopback (:func:`_loopback_only`).
-    Returns ``{"result": the run's result, "requests": [(path,
-    JSON body) sent], "hosts": [host names looked up]}``."""
-    from agents import (Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, RunConfig, Runner,
-                        function_tool)
+def _agents_sdk_parts(live: Live, session: GatewaySession,
+                      calls: list[dict[str, Any]] | None) -> tuple[Any, list[tuple[str, dict[str, Any]]], Any]:
+    """What every Agents SDK program here shares: the ``@function_tool`` calc (each call's arguments appended to
+    ``calls``), the list of ``(path, JSON body)`` the client sends, and the ``AsyncOpenAI`` client of the gateway
+    that records them (no retries, :data:`HANG_S` timeouts)."""
+    from agents import function_tool
     from openai import AsyncOpenAI
 
     @function_tool
@@ -178,6 +171,23 @@ def run_agents_sdk(live: Live, session: GatewaySession, calls: list[dict[str, An
 
     client = AsyncOpenAI(base_url=f"{live.url}/v1", api_key=session.api_key, max_retries=0, timeout=HANG_S,
                          http_client=httpx.AsyncClient(event_hooks={"request": [keep]}, timeout=HANG_S))
+    return calc, requests, client
+
+
+def run_agents_sdk(live: Live, session: GatewaySession, calls: list[dict[str, Any]] | None = None, *,
+                   api: str = "responses", streamed: bool = False, chained: bool = False,
+                   follow_up: str | None = None) -> dict[str, Any]:
+    """The OpenAI Agents SDK as its users write it: an ``Agent`` with instructions and a ``@function_tool`` calc over
+    ``OpenAIResponsesModel`` (``api="chat"``: ``OpenAIChatCompletionsModel``) with an ``AsyncOpenAI`` client of the
+    gateway, run by ``Runner.run_sync`` (``streamed``: ``Runner.run_streamed``, its events drained; ``chained``:
+    ``auto_previous_response_id=True``; ``follow_up``: then a second run on ``result.to_input_list()`` and that
+    user message, as the SDK continues a conversation, its own failure kept in ``"follow_up_error"``), its tracing
+    off (``RunConfig(tracing_disabled=True)``) and host lookups limited to the loopback (:func:`_loopback_only`).
+    Returns ``{"result": the run's result, "requests": [(path,
+    JSON body) sent], "hosts": [host names looked up]}``."""
+    from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, RunConfig, Runner
+
+    calc, requests, client = _agents_sdk_parts(live, session, calls)
     model = OpenAIChatCompletionsModel(model="policy", openai_client=client) if api == "chat" else \
         OpenAIResponsesModel(model="policy", openai_client=client)
     agent = Agent(name="calculator", instructions="Use the calc tool for arithmetic.", tools=[calc], model=model)
@@ -221,23 +231,9 @@ def run_agents_sdk_team(live: Live, session: GatewaySession, calls: list[dict[st
     and answers itself. Run by ``Runner.run_sync`` from the triage agent, tracing off and host lookups limited to the
     loopback as :func:`run_agents_sdk`. Returns ``{"result", "requests": [(path, JSON body) sent], "hosts",
     "agents": {name: Agent}}``."""
-    from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool
-    from openai import AsyncOpenAI
+    from agents import Agent, OpenAIResponsesModel, RunConfig, Runner
 
-    @function_tool
-    def calc(expression: str) -> str:
-        """Evaluate an arithmetic expression."""
-        if calls is not None:
-            calls.append({"expression": expression})
-        return calc_value(expression)
-
-    requests: list[tuple[str, dict[str, Any]]] = []
-
-    async def keep(request: httpx.Request) -> None:
-        requests.append((request.url.path, json.loads(request.content or b"{}")))
-
-    client = AsyncOpenAI(base_url=f"{live.url}/v1", api_key=session.api_key, max_retries=0, timeout=HANG_S,
-                         http_client=httpx.AsyncClient(event_hooks={"request": [keep]}, timeout=HANG_S))
+    calc, requests, client = _agents_sdk_parts(live, session, calls)
     model = OpenAIResponsesModel(model="policy", openai_client=client)
     config = RunConfig(tracing_disabled=True)
     specialist = Agent(name="specialist", instructions=SPECIALIST, tools=[calc], model=model)
