@@ -87,13 +87,16 @@ class LocalBackend:
         self.model, self.tokenizer = load_run_policy(cfg, progress, config_file, train=True)
         self.learner = Learner(self.model, self.tokenizer, cfg.algo, cfg.optim, credit=cfg.credit,
                                schedule=cfg.schedule, device=device, seed=cfg.trainer.seed, top_k=cfg.engine.top_k,
-                               top_p=cfg.engine.top_p, max_staleness=cfg.trainer.max_staleness)
+                               top_p=cfg.engine.top_p, max_staleness=cfg.trainer.max_staleness,
+                               sampler_rounds=cfg.engine.dtype not in ("", cfg.model.dtype))
         # the engine runs the transformers model itself (LoRA: the one inside the peft model, adapter live)
         self.engine_model: Any = None
         if not plays_ahead(cfg):
             self.engine = build_engine(cfg, base_module(self.model), self.tokenizer)  # closed by close()
         else:  # asynchronous rollouts: the engine samples with weights the update does not touch
-            if not engine_caps(cfg.engine.name).own_process:  # hf: its own copy, loaded after each update
+            # hf: its own copy, loaded after each update; none where the engine keeps weights of its own already
+            # (another process, or engine.dtype other than model.dtype: the engine's cast copy, EngineConfig.dtype)
+            if not engine_caps(cfg.engine.name).own_process and cfg.engine.dtype in ("", cfg.model.dtype):
                 self.engine_model = copy.deepcopy(base_module(self.model)).requires_grad_(False)
             engine = build_engine(cfg, self.engine_model if self.engine_model is not None
                                   else base_module(self.model), self.tokenizer)

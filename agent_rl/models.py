@@ -47,7 +47,8 @@ TINY_MAX_POSITIONS = 4096
 #: positions of SmolLM2-135M-Instruct (its config.json / GGUF ``llama.context_length``), used before the conversion.
 SMOLLM2_MAX_POSITIONS = 8192
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: the weight dtypes a run may name (``model.dtype``, ``engine.dtype``), the one table of them
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
@@ -255,7 +256,7 @@ def load_policy(cfg: ModelConfig, *, train: bool = False) -> tuple[torch.nn.Modu
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = _DTYPES[cfg.dtype]
+    dtype = DTYPES[cfg.dtype]
     if cfg.name == "tiny" and not cfg.path:
         tokenizer = finish_tokenizer(smollm2_tokenizer())
         model = build_tiny(cfg, tokenizer).to(dtype)

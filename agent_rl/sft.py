@@ -62,6 +62,7 @@ from agent_rl.learner.checkpoint import (IncompleteCheckpoint, latest_checkpoint
 from agent_rl.learner.learner import lr_scheduler, policy_trunk, response_positions, restore_optimizer
 from agent_rl.loop import FirstStepFailed, run
 from agent_rl.lora import base_module, is_lora
+from agent_rl.memory import release_free_heap
 from agent_rl.progress import Progress, quiet_library_progress
 from agent_rl.rollout import GroupSpec, RolloutResult, build_rollout_batch
 from agent_rl.rollout.samplers import make_task_sampler
@@ -221,7 +222,10 @@ class BehaviourCloner:
         return {"loss": nll / max(n, 1), "token_acc": acc / max(n, 1), "tokens": float(n)}
 
     def train_step(self, batch: RolloutBatch, rows: torch.Tensor) -> dict[str, float]:
-        """One optimizer step on ``rows`` of ``batch`` (loss = summed token NLL / tokens of all ``rows``)."""
+        """One optimizer step on ``rows`` of ``batch`` (loss = summed token NLL / tokens of all ``rows``). The freed
+        heap is given back to the OS before the activations and after them, as ``Learner.update`` does (DAgger and
+        ``agent_rl.sft`` alternate these steps with generation: docs/training.md, "Memory on a CPU")."""
+        release_free_heap()
         self.model.train()
         n_tokens = int(batch.response_mask[rows][:, 1:].gt(0).sum())
         if n_tokens == 0:
@@ -238,6 +242,7 @@ class BehaviourCloner:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.optim_cfg.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
+        release_free_heap()  # the step's activations, before the next generation or step
         return {"sft/loss": total, "sft/token_acc": hits / n_tokens, "actor/grad_norm": float(grad_norm),
                 "actor/lr": float(self.scheduler.get_last_lr()[0])}
 

@@ -35,6 +35,13 @@ after, and ``ratio_step`` (agent_rl / TRL: the median of the per-pair ratios of 
 max as the spread). The orchestrator and env servers of a full agent_rl run are not in the agent_rl side (TRL has
 none): the step is the engine, the reward and the learner, as the local backend runs them.
 
+Precision: both sides load the saved float32 weights. ``--engine-dtype bfloat16`` makes agent_rl's engine sample
+with a bfloat16 copy of them (``engine.dtype``, synced after each update) while its learner trains the float32
+weights; ``--trl-dtype bfloat16`` loads TRL's model in bfloat16, which it then samples and trains in (TRL's
+generation uses the trained model itself). ``generate_cpu_s`` is measured over each side's generation-and-reward
+span; ``tokens_per_cpu_s`` = tokens / generate_cpu_s, and ``engine_logprob_diff`` (agent_rl) is the learner's mean
+|old - engine| log-prob: the rounding gap a bfloat16 engine adds.
+
 Multi-turn: the TRL side reports whether TRL can train a tool task with this model (``environment_factory`` needs a
 chat template with a tools branch: ``trl.chat_template_utils.supports_tool_calling``), and the reason when not;
 ``results.json["multi_turn"]``.
@@ -100,7 +107,7 @@ def build_spec(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                       "prompt_ids": [int(i) for i in ids]})
     spec = {"model_dir": str(model_dir), "model": args.model, "tasks": tasks, "group": args.group,
             "max_new_tokens": args.max_new_tokens, "lr": args.lr, "steps": args.steps, "mode": args.mode,
-            "seed": args.seed, "threads": args.threads}
+            "seed": args.seed, "threads": args.threads, "trl_dtype": args.trl_dtype}
     (out / "spec.json").write_text(json.dumps(spec))
     return spec
 
@@ -108,8 +115,9 @@ def build_spec(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------------------
 # agent_rl side
 # ----------------------------------------------------------------------------------------------------------------
-def run_agent_rl(spec: dict[str, Any]) -> dict[str, Any]:
-    """``spec["steps"]`` agent_rl steps: ``HFEngine.generate`` + reward, then ``Learner.update`` (GRPO)."""
+def run_agent_rl(spec: dict[str, Any], engine_dtype: str = "") -> dict[str, Any]:
+    """``spec["steps"]`` agent_rl steps: ``HFEngine.generate`` + reward, then ``Learner.update`` (GRPO), the engine
+    in ``engine_dtype`` ("" or float32: the learner's module itself; bfloat16: a cast copy, synced each update)."""
     import torch
 
     from agent_rl.engines import HFEngine, row_seed
@@ -123,8 +131,8 @@ def run_agent_rl(spec: dict[str, Any]) -> dict[str, Any]:
     model, tok = load_policy(ModelConfig(name="path", path=spec["model_dir"]))
     learner = Learner(model, tok, AlgoConfig(name="grpo", loss_agg="token_mean"),
                       OptimConfig(lr=spec["lr"], weight_decay=0.0, warmup=0, max_grad_norm=1.0),
-                      seed=spec["seed"])
-    engine = HFEngine(learner.model, tok, batch_size=len(spec["tasks"]) * spec["group"])
+                      seed=spec["seed"], sampler_rounds=bool(engine_dtype) and engine_dtype != "float32")
+    engine = HFEngine(learner.model, tok, batch_size=len(spec["tasks"]) * spec["group"], dtype=engine_dtype or None)
     reward, pool = make_reward(spec["mode"])
     g = spec["group"]
     rows = [(t, k) for t in spec["tasks"] for k in range(g)]  # prompt-major: the G completions of a prompt together
@@ -137,7 +145,7 @@ def run_agent_rl(spec: dict[str, Any]) -> dict[str, Any]:
                                    max_new_tokens=spec["max_new_tokens"],
                                    row_seeds=[row_seed(spec["seed"] * 1000 + step, i) for i in range(len(rows))])
             rewards = [reward(gen.text, t["answer"], t["problem"]) for (t, _), gen in zip(rows, gens)]
-            t1 = time.perf_counter()
+            t1, c_gen = time.perf_counter(), time.process_time()
             seq = max(len(t["prompt_ids"]) + len(gen.token_ids) for (t, _), gen in zip(rows, gens))
             n = len(rows)
             input_ids = torch.full((n, seq), pad, dtype=torch.long)
@@ -161,10 +169,12 @@ def run_agent_rl(spec: dict[str, Any]) -> dict[str, Any]:
                 rewards=r, episode_rewards=r, episode_group_index=group,
                 episode_is_high=torch.ones(n, dtype=torch.bool))
             metrics = learner.update(batch, step=step, total_steps=spec["steps"])
+            engine.sync_weights(learner.model, step)  # the updated weights into the engine (a copy: cast, copied)
             t2, c1 = time.perf_counter(), time.process_time()
             tokens = sum(len(gen.token_ids) for gen in gens)
             steps.append({"step_s": t2 - t0, "generate_s": t1 - t0, "update_s": t2 - t1, "cpu_s": c1 - c0,
-                          "tokens": tokens, "reward_mean": float(r.mean()),
+                          "generate_cpu_s": c_gen - c0, "tokens": tokens, "reward_mean": float(r.mean()),
+                          "engine_logprob_diff": metrics.get("actor/engine_logprob_diff"),
                           "grad_norm": metrics["actor/grad_norm"], "single_pass": metrics["actor/single_pass"],
                           "trained_token_frac": metrics["credit/trained_token_frac"]})
     finally:
@@ -187,7 +197,8 @@ def run_trl(spec: dict[str, Any], work: Path) -> dict[str, Any]:
     torch.set_num_threads(spec["threads"])
     torch.manual_seed(spec["seed"])
     tok = AutoTokenizer.from_pretrained(spec["model_dir"])
-    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+    trl_dtype = spec.get("trl_dtype") or "float32"  # TRL samples and trains in one dtype
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=getattr(torch, trl_dtype))
     reward, pool = make_reward(spec["mode"])
     by_problem = {t["problem"]: t for t in spec["tasks"]}
     tasks = spec["tasks"]
@@ -208,9 +219,10 @@ def run_trl(spec: dict[str, Any], work: Path) -> dict[str, Any]:
             return out
 
         def _generate_and_score_completions(self, inputs):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out = super()._generate_and_score_completions(inputs)
             timing["generate_s"] = time.perf_counter() - t0
+            timing["generate_cpu_s"] = time.process_time() - c0
             timing["tokens"] = float(out["completion_mask"].sum())
             return out
 
@@ -225,7 +237,7 @@ def run_trl(spec: dict[str, Any], work: Path) -> dict[str, Any]:
             step_s = time.perf_counter() - timing["t0"]
             steps.append({"step_s": step_s, "generate_s": timing["generate_s"],
                           "update_s": step_s - timing["generate_s"], "cpu_s": time.process_time() - timing["c0"],
-                          "tokens": timing["tokens"]})
+                          "generate_cpu_s": timing["generate_cpu_s"], "tokens": timing["tokens"]})
 
     n = len(tasks) * spec["group"]
     config = GRPOConfig(
@@ -269,9 +281,27 @@ def trl_python(requested: str | None) -> tuple[str | None, str | None]:
     return None, "no interpreter"
 
 
-def _side_command(python: str, side: str, spec_path: Path, out_path: Path) -> list[str]:
-    return [python, str(Path(__file__).resolve()), "--side", side, "--spec", str(spec_path), "--side-out",
-            str(out_path)]
+def _side_command(python: str, side: str, spec_path: Path, out_path: Path, engine_dtype: str = "") -> list[str]:
+    cmd = [python, str(Path(__file__).resolve()), "--side", side, "--spec", str(spec_path), "--side-out",
+           str(out_path)]
+    return cmd + (["--side-engine-dtype", engine_dtype] if engine_dtype else [])
+
+
+def agent_rl_sides(engine_dtypes: str) -> dict[str, str]:
+    """``{side name: engine dtype}`` of ``--engine-dtypes`` (float32 = the learner's module, side ``agent_rl``;
+    another dtype ``d``: side ``agent_rl_d``).
+
+    Raises:
+        SystemExit: an unknown dtype, or none.
+    """
+    sides: dict[str, str] = {}
+    for d in (x.strip() for x in engine_dtypes.split(",") if x.strip()):
+        if d not in ("float32", "bfloat16", "float16"):
+            raise SystemExit(f"--engine-dtypes: {d!r} is not float32 | bfloat16 | float16")
+        sides["agent_rl" if d == "float32" else f"agent_rl_{d}"] = "" if d == "float32" else d
+    if not sides:
+        raise SystemExit("--engine-dtypes names no dtype")
+    return sides
 
 
 def _median(xs: list[float]) -> float | None:
@@ -284,8 +314,36 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {k: _median([s[k] for s in steps]) for k in ("step_s", "generate_s", "update_s", "cpu_s",
                                                                          "tokens")}
     out["tokens_per_s"] = _median([s["tokens"] / s["generate_s"] for s in steps if s["generate_s"] > 0])
+    # generation tokens per CPU-second, measured over the generation (and reward) span of each step
+    out["tokens_per_cpu_s"] = _median([s["tokens"] / s["generate_cpu_s"] for s in steps
+                                       if s.get("generate_cpu_s")])
     out["peak_rss_gb"] = _median([r["peak_rss_gb"] for r in runs])
     out["runs"] = [{"steps": r["steps"], "peak_rss_gb": r["peak_rss_gb"], "wall_s": r.get("wall_s")} for r in runs]
+    return out
+
+
+def _ratios(ours: list[dict[str, Any]], trl: list[dict[str, Any]], a: dict[str, Any], b: dict[str, Any],
+            suffix: str) -> dict[str, Any]:
+    """One agent_rl side against TRL: ``ratio_step{suffix}`` (median of the per-pair ratios of median step times,
+    pair k = the two sides' k-th runs) with its spread and pairs, the ratios of the medians of generate, update and
+    CPU seconds and of peak memory, and of generation tokens per CPU-second (measured; ``_est``: from the step's
+    CPU seconds times the generation share of its wall, the earlier estimate)."""
+    out: dict[str, Any] = {}
+    pairs = [statistics.median(s["step_s"] for s in x["steps"]) / statistics.median(s["step_s"] for s in y["steps"])
+             for x, y in zip(ours, trl)]
+    out[f"ratio_step{suffix}"] = statistics.median(pairs)
+    out[f"ratio_step_spread{suffix}"] = [min(pairs), max(pairs)]
+    out[f"ratio_step_pairs{suffix}"] = pairs
+    for key in ("generate_s", "update_s", "cpu_s", "peak_rss_gb"):
+        x, y = a[key], b[key]
+        out[f"ratio_{key.removesuffix('_s')}{suffix}"] = x / y if x is not None and y else None
+    est = {}
+    for name, side in (("a", a), ("b", b)):
+        est[name] = side["tokens"] / (side["cpu_s"] * side["generate_s"] / side["step_s"]) if side["step_s"] else None
+        side["tokens_per_cpu_s_est"] = est[name]
+    out[f"ratio_tokens_per_cpu_s_est{suffix}"] = est["a"] / est["b"] if est["a"] and est["b"] else None
+    x, y = a.get("tokens_per_cpu_s"), b.get("tokens_per_cpu_s")
+    out[f"ratio_tokens_per_cpu_s{suffix}"] = x / y if x and y else None
     return out
 
 
@@ -302,17 +360,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=max(1, min(os.cpu_count() or 1, 2)))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trl-python", default=None, help="python with trl (default: this one when it has trl)")
+    ap.add_argument("--engine-dtypes", default="float32",
+                    help="agent_rl sides, one per engine precision (engine.dtype), comma-separated: float32 (the "
+                         "learner's module itself; side 'agent_rl') and/or bfloat16 (side 'agent_rl_bfloat16')")
+    ap.add_argument("--trl-dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="TRL's model dtype (it samples and trains in it)")
     ap.add_argument("--out", default=None, help="folder for results.json (required, except for --side)")
     ap.add_argument("--side", choices=("agent_rl", "trl"), help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--side-out", help=argparse.SUPPRESS)
+    ap.add_argument("--side-engine-dtype", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
 
     if args.side:  # one side, in its own process
         spec = json.loads(Path(args.spec).read_text())
-        result = run_agent_rl(spec) if args.side == "agent_rl" else run_trl(spec, Path(args.side_out).parent)
+        result = (run_agent_rl(spec, args.side_engine_dtype) if args.side == "agent_rl"
+                  else run_trl(spec, Path(args.side_out).parent))
         Path(args.side_out).write_text(json.dumps(result))
         return 0
 
@@ -328,13 +393,16 @@ def main(argv: list[str] | None = None) -> int:
     py_trl, why_not = trl_python(args.trl_python)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            "TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    sides = {"agent_rl": sys.executable, **({"trl": py_trl} if py_trl else {})}
+    ours = agent_rl_sides(args.engine_dtypes)
+    # side name -> (interpreter, side kind, engine dtype)
+    sides = {**{name: (sys.executable, "agent_rl", d) for name, d in ours.items()},
+             **({"trl": (py_trl, "trl", "")} if py_trl else {})}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     for rep in range(args.repeats):
-        for name, py in sides.items():  # A B A B ...
+        for name, (py, kind, dtype) in sides.items():  # A B A B ... (A B C A B C with two engine dtypes)
             side_out = out / f"{name}_{rep}.json"
             t0 = time.perf_counter()
-            proc = subprocess.run(_side_command(py, name, spec_path, side_out), env=env, cwd=str(REPO),
+            proc = subprocess.run(_side_command(py, kind, spec_path, side_out, dtype), env=env, cwd=str(REPO),
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
@@ -352,31 +420,17 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model, "mode": args.mode, "steps": args.steps, "repeats": args.repeats,
         "shape": {"prompts": args.prompts, "group": args.group, "max_new_tokens": args.max_new_tokens,
                   "lr": args.lr, "temperature": 1.0, "threads": args.threads},
+        "engine_dtypes": {name: d or "float32 (the learner's module)" for name, d in ours.items()},
+        "trl_dtype": args.trl_dtype,
         "prompt_ids_checked": True, "load_before": load_before, "load_after": load_after,
-        "agent_rl": summarise(runs["agent_rl"]),
+        **{name: summarise(runs[name]) for name in ours},
     }
     if py_trl:
         results["trl"] = summarise(runs["trl"])
         results["trl"]["versions"] = runs["trl"][0].get("versions")
-        ratios = []
-        for a, b in zip(runs["agent_rl"], runs["trl"]):  # pair by pair
-            ratios.append(statistics.median(s["step_s"] for s in a["steps"])
-                          / statistics.median(s["step_s"] for s in b["steps"]))
-        results["ratio_step"] = statistics.median(ratios)
-        results["ratio_step_spread"] = [min(ratios), max(ratios)]
-        results["ratio_step_pairs"] = ratios
-        for key in ("generate_s", "update_s", "cpu_s", "peak_rss_gb"):
-            a, b = results["agent_rl"][key], results["trl"][key]
-            results[f"ratio_{key.removesuffix('_s')}"] = a / b if a is not None and b else None
-        a, b = results["agent_rl"], results["trl"]
-        results["ratio_tokens_per_cpu_s"] = None
-        gen_cpu = {}
-        for name in ("agent_rl", "trl"):  # generation tokens per CPU-second: tokens / (cpu_s * generate share)
-            s = results[name]
-            gen_cpu[name] = s["tokens"] / (s["cpu_s"] * s["generate_s"] / s["step_s"]) if s["step_s"] else None
-            results[name]["tokens_per_cpu_s_est"] = gen_cpu[name]
-        if gen_cpu["agent_rl"] and gen_cpu["trl"]:
-            results["ratio_tokens_per_cpu_s"] = gen_cpu["agent_rl"] / gen_cpu["trl"]
+        for name in ours:  # ratio keys: plain for "agent_rl", suffixed "_bfloat16" for "agent_rl_bfloat16"
+            results.update(_ratios(runs[name], runs["trl"], results[name], results["trl"],
+                                   name.removeprefix("agent_rl")))
         results["multi_turn"] = {
             "agent_rl": "runs: env=gym env.id=agent_rl/Calculator-v0 env.action_format=tools (not timed here)",
             "trl": runs["trl"][0]["multi_turn"]}
@@ -386,10 +440,10 @@ def main(argv: list[str] | None = None) -> int:
         results["multi_turn"] = {"trl": {"supported": None, "reason": why_not}}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print(json.dumps({k: v for k, v in results.items() if k not in ("agent_rl", "trl")}, indent=2))
-    for name in ("agent_rl", "trl"):
+    for name in (*ours, "trl"):
         s = results.get(name, {})
         if "step_s" in s:
-            print(f"{name:9s} step {s['step_s']:.2f} s  generate {s['generate_s']:.2f} s  update {s['update_s']:.2f} s"
+            print(f"{name:18s} step {s['step_s']:.2f} s  generate {s['generate_s']:.2f} s  update {s['update_s']:.2f} s"
                   f"  cpu {s['cpu_s']:.2f} s  tokens/s {s['tokens_per_s']:.1f}  peak {s['peak_rss_gb']:.2f} GB")
     return 0
 

@@ -34,6 +34,19 @@ def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict
     return proc, json.loads((tmp_path / "results.json").read_text())
 
 
+def test_engine_dtypes_name_the_sides():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from bench_vs_trl import agent_rl_sides
+    finally:
+        sys.path.pop(0)
+    assert agent_rl_sides("float32,bfloat16") == {"agent_rl": "", "agent_rl_bfloat16": "bfloat16"}
+    assert agent_rl_sides("bfloat16") == {"agent_rl_bfloat16": "bfloat16"}
+    for bad in ("int8", " , "):
+        with pytest.raises(SystemExit):
+            agent_rl_sides(bad)
+
+
 def test_the_package_never_imports_trl():
     pattern = re.compile(r"^\s*(import trl\b|from trl\b)", re.M)
     offenders = [str(p) for p in (REPO / "agent_rl").rglob("*.py") if pattern.search(p.read_text())]
@@ -46,7 +59,7 @@ def test_agent_rl_side_alone_where_trl_is_absent(tmp_path):
     no_trl = sys.executable if _trl_python() != sys.executable else None
     if no_trl is None:
         pytest.skip("this interpreter has trl: the TRL-less path is not reachable here")
-    _, res = _run(tmp_path, "--trl-python", no_trl)
+    _, res = _run(tmp_path, "--trl-python", no_trl, "--engine-dtypes", "float32,bfloat16")
     a = res["agent_rl"]
     for key in SIDE_KEYS:
         assert a[key] is not None and a[key] > 0, key
@@ -55,6 +68,14 @@ def test_agent_rl_side_alone_where_trl_is_absent(tmp_path):
     step = a["runs"][0]["steps"][0]
     assert step["single_pass"] == 1.0 and step["grad_norm"] > 0  # the signal reward: the update ran
     assert 0 < step["tokens"] <= 16 * 6
+    assert a["tokens_per_cpu_s"] == pytest.approx(
+        step["tokens"] / step["generate_cpu_s"], rel=1e-9)  # measured over generation and reward
+    # the bfloat16 engine side: same prompts and shape, its own engine precision; the learner's float32 log-probs
+    # differ from its engine's by bfloat16's rounding, and from the shared float32 module's by float noise only
+    b = res["agent_rl_bfloat16"]["runs"][0]["steps"][0]
+    assert res["engine_dtypes"] == {"agent_rl": "float32 (the learner's module)", "agent_rl_bfloat16": "bfloat16"}
+    assert b["single_pass"] == 1.0 and b["grad_norm"] > 0 and 0 < b["tokens"] <= 16 * 6
+    assert step["engine_logprob_diff"] < 1e-4 < b["engine_logprob_diff"] < 0.5, (step, b)
     assert "trl" in res["trl"]["skipped"] and res["ratio_step"] is None
     assert res["prompt_ids_checked"] is True and len(res["load_before"]) == 3 == len(res["load_after"])
 

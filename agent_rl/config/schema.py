@@ -382,6 +382,13 @@ class Config:
             raise ValueError(f"rollout.fork.select=js scores the base episodes' token JS with the engine's full logits "
                              f"(engine={self.engine.name} returns no full logits: EngineCaps.token_js): use engine=hf, "
                              "or select=entropy / uniform / divergence")
+        eng = self.engine
+        if eng.name == "vllm_server" and eng.sync_check and eng.dtype not in ("", self.model.dtype) \
+                and eng.sync_check_tol < 1e-2:
+            raise ValueError(f"engine.dtype={eng.dtype} beside model.dtype={self.model.dtype}: the servers' log-probs "
+                             f"differ from the learner's by the rounding (~1e-2), and the sync check after every sync "
+                             f"fails over engine.sync_check_tol={eng.sync_check_tol}: raise engine.sync_check_tol "
+                             "(e.g. 0.5) or set engine.sync_check=false")
         if fork.enabled and fork.points >= self.rollout.max_turns:
             raise ValueError(f"rollout.fork.points={fork.points} fork turns need episodes of more turns than "
                              f"rollout.max_turns={self.rollout.max_turns} (a fork turn t is 1..max_turns-1)")

@@ -67,6 +67,8 @@ class LearnerSpec:
     imports: list[str] = field(default_factory=list)
     max_staleness: int = 0
     """``trainer.max_staleness`` (the learner's behaviour correction under ``algo.behaviour_correction=auto``)."""
+    sampler_rounds: bool = False
+    """``engine.dtype`` other than ``model.dtype`` (the same: ``auto`` resolves to ``tis``)."""
     strategy: str = "ddp"
     """``trainer.learner_strategy``: ddp (``DataParallel``) | fsdp (``FullyShardedDataParallel``)."""
     fsdp_offload: bool = False
@@ -79,6 +81,7 @@ class LearnerSpec:
                    device=device, seed=cfg.trainer.seed, top_k=cfg.engine.top_k, top_p=cfg.engine.top_p,
                    num_threads=cfg.trainer.learner_cpus, imports=list(cfg.trainer.imports),
                    max_staleness=cfg.trainer.max_staleness,
+                   sampler_rounds=cfg.engine.dtype not in ("", cfg.model.dtype),
                    strategy=cfg.trainer.learner_strategy, fsdp_offload=cfg.trainer.fsdp_offload)
 
 
@@ -110,7 +113,7 @@ class LearnerRank:
         self.model, self.tokenizer = load_policy(s.model, train=True)  # LoRA: the peft model (seeded adapter)
         self.learner = Learner(self.model, self.tokenizer, s.algo, s.optim, credit=s.credit, schedule=s.schedule,
                                device=device, seed=s.seed, top_k=s.top_k, top_p=s.top_p,
-                               max_staleness=s.max_staleness)
+                               max_staleness=s.max_staleness, sampler_rounds=s.sampler_rounds)
         backend = "none"
         if s.strategy == "fsdp":  # a process group even for one rank (FSDP's mesh; CPU offload on one GPU)
             backend = init_process_group(self.rank, self.world_size, master_addr, master_port)

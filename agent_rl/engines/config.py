@@ -26,6 +26,15 @@ class EngineConfig:
     """Top-k sampling (0 = off; TGRL uses off); truncation shared with the learner like ``top_p``."""
     batch_size: int = field(default=32, metadata=MAY_CHANGE)
     """hf: prompts per forward batch (prompts are sorted by length and cut into batches of this size)."""
+    dtype: str = field(default="", metadata=MAY_CHANGE)
+    """The precision the engine samples in: "" = ``model.dtype`` (hf: the learner's module itself) | float32 |
+    bfloat16 | float16. Another dtype than ``model.dtype`` gives the engine weights of its own in that dtype,
+    refreshed from the learner's at every sync (hf: a cast copy of the module; vllm / vllm_server: vLLM's
+    ``--dtype``), while the learner keeps training in ``model.dtype``: verl's and AReaL's split of a bfloat16
+    rollout engine beside float32 training weights. What it costs: the sampled tokens come from the rounded
+    policy, so the engine's log-probs differ from the learner's (``actor/engine_logprob_diff``; SmolLM2-135M
+    in bfloat16: docs/performance.md); the learner's ratio uses its own old log-probs, as always. What it buys on
+    a CPU with bfloat16 instructions (AVX512-BF16, AMX): decoding reads half the weight bytes per token."""
     num_threads: int = field(default=0, metadata=MAY_CHANGE)
     """torch intra-op threads of the trainer process (0 = leave torch's default). With the engine and the learner
     in one process and env servers on the same cores, 1-2 threads avoid OpenMP stalls in tiny ops."""
@@ -117,6 +126,8 @@ class EngineConfig:
                              "engine.urls)")
         if self.server_replicas < 1 or self.server_start_timeout_s <= 0 or self.request_timeout_s <= 0:
             raise ValueError("engine: server_replicas >= 1, server_start_timeout_s > 0, request_timeout_s > 0")
+        if self.dtype not in ("", "float32", "bfloat16", "float16"):
+            raise ValueError(f"engine.dtype={self.dtype!r}: valid: '' (model.dtype) | float32 | bfloat16 | float16")
         check_names(self.weight_transfer, self.lora_sync)  # the weight-sync routes' names (engines/weight_sync.py)
         if self.sync_check_tol <= 0:
             raise ValueError(f"engine.sync_check_tol={self.sync_check_tol}: must be > 0")
@@ -128,11 +139,12 @@ class EngineConfig:
 
 
 def engine_kwargs(cfg: Any) -> dict[str, Any]:
-    """Keyword arguments of ``get_engine`` from a run's config (``cfg.engine``, ``cfg.model.dtype``): the one place
+    """Keyword arguments of ``get_engine`` from a run's config (``cfg.engine``; ``dtype``: ``engine.dtype``, else
+    ``cfg.model.dtype``): the one place
     the train loop, the eval runner and the Ray rollout workers build an engine from. Engines ignore what they do
     not use."""
     eng = cfg.engine
-    return dict(batch_size=eng.batch_size, seed=eng.seed, dtype=cfg.model.dtype,
+    return dict(batch_size=eng.batch_size, seed=eng.seed, dtype=eng.dtype or cfg.model.dtype,
                 gpu_memory_utilization=eng.gpu_memory_utilization, kv_cache_gb=eng.kv_cache_gb,
                 max_model_len=eng.max_model_len, enforce_eager=eng.enforce_eager,
                 tensor_parallel_size=eng.tensor_parallel_size, sleep_mode=eng.sleep_mode,

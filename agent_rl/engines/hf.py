@@ -38,6 +38,12 @@ the position weights: not a write training makes). Cost: one integer pass over t
 keeps or reuses caches (measured 2.1 s for SmolLM2-135M's float32 weights on one loaded CPU core, about 5 decode
 steps of an 8-row batch; far less on a GPU).
 
+Shared prefill (``shared_prefill``, with ``kv_reuse``): within one prefill, rows that reuse no kept cache and have equal prompts (a
+group's G episodes at their first turn, every row of a single-turn GRPO group) are computed once; the other rows get
+copies of that row's keys, values and next-token logits, and report the prompt as reused (``cached_tokens``). Exact
+in the same sense as the padding: equal inputs give equal logits up to the batch's last bits. On a CPU it removes
+(G - 1) / G of a single-turn step's prefill (docs/performance.md).
+
 How rows with different cache lengths share one forward: the batch's cache is laid out right-aligned, row i's
 ``c_i`` cached columns at ``[C - c_i, C)`` (C = the longest reuse in the batch, zeros before), and its ``n_i`` new
 tokens left-padded into the next N columns (N = the longest new part), so every row's next token is again in the
@@ -49,8 +55,12 @@ the causal order of columns agrees with the order of positions within every row.
 would avoid the padding but split the batch; per-row forwards would lose batching. The padded columns cost
 ``b * N * (C + N)`` attention work against ``b * P^2`` for a full prefill.
 
-The engine shares the learner's ``nn.Module``: ``sync_weights`` only drops the caches. Generation runs in ``eval()``
-mode under ``torch.inference_mode`` and restores the module's previous mode. Logits are sampled in float32 (float64
+The engine shares the learner's ``nn.Module``: ``sync_weights`` only drops the caches. With a ``dtype`` other than
+the module's (``engine.dtype=bfloat16`` beside float32 training weights) it samples with a copy of its own in that
+dtype instead, which ``sync_weights`` refreshes from the learner's module (``load_state_dict``: a cast copy, tied
+weights stay tied) before dropping the caches; :meth:`HFEngine.token_js` still scores with the learner's module, so
+its JS is the learner's. Generation runs in ``eval()`` mode under ``torch.inference_mode`` and restores the module's
+previous mode. Logits are sampled in float32 (float64
 for a float64 model, so exactness tests cannot flip a near-tie in the float32 cast).
 """
 
@@ -59,6 +69,7 @@ from __future__ import annotations
 import inspect
 import threading
 from contextlib import contextmanager
+from copy import deepcopy
 from typing import Any, Iterator
 
 import torch
@@ -68,6 +79,7 @@ from agent_rl.engines.base import (EngineBase, EngineCaps, check_episode_ids, de
                                    row_seed)
 from agent_rl.engines.hf_cache import EpisodeCache, EpisodeKVStore, join_caches, reuse, right_aligned, row_layers
 from agent_rl.memory import release_free_heap
+from agent_rl.models import DTYPES
 from agent_rl.types import Generation
 
 
@@ -165,6 +177,25 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+def _weights_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of ``model``'s first floating parameter (None: it has none)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+
+
+def _cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A frozen copy of ``model`` with its floating weights in ``dtype`` (the engine's own, ``HFEngine(dtype=...)``);
+    gradients are not copied."""
+    grads = {p: p.grad for p in model.parameters()}
+    try:
+        for p in grads:
+            p.grad = None
+        copy = deepcopy(model)
+    finally:
+        for p, g in grads.items():
+            p.grad = g
+    return copy.to(dtype).requires_grad_(False).eval()
+
+
 class HFEngine(EngineBase):
     """Engine over a transformers causal LM (see module docstring).
 
@@ -182,23 +213,39 @@ class HFEngine(EngineBase):
         kv_reuse_max_tokens: most tokens kept over all episodes between calls (whole episodes are evicted, least
             recently used first). Memory: 2 * layers * kv_heads * head_dim * dtype bytes per token (SmolLM2-135M in
             float32: 46 KiB, so 32768 tokens = 1.4 GiB).
+        shared_prefill: with ``kv_reuse``, rows of one prefill with equal prompts and no kept cache are computed
+            once (module docstring); False: every row is prefilled (the same tokens).
+        dtype: the precision to sample in (``agent_rl.models.DTYPES`` name or torch dtype; None = the module's):
+            another dtype than the module's floating weights gives the engine its own cast copy of ``model``
+            (module docstring), refreshed by ``sync_weights``. Memory: one copy of the weights in ``dtype``.
 
     Counters since construction (``stats()``): ``prefill_tokens`` prompt tokens computed, ``kv_reuse_tokens``
     prompt tokens taken from a cache, ``decode_tokens`` tokens sampled, ``evicted_episodes``.
 
     Raises:
-        ValueError: ``kv_reuse_max_tokens < 1``.
+        ValueError: ``kv_reuse_max_tokens < 1``, an unknown ``dtype``.
     """
 
     caps = EngineCaps(kv_reuse=True, fork_cache=True, token_js=True)
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = 32,
                  eos_token_ids: list[int] | None = None, seed: int = 0, kv_reuse: bool = True,
-                 kv_reuse_max_tokens: int = 32768, continuous_batching: bool = True, **_: Any) -> None:
+                 kv_reuse_max_tokens: int = 32768, continuous_batching: bool = True, shared_prefill: bool = True,
+                 dtype: str | torch.dtype | None = None, **_: Any) -> None:
         if kv_reuse_max_tokens < 1:
             raise ValueError(f"engine.kv_reuse_max_tokens={kv_reuse_max_tokens}: must be >= 1")
+        if isinstance(dtype, str) and dtype:
+            if dtype not in DTYPES:
+                raise ValueError(f"engine dtype={dtype!r}; valid: {sorted(DTYPES)}")
+            dtype = DTYPES[dtype]
+        # the learner's module (token_js scores with it) and the one generation runs: itself, or a copy in ``dtype``
+        self.policy = model
+        self.own_dtype = dtype if dtype and dtype != _weights_dtype(model) else None
+        if self.own_dtype is not None:
+            model = _cast_copy(model, self.own_dtype)
         self.kv_reuse, self.kv_reuse_max_tokens = bool(kv_reuse), int(kv_reuse_max_tokens)
         self.continuous_batching = bool(continuous_batching)
+        self.shared_prefill = bool(shared_prefill) and self.kv_reuse
         self.store = EpisodeKVStore(self.kv_reuse, self.kv_reuse_max_tokens)  # each live episode's keys/values
         # one forward of the shared module at a time (generate's and token_js's, from the rollout's worker threads)
         self._forward_lock = threading.Lock()
@@ -217,10 +264,20 @@ class HFEngine(EngineBase):
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     def sync_weights(self, model: Any, version: int | None = None) -> None:
-        """The engine holds the learner's module itself: take ``model`` and drop every kept cache (they hold keys
-        and values of the previous weights), then give their freed pages back to the OS (``agent_rl.memory``).
-        ``version`` is not kept (a :class:`~agent_rl.engines.VersionedEngine` around it stamps versions)."""
-        self.model = model
+        """Take ``model``'s weights: the engine holds the learner's module itself (it takes ``model``), or with a
+        ``dtype`` of its own copies ``model``'s state into its copy, cast (a copy of another architecture or key set
+        is rebuilt from ``model``). Then drop every kept cache (they hold keys and values of the previous weights)
+        and give their freed pages back to the OS (``agent_rl.memory``). ``version`` is not kept (a
+        :class:`~agent_rl.engines.VersionedEngine` around it stamps versions)."""
+        self.policy = model
+        if self.own_dtype is None:
+            self.model = model
+        else:
+            with torch.no_grad():
+                try:
+                    self.model.load_state_dict(model.state_dict())
+                except RuntimeError:  # other keys or shapes: another module than the one copied
+                    self.model = _cast_copy(model, self.own_dtype)
         self.clear_caches()
         release_free_heap()
 
@@ -364,7 +421,7 @@ class HFEngine(EngineBase):
         else:
             forwards = [(list(p) + list(r), [(k, len(p), len(r))]) for k, (p, r) in enumerate(turns)]
         out: list[list[float]] = [[] for _ in turns]
-        with self._forward_lock, _eval_mode(self.model), torch.inference_mode():
+        with self._forward_lock, _eval_mode(self.policy), torch.inference_mode():
             for seq, spans in forwards:
                 spans = [sp for sp in spans if sp[2] > 0]
                 if not spans:
@@ -373,7 +430,7 @@ class HFEngine(EngineBase):
                 # positions start - 1 .. start + n - 2
                 keep = torch.cat([torch.arange(start - 1, start + n - 1) for _, start, n in spans]).to(self.device)
                 ids = torch.tensor([seq[:int(keep.max()) + 1]], dtype=torch.long, device=self.device)
-                logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[0]
+                logits = self.policy(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[0]
                 js = js_divergence_from_logits(_sampling_dtype(logits), t_low, t_high, chunk_size=chunk_size)
                 for (k, _, n), part in zip(spans, js.split([n for _, _, n in spans])):
                     out[k] = part.tolist()
@@ -385,7 +442,7 @@ class HFEngine(EngineBase):
 
         Returns:
             ``(cache, attention_mask (b, C + N) long, logits (b, V) of each row's next token, next_pos (b,) long,
-            reused (b,) prompt tokens taken from a kept cache)``.
+            reused (b,) prompt tokens taken from a kept cache or from an equal row's prefill)``.
         """
         device = self.device
         b = len(prompts)
@@ -407,12 +464,31 @@ class HFEngine(EngineBase):
         input_ids, attention_mask, position_ids = input_ids.to(device), attention_mask.to(device), position_ids.to(device)
         cache = right_aligned(taken, big_c)  # (b, kv_heads, C, head_dim) per layer
         del taken
-        self._counts["kv_reuse_tokens"] += sum(reused)
-        self._counts["prefill_tokens"] += sum(len(x) for x in new)
-        logits = _sampling_dtype(self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
-            logits_to_keep=1, **{self._cache_kw: cache}).logits[:, -1])
-        return cache, attention_mask, logits, position_ids[:, -1] + 1, reused
+        # Shared prefill (with kv_reuse): rows that reuse nothing and whose prompts are equal (a group's G episodes
+        # at their first turn) are computed once and the row's keys, values and logits copied to its equals; a
+        # copy counts as reused tokens (``Generation.cached_tokens``, as vLLM's prefix cache reports them).
+        src = list(range(b))  # row -> the row it takes its prefill from
+        if self.shared_prefill:
+            first: dict[tuple[int, ...], int] = {}
+            src = [first.setdefault(tuple(x), r) if m == 0 else r for r, (x, m) in enumerate(zip(new, reused))]
+        uniq = sorted(set(src))
+        shared = [len(new[r]) if src[r] != r else 0 for r in range(b)]
+        self._counts["kv_reuse_tokens"] += sum(reused) + sum(shared)
+        self._counts["prefill_tokens"] += sum(len(new[r]) for r in uniq)
+        if len(uniq) < b:
+            sel = torch.tensor(uniq, device=device)
+            cache.batch_select_indices(sel)  # a no-op on the empty cache of a batch without reuse
+            fwd = dict(input_ids=input_ids[sel], attention_mask=attention_mask[sel], position_ids=position_ids[sel])
+        else:
+            fwd = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        logits = _sampling_dtype(self.model(**fwd, use_cache=True, logits_to_keep=1,
+                                            **{self._cache_kw: cache}).logits[:, -1])
+        if len(uniq) < b:
+            at = {r: j for j, r in enumerate(uniq)}
+            expand = torch.tensor([at[src[r]] for r in range(b)], device=device)
+            cache.batch_select_indices(expand)  # (b, kv_heads, C + N, head_dim) per layer: copies for the equals
+            logits = logits[expand]
+        return cache, attention_mask, logits, position_ids[:, -1] + 1, [m + c for m, c in zip(reused, shared)]
 
     def _generate_rows(self, prompts: list[list[int]], temperatures: list[float], max_new_tokens: int,
                        top_p: float, top_k: int, stop: list[str], seeds: list[int],

@@ -370,7 +370,7 @@ def write_sync_weights(model: Any, folder: Path, dtype: torch.dtype, untie: bool
     return target
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = models.DTYPES
 
 
 class VLLMEngine(ClosesOnExit, EngineBase):

@@ -223,7 +223,9 @@ class AlgoConfig:
         "trainer.max_staleness)"))
     """Off-policy correction of the policy-gradient term by the behaviour weight w = min(exp(old_logp - logp_beh), C)
     (algorithms.md section 7; ``logp_beh`` = the batch's ``engine_logprobs``): auto | tis | mask | none. ``auto``:
-    ``tis`` when ``trainer.max_staleness`` > 0, ``none`` when it is 0 (synchronous runs unchanged);
+    ``tis`` when ``trainer.max_staleness`` > 0 or the engine samples in another precision than the learner trains
+    (``engine.dtype`` other than ``model.dtype``: the sampler is the rounded policy, Yao et al. 2025's case),
+    ``none`` otherwise (synchronous runs in one precision unchanged);
     :func:`resolve_behaviour_correction`. ``tis``: truncated importance sampling, each token's policy-gradient loss
     times w (Yao et al. 2025); ``mask``: tokens with exp(old_logp - logp_beh) > C get weight 0, the others 1 (AReaL,
     Fu et al. 2025); ``none``: weight 1."""
@@ -379,10 +381,12 @@ def ladder_middle(ladder: list[float]) -> float:
     return float(ladder[(len(ladder) - 1) // 2])
 
 
-def resolve_behaviour_correction(algo: AlgoConfig, max_staleness: int) -> str:
+def resolve_behaviour_correction(algo: AlgoConfig, max_staleness: int, sampler_rounds: bool = False) -> str:
     """The behaviour correction the learner applies: ``algo.behaviour_correction``, with ``auto`` resolved by the
-    staleness bound k = ``trainer.max_staleness``: ``tis`` when k > 0, ``none`` when k = 0 (a synchronous run's loss
-    is then exactly the uncorrected one). Returns ``"tis"``, ``"mask"`` or ``"none"``.
+    staleness bound k = ``trainer.max_staleness`` and ``sampler_rounds`` (the engine samples in another precision
+    than the learner's weights, ``engine.dtype``): ``tis`` when k > 0 or ``sampler_rounds``, else ``none`` (a
+    synchronous run in one precision: its loss is then exactly the uncorrected one). Returns ``"tis"``, ``"mask"``
+    or ``"none"``.
 
     Raises:
         ValueError: an unknown ``algo.behaviour_correction`` (``max_staleness`` is validated once, by
@@ -390,7 +394,7 @@ def resolve_behaviour_correction(algo: AlgoConfig, max_staleness: int) -> str:
     """
     _check("algo.behaviour_correction", algo.behaviour_correction, BEHAVIOUR_CORRECTIONS)
     if algo.behaviour_correction == "auto":
-        return "tis" if max_staleness > 0 else "none"
+        return "tis" if max_staleness > 0 or sampler_rounds else "none"
     return algo.behaviour_correction
 
 

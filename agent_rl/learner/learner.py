@@ -105,10 +105,13 @@ class Learner:
             (``agent_rl.algos.truncate_logits``), so the PPO ratio compares like with like; entropy and JS stay
             those of the full tempered distribution.
         max_staleness: ``trainer.max_staleness`` k (algorithms.md section 7); with ``algo.behaviour_correction=auto``
-            it selects the correction of the policy-gradient term: ``tis`` when k > 0, ``none`` when k = 0.
+            it selects the correction of the policy-gradient term: ``tis`` when k > 0, ``none`` when k = 0 (unless
+            ``sampler_rounds``).
         single_pass: fold the no-grad pass into the grad pass on the steps where it changes nothing
             (:meth:`single_pass_step`); False: always the separate no-grad pass (the two paths give the same loss
             and gradients).
+        sampler_rounds: the engine samples in another precision than these weights (``engine.dtype``); with
+            ``algo.behaviour_correction=auto`` it selects ``tis`` too (:func:`resolve_behaviour_correction`).
     Raises:
         ValueError: unknown estimator / loss / credit rule / schedule names (messages list the valid ones), or
             a credit rule at a level it does not define.
@@ -118,7 +121,7 @@ class Learner:
                  credit: CreditConfig | None = None, schedule: ScheduleConfig | None = None,
                  ref_model: nn.Module | None = None, device: str | torch.device = "cpu",
                  mixed_precision: str = "auto", seed: int = 0, top_k: int = 0, top_p: float = 1.0,
-                 max_staleness: int = 0, single_pass: bool = True) -> None:
+                 max_staleness: int = 0, single_pass: bool = True, sampler_rounds: bool = False) -> None:
         self.lora = is_lora(model)
         if self.lora:  # the adapter's own learning rate (OptimConfig.lora_lr)
             optim = optim.for_lora()
@@ -127,7 +130,7 @@ class Learner:
         self.top_k, self.top_p = int(top_k), float(top_p)
         #: the run's staleness bound k and the behaviour correction it resolves ``algo.behaviour_correction`` to
         self.max_staleness = int(max_staleness)
-        self.behaviour_correction = resolve_behaviour_correction(algo, max_staleness)
+        self.behaviour_correction = resolve_behaviour_correction(algo, max_staleness, sampler_rounds)
         self.single_pass = bool(single_pass)
         self.credit = credit or CreditConfig()
         self.schedule = schedule or ScheduleConfig()

@@ -214,7 +214,8 @@ def _orchestrated(model, tok, kv_reuse: bool, mode: str):
     from agent_rl.envclient import LocalEnvPool
     from agent_rl.rollout import RolloutConfig, RolloutOrchestrator, TaskSampler, TaskSamplerConfig, get_prompt
 
-    engine = HFEngine(model, tok, kv_reuse=kv_reuse, batch_size=3)
+    # shared_prefill off: the counts below are those of the kept caches alone (test_equal_prompts_are_prefilled_once)
+    engine = HFEngine(model, tok, kv_reuse=kv_reuse, batch_size=3, shared_prefill=False)
     cfg = RolloutConfig(mode=mode, max_turns=4, stop=["</action>"])
     sampler = TaskSampler("agent_rl/ChooseItem-v0", TaskSamplerConfig(kind="seed"), seed=0)
 
@@ -249,6 +250,26 @@ def test_orchestrator_episodes_identical_with_and_without_reuse(tiny64, mode):
         later = [(ep.turns[k - 1], ep.turns[k]) for ep in on.episodes for k in range(1, len(ep.turns))]
         assert m["throughput/kv_reuse_tokens"] == sum(len(a.prompt_ids) + len(a.response_ids) - 1 for a, _ in later)
     assert eng_on.cached_tokens == 0 and eng_on.cached_episodes == []
+
+
+def test_equal_prompts_are_prefilled_once(tiny64):
+    """Shared prefill: G equal prompts (and one other) in one call: one forward row for the equal ones, the others
+    get copies (cached_tokens = the prompt, counted as reused); the tokens equal those of an engine without reuse,
+    which prefills every row (float64: no near-tie can flip)."""
+    model, tok = tiny64
+    a = list(tok.apply_chat_template([{"role": "user", "content": "pick the sock"}], add_generation_prompt=True,
+                                     tokenize=True, return_dict=False))
+    b = a[:-3] + a[-2:]
+    prompts, seeds = [a, b, a, a, a], [11, 12, 13, 14, 15]
+    on, off = HFEngine(model, tok), HFEngine(model, tok, shared_prefill=False)
+    g_on = on.generate(prompts, [1.0] * 5, max_new_tokens=6, row_seeds=seeds)
+    g_off = off.generate(prompts, [1.0] * 5, max_new_tokens=6, row_seeds=seeds)
+    assert [g.token_ids for g in g_on] == [g.token_ids for g in g_off]
+    for x, y in zip(g_on, g_off):
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-9)
+    assert [g.cached_tokens for g in g_on] == [0, 0, len(a), len(a), len(a)]
+    assert on.stats()["prefill_tokens"] == len(a) + len(b) and on.stats()["kv_reuse_tokens"] == 3 * len(a)
+    assert off.stats()["prefill_tokens"] == 4 * len(a) + len(b) and off.stats()["kv_reuse_tokens"] == 0
 
 
 @pytest.mark.slow

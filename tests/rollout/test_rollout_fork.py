@@ -209,7 +209,7 @@ def test_siblings_prefill_the_shared_prefix_once_with_the_hf_engine(games):
     model = copy.deepcopy(model).double()
     out = []
     for wrap in (lambda e: e, NoFork):
-        engine = wrap(HFEngine(model, tok, seed=0))
+        engine = wrap(HFEngine(model, tok, seed=0, shared_prefill=False))  # the counts of the kept caches alone
         cfg = RolloutConfig(mode="trajectory", max_turns=3, fork=ForkConfig(points=1, siblings=2))
         orch = RolloutOrchestrator(SimplePool(), engine, get_prompt("textworld"), cfg, max_new_tokens=6, seed=3)
         spec = GroupSpec(Task(ENV, {"split": "train", "index": 0}, group_id=0, seed=7, env_kwargs=KW), [(1.0, False)] * 2)

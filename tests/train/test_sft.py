@@ -101,6 +101,25 @@ def test_loss_is_the_masked_token_cross_entropy(sft_run) -> None:
     assert got["tokens"] == float(batch.response_mask[:, 1:].sum())
 
 
+def test_a_cloning_step_gives_the_freed_heap_back_before_and_after(sft_run, monkeypatch) -> None:
+    """The learner's memory fix (``agent_rl.memory.release_free_heap`` around the activations) in the cloning step
+    too: without it a SmolLM2 cloning run (8 trajectory rows a micro-batch) grew to 24 GB and was OOM-killed."""
+    from agent_rl.config.compose import load_config
+    from agent_rl.models import load_policy
+
+    out, _ = sft_run
+    batch = torch.load(out / "sft_rows.pt", weights_only=False)["batch"]
+    cfg = load_config(["model=tiny"])
+    model, _ = load_policy(cfg.model)
+    calls: list[str] = []
+    monkeypatch.setattr(sft_mod, "release_free_heap", lambda: calls.append("trim") or 0)
+    cloner = sft_mod.BehaviourCloner(model, cfg.optim, micro_batch_size=2)
+    original = cloner.optimizer.step
+    monkeypatch.setattr(cloner.optimizer, "step", lambda *a, **k: (calls.append("step"), original(*a, **k))[1])
+    cloner.train_step(batch, torch.arange(min(4, batch.num_rows)))
+    assert calls == ["trim", "step", "trim"]
+
+
 def test_resume_continues_on_the_saved_rows(sft_run) -> None:
     out, _ = sft_run
     rows_mtime = (out / "sft_rows.pt").stat().st_mtime
