@@ -371,3 +371,69 @@ def test_fork_episode_shares_the_prefix_and_keeps_tokens_exact(tiny64):
     assert [x.token_ids for x in a] == [x.token_ids for x in b]
     engine.fork_episode("gone", "s3")  # an unknown or ended source: nothing kept
     assert "s3" not in engine.cached_episodes
+
+
+def test_growing_cache_holds_what_dynamic_cache_holds_and_grows_in_blocks():
+    """``growing_cache``: per update the same keys/values as transformers' DynamicCache, bit for bit, through a
+    prefill, single-token decode steps, a row subset (``batch_select_indices``) and more steps; the buffer moves only
+    when it is full or replaced (amortised), not at every token."""
+    from transformers import DynamicCache
+
+    from agent_rl.engines.hf_cache import GROW_BLOCK, growing_cache
+
+    gen = torch.Generator().manual_seed(0)
+    ours, ref = growing_cache(), DynamicCache()
+    moves, last_ptr = 0, None
+
+    def step(n: int, b: int) -> None:
+        nonlocal moves, last_ptr
+        k, v = torch.randn(b, 3, n, 8, generator=gen), torch.randn(b, 3, n, 8, generator=gen)
+        got, want = ours.update(k, v, 0), ref.update(k, v, 0)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        ptr = ours.layers[0]._kbuf.data_ptr()
+        moves += ptr != last_ptr
+        last_ptr = ptr
+
+    step(20, 4)  # a prefill of 20 columns: the buffer holds 20 + GROW_BLOCK
+    for _ in range(GROW_BLOCK):
+        step(1, 4)
+    assert moves == 1  # 64 decode steps fit the first buffer
+    step(1, 4)
+    assert moves == 2  # full: one move, with room again
+    keep = torch.tensor([0, 2, 2])
+    ours.batch_select_indices(keep)
+    ref.batch_select_indices(keep)
+    assert torch.equal(ours.layers[0].keys, ref.layers[0].keys)
+    for _ in range(10):
+        step(1, 3)
+    assert moves == 3  # the replaced rows moved into a buffer once, then 10 steps in place
+    assert ours.get_seq_length() == ref.get_seq_length() == 20 + GROW_BLOCK + 11
+
+
+def test_engine_tokens_equal_those_of_plain_dynamic_caches(tiny64, monkeypatch):
+    """The engine with its growing caches samples the tokens and log-probs it samples with transformers' plain
+    DynamicCache (float64; continuous batching, reuse across calls and finished rows leaving the batch included)."""
+    from transformers import DynamicCache
+
+    import agent_rl.engines.hf_cache as hf_cache
+
+    model, tok = tiny64
+
+    def run():
+        engine = HFEngine(model, tok, batch_size=3)
+        prompts = [list(tok.apply_chat_template([{"role": "user", "content": "go " * (1 + 2 * i)}],
+                                                add_generation_prompt=True, tokenize=True, return_dict=False))
+                   for i in range(5)]
+        ids = [f"e{i}" for i in range(5)]
+        first = engine.generate(prompts, [1.0] * 5, max_new_tokens=9, row_seeds=list(range(5)), episode_ids=ids)
+        again = [p + g.token_ids + [tok.eos_token_id] + p[-4:] for p, g in zip(prompts, first)]
+        second = engine.generate(again, [0.8] * 5, max_new_tokens=7, row_seeds=list(range(5, 10)), episode_ids=ids)
+        return [(g.token_ids, g.logprobs, g.cached_tokens) for g in first + second]
+
+    ours = run()
+    monkeypatch.setattr(hf_cache, "growing_cache", lambda past=None: DynamicCache(ddp_cache_data=past))
+    plain = run()
+    assert [t for t, _, _ in ours] == [t for t, _, _ in plain]
+    assert [c for _, _, c in ours] == [c for _, _, c in plain] and sum(c for _, _, c in ours) > 0
+    for (_, a, _), (_, b, _) in zip(ours, plain):
+        assert a == pytest.approx(b, abs=1e-12)
