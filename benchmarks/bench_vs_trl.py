@@ -84,13 +84,26 @@ def make_reward(mode: str):
     return reward, pool
 
 
+def math_tasks(tok: Any, n: int) -> list[dict[str, Any]]:
+    """The first ``n`` MATH training problems as one user message each (the env's instruction appended) and their
+    prompt ids (the tokenizer's chat template with the generation prompt)."""
+    from envs.math import DEFAULT_INSTRUCTION, load_math
+
+    tasks = []
+    for p in load_math("math_train", "train")[:n]:
+        messages = [{"role": "user", "content": f"{p.problem}\n\n{DEFAULT_INSTRUCTION}"}]
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        tasks.append({"uid": p.uid, "problem": p.problem, "answer": p.answer, "messages": messages,
+                      "prompt_ids": [int(i) for i in ids]})
+    return tasks
+
+
 def build_spec(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Save the model and write the tasks every side reads (``OUT/spec.json``)."""
     import torch
 
     from agent_rl.learner.config import ModelConfig
     from agent_rl.models import load_policy
-    from envs.math import DEFAULT_INSTRUCTION, load_math
 
     torch.manual_seed(args.seed)
     cfg = ModelConfig(name=args.model) if not Path(args.model).exists() else ModelConfig(name="path", path=args.model)
@@ -98,13 +111,7 @@ def build_spec(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     model_dir = out / "model"
     model.float().save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    problems = load_math("math_train", "train")[:args.prompts]
-    tasks = []
-    for p in problems:
-        messages = [{"role": "user", "content": f"{p.problem}\n\n{DEFAULT_INSTRUCTION}"}]
-        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        tasks.append({"uid": p.uid, "problem": p.problem, "answer": p.answer, "messages": messages,
-                      "prompt_ids": [int(i) for i in ids]})
+    tasks = math_tasks(tok, args.prompts)
     spec = {"model_dir": str(model_dir), "model": args.model, "tasks": tasks, "group": args.group,
             "max_new_tokens": args.max_new_tokens, "lr": args.lr, "steps": args.steps, "mode": args.mode,
             "seed": args.seed, "threads": args.threads, "trl_dtype": args.trl_dtype}

@@ -151,9 +151,9 @@ def _growing_classes() -> tuple[type, type]:
     """``(GrowingLayer, GrowingCache)``, made on first use (transformers is imported then, not with this module).
 
     ``GrowingLayer`` is transformers' ``DynamicLayer`` whose ``update`` writes the new keys and values into spare
-    columns of a buffer instead of concatenating the whole cache each decode step (``torch.cat`` of every layer's
-    cache at every token: 32% of a SmolLM2 decode's CPU time in a profile of 16 rows x 48 tokens, most of it page
-    faults of the fresh copies). When the buffer is full, or when its tensors were replaced from outside
+    columns of a buffer instead of concatenating the whole cache each decode step (``torch.cat`` copies every
+    layer's cache at every token: O(L) a token. Measured on SmolLM2, 1 thread: 7% less CPU time for 8 rows of
+    600-token prompts x 128 new tokens, nothing measurable at 160 tokens; docs/performance.md). When the buffer is full, or when its tensors were replaced from outside
     (``batch_select_indices`` keeps a subset of rows), the next update moves them into a new buffer with
     ``max(GROW_BLOCK, length / 2)`` spare columns: amortised, one copy per that many tokens. ``keys`` / ``values``
     are always the views of the filled columns, (b, kv_heads, L, head_dim), so every reader sees what a
