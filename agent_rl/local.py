@@ -22,6 +22,7 @@ from typing import Any
 
 from agent_rl.config.schema import Config
 from agent_rl.engines import VersionedEngine, caps_of, engine_caps, set_torch_threads
+from agent_rl.engines.config import sampler_rounds
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner import Learner
 from agent_rl.learner.checkpoint import load_checkpoint, save_checkpoint
@@ -88,7 +89,7 @@ class LocalBackend:
         self.learner = Learner(self.model, self.tokenizer, cfg.algo, cfg.optim, credit=cfg.credit,
                                schedule=cfg.schedule, device=device, seed=cfg.trainer.seed, top_k=cfg.engine.top_k,
                                top_p=cfg.engine.top_p, max_staleness=cfg.trainer.max_staleness,
-                               sampler_rounds=cfg.engine.dtype not in ("", cfg.model.dtype))
+                               sampler_rounds=sampler_rounds(cfg))
         # the engine runs the transformers model itself (LoRA: the one inside the peft model, adapter live)
         self.engine_model: Any = None
         if not plays_ahead(cfg):
@@ -96,7 +97,7 @@ class LocalBackend:
         else:  # asynchronous rollouts: the engine samples with weights the update does not touch
             # hf: its own copy, loaded after each update; none where the engine keeps weights of its own already
             # (another process, or engine.dtype other than model.dtype: the engine's cast copy, EngineConfig.dtype)
-            if not engine_caps(cfg.engine.name).own_process and cfg.engine.dtype in ("", cfg.model.dtype):
+            if not engine_caps(cfg.engine.name).own_process and not sampler_rounds(cfg):
                 self.engine_model = copy.deepcopy(base_module(self.model)).requires_grad_(False)
             engine = build_engine(cfg, self.engine_model if self.engine_model is not None
                                   else base_module(self.model), self.tokenizer)

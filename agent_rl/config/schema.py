@@ -20,7 +20,7 @@ from typing import Any, get_type_hints
 from agent_rl.algos.fork import FORK_ESTIMATORS
 from agent_rl.config.eval import EvalConfig
 from agent_rl.engines import engine_caps, engine_names
-from agent_rl.engines.config import EngineConfig
+from agent_rl.engines.config import EngineConfig, sampler_rounds
 from agent_rl.episodes import parse_save_episodes
 from agent_rl.gateway.config import ExternalConfig
 from agent_rl.learner.config import AlgoConfig, CreditConfig, ModelConfig, OptimConfig, ScheduleConfig
@@ -383,8 +383,7 @@ class Config:
                              f"(engine={self.engine.name} returns no full logits: EngineCaps.token_js): use engine=hf, "
                              "or select=entropy / uniform / divergence")
         eng = self.engine
-        if eng.name == "vllm_server" and eng.sync_check and eng.dtype not in ("", self.model.dtype) \
-                and eng.sync_check_tol < 1e-2:
+        if eng.name == "vllm_server" and eng.sync_check and sampler_rounds(self) and eng.sync_check_tol < 1e-2:
             raise ValueError(f"engine.dtype={eng.dtype} beside model.dtype={self.model.dtype}: the servers' log-probs "
                              f"differ from the learner's by the rounding (~1e-2), and the sync check after every sync "
                              f"fails over engine.sync_check_tol={eng.sync_check_tol}: raise engine.sync_check_tol "

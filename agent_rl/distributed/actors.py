@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from agent_rl.distributed.data_parallel import DataParallel, init_process_group
 from agent_rl.engines import VersionedEngine, caps_of, set_torch_threads
+from agent_rl.engines.config import sampler_rounds
 from agent_rl.eval.training import TrainingEval
 from agent_rl.learner import Learner
 from agent_rl.distributed.fsdp import FullyShardedDataParallel, learner_memory
@@ -81,7 +82,7 @@ class LearnerSpec:
                    device=device, seed=cfg.trainer.seed, top_k=cfg.engine.top_k, top_p=cfg.engine.top_p,
                    num_threads=cfg.trainer.learner_cpus, imports=list(cfg.trainer.imports),
                    max_staleness=cfg.trainer.max_staleness,
-                   sampler_rounds=cfg.engine.dtype not in ("", cfg.model.dtype),
+                   sampler_rounds=sampler_rounds(cfg),
                    strategy=cfg.trainer.learner_strategy, fsdp_offload=cfg.trainer.fsdp_offload)
 
 

@@ -138,6 +138,13 @@ class EngineConfig:
             raise ValueError(f"engine.gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1]")
 
 
+def sampler_rounds(cfg: Any) -> bool:
+    """Whether the run's engine samples in another precision than the learner trains (``engine.dtype`` set and
+    other than ``model.dtype``): the engine then holds weights of its own, and ``algo.behaviour_correction=auto``
+    resolves to ``tis``."""
+    return cfg.engine.dtype not in ("", cfg.model.dtype)
+
+
 def engine_kwargs(cfg: Any) -> dict[str, Any]:
     """Keyword arguments of ``get_engine`` from a run's config (``cfg.engine``; ``dtype``: ``engine.dtype``, else
     ``cfg.model.dtype``): the one place

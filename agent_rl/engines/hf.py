@@ -38,8 +38,8 @@ the position weights: not a write training makes). Cost: one integer pass over t
 keeps or reuses caches (measured 2.1 s for SmolLM2-135M's float32 weights on one loaded CPU core, about 5 decode
 steps of an 8-row batch; far less on a GPU).
 
-Shared prefill (``shared_prefill``, with ``kv_reuse``): within one prefill, rows that reuse no kept cache and have equal prompts (a
-group's G episodes at their first turn, every row of a single-turn GRPO group) are computed once; the other rows get
+Shared prefill (``shared_prefill``, with ``kv_reuse``): within one prefill, rows that reuse no kept cache and have
+equal prompts (a group's G episodes at their first turn, every row of a single-turn GRPO group) are computed once; the other rows get
 copies of that row's keys, values and next-token logits, and report the prompt as reused (``cached_tokens``). Exact
 in the same sense as the padding: equal inputs give equal logits up to the batch's last bits. On a CPU it removes
 (G - 1) / G of a single-turn step's prefill (docs/performance.md).

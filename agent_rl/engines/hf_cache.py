@@ -153,8 +153,8 @@ def _growing_classes() -> tuple[type, type]:
     ``GrowingLayer`` is transformers' ``DynamicLayer`` whose ``update`` writes the new keys and values into spare
     columns of a buffer instead of concatenating the whole cache each decode step (``torch.cat`` copies every
     layer's cache at every token: O(L) a token. Measured on SmolLM2, 1 thread: 7% less CPU time for 8 rows of
-    600-token prompts x 128 new tokens, nothing measurable at 160 tokens; docs/performance.md). When the buffer is full, or when its tensors were replaced from outside
-    (``batch_select_indices`` keeps a subset of rows), the next update moves them into a new buffer with
+    600-token prompts x 128 new tokens, nothing measurable at 160 tokens; docs/performance.md). When the buffer is
+    full, or when its tensors were replaced from outside (``batch_select_indices`` keeps a subset of rows), the next update moves them into a new buffer with
     ``max(GROW_BLOCK, length / 2)`` spare columns: amortised, one copy per that many tokens. ``keys`` / ``values``
     are always the views of the filled columns, (b, kv_heads, L, head_dim), so every reader sees what a
     ``DynamicLayer`` would hold, bit for bit. ``GrowingCache(past)`` is a ``DynamicCache`` of such layers, filled
